@@ -1,0 +1,264 @@
+package capability
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"regexp"
+)
+
+// ProtocolVersion is the wire version of this contract. It changes only on
+// a breaking change of the protobuf services.
+const ProtocolVersion = 1
+
+// A Capability names one optional service a plugin may serve.
+type Capability string
+
+// The capabilities a plugin can report in Describe.
+const (
+	Lifecycles  Capability = "lifecycle"
+	Metrics     Capability = "metrics"
+	HTTP        Capability = "http"
+	Actions     Capability = "actions"
+	Tasks       Capability = "tasks"
+)
+
+// AllCapabilities lists every capability in a stable order.
+var AllCapabilities = []Capability{Lifecycles, Metrics, HTTP, Actions, Tasks}
+
+// namePattern is the rule for plugin names: the same string is the config
+// key, the URL segment and the metric prefix.
+var namePattern = regexp.MustCompile(`^[a-z][a-z0-9_]{0,40}$`)
+
+// ValidName reports whether name is an acceptable plugin name.
+func ValidName(name string) bool { return namePattern.MatchString(name) }
+
+// Description is what a plugin says about itself.
+type Description struct {
+	Name         string
+	Version      string
+	APIVersions  []int
+	Capabilities []Capability
+	// PID is the plugin process id, filled in by Serve.
+	PID int
+}
+
+// Has reports whether d lists c.
+func (d Description) Has(c Capability) bool {
+	for _, x := range d.Capabilities {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// ConfigureRequest is handed to a plugin every time it starts.
+type ConfigureRequest struct {
+	// Config is the plugin's free-form `config` block from the host's
+	// config file, as JSON ("{}" when absent).
+	Config json.RawMessage
+	// Host is the host's services, bound to this plugin. It stays valid
+	// until the plugin process exits.
+	Host HostServices
+	// HostVersion is the version of the host binary.
+	HostVersion string
+	// LogLevel is the host's log level ("info", "debug", ...).
+	LogLevel string
+}
+
+// HealthStatus is the outcome of a health check.
+type HealthStatus int
+
+// Health statuses.
+const (
+	HealthUnknown HealthStatus = iota
+	HealthOK
+	HealthDegraded
+	HealthError
+)
+
+func (s HealthStatus) String() string {
+	switch s {
+	case HealthOK:
+		return "ok"
+	case HealthDegraded:
+		return "degraded"
+	case HealthError:
+		return "error"
+	}
+	return "unknown"
+}
+
+// Health is a plugin's answer to CheckHealth.
+type Health struct {
+	Status  HealthStatus
+	Message string
+}
+
+// Lifecycle is served by every plugin.
+type Lifecycle interface {
+	// Describe returns the plugin's name, version and capabilities. The
+	// host refuses a plugin whose name differs from its config key.
+	Describe(ctx context.Context) (Description, error)
+	// Configure is called once per process start, before anything else
+	// but Describe. A plugin returns an *InvalidConfigError for a config
+	// it cannot use; the host then shows the message and does not retry
+	// in a loop.
+	Configure(ctx context.Context, req ConfigureRequest) error
+	// CheckHealth is polled by the host.
+	CheckHealth(ctx context.Context) (Health, error)
+	// Stop drains the plugin gracefully before the host kills it. The
+	// context carries the drain deadline.
+	Stop(ctx context.Context) error
+}
+
+// MetricsPayload is a Prometheus exposition and its expfmt content type.
+type MetricsPayload struct {
+	Body   []byte
+	Format string
+}
+
+// MetricsProvider is implemented by plugins that expose metrics.
+type MetricsProvider interface {
+	CollectMetrics(ctx context.Context) (MetricsPayload, error)
+}
+
+// HTTPHandler is implemented by plugins that serve HTTP under
+// /plugin-pkg/<name>/. The request path seen by the plugin starts at "/".
+// It is http.Handler: a chi router or http.ServeMux satisfies it.
+type HTTPHandler interface {
+	http.Handler
+}
+
+// ActionSpec describes one operator action rendered by the admin UI.
+type ActionSpec struct {
+	ID          string `json:"id"`
+	Title       string `json:"title"`
+	Description string `json:"description"`
+	// Confirm asks the UI to confirm before invoking.
+	Confirm bool `json:"confirm"`
+	// Dangerous actions are shown as such.
+	Dangerous bool `json:"dangerous"`
+	// TimeoutSeconds bounds the call; 0 means the host's default.
+	TimeoutSeconds int `json:"timeout_seconds"`
+}
+
+// ActionRequest is one invocation of an action.
+type ActionRequest struct {
+	ActionID  string
+	Params    json.RawMessage
+	Actor     string
+	RequestID string
+}
+
+// ActionResult is what an action answers. Message is for a person; Result
+// is machine-readable JSON (may be empty).
+type ActionResult struct {
+	Message string
+	Result  json.RawMessage
+}
+
+// ActionProvider is implemented by plugins with operator actions.
+type ActionProvider interface {
+	ListActions(ctx context.Context) ([]ActionSpec, error)
+	InvokeAction(ctx context.Context, req ActionRequest) (ActionResult, error)
+}
+
+// TaskSpec describes a task another plugin can run.
+type TaskSpec struct {
+	Name        string `json:"name"`
+	Description string `json:"description"`
+	Topic       string `json:"topic"`
+	MaxAttempts int    `json:"max_attempts"`
+}
+
+// TaskRun is one execution of a provided task.
+type TaskRun struct {
+	Task      string
+	Payload   json.RawMessage
+	MessageID string
+	Attempt   int
+}
+
+// TaskEvents receives what a running task reports.
+type TaskEvents interface {
+	Log(line string)
+	Progress(fraction float64)
+}
+
+// TaskProvider is implemented by plugins that offer tasks to tasks_worker.
+type TaskProvider interface {
+	ListTasks(ctx context.Context) ([]TaskSpec, error)
+	RunTask(ctx context.Context, run TaskRun, events TaskEvents) (json.RawMessage, error)
+}
+
+// PluginInfo is the host's view of one plugin.
+type PluginInfo struct {
+	Name         string
+	Version      string
+	State        string
+	Capabilities []Capability
+}
+
+// HostServices is what the host offers each plugin.
+type HostServices interface {
+	// ListPlugins lists running plugins; an empty capability lists all.
+	ListPlugins(ctx context.Context, c Capability) ([]PluginInfo, error)
+	// CollectMetrics asks the named plugin for its metrics.
+	CollectMetrics(ctx context.Context, plugin string) (MetricsPayload, error)
+	// RunTask runs a task provided by the named plugin.
+	RunTask(ctx context.Context, plugin string, run TaskRun, events TaskEvents) (json.RawMessage, error)
+}
+
+// Errors a caller can test with errors.Is.
+var (
+	// ErrUnavailable means the plugin is not running (starting, restarting,
+	// failed or stopped).
+	ErrUnavailable = errors.New("plugin unavailable")
+	// ErrNotFound means there is no such plugin, action or task.
+	ErrNotFound = errors.New("not found")
+	// ErrUnimplemented means the plugin does not serve that capability.
+	ErrUnimplemented = errors.New("capability not implemented by plugin")
+)
+
+// InvalidConfigError is returned by Configure for a configuration the
+// plugin cannot use. Key names the offending setting.
+type InvalidConfigError struct {
+	Key     string
+	Problem string
+}
+
+func (e *InvalidConfigError) Error() string {
+	if e.Key == "" {
+		return "invalid config: " + e.Problem
+	}
+	return "invalid config: " + e.Key + ": " + e.Problem
+}
+
+// InvalidArgumentError is returned by an action or a task for bad input.
+type InvalidArgumentError struct{ Msg string }
+
+func (e *InvalidArgumentError) Error() string { return e.Msg }
+
+// CapabilitiesOf lists the capabilities v implements, Lifecycle first.
+func CapabilitiesOf(v any) []Capability {
+	var out []Capability
+	if _, ok := v.(Lifecycle); ok {
+		out = append(out, Lifecycles)
+	}
+	if _, ok := v.(MetricsProvider); ok {
+		out = append(out, Metrics)
+	}
+	if _, ok := v.(HTTPHandler); ok {
+		out = append(out, HTTP)
+	}
+	if _, ok := v.(ActionProvider); ok {
+		out = append(out, Actions)
+	}
+	if _, ok := v.(TaskProvider); ok {
+		out = append(out, Tasks)
+	}
+	return out
+}

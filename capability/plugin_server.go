@@ -1,0 +1,328 @@
+package capability
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"sync"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/taskhost/taskhost/capability/internal/pb"
+)
+
+// grpcPlugin adapts a Lifecycle value to go-plugin. On the host impl is nil
+// and only GRPCClient is used.
+type grpcPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	impl Lifecycle
+}
+
+func (p *grpcPlugin) GRPCServer(broker *plugin.GRPCBroker, s *grpc.Server) error {
+	pb.RegisterLifecycleServer(s, &lifecycleServer{impl: p.impl, broker: broker})
+	if m, ok := p.impl.(MetricsProvider); ok {
+		pb.RegisterMetricsProviderServer(s, &metricsServer{impl: m})
+	}
+	if h, ok := p.impl.(HTTPHandler); ok {
+		pb.RegisterHTTPHandlerServer(s, &httpServer{impl: h})
+	}
+	if a, ok := p.impl.(ActionProvider); ok {
+		pb.RegisterActionProviderServer(s, &actionServer{impl: a})
+	}
+	if t, ok := p.impl.(TaskProvider); ok {
+		pb.RegisterTaskProviderServer(s, &taskServer{impl: t})
+	}
+	return nil
+}
+
+func (p *grpcPlugin) GRPCClient(ctx context.Context, broker *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
+	return newClient(ctx, broker, conn), nil
+}
+
+type lifecycleServer struct {
+	pb.UnimplementedLifecycleServer
+	impl   Lifecycle
+	broker *plugin.GRPCBroker
+
+	mu       sync.Mutex
+	hostConn *grpc.ClientConn
+}
+
+func (s *lifecycleServer) Describe(ctx context.Context, _ *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	d, err := s.impl.Describe(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	// The capability list is what the value really implements, whatever
+	// the plugin says: the host relies on it.
+	caps := CapabilitiesOf(s.impl)
+	api := d.APIVersions
+	if len(api) == 0 {
+		api = []int{ProtocolVersion}
+	}
+	resp := &pb.DescribeResponse{Name: d.Name, Version: d.Version, Pid: int64(os.Getpid())}
+	for _, v := range api {
+		resp.ApiVersions = append(resp.ApiVersions, int32(v))
+	}
+	for _, c := range caps {
+		resp.Capabilities = append(resp.Capabilities, string(c))
+	}
+	return resp, nil
+}
+
+func (s *lifecycleServer) Configure(ctx context.Context, req *pb.ConfigureRequest) (*pb.ConfigureResponse, error) {
+	// Dial at once: go-plugin forgets unclaimed broker connection info
+	// after five seconds.
+	conn, err := s.broker.Dial(req.HostBrokerId)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.mu.Lock()
+	if s.hostConn != nil {
+		_ = s.hostConn.Close()
+	}
+	s.hostConn = conn
+	s.mu.Unlock()
+	cfg := req.ConfigJson
+	if len(bytes.TrimSpace(cfg)) == 0 {
+		cfg = []byte("{}")
+	}
+	err = s.impl.Configure(ctx, ConfigureRequest{
+		Config:      json.RawMessage(cfg),
+		Host:        &hostServicesClient{c: pb.NewHostServicesClient(conn)},
+		HostVersion: req.HostVersion,
+		LogLevel:    req.LogLevel,
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.ConfigureResponse{}, nil
+}
+
+func (s *lifecycleServer) CheckHealth(ctx context.Context, _ *pb.CheckHealthRequest) (*pb.CheckHealthResponse, error) {
+	h, err := s.impl.CheckHealth(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.CheckHealthResponse{Status: pb.CheckHealthResponse_Status(h.Status), Message: h.Message}, nil
+}
+
+func (s *lifecycleServer) Stop(ctx context.Context, _ *pb.StopRequest) (*pb.StopResponse, error) {
+	if err := s.impl.Stop(ctx); err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.StopResponse{}, nil
+}
+
+type metricsServer struct {
+	pb.UnimplementedMetricsProviderServer
+	impl MetricsProvider
+}
+
+func (s *metricsServer) CollectMetrics(ctx context.Context, _ *pb.CollectMetricsRequest) (*pb.CollectMetricsResponse, error) {
+	m, err := s.impl.CollectMetrics(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.CollectMetricsResponse{Payload: m.Body, Format: m.Format}, nil
+}
+
+type actionServer struct {
+	pb.UnimplementedActionProviderServer
+	impl ActionProvider
+}
+
+func (s *actionServer) ListActions(ctx context.Context, _ *pb.ListActionsRequest) (*pb.ListActionsResponse, error) {
+	specs, err := s.impl.ListActions(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &pb.ListActionsResponse{}
+	for _, a := range specs {
+		resp.Actions = append(resp.Actions, &pb.ActionSpec{
+			Id: a.ID, Title: a.Title, Description: a.Description,
+			Confirm: a.Confirm, Dangerous: a.Dangerous, TimeoutSeconds: int32(a.TimeoutSeconds),
+		})
+	}
+	return resp, nil
+}
+
+func (s *actionServer) InvokeAction(ctx context.Context, req *pb.InvokeActionRequest) (*pb.InvokeActionResponse, error) {
+	res, err := s.impl.InvokeAction(ctx, ActionRequest{
+		ActionID: req.ActionId, Params: req.ParamsJson, Actor: req.Actor, RequestID: req.RequestId,
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.InvokeActionResponse{Message: res.Message, ResultJson: res.Result}, nil
+}
+
+type taskServer struct {
+	pb.UnimplementedTaskProviderServer
+	impl TaskProvider
+}
+
+func (s *taskServer) ListTasks(ctx context.Context, _ *pb.ListTasksRequest) (*pb.ListTasksResponse, error) {
+	specs, err := s.impl.ListTasks(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &pb.ListTasksResponse{}
+	for _, t := range specs {
+		resp.Tasks = append(resp.Tasks, &pb.TaskSpec{
+			Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: int32(t.MaxAttempts),
+		})
+	}
+	return resp, nil
+}
+
+func (s *taskServer) RunTask(req *pb.RunTaskRequest, stream pb.TaskProvider_RunTaskServer) error {
+	ev := &streamEvents{send: stream.Send}
+	res, err := s.impl.RunTask(stream.Context(), TaskRun{
+		Task: req.Task, Payload: req.PayloadJson, MessageID: req.MessageId, Attempt: int(req.Attempt),
+	}, ev)
+	final := &pb.RunTaskEvent{Done: true, ResultJson: res}
+	if err != nil {
+		final.Error = err.Error()
+		if final.Error == "" {
+			final.Error = "task failed"
+		}
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	return stream.Send(final)
+}
+
+// streamEvents forwards a task's log lines and progress over a stream.
+type streamEvents struct {
+	mu   sync.Mutex
+	send func(*pb.RunTaskEvent) error
+}
+
+func (e *streamEvents) Log(line string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_ = e.send(&pb.RunTaskEvent{LogLine: line})
+}
+
+func (e *streamEvents) Progress(f float64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_ = e.send(&pb.RunTaskEvent{Progress: f, HasProgress: true})
+}
+
+// httpServer runs an ordinary http.Handler for each proxied request and
+// streams the response back in chunks.
+type httpServer struct {
+	pb.UnimplementedHTTPHandlerServer
+	impl HTTPHandler
+}
+
+func (s *httpServer) ServeHTTP(req *pb.HTTPRequest, stream pb.HTTPHandler_ServeHTTPServer) error {
+	path := req.Path
+	if path == "" || path[0] != '/' {
+		path = "/" + path
+	}
+	target := path
+	if req.RawQuery != "" {
+		target += "?" + req.RawQuery
+	}
+	r, err := http.NewRequestWithContext(stream.Context(), req.Method, target, bytes.NewReader(req.Body))
+	if err != nil {
+		return toStatus(&InvalidArgumentError{Msg: "bad proxied request: " + err.Error()})
+	}
+	r.RequestURI = target
+	r.RemoteAddr = req.RemoteAddr
+	r.ContentLength = int64(len(req.Body))
+	for _, h := range req.Headers {
+		for _, v := range h.Values {
+			r.Header.Add(h.Name, v)
+		}
+	}
+	if req.Actor != "" {
+		r.Header.Set("X-Taskhost-Actor", req.Actor)
+	}
+	w := &chunkWriter{stream: stream, header: http.Header{}}
+	s.impl.ServeHTTP(w, r)
+	return w.finish()
+}
+
+// chunkWriter is an http.ResponseWriter that sends gRPC chunks: status and
+// headers first, then the body in pieces of at most chunkSize.
+type chunkWriter struct {
+	stream      pb.HTTPHandler_ServeHTTPServer
+	header      http.Header
+	status      int
+	wroteHeader bool
+	sentHeader  bool
+	buf         []byte
+	err         error
+}
+
+const chunkSize = 32 << 10
+
+func (w *chunkWriter) Header() http.Header { return w.header }
+
+func (w *chunkWriter) WriteHeader(code int) {
+	if w.wroteHeader {
+		return
+	}
+	w.wroteHeader = true
+	w.status = code
+}
+
+func (w *chunkWriter) Write(p []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	w.buf = append(w.buf, p...)
+	if len(w.buf) >= chunkSize {
+		w.Flush()
+	}
+	return len(p), w.err
+}
+
+// Flush sends what is buffered, so server-sent events and long responses
+// reach the client as they are written.
+func (w *chunkWriter) Flush() {
+	if w.err != nil {
+		return
+	}
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	chunk := &pb.HTTPResponseChunk{Body: w.buf}
+	if !w.sentHeader {
+		// Later header changes are ignored, as with net/http.
+		w.sentHeader = true
+		chunk.Status = int32(w.status)
+		chunk.Headers = headersToPB(w.header)
+	}
+	w.err = w.stream.Send(chunk)
+	w.buf = nil
+}
+
+func (w *chunkWriter) finish() error {
+	if !w.sentHeader || len(w.buf) > 0 {
+		w.Flush()
+	}
+	if w.err != nil && w.err != io.EOF {
+		return w.err
+	}
+	return nil
+}
+
+func headersToPB(h http.Header) []*pb.Header {
+	out := make([]*pb.Header, 0, len(h))
+	for k, v := range h {
+		out = append(out, &pb.Header{Name: k, Values: v})
+	}
+	return out
+}
