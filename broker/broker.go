@@ -1,0 +1,315 @@
+// Package broker defines the message broker contract of the task system
+// and the types it speaks in.
+//
+// A message is submitted to a topic, claimed by a worker (which marks it
+// running and hands out a claim token unique to that attempt), and then
+// acked, nacked or dead-lettered by naming that token. A write with a stale
+// token changes nothing and returns ErrClaimLost: the claim was reclaimed
+// and belongs to someone else now.
+//
+// A topic's concurrency limit is the count of its running rows, as the
+// specification says. That is why an orphaned running row burns a slot
+// until the reaper (package reaper) reclaims it, and why every
+// implementation must make check-and-claim race-free.
+//
+// Implementations: memory (in-process), local (embedded SQLite) and
+// postgres. broker/brokertest holds the conformance suite they all pass.
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Message states.
+const (
+	StateQueued  = "queued"
+	StateRunning = "running"
+	StateDone    = "done"
+	StateFailed  = "failed"
+	StateDead    = "dead"
+)
+
+// Worker roles.
+const (
+	RoleWorker = "worker"
+	RoleBeat   = "beat"
+)
+
+// Limits on input. They are checked by every implementation through
+// ValidateSubmit and ValidateTopicName.
+const (
+	MaxTopicLen    = 200
+	MaxTaskLen     = 200
+	MaxPayloadSize = 1 << 20 // default, see SubmitRequest
+)
+
+// Errors. Test with errors.Is.
+var (
+	// ErrClaimLost: the claim token no longer owns the message (it was
+	// reclaimed, or already acked). The write changed nothing.
+	ErrClaimLost = errors.New("claim lost: the message is no longer held by this claim")
+	// ErrNotFound: no such message, topic, worker or lock.
+	ErrNotFound = errors.New("not found")
+	// ErrInvalid: the request is malformed; nothing was stored.
+	ErrInvalid = errors.New("invalid request")
+	// ErrClosed: the broker was closed.
+	ErrClosed = errors.New("broker closed")
+)
+
+// Invalid returns an error wrapping ErrInvalid with a message for a person.
+func Invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// SubmitRequest is one message to enqueue.
+type SubmitRequest struct {
+	Topic   string
+	Task    string
+	Payload json.RawMessage
+	Headers map[string]string
+	// Delay postpones the first claim.
+	Delay time.Duration
+	// MaxAttempts bounds error retries (0: the task's default).
+	MaxAttempts int
+}
+
+// Message is a stored message. Token is set only on a claimed message
+// returned by Claim.
+type Message struct {
+	ID          int64             `json:"id"`
+	Topic       string            `json:"topic"`
+	Task        string            `json:"task"`
+	Payload     json.RawMessage   `json:"payload"`
+	Headers     map[string]string `json:"headers,omitempty"`
+	State       string            `json:"state"`
+	Attempts    int               `json:"attempts"`
+	MaxAttempts int               `json:"max_attempts"`
+	ClaimedBy   string            `json:"claimed_by,omitempty"`
+	ClaimedAt   *time.Time        `json:"claimed_at,omitempty"`
+	Token       string            `json:"-"`
+	AvailableAt time.Time         `json:"available_at"`
+	CreatedAt   time.Time         `json:"created_at"`
+	FinishedAt  *time.Time        `json:"finished_at,omitempty"`
+	LastError   string            `json:"last_error,omitempty"`
+	Result      json.RawMessage   `json:"result,omitempty"`
+}
+
+// Claim names one attempt of one message: the fencing token that ack, nack
+// and lock release must present.
+type Claim struct {
+	ID    int64
+	Token string
+}
+
+// ClaimOf returns m's claim.
+func (m *Message) ClaimOf() Claim { return Claim{ID: m.ID, Token: m.Token} }
+
+// ClaimRequest asks for up to Max messages from Topics for WorkerID.
+type ClaimRequest struct {
+	WorkerID string
+	Topics   []string
+	// Max is the most messages to return (at least 1). Fewer come back
+	// when the queues are short or the topics' limits are reached.
+	Max int
+}
+
+// Outcome is how an attempt ended, for Ack.
+type Outcome struct {
+	Claim  Claim
+	Result json.RawMessage
+}
+
+// NackRequest ends an attempt without success.
+type NackRequest struct {
+	Claim Claim
+	// Requeue puts the message back in the queue after Delay; otherwise
+	// it ends failed (or dead if its topic dead-letters).
+	Requeue bool
+	Delay   time.Duration
+	Error   string
+}
+
+// WorkerInfo describes a worker process.
+type WorkerInfo struct {
+	ID          string    `json:"id"`
+	Host        string    `json:"host"`
+	PID         int       `json:"pid"`
+	Roles       []string  `json:"roles"`
+	Topics      []string  `json:"topics"`
+	Capacity    int       `json:"capacity"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	// Running is computed by the broker from running rows.
+	Running int `json:"running"`
+}
+
+// HasRole reports whether w has role.
+func (w WorkerInfo) HasRole(role string) bool {
+	for _, r := range w.Roles {
+		if r == role {
+			return true
+		}
+	}
+	return false
+}
+
+// TopicConfig is a topic's settings. ConcurrencyLimit 0 means unlimited.
+type TopicConfig struct {
+	Name              string `json:"name"`
+	ConcurrencyLimit  int    `json:"concurrency_limit"`
+	DeadLetterEnabled bool   `json:"dead_letter_enabled"`
+	Paused            bool   `json:"paused"`
+}
+
+// TopicPatch changes some of a topic's settings; nil fields stay.
+type TopicPatch struct {
+	ConcurrencyLimit  *int  `json:"concurrency_limit,omitempty"`
+	DeadLetterEnabled *bool `json:"dead_letter_enabled,omitempty"`
+	Paused            *bool `json:"paused,omitempty"`
+}
+
+// TopicStats is a topic's counts.
+type TopicStats struct {
+	TopicConfig
+	Queued      int `json:"queued"`
+	Running     int `json:"running"`
+	DeadLetter  int `json:"dead_letter"`
+	Subscribers int `json:"subscribers"`
+	// OldestClaimAge is the age of the oldest running claim, zero with
+	// none running (database time).
+	OldestClaimAge time.Duration `json:"oldest_claim_age_ns"`
+}
+
+// Stats is a snapshot of the whole broker.
+type Stats struct {
+	Topics  []TopicStats `json:"topics"`
+	Workers int          `json:"workers"`
+	// Beats is the number of live workers with the beat role.
+	Beats int `json:"beats"`
+	Locks int `json:"locks"`
+}
+
+// MessageFilter selects messages for ListMessages. Zero fields match all.
+type MessageFilter struct {
+	State  string
+	Topic  string
+	Task   string
+	Limit  int
+	Before int64 // page: ids below this
+}
+
+// PurgeResult says what Purge removed.
+type PurgeResult struct {
+	Queued     int `json:"purged_queued"`
+	DeadLetter int `json:"purged_dead_letter"`
+}
+
+// Lock is a held lock.
+type Lock struct {
+	Name       string    `json:"name"`
+	Holder     string    `json:"holder"`
+	MessageID  int64     `json:"message_id"`
+	AcquiredAt time.Time `json:"acquired_at"`
+}
+
+// Broker is the contract every implementation meets. Methods are safe for
+// concurrent use. Times that decide ownership are the broker's own clock
+// (database time for the SQL brokers).
+type Broker interface {
+	// Kind is "memory", "local" or "postgres".
+	Kind() string
+
+	Submit(ctx context.Context, req SubmitRequest) (int64, error)
+	// Claim takes up to req.Max available messages of req.Topics, never
+	// exceeding a topic's concurrency limit, skipping paused and draining
+	// topics, and returns them running with fresh tokens.
+	Claim(ctx context.Context, req ClaimRequest) ([]Message, error)
+	// Ack marks attempts done. It returns one error per outcome (nil or
+	// ErrClaimLost), in order.
+	Ack(ctx context.Context, outcomes []Outcome) ([]error, error)
+	Nack(ctx context.Context, req NackRequest) error
+	DeadLetter(ctx context.Context, c Claim, reason string) error
+
+	RegisterWorker(ctx context.Context, w WorkerInfo) error
+	Heartbeat(ctx context.Context, workerID string) error
+	UnregisterWorker(ctx context.Context, workerID string) error
+	Workers(ctx context.Context) ([]WorkerInfo, error)
+
+	SetTopic(ctx context.Context, name string, patch TopicPatch) (TopicConfig, error)
+	Topics(ctx context.Context) ([]TopicConfig, error)
+	// Drain stops claims on a topic (it is paused); running ones finish.
+	Drain(ctx context.Context, topic string) error
+	// Purge deletes a topic's queued messages, and its dead letters when
+	// deadLetters is set. Running messages are never touched.
+	Purge(ctx context.Context, topic string, deadLetters bool) (PurgeResult, error)
+	Stats(ctx context.Context) (Stats, error)
+
+	ListMessages(ctx context.Context, f MessageFilter) ([]Message, error)
+	GetMessage(ctx context.Context, id int64) (Message, error)
+	// Requeue puts a dead or failed message back in the queue.
+	Requeue(ctx context.Context, id int64) error
+
+	// AcquireLock takes lock name for the claim c held by holder; false if
+	// someone else holds it.
+	AcquireLock(ctx context.Context, name, holder string, c Claim) (bool, error)
+	// ReleaseLock releases a lock held under claim c; ErrClaimLost if the
+	// lock is not held under that claim any more.
+	ReleaseLock(ctx context.Context, name string, c Claim) error
+	// ForceReleaseLock deletes a lock whoever holds it.
+	ForceReleaseLock(ctx context.Context, name string) (bool, error)
+	Locks(ctx context.Context) ([]Lock, error)
+
+	Close() error
+}
+
+// ValidateTopicName checks a topic name.
+func ValidateTopicName(topic string) error {
+	if topic == "" {
+		return Invalid("topic is empty")
+	}
+	if len(topic) > MaxTopicLen {
+		return Invalid("topic is %d bytes long, the limit is %d", len(topic), MaxTopicLen)
+	}
+	return nil
+}
+
+// ValidateSubmit checks a submit request; maxPayload 0 means MaxPayloadSize.
+func ValidateSubmit(req SubmitRequest, maxPayload int) error {
+	if maxPayload <= 0 {
+		maxPayload = MaxPayloadSize
+	}
+	if err := ValidateTopicName(req.Topic); err != nil {
+		return err
+	}
+	if req.Task == "" {
+		return Invalid("task is empty")
+	}
+	if len(req.Task) > MaxTaskLen {
+		return Invalid("task name is %d bytes long, the limit is %d", len(req.Task), MaxTaskLen)
+	}
+	if len(req.Payload) > maxPayload {
+		return Invalid("payload is %d bytes, the limit is %d", len(req.Payload), maxPayload)
+	}
+	if len(req.Payload) > 0 && !json.Valid(req.Payload) {
+		return Invalid("payload is not valid JSON")
+	}
+	if req.Delay < 0 {
+		return Invalid("delay is negative")
+	}
+	if req.MaxAttempts < 0 {
+		return Invalid("max_attempts is negative")
+	}
+	return nil
+}
+
+// ValidatePatch checks a topic patch.
+func ValidatePatch(p TopicPatch) error {
+	if p.ConcurrencyLimit != nil && *p.ConcurrencyLimit < 0 {
+		return Invalid("concurrency_limit is negative (%d); use 0 for unlimited", *p.ConcurrencyLimit)
+	}
+	return nil
+}

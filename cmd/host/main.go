@@ -1,0 +1,146 @@
+// Command host runs the taskhost plugin host.
+//
+//	host -config taskhost.yaml          run the host (the default command)
+//	host check-config -config FILE      validate a config file and exit
+//	host version                        print the version
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/host"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	cmd := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "run":
+		return runHost(args)
+	case "check-config":
+		return checkConfig(args)
+	case "version":
+		fmt.Println(version)
+		return 0
+	case "help":
+		usage()
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "host: unknown command %q\n\n", cmd)
+	usage()
+	return 2
+}
+
+func usage() {
+	fmt.Fprint(os.Stderr, `usage:
+  host [run] -config FILE        run the host and its enabled plugins
+  host check-config -config FILE validate a config file
+  host version                   print the version
+`)
+}
+
+func configFlag(fs *flag.FlagSet) *string {
+	def := os.Getenv("TASKHOST_CONFIG")
+	if def == "" {
+		def = "taskhost.yaml"
+	}
+	return fs.String("config", def, "config file (env TASKHOST_CONFIG)")
+}
+
+func checkConfig(args []string) int {
+	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
+	path := configFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg, err := host.LoadConfig(*path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "host: %v\n", err)
+		return 1
+	}
+	fmt.Printf("%s: ok (%d plugins configured)\n", *path, len(cfg.Plugins))
+	return 0
+}
+
+func runHost(args []string) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	path := configFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	cfg, err := host.LoadConfig(*path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "host: %v\n", err)
+		return 1
+	}
+	log := hclog.New(&hclog.LoggerOptions{
+		Name:   "host",
+		Level:  hclog.LevelFromString(cfg.LogLevel),
+		Output: os.Stderr,
+	})
+	if os.Geteuid() == 0 {
+		log.Warn("running as root: plugins run as root too; prefer a dedicated user")
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		log.Error("cannot listen; is another host running, or set listen: to a free address", "listen", cfg.Listen, "error", err)
+		return 1
+	}
+	h := host.New(cfg, log, version)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := h.Start(ctx); err != nil {
+		log.Error("start", "error", err)
+		return 1
+	}
+	srv := &http.Server{
+		Handler:           host.NewServer(h, log).Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	base := "http://" + ln.Addr().String()
+	log.Info("taskhost is up", "admin", base+"/admin/", "metrics", base+"/plugin-pkg/metrics/api/prometheus", "config", *path)
+
+	code := 0
+	select {
+	case <-ctx.Done():
+		log.Info("signal received, stopping plugins")
+	case err := <-serveErr:
+		if !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server failed", "error", err)
+			code = 1
+		}
+	}
+	stop()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout+10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdownCtx)
+	if err := h.Stop(shutdownCtx); err != nil {
+		log.Error("stop", "error", err)
+		code = 1
+	}
+	log.Info("stopped")
+	return code
+}

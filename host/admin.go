@@ -1,0 +1,221 @@
+package host
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/taskhost/taskhost/capability"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+var pages = map[string]*template.Template{
+	"admin":  template.Must(template.ParseFS(templateFS, "templates/layout.html", "templates/admin.html")),
+	"plugin": template.Must(template.ParseFS(templateFS, "templates/layout.html", "templates/plugin.html")),
+	"login":  template.Must(template.ParseFS(templateFS, "templates/layout.html", "templates/login.html")),
+}
+
+// flash is the result box shown after a POST.
+type flash struct {
+	Kind    string // ok or error
+	Title   string
+	Message string
+	Result  string
+}
+
+type pageData struct {
+	Title      string
+	CSRF       string
+	Flash      *flash
+	Plugins    []Status
+	Plugin     *Status
+	Stderr     []string
+	PluginsDir string
+	Next       string
+}
+
+func (s *Server) render(w http.ResponseWriter, status int, name string, d pageData) {
+	var buf bytes.Buffer
+	if err := pages[name].ExecuteTemplate(&buf, name+".html", d); err != nil {
+		s.log.Error("render page", "page", name, "error", err)
+		http.Error(w, "internal error rendering the page; see the host log", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'unsafe-inline'; script-src 'unsafe-inline'")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func (s *Server) adminData(w http.ResponseWriter, r *http.Request, f *flash) pageData {
+	return pageData{Title: "Plugins", CSRF: csrfToken(w, r), Flash: f, Plugins: s.h.Plugins(), PluginsDir: s.h.Config().PluginsDir}
+}
+
+func (s *Server) adminPage(w http.ResponseWriter, r *http.Request) {
+	s.render(w, http.StatusOK, "admin", s.adminData(w, r, nil))
+}
+
+func (s *Server) apiPlugins(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"plugins": s.h.Plugins()})
+}
+
+func (s *Server) pluginPage(w http.ResponseWriter, r *http.Request) {
+	sup, ok := s.h.Plugin(chi.URLParam(r, "plugin"))
+	if !ok {
+		http.Error(w, "no such plugin", http.StatusNotFound)
+		return
+	}
+	st := sup.Status()
+	s.render(w, http.StatusOK, "plugin", pageData{Title: st.Name, CSRF: csrfToken(w, r), Plugin: &st, Stderr: sup.StderrTail()})
+}
+
+func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
+	s.render(w, http.StatusOK, "login", pageData{Title: "Login", Next: safeNext(r.URL.Query().Get("next"))})
+}
+
+func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	tok := s.h.Config().AdminToken
+	if tok == "" {
+		http.Redirect(w, r, "/admin/", http.StatusSeeOther)
+		return
+	}
+	if !sameOrigin(r) || subtle.ConstantTimeCompare([]byte(r.FormValue("token")), []byte(tok)) != 1 {
+		s.log.Warn("admin login refused", "remote", r.RemoteAddr)
+		s.render(w, http.StatusUnauthorized, "login", pageData{Title: "Login", Next: safeNext(r.FormValue("next")),
+			Flash: &flash{Kind: "error", Title: "Wrong token"}})
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.session, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, safeNext(r.FormValue("next")), http.StatusSeeOther)
+}
+
+// safeNext keeps redirects on this host.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, "/admin") || strings.HasPrefix(next, "//") {
+		return "/admin/"
+	}
+	return next
+}
+
+// actionResponse answers a POST: JSON for API clients, the admin page with
+// a result box for browsers.
+func (s *Server) actionResponse(w http.ResponseWriter, r *http.Request, status int, f flash, result json.RawMessage) {
+	if wantsJSON(r) {
+		body := map[string]any{"message": f.Message}
+		if f.Kind == "error" {
+			body = map[string]any{"error": f.Message}
+		}
+		if len(result) > 0 {
+			body["result"] = result
+		}
+		writeJSON(w, status, body)
+		return
+	}
+	s.render(w, status, "admin", s.adminData(w, r, &f))
+}
+
+func (s *Server) invokeAction(w http.ResponseWriter, r *http.Request) {
+	name, actionID := chi.URLParam(r, "plugin"), chi.URLParam(r, "action")
+	if !checkCSRF(r) {
+		s.actionResponse(w, r, http.StatusForbidden, flash{Kind: "error", Title: "Refused", Message: "missing or wrong CSRF token: reload /admin and try again"}, nil)
+		return
+	}
+	sup, ok := s.h.Plugin(name)
+	if !ok {
+		s.actionResponse(w, r, http.StatusNotFound, flash{Kind: "error", Title: "Unknown plugin", Message: fmt.Sprintf("no plugin named %q", name)}, nil)
+		return
+	}
+	client, st, err := sup.Client()
+	if err != nil {
+		s.actionResponse(w, r, http.StatusServiceUnavailable, flash{Kind: "error", Title: "Plugin unavailable", Message: fmt.Sprintf("plugin %s is %s; try again when it is running", name, st.State)}, nil)
+		return
+	}
+	var spec *capability.ActionSpec
+	for i := range st.Actions {
+		if st.Actions[i].ID == actionID {
+			spec = &st.Actions[i]
+		}
+	}
+	if spec == nil {
+		s.actionResponse(w, r, http.StatusNotFound, flash{Kind: "error", Title: "Unknown action", Message: fmt.Sprintf("plugin %s has no action %q", name, actionID)}, nil)
+		return
+	}
+	params := json.RawMessage(strings.TrimSpace(r.FormValue("params")))
+	if len(params) > 0 && !json.Valid(params) {
+		s.actionResponse(w, r, http.StatusBadRequest, flash{Kind: "error", Title: spec.Title, Message: "params is not valid JSON"}, nil)
+		return
+	}
+	timeout := s.actionCap
+	if spec.TimeoutSeconds > 0 && time.Duration(spec.TimeoutSeconds)*time.Second < timeout {
+		timeout = time.Duration(spec.TimeoutSeconds) * time.Second
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+	start := time.Now()
+	actor := actorOf(r)
+	res, err := client.InvokeAction(ctx, capability.ActionRequest{ActionID: actionID, Params: params, Actor: actor, RequestID: randomHex(8)})
+	outcome := "ok"
+	if err != nil {
+		outcome = err.Error()
+	}
+	// The audit line: who did what, to which plugin, and how it went.
+	s.log.Info("audit: admin action", "actor", actor, "remote", r.RemoteAddr, "plugin", name, "action", actionID,
+		"outcome", outcome, "duration", time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		status := http.StatusBadGateway
+		var bad *capability.InvalidArgumentError
+		switch {
+		case errors.As(err, &bad):
+			status = http.StatusBadRequest
+		case errors.Is(err, context.DeadlineExceeded):
+			status = http.StatusGatewayTimeout
+		case errors.Is(err, capability.ErrUnavailable):
+			status = http.StatusServiceUnavailable
+		}
+		s.actionResponse(w, r, status, flash{Kind: "error", Title: spec.Title + " failed", Message: err.Error()}, nil)
+		return
+	}
+	f := flash{Kind: "ok", Title: spec.Title, Message: res.Message}
+	if len(res.Result) > 0 {
+		var pretty bytes.Buffer
+		if json.Indent(&pretty, res.Result, "", "  ") == nil {
+			f.Result = pretty.String()
+		} else {
+			f.Result = string(res.Result)
+		}
+	}
+	s.actionResponse(w, r, http.StatusOK, f, res.Result)
+}
+
+func (s *Server) restartPlugin(w http.ResponseWriter, r *http.Request) {
+	name := chi.URLParam(r, "plugin")
+	if !checkCSRF(r) {
+		s.actionResponse(w, r, http.StatusForbidden, flash{Kind: "error", Title: "Refused", Message: "missing or wrong CSRF token: reload /admin and try again"}, nil)
+		return
+	}
+	sup, ok := s.h.Plugin(name)
+	if !ok {
+		s.actionResponse(w, r, http.StatusNotFound, flash{Kind: "error", Title: "Unknown plugin", Message: fmt.Sprintf("no plugin named %q", name)}, nil)
+		return
+	}
+	err := sup.Restart()
+	s.log.Info("audit: plugin restart", "actor", actorOf(r), "remote", r.RemoteAddr, "plugin", name, "error", err)
+	if err != nil {
+		s.actionResponse(w, r, http.StatusConflict, flash{Kind: "error", Title: "Restart " + name, Message: err.Error()}, nil)
+		return
+	}
+	s.actionResponse(w, r, http.StatusAccepted, flash{Kind: "ok", Title: "Restart " + name, Message: "restart requested; the state column shows its progress"}, nil)
+}

@@ -1,0 +1,75 @@
+package host
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/taskhost/taskhost/capability"
+)
+
+// BinaryPrefix starts the file name of every plugin binary.
+const BinaryPrefix = "fp-plugin-"
+
+// Discovered is the result of scanning the plugins directory.
+type Discovered struct {
+	// Binaries maps a plugin name to its binary's path.
+	Binaries map[string]string
+	// Warnings are files that were passed over, and why.
+	Warnings []string
+}
+
+// Discover scans dir, non-recursively, for executable regular files named
+// fp-plugin-<name>. A missing directory is not an error: the host runs with
+// no plugins and says so.
+func Discover(dir string) (Discovered, error) {
+	d := Discovered{Binaries: map[string]string{}}
+	entries, err := os.ReadDir(dir)
+	if os.IsNotExist(err) {
+		d.Warnings = append(d.Warnings, fmt.Sprintf("plugins directory %s does not exist; build the plugins with `make build`", dir))
+		return d, nil
+	}
+	if err != nil {
+		return d, fmt.Errorf("scan plugins directory: %w", err)
+	}
+	for _, e := range entries {
+		fname := e.Name()
+		if !strings.HasPrefix(fname, BinaryPrefix) {
+			continue
+		}
+		path := filepath.Join(dir, fname)
+		name := strings.TrimPrefix(fname, BinaryPrefix)
+		info, err := os.Stat(path)
+		switch {
+		case err != nil:
+			d.Warnings = append(d.Warnings, fmt.Sprintf("%s: %v", path, err))
+			continue
+		case info.IsDir():
+			d.Warnings = append(d.Warnings, fmt.Sprintf("%s: is a directory, not a plugin binary", path))
+			continue
+		case e.Type()&os.ModeSymlink != 0:
+			d.Warnings = append(d.Warnings, fmt.Sprintf("%s: is a symbolic link; copy the binary instead, so a SHA-256 pin covers what runs", path))
+			continue
+		case info.Mode().Perm()&0o111 == 0:
+			d.Warnings = append(d.Warnings, fmt.Sprintf("%s: not executable (chmod +x it)", path))
+			continue
+		case !capability.ValidName(name):
+			d.Warnings = append(d.Warnings, fmt.Sprintf("%s: %q is not a valid plugin name (lower-case letters, digits and _, starting with a letter)", path, name))
+			continue
+		}
+		d.Binaries[name] = path
+	}
+	return d, nil
+}
+
+// Names returns the discovered plugin names, sorted.
+func (d Discovered) Names() []string {
+	out := make([]string, 0, len(d.Binaries))
+	for n := range d.Binaries {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,182 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/capability"
+)
+
+// Host owns the supervisors of every configured plugin.
+type Host struct {
+	cfg     *Config
+	log     hclog.Logger
+	version string
+
+	sups   []*Supervisor
+	byName map[string]*Supervisor
+
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	started bool
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+// New builds a host for cfg. Nothing starts until Start.
+func New(cfg *Config, log hclog.Logger, version string) *Host {
+	h := &Host{cfg: cfg, log: log, version: version, byName: map[string]*Supervisor{}}
+	for _, pc := range cfg.Plugins {
+		s := newSupervisor(pc.Name, pc, cfg, version, log, &hostServices{h: h, caller: pc.Name})
+		h.sups = append(h.sups, s)
+		h.byName[pc.Name] = s
+	}
+	return h
+}
+
+// Config returns the host's configuration.
+func (h *Host) Config() *Config { return h.cfg }
+
+// Start scans the plugins directory, reports what it found, and starts a
+// supervisor for every enabled plugin. It returns at once.
+func (h *Host) Start(ctx context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.started {
+		return fmt.Errorf("host already started")
+	}
+	h.started = true
+	disc, err := Discover(h.cfg.PluginsDir)
+	if err != nil {
+		return err
+	}
+	for _, w := range disc.Warnings {
+		h.log.Warn(w)
+	}
+	for _, name := range disc.Names() {
+		if _, ok := h.byName[name]; !ok {
+			h.log.Info("plugin binary found but not in the config; add it under plugins: with enabled: true to run it", "plugin", name)
+		}
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	h.cancel = cancel
+	for _, s := range h.sups {
+		if !s.cfg.Enabled {
+			h.log.Info("plugin disabled in the config", "plugin", s.name)
+			continue
+		}
+		h.wg.Add(1)
+		go func() {
+			defer h.wg.Done()
+			s.run(runCtx)
+		}()
+	}
+	return nil
+}
+
+// Stop stops every plugin in parallel (each gets its graceful Stop, then is
+// killed) and waits, at most until ctx is done. Safe to call twice and
+// before Start.
+func (h *Host) Stop(ctx context.Context) error {
+	h.mu.Lock()
+	if !h.started || h.stopped {
+		h.mu.Unlock()
+		return nil
+	}
+	h.stopped = true
+	h.cancel()
+	h.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		h.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("plugins still stopping: %w", ctx.Err())
+	}
+}
+
+// Plugins returns every configured plugin's status, in config order.
+func (h *Host) Plugins() []Status {
+	out := make([]Status, 0, len(h.sups))
+	for _, s := range h.sups {
+		out = append(out, s.Status())
+	}
+	return out
+}
+
+// Plugin returns the named plugin's supervisor.
+func (h *Host) Plugin(name string) (*Supervisor, bool) {
+	s, ok := h.byName[name]
+	return s, ok
+}
+
+// hostServices is the HostServices the host serves to one plugin; caller
+// is that plugin's name, bound when the plugin starts.
+type hostServices struct {
+	h      *Host
+	caller string
+}
+
+// metricsTimeout bounds one plugin's CollectMetrics on behalf of another.
+const metricsTimeout = 5 * time.Second
+
+func (hs *hostServices) ListPlugins(_ context.Context, c capability.Capability) ([]capability.PluginInfo, error) {
+	var out []capability.PluginInfo
+	for _, st := range hs.h.Plugins() {
+		if !st.Enabled {
+			continue
+		}
+		// A plugin that never started has no known capabilities yet; it
+		// is listed so an aggregator reports it as down instead of
+		// silently forgetting it. A crashed one keeps its last known list.
+		if c != "" && !st.Has(c) && len(st.Capabilities) > 0 {
+			continue
+		}
+		out = append(out, capability.PluginInfo{
+			Name: st.Name, Version: st.Version, State: string(st.State), Capabilities: st.Capabilities,
+		})
+	}
+	return out, nil
+}
+
+func (hs *hostServices) target(name string, c capability.Capability) (*capability.Client, error) {
+	s, ok := hs.h.Plugin(name)
+	if !ok {
+		return nil, fmt.Errorf("no plugin %q: %w", name, capability.ErrNotFound)
+	}
+	client, st, err := s.Client()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Has(c) {
+		return nil, fmt.Errorf("plugin %q has no %s capability: %w", name, c, capability.ErrNotFound)
+	}
+	return client, nil
+}
+
+func (hs *hostServices) CollectMetrics(ctx context.Context, name string) (capability.MetricsPayload, error) {
+	client, err := hs.target(name, capability.Metrics)
+	if err != nil {
+		return capability.MetricsPayload{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, metricsTimeout)
+	defer cancel()
+	return client.CollectMetrics(ctx)
+}
+
+func (hs *hostServices) RunTask(ctx context.Context, name string, run capability.TaskRun, events capability.TaskEvents) (json.RawMessage, error) {
+	client, err := hs.target(name, capability.Tasks)
+	if err != nil {
+		return nil, err
+	}
+	return client.RunTask(ctx, run, events)
+}

@@ -1,0 +1,316 @@
+package host
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/capability"
+)
+
+// Server is the host's HTTP side.
+type Server struct {
+	h            *Host
+	log          hclog.Logger
+	authRequired bool
+	session      string // cookie value proving the admin token was given
+	proxyTimeout time.Duration
+	actionCap    time.Duration
+}
+
+const (
+	sessionCookie = "taskhost_admin"
+	csrfCookie    = "taskhost_csrf"
+	csrfField     = "csrf_token"
+)
+
+// NewServer builds the HTTP side of h.
+func NewServer(h *Host, log hclog.Logger) *Server {
+	cfg := h.Config()
+	host, _, _ := net.SplitHostPort(cfg.Listen)
+	s := &Server{
+		h:            h,
+		log:          log.Named("http"),
+		authRequired: !IsLoopback(host) || cfg.AdminToken != "",
+		proxyTimeout: 60 * time.Second,
+		actionCap:    2 * time.Minute,
+	}
+	if cfg.AdminToken != "" {
+		mac := hmac.New(sha256.New, []byte(cfg.AdminToken))
+		mac.Write([]byte("taskhost admin session v1"))
+		s.session = hex.EncodeToString(mac.Sum(nil))
+	}
+	return s
+}
+
+// Handler returns the router.
+func (s *Server) Handler() http.Handler {
+	r := chi.NewRouter()
+	r.Get("/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/admin", http.StatusFound) })
+	r.Get("/healthz", s.healthz)
+	r.HandleFunc("/plugin-pkg/{plugin}", s.proxy)
+	r.HandleFunc("/plugin-pkg/{plugin}/*", s.proxy)
+	r.Route("/admin", func(r chi.Router) {
+		r.Get("/login", s.loginPage)
+		r.Post("/login", s.login)
+		r.Group(func(r chi.Router) {
+			r.Use(s.requireAdmin)
+			r.Get("/", s.adminPage)
+			r.Get("/api/plugins", s.apiPlugins)
+			r.Get("/plugins/{plugin}", s.pluginPage)
+			r.Post("/plugins/{plugin}/actions/{action}", s.invokeAction)
+			r.Post("/plugins/{plugin}/restart", s.restartPlugin)
+		})
+	})
+	r.Get("/admin", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/admin/", http.StatusFound) })
+	return r
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	plugins := map[string]string{}
+	for _, st := range s.h.Plugins() {
+		plugins[st.Name] = string(st.State)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "plugins": plugins})
+}
+
+// authorized reports whether r carries the admin token (as a bearer token
+// or the session cookie set by /admin/login). Without a token configured on
+// a loopback address, everyone local is the admin.
+func (s *Server) authorized(r *http.Request) bool {
+	if !s.authRequired {
+		return true
+	}
+	tok := s.h.Config().AdminToken
+	if auth := r.Header.Get("Authorization"); strings.HasPrefix(auth, "Bearer ") {
+		return subtle.ConstantTimeCompare([]byte(strings.TrimPrefix(auth, "Bearer ")), []byte(tok)) == 1
+	}
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		return subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1
+	}
+	return false
+}
+
+func actorOf(r *http.Request) string {
+	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+		return "token"
+	}
+	if _, err := r.Cookie(sessionCookie); err == nil {
+		return "admin-session"
+	}
+	return "local"
+}
+
+func (s *Server) requireAdmin(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.authorized(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if wantsJSON(r) || r.Method != http.MethodGet {
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required: send Authorization: Bearer <admin_token> or log in at /admin/login"})
+			return
+		}
+		http.Redirect(w, r, "/admin/login?next="+url.QueryEscape(r.URL.Path), http.StatusFound)
+	})
+}
+
+func wantsJSON(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "application/json")
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// sameOrigin refuses browser requests sent from another site. Requests
+// without an Origin header (curl, Prometheus) pass.
+func sameOrigin(r *http.Request) bool {
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	return err == nil && u.Host == r.Host
+}
+
+// hopHeaders are never forwarded in either direction.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func filterRequestHeaders(in http.Header) http.Header {
+	out := in.Clone()
+	for _, v := range in.Values("Connection") {
+		for _, f := range strings.Split(v, ",") {
+			out.Del(strings.TrimSpace(f))
+		}
+	}
+	for _, h := range hopHeaders {
+		out.Del(h)
+	}
+	// The host's credentials are the host's: a plugin gets the actor
+	// instead. Client-sent forwarding headers are replaced by ours.
+	out.Del("Cookie")
+	out.Del("Authorization")
+	for k := range out {
+		if strings.HasPrefix(k, "X-Forwarded-") || k == "X-Taskhost-Actor" {
+			out.Del(k)
+		}
+	}
+	return out
+}
+
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
+	name := chi.URLParam(r, "plugin")
+	mutating := r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodOptions
+	if mutating && !sameOrigin(r) {
+		httpError(w, http.StatusForbidden, "cross-site request refused")
+		return
+	}
+	if mutating && !s.authorized(r) {
+		httpError(w, http.StatusUnauthorized, "admin token required for "+r.Method+": send Authorization: Bearer <admin_token>")
+		return
+	}
+	sup, ok := s.h.Plugin(name)
+	if !ok {
+		httpError(w, http.StatusNotFound, fmt.Sprintf("no plugin named %q is configured", name))
+		return
+	}
+	client, st, err := sup.Client()
+	if err != nil {
+		if !st.Enabled {
+			httpError(w, http.StatusNotFound, fmt.Sprintf("plugin %q is disabled in the config", name))
+			return
+		}
+		w.Header().Set("Retry-After", "5")
+		httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("plugin %q is %s; try again shortly", name, st.State))
+		return
+	}
+	if !st.Has(capability.HTTP) {
+		httpError(w, http.StatusNotFound, fmt.Sprintf("plugin %q serves no HTTP", name))
+		return
+	}
+	limit := s.h.Config().MaxBodyBytes
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over the %d-byte limit (max_body_bytes)", limit))
+			return
+		}
+		httpError(w, http.StatusBadRequest, "cannot read request body: "+err.Error())
+		return
+	}
+	headers := filterRequestHeaders(r.Header)
+	remote, _, _ := net.SplitHostPort(r.RemoteAddr)
+	headers.Set("X-Forwarded-For", remote)
+	headers.Set("X-Forwarded-Host", r.Host)
+	headers.Set("X-Forwarded-Prefix", "/plugin-pkg/"+name)
+	ctx, cancel := context.WithTimeout(r.Context(), s.proxyTimeout)
+	defer cancel()
+	wrote := false
+	flusher, _ := w.(http.Flusher)
+	err = client.ProxyHTTP(ctx, capability.ProxyRequest{
+		Method:     r.Method,
+		Path:       "/" + chi.URLParam(r, "*"),
+		RawQuery:   r.URL.RawQuery,
+		Header:     headers,
+		Body:       body,
+		RemoteAddr: r.RemoteAddr,
+		Actor:      actorOf(r),
+	}, func(status int, h http.Header) {
+		wrote = true
+		for _, k := range hopHeaders {
+			h.Del(k)
+		}
+		h.Del("Set-Cookie") // a plugin cannot set cookies on the host's origin
+		for k, v := range h {
+			w.Header()[k] = v
+		}
+		if w.Header().Get("Content-Type") == "" {
+			w.Header().Set("Content-Type", "application/octet-stream")
+		}
+		w.WriteHeader(status)
+	}, func(b []byte) error {
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return nil
+	})
+	if err == nil {
+		return
+	}
+	if wrote {
+		s.log.Warn("proxied response cut short", "plugin", name, "path", r.URL.Path, "error", err)
+		return
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		httpError(w, http.StatusGatewayTimeout, fmt.Sprintf("plugin %q did not answer within %s", name, s.proxyTimeout))
+	case errors.Is(err, capability.ErrUnavailable):
+		w.Header().Set("Retry-After", "5")
+		httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("plugin %q is unavailable; try again shortly", name))
+	case errors.Is(err, capability.ErrUnimplemented), errors.Is(err, capability.ErrNotFound):
+		httpError(w, http.StatusNotFound, fmt.Sprintf("plugin %q serves no HTTP", name))
+	case errors.Is(err, context.Canceled):
+		// The client went away.
+	default:
+		s.log.Warn("proxy error", "plugin", name, "error", err)
+		httpError(w, http.StatusBadGateway, fmt.Sprintf("plugin %q failed to answer: %v", name, err))
+	}
+}
+
+func httpError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// csrfToken returns the request's CSRF token, setting the cookie if new.
+// Forms echo it in a hidden field (double-submit); the cookie is
+// SameSite=Strict, so another site can neither read nor send it.
+func csrfToken(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 64 {
+		return c.Value
+	}
+	tok := randomHex(32)
+	http.SetCookie(w, &http.Cookie{Name: csrfCookie, Value: tok, Path: "/admin", HttpOnly: true, SameSite: http.SameSiteStrictMode})
+	return tok
+}
+
+func checkCSRF(r *http.Request) bool {
+	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+		return true // not sent by browsers on their own
+	}
+	c, err := r.Cookie(csrfCookie)
+	if err != nil || c.Value == "" {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(c.Value), []byte(r.FormValue(csrfField))) == 1 && sameOrigin(r)
+}

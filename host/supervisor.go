@@ -1,0 +1,550 @@
+package host
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+
+	"github.com/taskhost/taskhost/capability"
+)
+
+// State is where a plugin is in its life.
+type State string
+
+// Plugin states.
+const (
+	StateDisabled State = "disabled" // configured with enabled: false
+	StateStarting State = "starting"
+	StateRunning  State = "running"
+	StateDegraded State = "degraded" // running, but its health check says otherwise
+	StateBackoff  State = "backoff"  // crashed; waiting before the next start
+	StateFailed   State = "failed"   // will not start again until an operator restarts it
+	StateStopping State = "stopping"
+	StateStopped  State = "stopped"
+)
+
+// Serving reports whether the plugin answers calls in this state.
+func (s State) Serving() bool { return s == StateRunning || s == StateDegraded }
+
+// Status is a snapshot of one plugin, for the admin UI and host services.
+type Status struct {
+	Name         string                  `json:"name"`
+	Enabled      bool                    `json:"enabled"`
+	State        State                   `json:"state"`
+	Version      string                  `json:"version"`
+	Capabilities []capability.Capability `json:"capabilities"`
+	PID          int                     `json:"pid"`
+	Restarts     int                     `json:"restarts"`
+	LastError    string                  `json:"last_error"`
+	Health       string                  `json:"health"`
+	StartedAt    time.Time               `json:"started_at"`
+	Actions      []capability.ActionSpec `json:"actions"`
+	Binary       string                  `json:"binary"`
+	Pinned       bool                    `json:"pinned"`
+}
+
+// Has reports whether the plugin serves c.
+func (s Status) Has(c capability.Capability) bool {
+	for _, x := range s.Capabilities {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// permanentError is a start failure that retrying cannot fix (a wrong
+// name, a failed checksum, an invalid config): the plugin goes straight to
+// failed.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+const (
+	minBackoff      = time.Second
+	maxBackoff      = 60 * time.Second
+	stableAfter     = time.Minute
+	describeTimeout = 5 * time.Second
+	configTimeout   = 15 * time.Second
+	healthTimeout   = 5 * time.Second
+	healthFailures  = 3
+	startTimeout    = 20 * time.Second
+)
+
+// Supervisor runs one plugin: start, configure, watch, health-check,
+// restart with backoff, stop.
+type Supervisor struct {
+	name     string
+	cfg      PluginConfig
+	host     *Config
+	version  string
+	log      hclog.Logger
+	services capability.HostServices
+	stderr   *lineRing
+
+	restartCh chan struct{}
+	done      chan struct{}
+
+	mu      sync.RWMutex
+	st      Status
+	client  *capability.Client
+	crashes []time.Time
+}
+
+func newSupervisor(name string, cfg PluginConfig, hostCfg *Config, version string, log hclog.Logger, services capability.HostServices) *Supervisor {
+	s := &Supervisor{
+		name:      name,
+		cfg:       cfg,
+		host:      hostCfg,
+		version:   version,
+		log:       log.Named(name),
+		services:  services,
+		stderr:    newLineRing(200),
+		restartCh: make(chan struct{}, 1),
+		done:      make(chan struct{}),
+	}
+	s.st = Status{Name: name, Enabled: cfg.Enabled, State: StateStopped, Binary: s.binaryPath(), Pinned: cfg.SHA256 != ""}
+	if !cfg.Enabled {
+		s.st.State = StateDisabled
+		close(s.done)
+	}
+	return s
+}
+
+func (s *Supervisor) binaryPath() string {
+	return filepath.Join(s.host.PluginsDir, BinaryPrefix+s.name)
+}
+
+// Status returns a snapshot.
+func (s *Supervisor) Status() Status {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	st := s.st
+	st.Capabilities = append([]capability.Capability(nil), s.st.Capabilities...)
+	st.Actions = append([]capability.ActionSpec(nil), s.st.Actions...)
+	return st
+}
+
+// StderrTail returns the last lines the plugin wrote to stderr.
+func (s *Supervisor) StderrTail() []string { return s.stderr.Lines() }
+
+// Client returns the plugin's client when it is serving, or an error
+// wrapping capability.ErrUnavailable. Callers use the client without
+// holding any host lock.
+func (s *Supervisor) Client() (*capability.Client, Status, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if !s.st.State.Serving() || s.client == nil {
+		return nil, s.st, fmt.Errorf("plugin %s is %s: %w", s.name, s.st.State, capability.ErrUnavailable)
+	}
+	return s.client, s.st, nil
+}
+
+// Restart asks the supervisor to restart the plugin now: a failed plugin
+// starts again with a fresh crash budget; a running one is stopped and
+// started.
+func (s *Supervisor) Restart() error {
+	if !s.cfg.Enabled {
+		return fmt.Errorf("plugin %s is disabled in the config; enable it and restart the host", s.name)
+	}
+	select {
+	case s.restartCh <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (s *Supervisor) setState(st State, mutate func(*Status)) {
+	s.mu.Lock()
+	s.st.State = st
+	if mutate != nil {
+		mutate(&s.st)
+	}
+	if !st.Serving() {
+		s.client = nil
+	}
+	s.mu.Unlock()
+}
+
+// run is the supervisor's loop; it returns when ctx is done and the plugin
+// has been stopped.
+func (s *Supervisor) run(ctx context.Context) {
+	defer close(s.done)
+	backoff := minBackoff
+	for {
+		if ctx.Err() != nil {
+			s.setState(StateStopped, nil)
+			return
+		}
+		started := time.Now()
+		lp, err := s.launch(ctx)
+		if err == nil {
+			var restart bool
+			restart, err = s.watch(ctx, lp)
+			if ctx.Err() != nil {
+				s.setState(StateStopped, func(st *Status) { st.PID = 0 })
+				return
+			}
+			if restart {
+				backoff = minBackoff
+				s.resetCrashes()
+				continue
+			}
+			if time.Since(started) > stableAfter {
+				backoff = minBackoff
+			}
+		}
+		if ctx.Err() != nil {
+			s.setState(StateStopped, nil)
+			return
+		}
+		s.log.Error("plugin failed", "error", err)
+		var perm *permanentError
+		if errors.As(err, &perm) {
+			s.setState(StateFailed, func(st *Status) { st.LastError = err.Error(); st.PID = 0 })
+			if !s.waitOperator(ctx) {
+				return
+			}
+			backoff = minBackoff
+			continue
+		}
+		if s.recordCrash() {
+			msg := fmt.Sprintf("%s; gave up after %d restarts within %s: fix the cause, then press Restart in /admin",
+				err, s.host.RestartBudget, s.host.RestartWindow)
+			s.log.Error("plugin is crash-looping; not restarting it", "restarts", s.host.RestartBudget, "window", s.host.RestartWindow)
+			s.setState(StateFailed, func(st *Status) { st.LastError = msg; st.PID = 0 })
+			if !s.waitOperator(ctx) {
+				return
+			}
+			backoff = minBackoff
+			continue
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		s.setState(StateBackoff, func(st *Status) { st.LastError = err.Error(); st.PID = 0; st.Restarts++ })
+		s.log.Info("restarting plugin after backoff", "backoff", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			s.setState(StateStopped, nil)
+			return
+		case <-s.restartCh:
+			t.Stop()
+		case <-t.C:
+		}
+		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+// recordCrash notes a crash and reports whether the budget is spent.
+func (s *Supervisor) recordCrash() bool {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := s.crashes[:0]
+	for _, t := range s.crashes {
+		if now.Sub(t) < s.host.RestartWindow {
+			kept = append(kept, t)
+		}
+	}
+	s.crashes = append(kept, now)
+	return len(s.crashes) > s.host.RestartBudget
+}
+
+func (s *Supervisor) resetCrashes() {
+	s.mu.Lock()
+	s.crashes = nil
+	s.mu.Unlock()
+}
+
+// waitOperator blocks in the failed state until an operator restart (true)
+// or shutdown (false).
+func (s *Supervisor) waitOperator(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		s.setState(StateStopped, nil)
+		return false
+	case <-s.restartCh:
+		s.log.Info("operator restart")
+		s.resetCrashes()
+		return true
+	}
+}
+
+type launched struct {
+	pc     *plugin.Client
+	client *capability.Client
+	rpc    plugin.ClientProtocol
+}
+
+func (s *Supervisor) env() []string {
+	env := []string{"TASKHOST_LOG_LEVEL=" + s.host.LogLevel}
+	for _, k := range []string{"PATH", "HOME", "TMPDIR", "TZ"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	for _, k := range s.cfg.Env {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// launch starts the process, checks who it is and configures it.
+func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
+	s.setState(StateStarting, nil)
+	path := s.binaryPath()
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, &permanentError{fmt.Errorf("no binary %s: build it (make build) or drop it in %s, then press Restart", path, s.host.PluginsDir)}
+	}
+	if info.Mode().Perm()&0o111 == 0 {
+		return nil, &permanentError{fmt.Errorf("%s is not executable (chmod +x it), then press Restart", path)}
+	}
+	var secure *plugin.SecureConfig
+	if s.cfg.SHA256 != "" {
+		sum, _ := hex.DecodeString(s.cfg.SHA256) // validated by the config parser
+		// A fresh hash each start: SecureConfig.Check writes into it and
+		// never resets it.
+		secure = &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
+	}
+	cmd := exec.Command(path)
+	cmd.Env = s.env()
+	pc := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  capability.Handshake,
+		VersionedPlugins: capability.VersionedPlugins(nil),
+		Cmd:              cmd,
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		SecureConfig:     secure,
+		SkipHostEnv:      true,
+		Logger:           s.log,
+		Stderr:           s.stderr,
+		SyncStdout:       &warnWriter{log: s.log, stream: "stdout"},
+		SyncStderr:       &warnWriter{log: s.log, stream: "stderr"},
+		StartTimeout:     startTimeout,
+		Managed:          false,
+	})
+	fail := func(err error) (*launched, error) {
+		pc.Kill()
+		return nil, err
+	}
+	rpc, err := pc.Client()
+	if err != nil {
+		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
+			return fail(&permanentError{fmt.Errorf("%s does not match its sha256 pin in the config: the binary changed; update plugins.%s.sha256 to the output of `sha256sum %s` if the change is intended", path, s.name, path)})
+		}
+		return fail(fmt.Errorf("start %s: %w%s", path, err, s.stderrHint()))
+	}
+	c, err := capability.FromRPC(rpc)
+	if err != nil {
+		return fail(err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, describeTimeout)
+	desc, err := c.Describe(dctx)
+	cancel()
+	if err != nil {
+		return fail(fmt.Errorf("describe: %w%s", err, s.stderrHint()))
+	}
+	if desc.Name != s.name {
+		return fail(&permanentError{fmt.Errorf("binary %s says its name is %q, but it is configured as %q: it is the wrong binary, or rename the config key", path, desc.Name, s.name)})
+	}
+	if !hasVersion(desc.APIVersions, capability.ProtocolVersion) {
+		return fail(&permanentError{fmt.Errorf("plugin speaks API versions %v, this host speaks %d: rebuild the plugin against this host's capability package", desc.APIVersions, capability.ProtocolVersion)})
+	}
+	cctx, cancel := context.WithTimeout(ctx, configTimeout)
+	err = c.Configure(cctx, capability.ConfigureRequest{
+		Config:      s.cfg.Config,
+		Host:        s.services,
+		HostVersion: s.version,
+		LogLevel:    s.host.LogLevel,
+	})
+	cancel()
+	var bad *capability.InvalidConfigError
+	if errors.As(err, &bad) {
+		return fail(&permanentError{fmt.Errorf("plugins.%s.config: %s; fix the config file and restart", s.name, strings.TrimPrefix(bad.Error(), "invalid config: "))})
+	}
+	if err != nil {
+		return fail(fmt.Errorf("configure: %w%s", err, s.stderrHint()))
+	}
+	var actions []capability.ActionSpec
+	if desc.Has(capability.Actions) {
+		actx, cancel := context.WithTimeout(ctx, describeTimeout)
+		actions, err = c.ListActions(actx)
+		cancel()
+		if err != nil {
+			s.log.Warn("list actions failed; the admin UI shows none", "error", err)
+		}
+	}
+	s.setState(StateRunning, func(st *Status) {
+		st.Version = desc.Version
+		st.Capabilities = desc.Capabilities
+		st.PID = desc.PID
+		st.Actions = actions
+		st.StartedAt = time.Now()
+		st.Health = "ok"
+	})
+	s.mu.Lock()
+	s.client = c
+	s.mu.Unlock()
+	s.log.Info("plugin running", "pid", desc.PID, "version", desc.Version, "capabilities", fmt.Sprint(desc.Capabilities))
+	return &launched{pc: pc, client: c, rpc: rpc}, nil
+}
+
+func hasVersion(vs []int, v int) bool {
+	for _, x := range vs {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Supervisor) stderrHint() string {
+	lines := s.stderr.Lines()
+	if len(lines) == 0 {
+		return ""
+	}
+	last := lines[len(lines)-1]
+	if len(last) > 300 {
+		last = last[:300] + "..."
+	}
+	return " (last stderr line: " + last + ")"
+}
+
+// watch waits for the plugin to exit, fail its health checks, be
+// restarted by an operator, or for shutdown. It returns why it stopped and
+// whether an operator asked for it.
+func (s *Supervisor) watch(ctx context.Context, lp *launched) (restart bool, err error) {
+	t := time.NewTicker(s.host.HealthInterval)
+	defer t.Stop()
+	failures := 0
+	for {
+		select {
+		case <-lp.client.Exited():
+			lp.pc.Kill()
+			return false, fmt.Errorf("plugin process exited unexpectedly%s", s.stderrHint())
+		case <-ctx.Done():
+			s.stop(lp)
+			return false, nil
+		case <-s.restartCh:
+			s.log.Info("operator restart")
+			s.stop(lp)
+			return true, nil
+		case <-t.C:
+			err = s.checkHealth(ctx, lp)
+			if err == nil {
+				failures = 0
+				continue
+			}
+			failures++
+			s.log.Warn("health check failed", "error", err, "failures", failures)
+			if failures >= healthFailures {
+				lp.pc.Kill()
+				return false, fmt.Errorf("plugin hung: %d health checks failed in a row, last: %w", failures, err)
+			}
+		}
+	}
+}
+
+// checkHealth pings the connection and asks the plugin. A plugin that
+// answers with a bad status is degraded, not dead.
+func (s *Supervisor) checkHealth(ctx context.Context, lp *launched) error {
+	if err := lp.rpc.Ping(); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	hctx, cancel := context.WithTimeout(ctx, healthTimeout)
+	defer cancel()
+	h, err := lp.client.CheckHealth(hctx)
+	if err != nil {
+		return err
+	}
+	st := StateRunning
+	if h.Status != capability.HealthOK {
+		st = StateDegraded
+	}
+	health := h.Status.String()
+	if h.Message != "" {
+		health += ": " + h.Message
+	}
+	s.mu.Lock()
+	if s.st.State.Serving() {
+		s.st.State = st
+		s.st.Health = health
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+// stop drains the plugin with its own Stop, then kills the process.
+func (s *Supervisor) stop(lp *launched) {
+	s.setState(StateStopping, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), s.host.ShutdownTimeout)
+	defer cancel()
+	if err := lp.client.Stop(ctx); err != nil {
+		s.log.Warn("graceful stop failed; killing", "error", err)
+	}
+	lp.pc.Kill()
+	s.setState(StateStopped, func(st *Status) { st.PID = 0 })
+}
+
+// warnWriter logs stray plugin output at WARN, so it is seen, not lost.
+type warnWriter struct {
+	log    hclog.Logger
+	stream string
+}
+
+func (w *warnWriter) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		if line != "" {
+			w.log.Warn("plugin wrote to "+w.stream+" directly; use the logger", "line", line)
+		}
+	}
+	return len(p), nil
+}
+
+// lineRing keeps the last n lines written to it.
+type lineRing struct {
+	mu    sync.Mutex
+	n     int
+	lines []string
+	part  string
+}
+
+func newLineRing(n int) *lineRing { return &lineRing{n: n} }
+
+func (r *lineRing) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.part + string(p)
+	parts := strings.Split(s, "\n")
+	r.part = parts[len(parts)-1]
+	for _, l := range parts[:len(parts)-1] {
+		r.lines = append(r.lines, l)
+	}
+	if len(r.lines) > r.n {
+		r.lines = append([]string(nil), r.lines[len(r.lines)-r.n:]...)
+	}
+	return len(p), nil
+}
+
+func (r *lineRing) Lines() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.lines...)
+}
