@@ -17,11 +17,11 @@ type Capability string
 
 // The capabilities a plugin can report in Describe.
 const (
-	Lifecycles  Capability = "lifecycle"
-	Metrics     Capability = "metrics"
-	HTTP        Capability = "http"
-	Actions     Capability = "actions"
-	Tasks       Capability = "tasks"
+	Lifecycles Capability = "lifecycle"
+	Metrics    Capability = "metrics"
+	HTTP       Capability = "http"
+	Actions    Capability = "actions"
+	Tasks      Capability = "tasks"
 )
 
 // AllCapabilities lists every capability in a stable order.
