@@ -1,0 +1,25 @@
+// Package worker is the task runtime: a registry of task definitions and a
+// pool that claims messages from a broker.Broker, runs their handlers and
+// reports each attempt's outcome back to the broker.
+//
+// A Pool has three kinds of goroutines, all owned by it and stopped and
+// awaited by Stop: one dispatcher that claims up to as many messages as it
+// has free slots in a single broker.Claim call, Concurrency worker
+// goroutines that run handlers, and one collector that writes outcomes back
+// (acks in batches, so a busy pool does few broker round trips, but flushed
+// as soon as nothing else is pending, so a lone completion is never held
+// back by a timer). A heartbeat goroutine keeps the worker's row fresh.
+//
+// Delivery is at least once. A worker whose claim was taken from it (the
+// reaper requeued the message, an operator forced it) learns so from
+// broker.ErrClaimLost when it acks or nacks; that attempt is recorded as
+// "lost" and never as the task's outcome, because the message now belongs
+// to someone else.
+//
+// Stop drains: it stops claiming, lets running handlers finish for up to
+// Options.DrainTimeout, then cancels their contexts and puts their messages
+// back in the queue, so a deploy leaves nothing running under a dead owner.
+// Go cannot kill a goroutine: a handler that ignores its context is
+// abandoned (its message requeued, its result ignored) and keeps running
+// until it returns or the process exits.
+package worker

@@ -1,0 +1,830 @@
+package worker
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// Attempt statuses, as reported to Observer.TaskFinished.
+const (
+	// StatusDone: the handler succeeded and the ack was stored.
+	StatusDone = "done"
+	// StatusFailed: the handler returned an error, panicked or timed
+	// out, or the task is unknown; the message was retried or ended.
+	StatusFailed = "failed"
+	// StatusLost: the claim was no longer ours when the outcome was
+	// written (broker.ErrClaimLost), or the outcome could not be written
+	// at all. The attempt's result was discarded.
+	StatusLost = "lost"
+	// StatusSkipped: the task's lock was held and its policy is
+	// LockSkip; the message ended done without running.
+	StatusSkipped = "skipped"
+	// StatusDeferred: the task's lock was held (policy LockRequeue) or
+	// could not be taken; the message went back to the queue.
+	StatusDeferred = "deferred"
+	// StatusStopped: the pool stopped before or while running it; the
+	// message went back to the queue.
+	StatusStopped = "stopped"
+)
+
+// ErrStopped is returned by Start on a pool that was stopped.
+var ErrStopped = errors.New("worker pool stopped")
+
+// Observer is told about every claimed message, for metrics: TaskStarted
+// when the pool starts handling it and TaskFinished, with one of the Status
+// constants, once its outcome is written. Calls come from several
+// goroutines and must not block.
+type Observer interface {
+	TaskStarted(topic string)
+	TaskFinished(topic, task, status string, duration time.Duration)
+}
+
+// Defaults of Options.
+const (
+	DefaultConcurrency       = 8
+	DefaultHeartbeatInterval = 5 * time.Second
+	DefaultClaimIdleInterval = 100 * time.Millisecond
+	DefaultDrainTimeout      = 30 * time.Second
+	DefaultAbandonAfter      = 5 * time.Second
+)
+
+// Timings that are not options.
+const (
+	// brokerCallTimeout bounds one broker call, so a hung connection
+	// cannot hold a goroutine forever.
+	brokerCallTimeout = 30 * time.Second
+	// flushTimeout bounds how long Stop keeps retrying outcome writes
+	// against a failing broker once the handlers are done.
+	flushTimeout = 10 * time.Second
+	// lockErrorRetryDelay is the requeue delay when a lock could not be
+	// taken because the broker failed.
+	lockErrorRetryDelay = time.Second
+	// maxAckBatch bounds one broker.Ack call.
+	maxAckBatch = 256
+	// Broker errors are retried after 100ms, doubling up to 5s.
+	retryMin = 100 * time.Millisecond
+	retryMax = 5 * time.Second
+)
+
+// Options configure a Pool. Zero values mean the defaults.
+type Options struct {
+	// WorkerID names this worker in the broker; default
+	// "<host>-<pid>-<random6>".
+	WorkerID string
+	// Host and PID describe the process; default os.Hostname and
+	// os.Getpid.
+	Host string
+	PID  int
+	// Roles default to [broker.RoleWorker].
+	Roles []string
+	// Topics to claim from, in addition to every registered task's topic.
+	Topics []string
+	// Concurrency is how many handlers run at once; default 8.
+	Concurrency int
+	// HeartbeatInterval is how often the worker's row is stamped;
+	// default 5s.
+	HeartbeatInterval time.Duration
+	// ClaimIdleInterval is how long the dispatcher waits after a claim
+	// that found nothing; Wake cuts it short. Default 100ms.
+	ClaimIdleInterval time.Duration
+	// DrainTimeout is how long Stop lets running handlers finish before
+	// cancelling them; default 30s, negative means cancel at once.
+	DrainTimeout time.Duration
+	// AbandonAfter is how long Stop waits, after cancelling, for handlers
+	// to return before requeueing their messages anyway; default 5s.
+	AbandonAfter time.Duration
+	// Logger defaults to a null logger.
+	Logger hclog.Logger
+	// Observer is told about every attempt; may be nil.
+	Observer Observer
+}
+
+type poolState int
+
+const (
+	stateNew poolState = iota
+	stateRunning
+	stateStopping
+	stateStopped
+)
+
+// Pool claims messages and runs them. Create it with NewPool, then Start
+// and Stop it once each.
+type Pool struct {
+	b    broker.Broker
+	reg  *Registry
+	opts Options
+	log  hclog.Logger
+	obs  Observer
+
+	mu      sync.Mutex
+	state   poolState
+	topics  []string
+	stopped chan struct{} // closed when the pool is fully stopped
+
+	wake        chan struct{} // Wake: claim now
+	slotFreed   chan struct{} // a worker finished a message
+	jobs        chan broker.Message
+	completions chan completion
+	abandon     chan struct{} // closed: stop waiting on handlers
+
+	claimCtx  context.Context // cancelled: stop claiming
+	stopClaim context.CancelFunc
+	runCtx    context.Context // parent of handler contexts; cancelled: hard stop
+	cancelRun context.CancelFunc
+	giveUpCtx context.Context // cancelled: stop retrying broker writes
+	giveUp    context.CancelFunc
+	hbCtx     context.Context
+	stopHB    context.CancelFunc
+
+	dispatcherDone chan struct{}
+	collectorDone  chan struct{}
+	heartbeatDone  chan struct{}
+	workers        sync.WaitGroup
+
+	inflight atomic.Int64 // claimed and not yet handed to the collector
+	running  atomic.Int64 // handlers running
+	draining atomic.Bool
+}
+
+// NewPool returns a pool that runs reg's tasks from b. Nothing happens
+// until Start.
+func NewPool(b broker.Broker, reg *Registry, opts Options) *Pool {
+	if opts.Logger == nil {
+		opts.Logger = hclog.NewNullLogger()
+	}
+	if opts.Host == "" {
+		opts.Host, _ = os.Hostname()
+		if opts.Host == "" {
+			opts.Host = "unknown"
+		}
+	}
+	if opts.PID == 0 {
+		opts.PID = os.Getpid()
+	}
+	if opts.WorkerID == "" {
+		opts.WorkerID = fmt.Sprintf("%s-%d-%s", opts.Host, opts.PID, randomSuffix())
+	}
+	if len(opts.Roles) == 0 {
+		opts.Roles = []string{broker.RoleWorker}
+	}
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = DefaultConcurrency
+	}
+	if opts.HeartbeatInterval <= 0 {
+		opts.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if opts.ClaimIdleInterval <= 0 {
+		opts.ClaimIdleInterval = DefaultClaimIdleInterval
+	}
+	switch {
+	case opts.DrainTimeout == 0:
+		opts.DrainTimeout = DefaultDrainTimeout
+	case opts.DrainTimeout < 0:
+		opts.DrainTimeout = 0
+	}
+	if opts.AbandonAfter <= 0 {
+		opts.AbandonAfter = DefaultAbandonAfter
+	}
+	obs := opts.Observer
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	return &Pool{
+		b:       b,
+		reg:     reg,
+		opts:    opts,
+		log:     opts.Logger.With("worker_id", opts.WorkerID),
+		obs:     obs,
+		stopped: make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+	}
+}
+
+// randomSuffix returns 6 random hex digits.
+func randomSuffix() string {
+	var b [3]byte
+	_, _ = crand.Read(b[:]) // never fails (crypto/rand panics instead)
+	return hex.EncodeToString(b[:])
+}
+
+// WorkerID is the id this pool registers under.
+func (p *Pool) WorkerID() string { return p.opts.WorkerID }
+
+// Concurrency is the number of handlers that may run at once.
+func (p *Pool) Concurrency() int { return p.opts.Concurrency }
+
+// Topics lists the topics the pool claims from (known after Start).
+func (p *Pool) Topics() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.topics...)
+}
+
+// Running is the number of handlers running now.
+func (p *Pool) Running() int { return int(p.running.Load()) }
+
+// Wake makes the dispatcher claim at once instead of waiting out its idle
+// interval; call it after submitting a message locally. It never blocks.
+func (p *Pool) Wake() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Start registers the worker with the broker and starts claiming. ctx
+// bounds the registration only: the pool runs until Stop.
+func (p *Pool) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch p.state {
+	case stateRunning:
+		return errors.New("worker pool already started")
+	case stateStopping, stateStopped:
+		return ErrStopped
+	}
+
+	topics := map[string]bool{}
+	for _, t := range p.reg.Topics() {
+		topics[t] = true
+	}
+	for _, t := range p.opts.Topics {
+		if err := broker.ValidateTopicName(t); err != nil {
+			return fmt.Errorf("start worker pool: topic %q: %w", t, err)
+		}
+		topics[t] = true
+	}
+	if len(topics) == 0 {
+		return errors.New("start worker pool: no topic to claim from: register a task or list topics in Options.Topics")
+	}
+	p.topics = sortedKeys(topics)
+
+	if err := p.b.RegisterWorker(ctx, p.info()); err != nil {
+		return fmt.Errorf("start worker pool: register worker %s: %w", p.opts.WorkerID, err)
+	}
+
+	n := p.opts.Concurrency
+	p.slotFreed = make(chan struct{}, 1)
+	p.jobs = make(chan broker.Message, n)
+	p.completions = make(chan completion, 2*n)
+	p.abandon = make(chan struct{})
+	p.claimCtx, p.stopClaim = context.WithCancel(context.Background())
+	p.runCtx, p.cancelRun = context.WithCancel(context.Background())
+	p.giveUpCtx, p.giveUp = context.WithCancel(context.Background())
+	p.hbCtx, p.stopHB = context.WithCancel(context.Background())
+	p.dispatcherDone = make(chan struct{})
+	p.collectorDone = make(chan struct{})
+	p.heartbeatDone = make(chan struct{})
+
+	go p.heartbeat()
+	go p.collect()
+	p.workers.Add(n)
+	for range n {
+		go p.work()
+	}
+	go p.dispatch()
+	p.state = stateRunning
+	p.log.Info("worker pool started", "topics", p.topics, "concurrency", n)
+	return nil
+}
+
+func (p *Pool) info() broker.WorkerInfo {
+	return broker.WorkerInfo{
+		ID:       p.opts.WorkerID,
+		Host:     p.opts.Host,
+		PID:      p.opts.PID,
+		Roles:    append([]string(nil), p.opts.Roles...),
+		Topics:   append([]string(nil), p.topics...),
+		Capacity: p.opts.Concurrency,
+	}
+}
+
+// Stop stops claiming, lets running handlers finish for up to
+// Options.DrainTimeout (or until ctx is done), then cancels the rest and
+// requeues their messages, writes every outcome and unregisters the
+// worker. It may be called before Start, and more than once: a second call
+// waits for the first to finish (or for its own ctx).
+func (p *Pool) Stop(ctx context.Context) error {
+	p.mu.Lock()
+	switch p.state {
+	case stateNew:
+		p.state = stateStopped
+		close(p.stopped)
+		p.mu.Unlock()
+		return nil
+	case stateStopping, stateStopped:
+		done := p.stopped
+		p.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	p.state = stateStopping
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.state = stateStopped
+		p.mu.Unlock()
+		close(p.stopped)
+	}()
+
+	// When the caller's deadline passes, writes are tried once more and
+	// no longer retried.
+	stopAfter := context.AfterFunc(ctx, p.giveUp)
+	defer stopAfter()
+
+	p.draining.Store(true)
+	p.stopClaim()
+	<-p.dispatcherDone // it closed jobs: the workers end when it is empty
+
+	workersDone := make(chan struct{})
+	go func() {
+		p.workers.Wait()
+		close(workersDone)
+	}()
+	if !waitFor(ctx, workersDone, p.opts.DrainTimeout) {
+		p.log.Warn("drain timeout passed: cancelling running tasks and requeueing their messages",
+			"running", p.running.Load(), "drain_timeout", p.opts.DrainTimeout.String())
+		p.cancelRun()
+		grace := p.opts.AbandonAfter
+		if dl, ok := ctx.Deadline(); ok {
+			grace = min(grace, max(time.Until(dl), 100*time.Millisecond))
+		}
+		if !waitFor(context.Background(), workersDone, grace) {
+			p.log.Error("tasks ignored cancellation: requeueing their messages; their goroutines run on until they return",
+				"running", p.running.Load())
+			close(p.abandon)
+			// The workers may be blocked handing outcomes to a collector
+			// that retries a dead broker: bound that too.
+			t := time.AfterFunc(flushTimeout, p.giveUp)
+			defer t.Stop()
+			<-workersDone
+		}
+	}
+
+	close(p.completions)
+	t := time.AfterFunc(flushTimeout, p.giveUp)
+	defer t.Stop()
+	<-p.collectorDone
+
+	p.stopHB()
+	<-p.heartbeatDone
+	p.cancelRun()
+	p.giveUp()
+
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), brokerCallTimeout)
+	defer cancel()
+	if err := p.b.UnregisterWorker(uctx, p.opts.WorkerID); err != nil && !errors.Is(err, broker.ErrNotFound) {
+		p.log.Error("could not unregister worker", "error", err)
+		return fmt.Errorf("stop worker pool: unregister worker %s: %w", p.opts.WorkerID, err)
+	}
+	p.log.Info("worker pool stopped")
+	return nil
+}
+
+// waitFor waits up to d for done; false if d or ctx ran out first.
+func waitFor(ctx context.Context, done <-chan struct{}, d time.Duration) bool {
+	select {
+	case <-done:
+		return true
+	default:
+	}
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// dispatch claims messages while there are free slots and hands them to
+// the workers. It closes jobs when it returns.
+func (p *Pool) dispatch() {
+	defer close(p.dispatcherDone)
+	defer close(p.jobs)
+	bo := retryBackoff()
+	idle := time.NewTimer(0)
+	<-idle.C
+	for p.claimCtx.Err() == nil {
+		free := p.opts.Concurrency - int(p.inflight.Load())
+		if free <= 0 {
+			select {
+			case <-p.slotFreed:
+			case <-p.claimCtx.Done():
+			}
+			continue
+		}
+		cctx, cancel := context.WithTimeout(p.claimCtx, brokerCallTimeout)
+		msgs, err := p.b.Claim(cctx, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.topics, Max: free})
+		cancel()
+		// Whatever was claimed is ours to finish, even if we are stopping:
+		// the workers requeue it.
+		for _, m := range msgs {
+			p.inflight.Add(1)
+			p.jobs <- m
+		}
+		if err != nil {
+			if p.claimCtx.Err() != nil {
+				return
+			}
+			d := bo.next()
+			p.log.Warn("claim failed; retrying", "error", err, "retry_in", d.String())
+			idle.Reset(d)
+			select {
+			case <-idle.C:
+			case <-p.claimCtx.Done():
+				idle.Stop()
+			}
+			continue
+		}
+		bo.reset()
+		if len(msgs) > 0 {
+			continue
+		}
+		idle.Reset(p.opts.ClaimIdleInterval)
+		select {
+		case <-idle.C:
+		case <-p.wake:
+			idle.Stop()
+		case <-p.claimCtx.Done():
+			idle.Stop()
+		}
+	}
+}
+
+// work runs messages until jobs is closed and empty.
+func (p *Pool) work() {
+	defer p.workers.Done()
+	for m := range p.jobs {
+		c := p.handle(m)
+		p.completions <- c
+		p.inflight.Add(-1)
+		select {
+		case p.slotFreed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// completion is the outcome of one attempt, for the collector to write.
+type completion struct {
+	claim  broker.Claim
+	topic  string
+	task   string
+	status string
+	// Exactly one of: ack (with result), nack, or lost (nothing to write).
+	ack     bool
+	result  json.RawMessage
+	lost    bool
+	requeue bool
+	delay   time.Duration
+	errText string
+	started time.Time
+	dur     time.Duration
+}
+
+type handlerResult struct {
+	value any
+	err   error
+}
+
+var errLockHeld = errors.New("lock held")
+
+// handle runs one message and says how it ended.
+func (p *Pool) handle(m broker.Message) completion {
+	p.obs.TaskStarted(m.Topic)
+	c := completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, started: time.Now()}
+	log := p.log.With("message_id", m.ID, "task", m.Task, "topic", m.Topic, "attempt", m.Attempts)
+
+	if p.draining.Load() {
+		return c.requeueNow("worker stopped", StatusStopped)
+	}
+	t, ok := p.reg.Lookup(m.Task)
+	if !ok {
+		log.Warn("claimed a message of an unknown task; ending it")
+		return c.fail(fmt.Sprintf("unknown task %q: no task of that name is registered in worker %s", m.Task, p.opts.WorkerID), false, 0)
+	}
+	maxAttempts := m.MaxAttempts
+	if maxAttempts <= 0 {
+		maxAttempts = t.MaxAttempts
+	}
+	attempt := max(m.Attempts, 1)
+
+	if name := t.lockName(m.Payload); name != "" {
+		lctx, cancel := context.WithTimeout(p.runCtx, brokerCallTimeout)
+		got, err := p.b.AcquireLock(lctx, name, p.opts.WorkerID, c.claim)
+		cancel()
+		switch {
+		case errors.Is(err, broker.ErrClaimLost):
+			log.Warn("claim lost before the task ran", "lock", name)
+			c.lost, c.status = true, StatusLost
+			return c
+		case err != nil:
+			log.Warn("could not take the task's lock; requeueing", "lock", name, "error", err)
+			return c.requeueAfter(lockErrorRetryDelay, fmt.Sprintf("could not take lock %q: %v", name, err), StatusDeferred)
+		case !got && t.OnLockConflict == LockRequeue:
+			log.Debug("lock held; requeueing", "lock", name, "retry_in", t.LockRetryDelay.String())
+			return c.requeueAfter(t.LockRetryDelay, fmt.Sprintf("lock %q is held by another message; retrying in %s", name, t.LockRetryDelay), StatusDeferred)
+		case !got:
+			log.Info("lock held; skipping the message", "lock", name)
+			c.ack, c.result, c.status = true, json.RawMessage(`{"skipped":"lock held"}`), StatusSkipped
+			return c
+		}
+	}
+
+	tc := &TaskContext{
+		Payload: m.Payload, MessageID: m.ID, Task: m.Task, Topic: m.Topic,
+		Attempt: attempt, MaxAttempts: maxAttempts,
+		onLog: func(line string) { log.Debug("task log", "line", line) },
+	}
+	res, abandoned, timedOut := p.run(t, tc, log)
+	c.dur = time.Since(c.started)
+
+	switch {
+	case abandoned:
+		return c.requeueNow("worker stopped (the task ignored cancellation)", StatusStopped)
+	case res.err == nil:
+		body, err := marshalResult(res.value)
+		if err == nil {
+			c.ack, c.result, c.status = true, body, StatusDone
+			return c
+		}
+		res.err = fmt.Errorf("the task's result cannot be stored: %w", err)
+	case p.runCtx.Err() != nil:
+		// Hard stop: the failure is most likely the cancellation itself.
+		return c.requeueNow("worker stopped", StatusStopped)
+	}
+
+	msg := res.err.Error()
+	if timedOut {
+		msg = fmt.Sprintf("timed out after %s: %s", t.Timeout, msg)
+	}
+	if msg == "" {
+		msg = "task failed"
+	}
+	if attempt < maxAttempts {
+		d := t.BackoffFor(attempt)
+		log.Warn("task failed; retrying", "error", msg, "max_attempts", maxAttempts, "retry_in", d.String())
+		return c.fail(msg, true, d)
+	}
+	log.Warn("task failed for good", "error", msg, "max_attempts", maxAttempts)
+	return c.fail(msg, false, 0)
+}
+
+// run calls the handler in its own goroutine, so a handler that ignores
+// cancellation can be abandoned, and turns a panic into an error.
+func (p *Pool) run(t Task, tc *TaskContext, log hclog.Logger) (res handlerResult, abandoned, timedOut bool) {
+	ctx, cancel := context.WithCancel(p.runCtx)
+	if t.Timeout > 0 {
+		ctx, cancel = context.WithTimeout(p.runCtx, t.Timeout)
+	}
+	defer cancel()
+	p.running.Add(1)
+	defer p.running.Add(-1)
+
+	done := make(chan handlerResult, 1) // buffered: an abandoned handler never blocks
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("task panicked", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+				done <- handlerResult{err: fmt.Errorf("panic: %v", r)}
+			}
+		}()
+		v, err := t.Handler(ctx, tc)
+		done <- handlerResult{value: v, err: err}
+	}()
+	select {
+	case res = <-done:
+	case <-p.abandon:
+		return handlerResult{}, true, false
+	}
+	timedOut = res.err != nil && t.Timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) && p.runCtx.Err() == nil
+	return res, false, timedOut
+}
+
+func marshalResult(v any) (json.RawMessage, error) {
+	switch r := v.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if len(r) == 0 {
+			return nil, nil
+		}
+		if !json.Valid(r) {
+			return nil, errors.New("it is not valid JSON")
+		}
+		return r, nil
+	}
+	return json.Marshal(v)
+}
+
+func (c completion) requeueNow(reason, status string) completion {
+	return c.requeueAfter(0, reason, status)
+}
+
+func (c completion) requeueAfter(d time.Duration, reason, status string) completion {
+	c.requeue, c.delay, c.errText, c.status = true, d, reason, status
+	return c
+}
+
+func (c completion) fail(reason string, requeue bool, d time.Duration) completion {
+	c.requeue, c.delay, c.errText, c.status = requeue, d, reason, StatusFailed
+	return c
+}
+
+// collect writes outcomes: every ack that is pending when it looks goes in
+// one broker.Ack call; it never waits for more to come.
+func (p *Pool) collect() {
+	defer close(p.collectorDone)
+	for c := range p.completions {
+		batch := []completion{c}
+	more:
+		for len(batch) < maxAckBatch {
+			select {
+			case c, ok := <-p.completions:
+				if !ok {
+					break more
+				}
+				batch = append(batch, c)
+			default:
+				break more
+			}
+		}
+		p.flush(batch)
+	}
+}
+
+func (p *Pool) flush(batch []completion) {
+	var acks []int
+	for i := range batch {
+		c := &batch[i]
+		switch {
+		case c.lost:
+		case c.ack:
+			acks = append(acks, i)
+		default:
+			p.nack(c)
+		}
+	}
+	if len(acks) > 0 {
+		p.ackAll(batch, acks)
+	}
+	for _, c := range batch {
+		p.obs.TaskFinished(c.topic, c.task, c.status, c.dur)
+	}
+}
+
+func (p *Pool) ackAll(batch []completion, idx []int) {
+	outcomes := make([]broker.Outcome, len(idx))
+	for j, i := range idx {
+		outcomes[j] = broker.Outcome{Claim: batch[i].claim, Result: batch[i].result}
+	}
+	var errs []error
+	err := p.retry("ack", func(ctx context.Context) error {
+		var err error
+		errs, err = p.b.Ack(ctx, outcomes)
+		return err
+	})
+	for j, i := range idx {
+		c := &batch[i]
+		var e error
+		switch {
+		case err != nil:
+			e = err
+		case j < len(errs):
+			e = errs[j]
+		}
+		if e != nil {
+			p.lose(c, "ack", e)
+		}
+	}
+}
+
+func (p *Pool) nack(c *completion) {
+	req := broker.NackRequest{Claim: c.claim, Requeue: c.requeue, Delay: c.delay, Error: c.errText}
+	if err := p.retry("nack", func(ctx context.Context) error { return p.b.Nack(ctx, req) }); err != nil {
+		p.lose(c, "nack", err)
+	}
+}
+
+// lose records that an attempt's outcome was not written.
+func (p *Pool) lose(c *completion, op string, err error) {
+	c.status = StatusLost
+	if errors.Is(err, broker.ErrClaimLost) {
+		p.log.Warn("claim lost: the message was taken back from this worker; its outcome is discarded",
+			"op", op, "message_id", c.claim.ID, "task", c.task, "topic", c.topic)
+		return
+	}
+	p.log.Error("could not record a task's outcome; the message stays running until it is reclaimed",
+		"op", op, "message_id", c.claim.ID, "task", c.task, "topic", c.topic, "error", err)
+}
+
+// retry calls f until it succeeds, fails for good (claim lost, not found,
+// invalid, broker closed) or the pool gives up. It backs off between tries.
+func (p *Pool) retry(op string, f func(ctx context.Context) error) error {
+	bo := retryBackoff()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
+		err := f(ctx)
+		cancel()
+		if err == nil || errors.Is(err, broker.ErrClaimLost) || errors.Is(err, broker.ErrNotFound) ||
+			errors.Is(err, broker.ErrInvalid) || errors.Is(err, broker.ErrClosed) {
+			return err
+		}
+		if p.giveUpCtx.Err() != nil {
+			return fmt.Errorf("%w (gave up retrying: the pool is stopping)", err)
+		}
+		d := bo.next()
+		p.log.Warn("broker write failed; retrying", "op", op, "error", err, "retry_in", d.String())
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-p.giveUpCtx.Done():
+			t.Stop()
+		}
+	}
+}
+
+// heartbeat stamps the worker's row every HeartbeatInterval. If the row is
+// gone (purged while this process looked dead), it registers again.
+func (p *Pool) heartbeat() {
+	defer close(p.heartbeatDone)
+	bo := &backoff{min: retryMin, max: min(retryMax, p.opts.HeartbeatInterval)}
+	wait := p.opts.HeartbeatInterval
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-p.hbCtx.Done():
+			return
+		}
+		ctx, cancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
+		err := p.b.Heartbeat(ctx, p.opts.WorkerID)
+		if errors.Is(err, broker.ErrNotFound) {
+			p.log.Warn("worker row is gone; registering again")
+			err = p.b.RegisterWorker(ctx, p.info())
+		}
+		cancel()
+		if err != nil {
+			if p.hbCtx.Err() != nil {
+				return
+			}
+			wait = bo.next()
+			p.log.Warn("heartbeat failed; retrying", "error", err, "retry_in", wait.String())
+		} else {
+			bo.reset()
+			wait = p.opts.HeartbeatInterval
+		}
+		t.Reset(wait)
+	}
+}
+
+// backoff doubles from min to max, with +-20% jitter so that workers that
+// lost the database together do not come back in lockstep.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func retryBackoff() *backoff { return &backoff{min: retryMin, max: retryMax} }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	jitter := time.Duration((rand.Float64()*0.4 - 0.2) * float64(b.cur))
+	return b.cur + jitter
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+type nopObserver struct{}
+
+func (nopObserver) TaskStarted(string)                                 {}
+func (nopObserver) TaskFinished(string, string, string, time.Duration) {}
