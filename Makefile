@@ -1,0 +1,72 @@
+# taskhost: a plugin host running a PostgreSQL-backed task system.
+# `make` alone lists the targets.
+
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+GO        ?= go
+BIN       := bin
+PLUGINS   := $(BIN)/plugins
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+CONFIG    ?= examples/taskhost.yaml
+TOOLS     := $(CURDIR)/$(BIN)/tools
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+STATICCHECK_VERSION        := v0.8.2
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_\/-]+:.*## /{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## build the host into bin/ and the plugins into bin/plugins/
+	@mkdir -p $(PLUGINS)
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/host ./cmd/host
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(PLUGINS)/fp-plugin-tasks_worker ./plugins/tasksworker/cmd/fp-plugin-tasks_worker
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(PLUGINS)/fp-plugin-metrics ./plugins/metricsagg/cmd/fp-plugin-metrics
+
+.PHONY: run
+run: build ## build, then run the host with both plugins (examples/taskhost.yaml)
+	@echo
+	@echo "  admin UI:  http://127.0.0.1:8080/admin/"
+	@echo "  metrics:   http://127.0.0.1:8080/plugin-pkg/metrics/api/prometheus"
+	@echo "  tasks API: http://127.0.0.1:8080/plugin-pkg/tasks_worker/api/tasks"
+	@echo
+	$(BIN)/host -config $(CONFIG)
+
+.PHONY: test
+test: ## run the whole test suite (needs PostgreSQL, see README)
+	$(GO) test -count=1 -timeout 30m ./...
+
+.PHONY: test/race
+test/race: ## run the tests of the concurrent packages with the race detector
+	$(GO) test -count=1 -race -timeout 30m ./capability/... ./host/... ./broker/... ./worker/... ./plugins/...
+
+.PHONY: bench
+bench: ## run the Go benchmarks
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: the files above need formatting"; exit 1; }
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+.PHONY: proto
+proto: ## regenerate capability/internal/pb from the .proto files (needs protoc)
+	@command -v protoc >/dev/null || { echo "protoc not found: apt-get install -y protobuf-compiler"; exit 1; }
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	PATH=$(TOOLS):$$PATH protoc -I capability/proto \
+		--go_out=. --go_opt=module=github.com/taskhost/taskhost \
+		--go-grpc_out=. --go-grpc_opt=module=github.com/taskhost/taskhost \
+		capability/proto/taskhost/plugin/v1/plugin.proto
+
+.PHONY: tidy
+tidy: ## go mod tidy
+	$(GO) mod tidy
+
+.PHONY: clean
+clean: ## remove build output
+	rm -rf $(BIN)
