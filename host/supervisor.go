@@ -534,9 +534,7 @@ func (r *lineRing) Write(p []byte) (int, error) {
 	s := r.part + string(p)
 	parts := strings.Split(s, "\n")
 	r.part = parts[len(parts)-1]
-	for _, l := range parts[:len(parts)-1] {
-		r.lines = append(r.lines, l)
-	}
+	r.lines = append(r.lines, parts[:len(parts)-1]...)
 	if len(r.lines) > r.n {
 		r.lines = append([]string(nil), r.lines[len(r.lines)-r.n:]...)
 	}
