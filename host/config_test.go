@@ -1,0 +1,123 @@
+package host
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseConfigFullExample(t *testing.T) {
+	t.Setenv("TASKHOST_TEST_DSN", "postgres://u:p$w@db/x")
+	t.Setenv("TASKHOST_TEST_TOKEN", "0123456789abcdef0123")
+	cfg, err := ParseConfig("taskhost.yaml", []byte(`
+listen: 0.0.0.0:9090
+plugins_dir: /opt/plugins
+admin_token: ${TASKHOST_TEST_TOKEN}
+shutdown_timeout_seconds: 12
+restart_budget: 3
+plugins:
+  tasks_worker:
+    enabled: true
+    sha256: "ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
+    env: [TASKHOST_DATABASE_URL]
+    config:
+      broker: postgres
+      dsn: ${TASKHOST_TEST_DSN}
+      workers: 8
+      unset: ${TASKHOST_SURELY_UNSET_VARIABLE}
+  metrics:
+    enabled: true
+  off:
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "0.0.0.0:9090" || cfg.PluginsDir != "/opt/plugins" || cfg.AdminToken != "0123456789abcdef0123" {
+		t.Fatalf("top level = %+v", cfg)
+	}
+	if cfg.ShutdownTimeout != 12*time.Second || cfg.RestartBudget != 3 || cfg.HealthInterval != 10*time.Second {
+		t.Fatalf("durations = %+v", cfg)
+	}
+	if len(cfg.Plugins) != 3 || cfg.Plugins[0].Name != "tasks_worker" || cfg.Plugins[1].Name != "metrics" || cfg.Plugins[2].Name != "off" {
+		t.Fatalf("plugins = %+v", cfg.Plugins)
+	}
+	tw := cfg.Plugins[0]
+	if !tw.Enabled || tw.SHA256 != strings.ToLower("ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789") || tw.Env[0] != "TASKHOST_DATABASE_URL" {
+		t.Fatalf("tasks_worker = %+v", tw)
+	}
+	want := `{"broker":"postgres","dsn":"postgres://u:p$w@db/x","unset":"","workers":8}`
+	if string(tw.Config) != want {
+		t.Fatalf("config block = %s, want %s", tw.Config, want)
+	}
+	if cfg.Plugins[2].Enabled || string(cfg.Plugins[2].Config) != "{}" {
+		t.Fatalf("a bare plugin entry is disabled with an empty config: %+v", cfg.Plugins[2])
+	}
+}
+
+func TestParseConfigDefaults(t *testing.T) {
+	cfg, err := ParseConfig("x.yaml", []byte("plugins:\n  metrics: {enabled: true}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != DefaultListen || cfg.PluginsDir != DefaultPluginsDir || cfg.LogLevel != "info" || cfg.MaxBodyBytes != 8<<20 {
+		t.Fatalf("defaults = %+v", cfg)
+	}
+}
+
+func TestParseConfigErrorsNameTheKey(t *testing.T) {
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"empty file", "", "the file is empty"},
+		{"not yaml", "listen: [", "not valid YAML"},
+		{"top level is a list", "- a\n- b\n", "top level must be a mapping"},
+		{"unknown top-level key", "listn: 1.2.3.4:80\n", "listn: unknown setting"},
+		{"listen not host:port", "listen: localhost\n", `listen: "localhost" is not host:port`},
+		{"public listen without token", "listen: 0.0.0.0:8080\n", "admin_token: required because listen (0.0.0.0:8080) is not a loopback address"},
+		{"short token", "admin_token: abc\n", "admin_token: too short"},
+		{"enabled not a bool", "plugins:\n  metrics:\n    enabled: yes please\n", `plugins.metrics.enabled: expected true or false, got the string "yes please"`},
+		{"bad plugin name", "plugins:\n  Tasks-Worker:\n    enabled: true\n", "plugins.Tasks-Worker: invalid plugin name"},
+		{"reserved plugin name", "plugins:\n  host:\n    enabled: true\n", `plugins.host: "host" is reserved`},
+		{"prefix collision", "plugins:\n  tasks:\n    enabled: true\n  tasks_worker:\n    enabled: true\n", `plugins.tasks_worker: collides with plugin "tasks"`},
+		{"bad sha256", "plugins:\n  metrics:\n    sha256: abc\n", "plugins.metrics.sha256: expected 64 hex digits"},
+		{"unknown plugin key", "plugins:\n  metrics:\n    enable: true\n", "plugins.metrics.enable: unknown setting"},
+		{"config not a mapping", "plugins:\n  metrics:\n    config: [1, 2]\n", "plugins.metrics.config: expected a mapping"},
+		{"env not a list", "plugins:\n  metrics:\n    env: PATH\n", "plugins.metrics.env: expected a list"},
+		{"plugins not a mapping", "plugins: [metrics]\n", "plugins: expected a mapping"},
+		{"negative budget", "restart_budget: -1\n", "restart_budget: -1 is out of range"},
+		{"timeout is text", "shutdown_timeout_seconds: soon\n", "shutdown_timeout_seconds: expected a whole number"},
+		{"bad log level", "log_level: loud\n", `log_level: "loud" is not one of`},
+		{"key twice", "listen: 127.0.0.1:1\nlisten: 127.0.0.1:2\n", "listen: set twice"},
+		{"plugin twice", "plugins:\n  metrics: {}\n  metrics: {}\n", "plugins.metrics: configured twice"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseConfig("bad.yaml", []byte(tt.yaml))
+			if err == nil {
+				t.Fatalf("accepted a bad config; want an error containing %q", tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "bad.yaml") {
+				t.Fatalf("error = %q, want it to start with the file and contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestPrefixCollision(t *testing.T) {
+	if _, _, ok := prefixCollision([]string{"metrics", "tasks_worker", "tasks_worker2"}); ok {
+		t.Fatal("tasks_worker and tasks_worker2 do not collide: fp_tasks_worker_ vs fp_tasks_worker2_")
+	}
+	a, b, ok := prefixCollision([]string{"a_b", "x", "a"})
+	if !ok || a != "a" || b != "a_b" {
+		t.Fatalf("collision = %q %q %v", a, b, ok)
+	}
+}
+
+func TestIsLoopback(t *testing.T) {
+	for host, want := range map[string]bool{"127.0.0.1": true, "::1": true, "localhost": true, "127.8.9.1": true,
+		"": false, "0.0.0.0": false, "10.0.0.1": false, "example.com": false} {
+		if IsLoopback(host) != want {
+			t.Errorf("IsLoopback(%q) != %v", host, want)
+		}
+	}
+}
