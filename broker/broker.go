@@ -313,3 +313,40 @@ func ValidatePatch(p TopicPatch) error {
 	}
 	return nil
 }
+
+// ReclaimRequest is one reaper pass's instruction. Live is the live-worker
+// set the caller read (and checked with its guards) with LiveWorkers.
+type ReclaimRequest struct {
+	Live []string
+	// Grace: only claims (and locks) at least this old are touched.
+	Grace time.Duration
+	// MaxAttempts: a reclaimed message whose attempts reached this is
+	// dead-lettered instead of requeued.
+	MaxAttempts int
+}
+
+// ReclaimResult says what a pass did.
+type ReclaimResult struct {
+	Reclaimed     int     `json:"reclaimed"`
+	DeadLettered  int     `json:"dead_lettered"`
+	LocksReleased int     `json:"locks_released"`
+	IDs           []int64 `json:"ids,omitempty"`
+}
+
+// OrphanReclaimer is implemented by brokers whose running messages can
+// outlive the worker that claimed them (local and postgres). The memory
+// broker does not implement it: its messages die with the process.
+type OrphanReclaimer interface {
+	// LiveWorkers returns the ids of workers whose heartbeat is fresher
+	// than after, by the broker's clock.
+	LiveWorkers(ctx context.Context, after time.Duration) ([]string, error)
+	// ReclaimOrphans, in one transaction: running messages whose claimer
+	// is not in req.Live and that were claimed at least req.Grace ago go
+	// back to queued (claim fields and token cleared), or to dead once
+	// their attempts reached req.MaxAttempts; locks whose holder is not in
+	// req.Live, acquired at least req.Grace ago, are deleted.
+	ReclaimOrphans(ctx context.Context, req ReclaimRequest) (ReclaimResult, error)
+	// ExpireWorker marks a worker's heartbeat as long past, so it leaves
+	// the live set at once (used when its process is known to be gone).
+	ExpireWorker(ctx context.Context, workerID string) error
+}
