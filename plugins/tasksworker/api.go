@@ -1,0 +1,427 @@
+package tasksworker
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// Request limits of the HTTP API.
+const (
+	// bodySlack is what a submit body may hold besides its payload.
+	bodySlack = 64 << 10
+	// maxDelay bounds delay_seconds.
+	maxDelay = 365 * 24 * time.Hour
+	// maxSubmitAttempts bounds max_attempts.
+	maxSubmitAttempts = 1000
+	defaultListLimit  = 50
+	maxListLimit      = 1000
+)
+
+var messageStates = []string{broker.StateQueued, broker.StateRunning, broker.StateDone, broker.StateFailed, broker.StateDead}
+
+func (p *Plugin) routes() chi.Router {
+	r := chi.NewRouter()
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: %s %s; the API is under /api (tasks, topics, workers, locks, health)", r.Method, r.URL.Path)
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusMethodNotAllowed, "%s is not allowed on %s", r.Method, r.URL.Path)
+	})
+	r.Route("/api", func(r chi.Router) {
+		r.Post("/tasks", p.withRuntime(p.submitTask))
+		r.Get("/tasks", p.withRuntime(p.listTasks))
+		r.Get("/tasks/{id}", p.withRuntime(p.getTask))
+		r.Get("/topics", p.withRuntime(p.listTopics))
+		r.Put("/topics/{name}", p.withRuntime(p.setTopic))
+		r.Get("/workers", p.withRuntime(p.listWorkers))
+		r.Get("/locks", p.withRuntime(p.listLocks))
+		r.Get("/health", p.withRuntime(p.health))
+	})
+	return r
+}
+
+type runtimeHandler func(w http.ResponseWriter, r *http.Request, rt *runtime)
+
+// withRuntime answers 503 while the plugin is not running.
+func (p *Plugin) withRuntime(h runtimeHandler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		rt := p.current()
+		if rt == nil {
+			writeError(w, http.StatusServiceUnavailable, "tasks_worker is not running (not configured yet, restarting or stopped); retry in a few seconds")
+			return
+		}
+		h(w, r, rt)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, format string, args ...any) {
+	writeJSON(w, status, map[string]string{"error": fmt.Sprintf(format, args...)})
+}
+
+// writeBrokerError maps a broker error to a status and a message.
+func writeBrokerError(w http.ResponseWriter, what string, err error) {
+	switch {
+	case errors.Is(err, broker.ErrInvalid):
+		writeError(w, http.StatusBadRequest, "%s: %v", what, err)
+	case errors.Is(err, broker.ErrNotFound):
+		writeError(w, http.StatusNotFound, "%s: %v", what, err)
+	case errors.Is(err, broker.ErrClosed):
+		writeError(w, http.StatusServiceUnavailable, "%s: the broker is closed (the plugin is stopping or restarting); retry in a few seconds", what)
+	default:
+		writeError(w, http.StatusServiceUnavailable, "%s: the broker failed: %v; retry later, and check the broker's health if it persists", what, err)
+	}
+}
+
+// decodeBody decodes one JSON object strictly into v: unknown fields,
+// trailing data and an over-long body are errors with a message for a
+// person. example shows a good body.
+func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any, example string) bool {
+	body := http.MaxBytesReader(w, r.Body, limit)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if dec.Decode(&struct{}{}) != io.EOF {
+			writeError(w, http.StatusBadRequest, "the request body holds more than one JSON value; send one object, such as %s", example)
+			return false
+		}
+		return true
+	}
+	var tooBig *http.MaxBytesError
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &tooBig):
+		writeError(w, http.StatusBadRequest, "the request body is over %d bytes; send a smaller payload", tooBig.Limit)
+	case errors.Is(err, io.EOF):
+		writeError(w, http.StatusBadRequest, "the request body is empty; send a JSON object, such as %s", example)
+	case errors.As(err, &syntax), errors.Is(err, io.ErrUnexpectedEOF):
+		writeError(w, http.StatusBadRequest, "the request body is not valid JSON (%v); send an object, such as %s", err, example)
+	case errors.As(err, &typ):
+		if typ.Field == "" {
+			writeError(w, http.StatusBadRequest, "the request body must be a JSON object, such as %s", example)
+		} else {
+			writeError(w, http.StatusBadRequest, "field %q must be a JSON %s, got %s", typ.Field, jsonKind(typ.Type.Kind().String()), typ.Value)
+		}
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		writeError(w, http.StatusBadRequest, "%s in the request body; the fields are those of %s", strings.TrimPrefix(err.Error(), "json: "), example)
+	default:
+		writeError(w, http.StatusBadRequest, "bad request body: %v; send an object, such as %s", err, example)
+	}
+	return false
+}
+
+func jsonKind(goKind string) string {
+	switch {
+	case strings.HasPrefix(goKind, "int"), strings.HasPrefix(goKind, "uint"), strings.HasPrefix(goKind, "float"):
+		return "number"
+	case goKind == "bool":
+		return "boolean"
+	case goKind == "ptr":
+		return "value of another type"
+	}
+	return goKind
+}
+
+type submitRequest struct {
+	Task         string          `json:"task"`
+	Topic        string          `json:"topic"`
+	Payload      json.RawMessage `json:"payload"`
+	DelaySeconds float64         `json:"delay_seconds"`
+	MaxAttempts  int             `json:"max_attempts"`
+}
+
+const submitExample = `{"task": "demo.echo", "topic": "default", "payload": {}, "delay_seconds": 0, "max_attempts": 0}`
+
+func (p *Plugin) submitTask(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	var req submitRequest
+	if !decodeBody(w, r, int64(rt.cfg.MaxPayloadBytes)+bodySlack, &req, submitExample) {
+		return
+	}
+	if req.Task == "" {
+		writeError(w, http.StatusBadRequest, "task is required: name one of the registered tasks (%s)", strings.Join(rt.reg.Names(), ", "))
+		return
+	}
+	task, ok := rt.reg.Lookup(req.Task)
+	if !ok {
+		writeError(w, http.StatusBadRequest, "unknown task %q: no task of that name is registered; the tasks are %s", req.Task, strings.Join(rt.reg.Names(), ", "))
+		return
+	}
+	topic := req.Topic
+	if topic == "" {
+		topic = task.Topic
+	}
+	if err := broker.ValidateTopicName(topic); err != nil {
+		writeError(w, http.StatusBadRequest, "bad topic: %v", err)
+		return
+	}
+	if served := rt.pool.Topics(); !contains(served, topic) {
+		writeError(w, http.StatusBadRequest, "topic %q is not served by this worker (it claims from %s): omit topic to use the task's own (%s), or add the topic under topics in the plugin config",
+			topic, strings.Join(served, ", "), task.Topic)
+		return
+	}
+	payload := bytes.TrimSpace(req.Payload)
+	if len(payload) == 0 || string(payload) == "null" {
+		payload = []byte("{}")
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, payload); err == nil {
+		payload = compact.Bytes()
+	}
+	if len(payload) > rt.cfg.MaxPayloadBytes {
+		writeError(w, http.StatusBadRequest, "payload is %d bytes, the limit is %d (max_payload_bytes); send less, or store the data elsewhere and pass a reference", len(payload), rt.cfg.MaxPayloadBytes)
+		return
+	}
+	if req.DelaySeconds < 0 || req.DelaySeconds > maxDelay.Seconds() {
+		writeError(w, http.StatusBadRequest, "delay_seconds must be from 0 to %.0f, got %v", maxDelay.Seconds(), req.DelaySeconds)
+		return
+	}
+	if req.MaxAttempts < 0 || req.MaxAttempts > maxSubmitAttempts {
+		writeError(w, http.StatusBadRequest, "max_attempts must be from 0 (the task's default, %d) to %d, got %d", task.MaxAttempts, maxSubmitAttempts, req.MaxAttempts)
+		return
+	}
+	maxAttempts := req.MaxAttempts
+	if maxAttempts == 0 {
+		maxAttempts = task.MaxAttempts
+	}
+	id, err := rt.broker.Submit(r.Context(), broker.SubmitRequest{
+		Topic:       topic,
+		Task:        task.Name,
+		Payload:     payload,
+		Delay:       time.Duration(req.DelaySeconds * float64(time.Second)),
+		MaxAttempts: maxAttempts,
+	})
+	if err != nil {
+		writeBrokerError(w, "submit", err)
+		return
+	}
+	p.metrics.Submitted(topic)
+	rt.pool.Wake()
+	writeJSON(w, http.StatusCreated, map[string]string{"id": strconv.FormatInt(id, 10)})
+}
+
+// taskView is a message as the API shows it.
+type taskView struct {
+	ID          string          `json:"id"`
+	Task        string          `json:"task"`
+	Topic       string          `json:"topic"`
+	State       string          `json:"state"`
+	Attempts    int             `json:"attempts"`
+	MaxAttempts int             `json:"max_attempts"`
+	CreatedAt   time.Time       `json:"created_at"`
+	ClaimedBy   *string         `json:"claimed_by"`
+	ClaimedAt   *time.Time      `json:"claimed_at"`
+	FinishedAt  *time.Time      `json:"finished_at"`
+	Result      json.RawMessage `json:"result"`
+	Error       *string         `json:"error"`
+}
+
+func viewOf(m broker.Message, rt *runtime) taskView {
+	v := taskView{
+		ID: strconv.FormatInt(m.ID, 10), Task: m.Task, Topic: m.Topic, State: m.State,
+		Attempts: m.Attempts, MaxAttempts: m.MaxAttempts, CreatedAt: m.CreatedAt,
+		ClaimedAt: m.ClaimedAt, FinishedAt: m.FinishedAt, Result: m.Result,
+	}
+	if v.MaxAttempts == 0 {
+		if t, ok := rt.reg.Lookup(m.Task); ok {
+			v.MaxAttempts = t.MaxAttempts
+		}
+	}
+	if m.ClaimedBy != "" {
+		v.ClaimedBy = &m.ClaimedBy
+	}
+	if m.LastError != "" {
+		v.Error = &m.LastError
+	}
+	return v
+}
+
+func (p *Plugin) getTask(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	raw := chi.URLParam(r, "id")
+	id, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || id <= 0 {
+		writeError(w, http.StatusBadRequest, "task id must be a positive whole number, got %q", raw)
+		return
+	}
+	m, err := rt.broker.GetMessage(r.Context(), id)
+	if errors.Is(err, broker.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "no task with id %d: it never existed, or it finished long ago and was dropped", id)
+		return
+	}
+	if err != nil {
+		writeBrokerError(w, "get task", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, viewOf(m, rt))
+}
+
+func (p *Plugin) listTasks(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	q := r.URL.Query()
+	f := broker.MessageFilter{State: q.Get("state"), Topic: q.Get("topic"), Task: q.Get("task"), Limit: defaultListLimit}
+	if f.State != "" && !contains(messageStates, f.State) {
+		writeError(w, http.StatusBadRequest, "unknown state %q; use one of %s", f.State, strings.Join(messageStates, ", "))
+		return
+	}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxListLimit {
+			writeError(w, http.StatusBadRequest, "limit must be a whole number from 1 to %d, got %q", maxListLimit, s)
+			return
+		}
+		f.Limit = n
+	}
+	if s := q.Get("before"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 1 {
+			writeError(w, http.StatusBadRequest, "before must be a task id (a positive whole number, from next_before), got %q", s)
+			return
+		}
+		f.Before = n
+	}
+	msgs, err := rt.broker.ListMessages(r.Context(), f)
+	if err != nil {
+		writeBrokerError(w, "list tasks", err)
+		return
+	}
+	views := make([]taskView, 0, len(msgs))
+	for _, m := range msgs {
+		views = append(views, viewOf(m, rt))
+	}
+	var next *string
+	if len(msgs) == f.Limit && len(msgs) > 0 {
+		s := strconv.FormatInt(msgs[len(msgs)-1].ID, 10)
+		next = &s
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tasks": views, "next_before": next})
+}
+
+type topicView struct {
+	Name               string  `json:"name"`
+	Queued             int     `json:"queued"`
+	Running            int     `json:"running"`
+	DeadLetter         int     `json:"dead_letter"`
+	Subscribers        int     `json:"subscribers"`
+	ConcurrencyLimit   int     `json:"concurrency_limit"`
+	DeadLetterEnabled  bool    `json:"dead_letter_enabled"`
+	Paused             bool    `json:"paused"`
+	OldestClaimSeconds float64 `json:"oldest_claim_seconds"`
+}
+
+func (p *Plugin) listTopics(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	st, err := rt.broker.Stats(r.Context())
+	if err != nil {
+		writeBrokerError(w, "list topics", err)
+		return
+	}
+	out := make([]topicView, 0, len(st.Topics))
+	for _, t := range st.Topics {
+		out = append(out, topicView{
+			Name: t.Name, Queued: t.Queued, Running: t.Running, DeadLetter: t.DeadLetter, Subscribers: t.Subscribers,
+			ConcurrencyLimit: t.ConcurrencyLimit, DeadLetterEnabled: t.DeadLetterEnabled, Paused: t.Paused,
+			OldestClaimSeconds: t.OldestClaimAge.Seconds(),
+		})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"topics": out})
+}
+
+type topicPatchRequest struct {
+	ConcurrencyLimit  *int  `json:"concurrency_limit"`
+	Paused            *bool `json:"paused"`
+	DeadLetterEnabled *bool `json:"dead_letter_enabled"`
+}
+
+const topicExample = `{"concurrency_limit": 2, "paused": false, "dead_letter_enabled": true}`
+
+func (p *Plugin) setTopic(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	name, err := url.PathUnescape(chi.URLParam(r, "name"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad topic name in the path: %v", err)
+		return
+	}
+	if err := broker.ValidateTopicName(name); err != nil {
+		writeError(w, http.StatusBadRequest, "bad topic name: %v", err)
+		return
+	}
+	var req topicPatchRequest
+	if r.ContentLength != 0 {
+		if !decodeBody(w, r, bodySlack, &req, topicExample) {
+			return
+		}
+	}
+	if req.ConcurrencyLimit != nil && *req.ConcurrencyLimit < 0 {
+		writeError(w, http.StatusBadRequest, "concurrency_limit must be 0 (unlimited) or more, got %d", *req.ConcurrencyLimit)
+		return
+	}
+	cfg, err := rt.broker.SetTopic(r.Context(), name, broker.TopicPatch{
+		ConcurrencyLimit: req.ConcurrencyLimit, Paused: req.Paused, DeadLetterEnabled: req.DeadLetterEnabled,
+	})
+	if err != nil {
+		writeBrokerError(w, "set topic", err)
+		return
+	}
+	rt.pool.Wake() // an unpaused or widened topic may have work
+	writeJSON(w, http.StatusOK, cfg)
+}
+
+func (p *Plugin) listWorkers(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	ws, err := rt.broker.Workers(r.Context())
+	if err != nil {
+		writeBrokerError(w, "list workers", err)
+		return
+	}
+	if ws == nil {
+		ws = []broker.WorkerInfo{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"workers": ws})
+}
+
+func (p *Plugin) listLocks(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	locks, err := rt.broker.Locks(r.Context())
+	if err != nil {
+		writeBrokerError(w, "list locks", err)
+		return
+	}
+	if locks == nil {
+		locks = []broker.Lock{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"locks": locks})
+}
+
+func (p *Plugin) health(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	st, err := rt.broker.Stats(r.Context())
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{
+			"status": "error", "broker": rt.broker.Kind(),
+			"error": fmt.Sprintf("the %s broker does not answer: %v; check the database, the plugin retries on its own", rt.broker.Kind(), err),
+		})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"status":      "ok",
+		"broker":      rt.broker.Kind(),
+		"worker_id":   rt.pool.WorkerID(),
+		"workers":     st.Workers,
+		"running":     rt.pool.Running(),
+		"concurrency": rt.pool.Concurrency(),
+		"topics":      rt.pool.Topics(),
+	})
+}

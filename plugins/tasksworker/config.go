@@ -1,0 +1,261 @@
+package tasksworker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/memory"
+	"github.com/taskhost/taskhost/capability"
+)
+
+// DSNEnv is read for the database address when the config's dsn is empty.
+const DSNEnv = "TASKHOST_DATABASE_URL"
+
+// Config is the plugin's `config` block, parsed.
+type Config struct {
+	// Broker is "memory", "local" or "postgres".
+	Broker string
+	// DataDir is where the local broker keeps its database.
+	DataDir string
+	// DSN is the PostgreSQL address (from DSNEnv when the config has none).
+	DSN string
+	// Workers is how many tasks run at once in this process.
+	Workers int
+	// DemoTasks registers demo.crash, a task that kills its own process.
+	DemoTasks bool
+	// HeartbeatInterval is how often the worker's row is stamped.
+	HeartbeatInterval time.Duration
+	// DrainTimeout is how long Stop lets running tasks finish.
+	DrainTimeout time.Duration
+	// MaxPayloadBytes bounds a submitted payload.
+	MaxPayloadBytes int
+	// Topics are applied with SetTopic at start, and claimed from.
+	Topics map[string]broker.TopicPatch
+}
+
+// The config keys, in the order the error messages list them.
+var configKeys = []string{
+	"broker", "data_dir", "dsn", "workers", "demo_tasks", "heartbeat_interval_seconds",
+	"drain_timeout_seconds", "max_payload_bytes", "topics",
+}
+
+var topicKeys = []string{"concurrency_limit", "dead_letter_enabled", "paused"}
+
+// brokerKinds are the broker names a config may use.
+var brokerKinds = []string{"memory", "local", "postgres"}
+
+func defaultConfig() Config {
+	return Config{
+		Broker:            "memory",
+		Workers:           8,
+		HeartbeatInterval: 5 * time.Second,
+		DrainTimeout:      30 * time.Second,
+		MaxPayloadBytes:   broker.MaxPayloadSize,
+		Topics:            map[string]broker.TopicPatch{},
+	}
+}
+
+func invalid(key, format string, args ...any) error {
+	return &capability.InvalidConfigError{Key: key, Problem: fmt.Sprintf(format, args...)}
+}
+
+// ParseConfig parses the JSON config block strictly: an unknown key or a
+// bad value is a *capability.InvalidConfigError naming the key.
+func ParseConfig(raw json.RawMessage) (Config, error) {
+	cfg := defaultConfig()
+	if len(bytes.TrimSpace(raw)) == 0 || string(bytes.TrimSpace(raw)) == "null" {
+		raw = json.RawMessage("{}")
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return cfg, invalid("", "the config block is not a JSON object (%v); write it as key = value settings, such as workers = 8", err)
+	}
+	for _, key := range sortedKeys(m) {
+		v := m[key]
+		var err error
+		switch key {
+		case "broker":
+			cfg.Broker, err = stringSetting(key, v)
+			if err == nil && !contains(brokerKinds, cfg.Broker) {
+				err = invalid(key, "unknown broker %q; use one of %s", cfg.Broker, strings.Join(brokerKinds, ", "))
+			}
+		case "data_dir":
+			cfg.DataDir, err = stringSetting(key, v)
+		case "dsn":
+			cfg.DSN, err = stringSetting(key, v)
+		case "workers":
+			cfg.Workers, err = intSetting(key, v, 1, 1000)
+		case "demo_tasks":
+			cfg.DemoTasks, err = boolSetting(key, v)
+		case "heartbeat_interval_seconds":
+			var s float64
+			s, err = secondsSetting(key, v, false)
+			cfg.HeartbeatInterval = time.Duration(s * float64(time.Second))
+		case "drain_timeout_seconds":
+			var s float64
+			s, err = secondsSetting(key, v, true)
+			cfg.DrainTimeout = time.Duration(s * float64(time.Second))
+		case "max_payload_bytes":
+			cfg.MaxPayloadBytes, err = intSetting(key, v, 1, broker.MaxPayloadSize)
+		case "topics":
+			cfg.Topics, err = topicsSetting(v)
+		default:
+			err = invalid(key, "unknown setting; the settings are %s", strings.Join(configKeys, ", "))
+		}
+		if err != nil {
+			return cfg, err
+		}
+	}
+	if cfg.DSN == "" {
+		cfg.DSN = os.Getenv(DSNEnv)
+	}
+	return cfg, nil
+}
+
+// openBroker is the one place that maps the broker setting to an
+// implementation. It checks everything it can before the caller stops the
+// running broker, and returns the function that opens the new one.
+func openBroker(cfg Config) (func(ctx context.Context) (broker.Broker, error), error) {
+	switch cfg.Broker {
+	case "memory":
+		return func(context.Context) (broker.Broker, error) { return memory.New(), nil }, nil
+	case "local", "postgres":
+		return nil, invalid("broker", "%q is not available in this build yet; use memory", cfg.Broker)
+	}
+	return nil, invalid("broker", "unknown broker %q; use one of %s", cfg.Broker, strings.Join(brokerKinds, ", "))
+}
+
+func stringSetting(key string, v json.RawMessage) (string, error) {
+	var s *string
+	if err := json.Unmarshal(v, &s); err != nil {
+		return "", invalid(key, "must be a string, got %s", clip(v))
+	}
+	if s == nil {
+		return "", nil
+	}
+	return *s, nil
+}
+
+func boolSetting(key string, v json.RawMessage) (bool, error) {
+	var b bool
+	if err := json.Unmarshal(v, &b); err != nil {
+		return false, invalid(key, "must be true or false, got %s", clip(v))
+	}
+	return b, nil
+}
+
+func number(v json.RawMessage) (json.Number, bool) {
+	d := json.NewDecoder(bytes.NewReader(v))
+	d.UseNumber()
+	var n any
+	if err := d.Decode(&n); err != nil {
+		return "", false
+	}
+	num, ok := n.(json.Number)
+	return num, ok
+}
+
+func intSetting(key string, v json.RawMessage, lo, hi int) (int, error) {
+	num, ok := number(v)
+	i, err := strconv.ParseInt(string(num), 10, 64)
+	if !ok || err != nil || i < int64(lo) || i > int64(hi) {
+		return 0, invalid(key, "must be a whole number from %d to %d, got %s", lo, hi, clip(v))
+	}
+	return int(i), nil
+}
+
+func secondsSetting(key string, v json.RawMessage, zeroOK bool) (float64, error) {
+	const maxSeconds = 7 * 24 * 3600
+	num, ok := number(v)
+	f, err := strconv.ParseFloat(string(num), 64)
+	bad := !ok || err != nil || math.IsNaN(f) || f < 0 || f > maxSeconds || (f == 0 && !zeroOK)
+	if bad {
+		if zeroOK {
+			return 0, invalid(key, "must be a number of seconds from 0 to %d, got %s", maxSeconds, clip(v))
+		}
+		return 0, invalid(key, "must be a number of seconds above 0 and at most %d, got %s", maxSeconds, clip(v))
+	}
+	return f, nil
+}
+
+func topicsSetting(v json.RawMessage) (map[string]broker.TopicPatch, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(v, &m); err != nil {
+		return nil, invalid("topics", "must be a map from topic name to {concurrency_limit, dead_letter_enabled, paused}, got %s", clip(v))
+	}
+	out := make(map[string]broker.TopicPatch, len(m))
+	for _, name := range sortedKeys(m) {
+		key := "topics." + name
+		if err := broker.ValidateTopicName(name); err != nil {
+			return nil, invalid(key, "bad topic name: %v", err)
+		}
+		var fields map[string]json.RawMessage
+		if err := json.Unmarshal(m[name], &fields); err != nil {
+			return nil, invalid(key, "must be an object with %s, got %s", strings.Join(topicKeys, ", "), clip(m[name]))
+		}
+		var p broker.TopicPatch
+		for _, f := range sortedKeys(fields) {
+			fk := key + "." + f
+			switch f {
+			case "concurrency_limit":
+				n, err := intSetting(fk, fields[f], 0, math.MaxInt32)
+				if err != nil {
+					return nil, invalid(fk, "must be a whole number, 0 for unlimited, got %s", clip(fields[f]))
+				}
+				p.ConcurrencyLimit = &n
+			case "dead_letter_enabled":
+				b, err := boolSetting(fk, fields[f])
+				if err != nil {
+					return nil, err
+				}
+				p.DeadLetterEnabled = &b
+			case "paused":
+				b, err := boolSetting(fk, fields[f])
+				if err != nil {
+					return nil, err
+				}
+				p.Paused = &b
+			default:
+				return nil, invalid(fk, "unknown topic setting; the settings are %s", strings.Join(topicKeys, ", "))
+			}
+		}
+		out[name] = p
+	}
+	return out, nil
+}
+
+// clip shows a bad value in a message without flooding it.
+func clip(v json.RawMessage) string {
+	s := string(bytes.TrimSpace(v))
+	if len(s) > 60 {
+		s = s[:60] + "..."
+	}
+	return s
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,209 @@
+package tasksworker
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/worker"
+)
+
+// statsTimeout bounds the broker.Stats call of one scrape.
+const statsTimeout = 5 * time.Second
+
+// telemetry is the plugin's own Prometheus registry: the broker gauges,
+// read at scrape time, and the process-local task counters, fed by the
+// worker pool as its Observer. Metric names are a public interface (alert
+// rules select them by name): never rename one in place.
+type telemetry struct {
+	reg *prometheus.Registry
+
+	submitted, completed, failed          prometheus.Counter
+	submittedPer, completedPer, failedPer *prometheus.CounterVec
+	running                               prometheus.Gauge
+	duration                              *prometheus.HistogramVec
+}
+
+var _ worker.Observer = (*telemetry)(nil)
+
+// durationBuckets run from 1ms to about 70 minutes, by factors of 4.
+var durationBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
+
+func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), log hclog.Logger) *telemetry {
+	t := &telemetry{
+		reg: prometheus.NewRegistry(),
+		submitted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fastpluggy_tasks_submitted_total",
+			Help: "Tasks submitted through this process since it started.",
+		}),
+		completed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fastpluggy_tasks_completed_total",
+			Help: "Task attempts run by this process that succeeded, since it started.",
+		}),
+		failed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fastpluggy_tasks_failed_total",
+			Help: "Task attempts run by this process that failed (error, panic or timeout; each retry counts), since it started.",
+		}),
+		submittedPer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fastpluggy_tasks_submitted_per_topic_total",
+			Help: "Tasks submitted through this process, by topic.",
+		}, []string{"topic"}),
+		completedPer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fastpluggy_tasks_completed_per_topic_total",
+			Help: "Successful task attempts run by this process, by topic.",
+		}, []string{"topic"}),
+		failedPer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fastpluggy_tasks_failed_per_topic_total",
+			Help: "Failed task attempts run by this process, by topic.",
+		}, []string{"topic"}),
+		running: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fastpluggy_tasks_running",
+			Help: "Messages this process is handling now.",
+		}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "fastpluggy_tasks_duration_seconds",
+			Help:    "Run time of the task attempts that succeeded or failed in this process, by topic.",
+			Buckets: durationBuckets,
+		}, []string{"topic"}),
+	}
+	t.reg.MustRegister(
+		t.submitted, t.completed, t.failed,
+		t.submittedPer, t.completedPer, t.failedPer,
+		t.running, t.duration,
+		&brokerCollector{stats: stats, log: log},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return t
+}
+
+// Submitted counts one message submitted to topic.
+func (t *telemetry) Submitted(topic string) {
+	t.submitted.Inc()
+	t.submittedPer.WithLabelValues(topic).Inc()
+}
+
+// TaskStarted implements worker.Observer.
+func (t *telemetry) TaskStarted(string) { t.running.Inc() }
+
+// TaskFinished implements worker.Observer. Only done and failed attempts
+// are counted: a lost attempt's outcome belongs to whoever took the message
+// back, and skipped, deferred and stopped ones never ran to an end.
+func (t *telemetry) TaskFinished(topic, _, status string, d time.Duration) {
+	t.running.Dec()
+	switch status {
+	case worker.StatusDone:
+		t.completed.Inc()
+		t.completedPer.WithLabelValues(topic).Inc()
+	case worker.StatusFailed:
+		t.failed.Inc()
+		t.failedPer.WithLabelValues(topic).Inc()
+	default:
+		return
+	}
+	t.duration.WithLabelValues(topic).Observe(d.Seconds())
+}
+
+// exposition renders every metric in the text format.
+func (t *telemetry) exposition(log hclog.Logger) ([]byte, string, error) {
+	mfs, err := t.reg.Gather()
+	if err != nil {
+		if len(mfs) == 0 {
+			return nil, "", fmt.Errorf("gather metrics: %w", err)
+		}
+		// Partial results beat none: one bad collector must not hide the rest.
+		log.Warn("some metrics could not be gathered", "error", err)
+	}
+	format := expfmt.NewFormat(expfmt.TypeTextPlain)
+	var buf bytes.Buffer
+	enc := expfmt.NewEncoder(&buf, format)
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			return nil, "", fmt.Errorf("encode metric %s: %w", mf.GetName(), err)
+		}
+	}
+	return buf.Bytes(), string(format), nil
+}
+
+// brokerCollector reads broker.Stats at scrape time. When there is no
+// broker or Stats fails it emits nothing: a missing series is honest, a
+// stale or zero one would lie.
+type brokerCollector struct {
+	stats func(ctx context.Context) (broker.Stats, bool, error)
+	log   hclog.Logger
+}
+
+var (
+	descTopics = prometheus.NewDesc("fastpluggy_broker_topics",
+		"Topics the broker knows.", nil, nil)
+	descWorkers = prometheus.NewDesc("fastpluggy_broker_workers",
+		"Live workers (recent heartbeat) across every process sharing the broker.", nil, nil)
+	descLocks = prometheus.NewDesc("fastpluggy_broker_locks",
+		"Task locks held now.", nil, nil)
+	descTopicQueued = prometheus.NewDesc("fastpluggy_broker_topic_queued",
+		"Messages waiting in the topic's queue (delayed ones included).", []string{"topic"}, nil)
+	descTopicRunning = prometheus.NewDesc("fastpluggy_broker_topic_running",
+		"Messages of the topic claimed and running: the count its concurrency limit gates on.", []string{"topic"}, nil)
+	descTopicDead = prometheus.NewDesc("fastpluggy_broker_topic_dead_letter",
+		"Dead-lettered messages of the topic.", []string{"topic"}, nil)
+	descTopicSubscribers = prometheus.NewDesc("fastpluggy_broker_topic_subscribers",
+		"Live workers that claim from the topic.", []string{"topic"}, nil)
+	descQueued = prometheus.NewDesc("fastpluggy_broker_messages_queued_total",
+		"Queued messages across all topics (a gauge: the name is fixed by the spec).", nil, nil)
+	descRunning = prometheus.NewDesc("fastpluggy_broker_messages_running_total",
+		"Running messages across all topics (a gauge: the name is fixed by the spec).", nil, nil)
+	descBeats = prometheus.NewDesc("fastpluggy_broker_beats",
+		"Live workers with the beat role; 0 means no scheduler runs anywhere.", nil, nil)
+	descOldestClaim = prometheus.NewDesc("fastpluggy_broker_oldest_running_claim_seconds",
+		"Age of the topic's oldest running claim; emitted only while the topic has one. A wedged topic's only grows.", []string{"topic"}, nil)
+)
+
+func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		descTopics, descWorkers, descLocks, descTopicQueued, descTopicRunning, descTopicDead,
+		descTopicSubscribers, descQueued, descRunning, descBeats, descOldestClaim,
+	} {
+		ch <- d
+	}
+}
+
+func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
+	defer cancel()
+	st, ok, err := c.stats(ctx)
+	if !ok {
+		return
+	}
+	if err != nil {
+		c.log.Warn("broker stats failed: the broker gauges are left out of this scrape", "error", err)
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	var queued, running int
+	for _, t := range st.Topics {
+		gauge(descTopicQueued, float64(t.Queued), t.Name)
+		gauge(descTopicRunning, float64(t.Running), t.Name)
+		gauge(descTopicDead, float64(t.DeadLetter), t.Name)
+		gauge(descTopicSubscribers, float64(t.Subscribers), t.Name)
+		if t.Running > 0 {
+			gauge(descOldestClaim, t.OldestClaimAge.Seconds(), t.Name)
+		}
+		queued += t.Queued
+		running += t.Running
+	}
+	gauge(descTopics, float64(len(st.Topics)))
+	gauge(descWorkers, float64(st.Workers))
+	gauge(descLocks, float64(st.Locks))
+	gauge(descQueued, float64(queued))
+	gauge(descRunning, float64(running))
+	gauge(descBeats, float64(st.Beats))
+}

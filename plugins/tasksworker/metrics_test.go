@@ -1,0 +1,230 @@
+package tasksworker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// goldenMetrics is the public metric surface of tasks_worker: alert rules
+// select these names. Renaming or dropping one, or changing its type, is a
+// breaking change (deprecate, emit both for a release, then drop).
+var goldenMetrics = map[string]dto.MetricType{
+	"fastpluggy_broker_topics":                       dto.MetricType_GAUGE,
+	"fastpluggy_broker_workers":                      dto.MetricType_GAUGE,
+	"fastpluggy_broker_locks":                        dto.MetricType_GAUGE,
+	"fastpluggy_broker_topic_queued":                 dto.MetricType_GAUGE,
+	"fastpluggy_broker_topic_running":                dto.MetricType_GAUGE,
+	"fastpluggy_broker_topic_dead_letter":            dto.MetricType_GAUGE,
+	"fastpluggy_broker_topic_subscribers":            dto.MetricType_GAUGE,
+	"fastpluggy_broker_messages_queued_total":        dto.MetricType_GAUGE,
+	"fastpluggy_broker_messages_running_total":       dto.MetricType_GAUGE,
+	"fastpluggy_broker_beats":                        dto.MetricType_GAUGE,
+	"fastpluggy_broker_oldest_running_claim_seconds": dto.MetricType_GAUGE,
+	"fastpluggy_tasks_submitted_total":               dto.MetricType_COUNTER,
+	"fastpluggy_tasks_completed_total":               dto.MetricType_COUNTER,
+	"fastpluggy_tasks_failed_total":                  dto.MetricType_COUNTER,
+	"fastpluggy_tasks_submitted_per_topic_total":     dto.MetricType_COUNTER,
+	"fastpluggy_tasks_completed_per_topic_total":     dto.MetricType_COUNTER,
+	"fastpluggy_tasks_failed_per_topic_total":        dto.MetricType_COUNTER,
+	"fastpluggy_tasks_running":                       dto.MetricType_GAUGE,
+	"fastpluggy_tasks_duration_seconds":              dto.MetricType_HISTOGRAM,
+}
+
+// scrape collects the plugin's metrics over gRPC and parses them.
+func (f *fixture) scrape() map[string]*dto.MetricFamily {
+	f.t.Helper()
+	m, err := f.client.CollectMetrics(context.Background())
+	if err != nil {
+		f.t.Fatalf("collect metrics: %v", err)
+	}
+	if !strings.HasPrefix(m.Format, "text/plain") {
+		f.t.Errorf("format = %q, want the text exposition", m.Format)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(m.Body))
+	if err != nil {
+		f.t.Fatalf("the exposition does not parse: %v\n%s", err, m.Body)
+	}
+	return fams
+}
+
+// value returns the value of the family's series whose labels include
+// labels (name=value pairs), or -1.
+func value(fams map[string]*dto.MetricFamily, name string, labels ...string) float64 {
+	mf := fams[name]
+	if mf == nil {
+		return -1
+	}
+next:
+	for _, m := range mf.GetMetric() {
+		for i := 0; i+1 < len(labels); i += 2 {
+			found := false
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+					found = true
+				}
+			}
+			if !found {
+				continue next
+			}
+		}
+		switch {
+		case m.Counter != nil:
+			return m.Counter.GetValue()
+		case m.Gauge != nil:
+			return m.Gauge.GetValue()
+		case m.Histogram != nil:
+			return float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return -1
+}
+
+func TestMetricNamesAndTypesAreGolden(t *testing.T) {
+	f := start(t, nil)
+	// A running claim makes the oldest-claim gauge appear; a finished one
+	// the per-topic counters and the histogram.
+	sleeper := f.submit(`{"task": "demo.sleep", "payload": {"seconds": 60}}`)
+	f.waitState(f.submit(`{"task": "demo.echo"}`), "done")
+	f.waitState(f.submit(`{"task": "demo.fail"}`), "dead")
+	f.waitState(sleeper, "running")
+
+	fams := f.scrape()
+	for name, typ := range goldenMetrics {
+		mf := fams[name]
+		if mf == nil {
+			t.Errorf("metric %s is missing", name)
+			continue
+		}
+		if mf.GetType() != typ {
+			t.Errorf("metric %s is a %s, want a %s", name, mf.GetType(), typ)
+		}
+		if mf.GetHelp() == "" {
+			t.Errorf("metric %s has no HELP text", name)
+		}
+	}
+	for _, name := range []string{"go_goroutines", "process_cpu_seconds_total"} {
+		if fams[name] == nil {
+			t.Errorf("%s is missing: the Go and process collectors belong in the registry", name)
+		}
+	}
+	if v := value(fams, "fastpluggy_broker_oldest_running_claim_seconds", "topic", "default"); v < 0 {
+		t.Errorf("oldest running claim of topic default = %v, want a value", v)
+	}
+	if v := value(fams, "fastpluggy_broker_messages_running_total"); v != 1 {
+		t.Errorf("messages running = %v, want 1", v)
+	}
+	if v := value(fams, "fastpluggy_broker_topic_dead_letter", "topic", "default"); v != 1 {
+		t.Errorf("dead letters = %v, want 1", v)
+	}
+	if v := value(fams, "fastpluggy_broker_workers"); v != 1 {
+		t.Errorf("workers = %v, want 1", v)
+	}
+	if v := value(fams, "fastpluggy_broker_beats"); v != 0 {
+		t.Errorf("beats = %v, want 0 (no beat in this build)", v)
+	}
+	if v := value(fams, "fastpluggy_tasks_running"); v != 1 {
+		t.Errorf("tasks running = %v, want 1", v)
+	}
+}
+
+func TestOldestClaimIsAbsentWithNothingRunning(t *testing.T) {
+	f := start(t, nil)
+	f.waitState(f.submit(`{"task": "demo.echo"}`), "done")
+	fams := f.scrape()
+	if mf := fams["fastpluggy_broker_oldest_running_claim_seconds"]; mf != nil {
+		t.Errorf("oldest claim emitted with nothing running: %v", mf)
+	}
+}
+
+func TestCountersStartAtZeroAndMove(t *testing.T) {
+	f := start(t, nil)
+	fams := f.scrape()
+	for _, name := range []string{"fastpluggy_tasks_submitted_total", "fastpluggy_tasks_completed_total", "fastpluggy_tasks_failed_total"} {
+		if v := value(fams, name); v != 0 {
+			t.Errorf("%s = %v before any task, want 0", name, v)
+		}
+	}
+
+	f.waitState(f.submit(`{"task": "demo.echo"}`), "done")
+	f.waitState(f.submit(`{"task": "demo.echo"}`), "done")
+	f.waitState(f.submit(`{"task": "demo.fail", "max_attempts": 2}`), "dead")
+
+	// The counters move when the outcome is written, just after the state
+	// changes: poll.
+	deadline := time.Now().Add(5 * time.Second)
+	want := map[string]float64{
+		"fastpluggy_tasks_submitted_total":  3,
+		"fastpluggy_tasks_completed_total":  2,
+		"fastpluggy_tasks_failed_total":     2, // each failed attempt counts
+		"fastpluggy_tasks_duration_seconds": 4,
+		"fastpluggy_tasks_running":          0,
+	}
+	for {
+		fams = f.scrape()
+		ok := true
+		for name, w := range want {
+			if value(fams, name) != w {
+				ok = false
+			}
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			for name, w := range want {
+				if got := value(fams, name); got != w {
+					t.Errorf("%s = %v, want %v", name, got, w)
+				}
+			}
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for name, w := range map[string]float64{
+		"fastpluggy_tasks_submitted_per_topic_total": 3,
+		"fastpluggy_tasks_completed_per_topic_total": 2,
+		"fastpluggy_tasks_failed_per_topic_total":    2,
+	} {
+		if got := value(fams, name, "topic", "default"); got != w {
+			t.Errorf("%s{topic=default} = %v, want %v", name, got, w)
+		}
+	}
+}
+
+// failingStats is a broker whose Stats fails.
+type failingStats struct{ broker.Broker }
+
+func (failingStats) Stats(context.Context) (broker.Stats, error) {
+	return broker.Stats{}, errors.New("database is gone")
+}
+
+func TestBrokerGaugesAreLeftOutWhenStatsFails(t *testing.T) {
+	f := start(t, nil)
+	rt := f.plugin.current()
+	f.plugin.swap(&runtime{cfg: rt.cfg, broker: failingStats{rt.broker}, reg: rt.reg, pool: rt.pool})
+	defer f.plugin.swap(rt)
+
+	fams := f.scrape()
+	for name := range goldenMetrics {
+		if strings.HasPrefix(name, "fastpluggy_broker_") && fams[name] != nil {
+			t.Errorf("%s emitted although Stats failed", name)
+		}
+	}
+	if fams["fastpluggy_tasks_submitted_total"] == nil {
+		t.Error("the task counters must not depend on the broker")
+	}
+	if h, _ := f.plugin.CheckHealth(context.Background()); !strings.Contains(h.Message, "database is gone") {
+		t.Errorf("health = %+v", h)
+	}
+}

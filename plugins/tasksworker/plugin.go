@@ -1,0 +1,260 @@
+package tasksworker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/worker"
+)
+
+// Name is the plugin's name: its config key, URL segment and metric prefix.
+const Name = "tasks_worker"
+
+// Version is the plugin's version.
+const Version = "0.1.0"
+
+// Plugin is the tasks_worker plugin. Create it with New and hand it to
+// capability.Serve.
+type Plugin struct {
+	log     hclog.Logger
+	router  chi.Router
+	metrics *telemetry
+
+	// life serialises Configure and Stop; mu guards rt, which the HTTP
+	// handlers, actions and metrics read.
+	life sync.Mutex
+	mu   sync.RWMutex
+	rt   *runtime
+}
+
+// runtime is what one Configure starts and Stop (or the next Configure)
+// stops.
+type runtime struct {
+	cfg    Config
+	broker broker.Broker
+	reg    *worker.Registry
+	pool   *worker.Pool
+}
+
+var (
+	_ capability.Lifecycle       = (*Plugin)(nil)
+	_ capability.MetricsProvider = (*Plugin)(nil)
+	_ capability.HTTPHandler     = (*Plugin)(nil)
+	_ capability.ActionProvider  = (*Plugin)(nil)
+)
+
+// New returns an unconfigured plugin that logs to logger.
+func New(logger hclog.Logger) *Plugin {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	p := &Plugin{log: logger}
+	p.metrics = newTelemetry(p.stats, logger)
+	p.router = p.routes()
+	return p
+}
+
+// current returns the running runtime, or nil.
+func (p *Plugin) current() *runtime {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.rt
+}
+
+func (p *Plugin) swap(rt *runtime) *runtime {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := p.rt
+	p.rt = rt
+	return old
+}
+
+// stats reads the current broker's stats; ok is false when there is no
+// broker.
+func (p *Plugin) stats(ctx context.Context) (broker.Stats, bool, error) {
+	rt := p.current()
+	if rt == nil {
+		return broker.Stats{}, false, nil
+	}
+	st, err := rt.broker.Stats(ctx)
+	return st, true, err
+}
+
+// Describe implements capability.Lifecycle.
+func (p *Plugin) Describe(context.Context) (capability.Description, error) {
+	return capability.Description{
+		Name:         Name,
+		Version:      Version,
+		APIVersions:  []int{capability.ProtocolVersion},
+		Capabilities: capability.CapabilitiesOf(p),
+	}, nil
+}
+
+// Configure implements capability.Lifecycle: it parses the config, stops
+// what a previous Configure started, opens the broker, registers the
+// built-in tasks and starts the worker pool.
+func (p *Plugin) Configure(ctx context.Context, req capability.ConfigureRequest) error {
+	p.life.Lock()
+	defer p.life.Unlock()
+
+	if lvl := hclog.LevelFromString(req.LogLevel); lvl != hclog.NoLevel {
+		p.log.SetLevel(lvl)
+	}
+	cfg, err := ParseConfig(req.Config)
+	if err != nil {
+		return err
+	}
+	open, err := openBroker(cfg)
+	if err != nil {
+		return err
+	}
+	if old := p.swap(nil); old != nil {
+		p.log.Info("configured again: stopping the previous worker pool and broker")
+		if err := old.stop(ctx, p.log); err != nil {
+			p.log.Warn("stopping the previous runtime", "error", err)
+		}
+	}
+
+	b, err := open(ctx)
+	if err != nil {
+		return fmt.Errorf("open the %s broker: %w", cfg.Broker, err)
+	}
+	rt, err := p.start(ctx, cfg, b)
+	if err != nil {
+		_ = b.Close()
+		return err
+	}
+	p.swap(rt)
+	p.log.Info("tasks_worker configured", "broker", cfg.Broker, "workers", cfg.Workers,
+		"worker_id", rt.pool.WorkerID(), "topics", rt.pool.Topics())
+	return nil
+}
+
+func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runtime, error) {
+	reg := worker.NewRegistry()
+	if err := registerBuiltins(reg, cfg, b.Kind()); err != nil {
+		return nil, fmt.Errorf("register built-in tasks: %w", err)
+	}
+	var topics []string
+	for _, name := range sortedKeys(cfg.Topics) {
+		if _, err := b.SetTopic(ctx, name, cfg.Topics[name]); err != nil {
+			if errors.Is(err, broker.ErrInvalid) {
+				return nil, invalid("topics."+name, "%v", err)
+			}
+			return nil, fmt.Errorf("apply the settings of topic %q: %w", name, err)
+		}
+		topics = append(topics, name)
+	}
+	drain := cfg.DrainTimeout
+	if drain == 0 {
+		drain = -1 // the pool's "cancel at once"
+	}
+	pool := worker.NewPool(b, reg, worker.Options{
+		Topics:            topics,
+		Concurrency:       cfg.Workers,
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		DrainTimeout:      drain,
+		Logger:            p.log.Named("pool"),
+		Observer:          p.metrics,
+	})
+	if err := pool.Start(ctx); err != nil {
+		return nil, err
+	}
+	return &runtime{cfg: cfg, broker: b, reg: reg, pool: pool}, nil
+}
+
+func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
+	err := rt.pool.Stop(ctx)
+	if cerr := rt.broker.Close(); cerr != nil {
+		log.Warn("closing the broker", "error", cerr)
+	}
+	return err
+}
+
+// CheckHealth implements capability.Lifecycle.
+func (p *Plugin) CheckHealth(ctx context.Context) (capability.Health, error) {
+	rt := p.current()
+	if rt == nil {
+		return capability.Health{Status: capability.HealthError, Message: "not running: not configured yet, or stopped"}, nil
+	}
+	st, err := rt.broker.Stats(ctx)
+	if err != nil {
+		return capability.Health{Status: capability.HealthError, Message: fmt.Sprintf("the %s broker does not answer: %v", rt.broker.Kind(), err)}, nil
+	}
+	return capability.Health{
+		Status: capability.HealthOK,
+		Message: fmt.Sprintf("%s broker; %d live worker(s); %d/%d tasks running here",
+			rt.broker.Kind(), st.Workers, rt.pool.Running(), rt.pool.Concurrency()),
+	}, nil
+}
+
+// Stop implements capability.Lifecycle: it drains the pool within ctx and
+// closes the broker. Stopping twice, or before Configure, is harmless.
+func (p *Plugin) Stop(ctx context.Context) error {
+	p.life.Lock()
+	defer p.life.Unlock()
+	rt := p.swap(nil)
+	if rt == nil {
+		return nil
+	}
+	p.log.Info("stopping: draining the worker pool")
+	return rt.stop(ctx, p.log)
+}
+
+// CollectMetrics implements capability.MetricsProvider.
+func (p *Plugin) CollectMetrics(context.Context) (capability.MetricsPayload, error) {
+	body, format, err := p.metrics.exposition(p.log)
+	if err != nil {
+		return capability.MetricsPayload{}, err
+	}
+	return capability.MetricsPayload{Body: body, Format: format}, nil
+}
+
+// ServeHTTP implements capability.HTTPHandler.
+func (p *Plugin) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.router.ServeHTTP(w, r) }
+
+// ActionReclaim is the id of the "reclaim orphaned messages now" action.
+const ActionReclaim = "reclaim_orphaned_messages"
+
+// ListActions implements capability.ActionProvider.
+func (p *Plugin) ListActions(context.Context) ([]capability.ActionSpec, error) {
+	return []capability.ActionSpec{{
+		ID:    ActionReclaim,
+		Title: "Reclaim orphaned messages now",
+		Description: "Runs one orphan-reclaim pass: running messages whose worker stopped heartbeating are requeued " +
+			"(or dead-lettered past their attempt limit) and the locks such workers held are released. " +
+			"It fails closed: when the live-worker set cannot be trusted it changes nothing.",
+		Confirm:        true,
+		TimeoutSeconds: 30,
+	}}, nil
+}
+
+// memoryReclaimResult is the reclaim action's answer on the memory broker.
+var memoryReclaimResult = json.RawMessage(`{"reclaimed":0,"dead_lettered":0,"locks_released":0,"skipped":"memory broker"}`)
+
+// InvokeAction implements capability.ActionProvider.
+func (p *Plugin) InvokeAction(_ context.Context, req capability.ActionRequest) (capability.ActionResult, error) {
+	if req.ActionID != ActionReclaim {
+		return capability.ActionResult{}, fmt.Errorf("action %q (tasks_worker has %s): %w", req.ActionID, ActionReclaim, capability.ErrNotFound)
+	}
+	rt := p.current()
+	if rt == nil {
+		return capability.ActionResult{}, fmt.Errorf("tasks_worker is not running: %w", capability.ErrUnavailable)
+	}
+	if rt.broker.Kind() == "memory" {
+		return capability.ActionResult{
+			Message: "the memory broker cannot orphan anything: its messages and locks die with the process",
+			Result:  memoryReclaimResult,
+		}, nil
+	}
+	return capability.ActionResult{}, fmt.Errorf("orphan reclaim for the %s broker is not available in this build yet", rt.broker.Kind())
+}

@@ -1,0 +1,108 @@
+package tasksworker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/taskhost/taskhost/worker"
+)
+
+// maxSleepSeconds bounds demo.sleep.
+const maxSleepSeconds = 3600
+
+// memoryCannotOrphan is the watchdog task's answer on the memory broker.
+var memoryCannotOrphan = json.RawMessage(`{"skipped":"memory broker cannot orphan messages"}`)
+
+// registerBuiltins registers the tasks every tasks_worker has, for a
+// broker of the given kind.
+func registerBuiltins(reg *worker.Registry, cfg Config, brokerKind string) error {
+	tasks := []worker.Task{
+		{
+			Name:        "demo.echo",
+			Description: "Returns its payload.",
+			Handler: func(_ context.Context, tc *worker.TaskContext) (any, error) {
+				return tc.Payload, nil
+			},
+		},
+		{
+			Name:        "demo.sleep",
+			Description: `Sleeps for payload {"seconds": n}, 0 <= n <= 3600; stops early when cancelled.`,
+			Handler:     demoSleep,
+		},
+		{
+			Name:        "demo.fail",
+			Description: "Always fails.",
+			Handler: func(context.Context, *worker.TaskContext) (any, error) {
+				return nil, errors.New("demo.fail always fails")
+			},
+		},
+		{
+			// No schedule on purpose: the beat drives the reaper in
+			// process; this task is for an operator's manual pass.
+			Name:        "watchdog.reclaim_orphaned_messages",
+			Description: "One orphan-reclaim pass (the beat runs them on its own; this is for a manual pass).",
+			Handler: func(context.Context, *worker.TaskContext) (any, error) {
+				if brokerKind == "memory" {
+					return memoryCannotOrphan, nil
+				}
+				return nil, fmt.Errorf("orphan reclaim for the %s broker is not available in this build yet", brokerKind)
+			},
+		},
+	}
+	if cfg.DemoTasks {
+		tasks = append(tasks, worker.Task{
+			Name:        "demo.crash",
+			Description: "Kills its own process with SIGKILL: a poison task for tests. Registered only with demo_tasks = true.",
+			Handler:     demoCrash,
+		})
+	}
+	for _, t := range tasks {
+		if err := reg.Register(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func demoSleep(ctx context.Context, tc *worker.TaskContext) (any, error) {
+	var p struct {
+		Seconds *float64 `json:"seconds"`
+	}
+	d := json.NewDecoder(bytes.NewReader(tc.Payload))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&p); err != nil || p.Seconds == nil {
+		return nil, fmt.Errorf(`demo.sleep: the payload must be {"seconds": n} with 0 <= n <= %d, got %s`, maxSleepSeconds, clip(tc.Payload))
+	}
+	n := *p.Seconds
+	if n < 0 || n > maxSleepSeconds {
+		return nil, fmt.Errorf("demo.sleep: seconds must be from 0 to %d, got %v", maxSleepSeconds, n)
+	}
+	tc.Logf("sleeping %vs", n)
+	t := time.NewTimer(time.Duration(n * float64(time.Second)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return map[string]float64{"slept_seconds": n}, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("demo.sleep interrupted: %w", ctx.Err())
+	}
+}
+
+// demoCrash kills the process it runs in, the way an OOM kill would.
+func demoCrash(ctx context.Context, tc *worker.TaskContext) (any, error) {
+	tc.Logf("killing process %d", os.Getpid())
+	proc, err := os.FindProcess(os.Getpid())
+	if err == nil {
+		err = proc.Kill() // SIGKILL on Unix
+	}
+	if err != nil {
+		return nil, fmt.Errorf("demo.crash could not kill its process: %w", err)
+	}
+	<-ctx.Done() // the signal arrives before this returns
+	return nil, ctx.Err()
+}
