@@ -204,7 +204,9 @@ type PluginInfo struct {
 
 // HostServices is what the host offers each plugin.
 type HostServices interface {
-	// ListPlugins lists running plugins; an empty capability lists all.
+	// ListPlugins lists every enabled plugin with its state (running or not)
+	// and its capabilities; with a capability, only those that serve it
+	// (plus plugins whose capabilities are not known yet).
 	ListPlugins(ctx context.Context, c Capability) ([]PluginInfo, error)
 	// CollectMetrics asks the named plugin for its metrics.
 	CollectMetrics(ctx context.Context, plugin string) (MetricsPayload, error)

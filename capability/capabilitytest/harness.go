@@ -19,8 +19,10 @@ func Connect(t testing.TB, impl capability.Lifecycle) *capability.Client {
 	t.Helper()
 	client, server := plugin.TestPluginGRPCConn(t, false, capability.PluginSet(impl))
 	t.Cleanup(func() {
-		_ = client.Close()
+		// Stop the server first: closing the client makes the plugin side
+		// stop it too, and two concurrent stops race inside go-plugin.
 		server.Stop()
+		_ = client.Close()
 	})
 	c, err := capability.FromRPC(client)
 	if err != nil {
