@@ -234,7 +234,9 @@ var knownTopKeys = []string{"listen", "plugins_dir", "admin_token", "log_level",
 	"health_interval_seconds", "restart_budget", "restart_window_seconds", "max_body_bytes", "plugins"}
 
 func (p *configParser) str(key string, v *yaml.Node, dst *string) error {
-	if v.Kind != yaml.ScalarNode || (v.Tag != "!!str" && v.Tag != "!!null") {
+	// Any scalar is taken as its text: an unquoted hash or token made of
+	// digits is still a string here.
+	if v.Kind != yaml.ScalarNode {
 		return p.errf(key, v, "expected a string, got %s", describeNode(v))
 	}
 	if v.Tag == "!!null" {

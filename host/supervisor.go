@@ -224,7 +224,7 @@ func (s *Supervisor) run(ctx context.Context) {
 		if s.recordCrash() {
 			msg := fmt.Sprintf("%s; gave up after %d restarts within %s: fix the cause, then press Restart in /admin",
 				err, s.host.RestartBudget, s.host.RestartWindow)
-			s.log.Error("plugin is crash-looping; not restarting it", "restarts", s.host.RestartBudget, "window", s.host.RestartWindow)
+			s.log.Error("plugin is crash-looping; not restarting it", "error", msg)
 			s.setState(StateFailed, func(st *Status) { st.LastError = msg; st.PID = 0 })
 			if !s.waitOperator(ctx) {
 				return
