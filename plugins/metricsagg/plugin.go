@@ -50,6 +50,7 @@ type Plugin struct {
 	// own error counter. Per-scrape series live in a registry built for
 	// each request, so a plugin that is gone leaves no stale gauge behind.
 	reg          *prometheus.Registry
+	handlerReg   *prometheus.Registry // promhttp's own counter, served prefixed
 	sourceErrors *prometheus.CounterVec
 
 	mu      sync.Mutex
@@ -66,8 +67,9 @@ var (
 // New returns an unconfigured aggregator that logs to log.
 func New(log hclog.Logger) *Plugin {
 	p := &Plugin{
-		log: log,
-		reg: prometheus.NewRegistry(),
+		log:        log,
+		reg:        prometheus.NewRegistry(),
+		handlerReg: prometheus.NewRegistry(),
 		sourceErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: metricSourceErrors,
 			Help: "Failed or partial collections of a plugin's metrics, by reason.",

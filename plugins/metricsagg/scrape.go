@@ -96,7 +96,7 @@ func (p *Plugin) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		ErrorLog: errorLog{p.log},
 		// One bad family must not turn the whole scrape into a 500.
 		ErrorHandling:     promhttp.ContinueOnError,
-		Registry:          p.reg,
+		Registry:          p.handlerReg,
 		EnableOpenMetrics: true,
 		// Gathering is in memory by now; this only guards encoding.
 		Timeout: cfg.sourceTimeout,
@@ -145,7 +145,7 @@ func (p *Plugin) scrape(ctx context.Context, host capability.HostServices, cfg c
 	}, []string{"plugin"})
 	perScrape.MustRegister(up, duration)
 
-	gatherers := prometheus.Gatherers{p.reg, perScrape}
+	gatherers := prometheus.Gatherers{p.reg, perScrape, prefixed(p.handlerReg, Name)}
 	for _, res := range results {
 		p.report(res)
 		if res.reason != "" {
@@ -395,4 +395,18 @@ func (l errorLog) Println(v ...any) {
 		}
 	}
 	l.log.Warn(strings.Join(msg, " "), "errors", errs)
+}
+
+// prefixed serves g's families under fp_<plugin>_, like every other series
+// of the scrape. promhttp registers its own error counter by a fixed name;
+// this keeps it inside our prefix.
+func prefixed(g prometheus.Gatherer, plugin string) prometheus.Gatherer {
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		families, err := g.Gather()
+		for _, mf := range families {
+			name := "fp_" + plugin + "_" + mf.GetName()
+			mf.Name = &name
+		}
+		return families, err
+	})
 }

@@ -495,11 +495,11 @@ func TestDuplicateSeriesDoNotFailTheScrape(t *testing.T) {
 fp_dup_x{k="v"} 1
 # TYPE fp_good_y untyped
 fp_good_y 1
-# HELP promhttp_metric_handler_errors_total Total number of internal errors encountered by the promhttp metric handler.
-# TYPE promhttp_metric_handler_errors_total counter
-promhttp_metric_handler_errors_total{cause="encoding"} 0
-promhttp_metric_handler_errors_total{cause="gathering"} 1
-`, "fp_dup_x", "fp_good_y", "promhttp_metric_handler_errors_total")
+# HELP fp_metrics_promhttp_metric_handler_errors_total Total number of internal errors encountered by the promhttp metric handler.
+# TYPE fp_metrics_promhttp_metric_handler_errors_total counter
+fp_metrics_promhttp_metric_handler_errors_total{cause="encoding"} 0
+fp_metrics_promhttp_metric_handler_errors_total{cause="gathering"} 1
+`, "fp_dup_x", "fp_good_y", "fp_metrics_promhttp_metric_handler_errors_total")
 }
 
 // Without the list of plugins there is nothing honest to serve.
