@@ -359,14 +359,20 @@ func (p *Pool) Stop(ctx context.Context) error {
 		p.workers.Wait()
 		close(workersDone)
 	}()
-	if !waitFor(ctx, workersDone, p.opts.DrainTimeout) {
-		p.log.Warn("drain timeout passed: cancelling running tasks and requeueing their messages",
-			"running", p.running.Load(), "drain_timeout", p.opts.DrainTimeout.String())
+	// With a deadline, keep part of it for requeueing, flushing and
+	// unregistering: a drain that used all of it would have the caller
+	// kill the process before the messages are handed back.
+	drain, grace := p.opts.DrainTimeout, p.opts.AbandonAfter
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		reserve := min(max(left/10, 50*time.Millisecond), 2*time.Second)
+		drain = min(drain, left-reserve)
+		grace = min(grace, max(reserve/2, 20*time.Millisecond))
+	}
+	if !waitFor(ctx, workersDone, drain) {
+		p.log.Warn("drain time is up: cancelling running tasks and requeueing their messages",
+			"running", p.running.Load(), "drained_for", drain.String())
 		p.cancelRun()
-		grace := p.opts.AbandonAfter
-		if dl, ok := ctx.Deadline(); ok {
-			grace = min(grace, max(time.Until(dl), 100*time.Millisecond))
-		}
 		if !waitFor(context.Background(), workersDone, grace) {
 			p.log.Error("tasks ignored cancellation: requeueing their messages; their goroutines run on until they return",
 				"running", p.running.Load())
@@ -511,8 +517,6 @@ type handlerResult struct {
 	value any
 	err   error
 }
-
-var errLockHeld = errors.New("lock held")
 
 // handle runs one message and says how it ended.
 func (p *Pool) handle(m broker.Message) completion {

@@ -679,3 +679,33 @@ func TestDefaultBackoff(t *testing.T) {
 		}
 	}
 }
+
+func TestStopLeavesPartOfItsDeadlineToHandBackWork(t *testing.T) {
+	b := memory.New()
+	reg := NewRegistry()
+	started := make(chan struct{})
+	reg.MustRegister(Task{Name: "long", Handler: func(ctx context.Context, _ *TaskContext) (any, error) {
+		close(started)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}})
+	// The drain timeout is longer than the caller's deadline: the caller
+	// wins, and the message is back in the queue before its deadline.
+	p := NewPool(b, reg, Options{DrainTimeout: time.Minute, Logger: testLogger(t), ClaimIdleInterval: time.Millisecond})
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	id := submit(t, b, "long", `{}`)
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := p.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Error("stop used its whole deadline")
+	}
+	if m, _ := b.GetMessage(context.Background(), id); m.State != broker.StateQueued {
+		t.Errorf("state = %s, want queued", m.State)
+	}
+}
