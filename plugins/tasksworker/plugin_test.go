@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/hashicorp/go-plugin"
 
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/capability/capabilitytest"
@@ -44,39 +43,8 @@ func start(t *testing.T, config map[string]any) *fixture {
 	if _, ok := config["drain_timeout_seconds"]; !ok {
 		config["drain_timeout_seconds"] = 0 // tests end with tasks still sleeping
 	}
-	c := connect(t, p)
-	raw, err := json.Marshal(config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Configure(context.Background(), capability.ConfigureRequest{Config: raw, Host: &capabilitytest.Host{}, HostVersion: "test"}); err != nil {
-		t.Fatalf("configure: %v", err)
-	}
-	t.Cleanup(func() { _ = p.Stop(context.Background()) })
+	c := capabilitytest.Start(t, p, config, nil)
 	return &fixture{t: t, plugin: p, client: c}
-}
-
-// connect is capabilitytest.Connect with its cleanup in a race-free order,
-// and start above is capabilitytest.Start on top of it.
-//
-// The harness closes the client first: the client's Shutdown RPC makes the
-// server stop itself while the harness stops it too, and go-plugin's
-// GRPCServer.Stop writes its broker field unguarded, which -race reports
-// (capability's own tests hit it too). Stopping the server first leaves the
-// Shutdown RPC nothing to race with. Switch back to capabilitytest.Start
-// once the harness stops the server before closing the client.
-func connect(t *testing.T, impl capability.Lifecycle) *capability.Client {
-	t.Helper()
-	client, server := plugin.TestPluginGRPCConn(t, false, capability.PluginSet(impl))
-	t.Cleanup(func() {
-		server.Stop()
-		_ = client.Close()
-	})
-	c, err := capability.FromRPC(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
 }
 
 type response struct {
@@ -164,7 +132,7 @@ func jsonEqual(t *testing.T, got, want any) bool {
 }
 
 func TestDescribe(t *testing.T) {
-	c := connect(t, New(nil))
+	c := capabilitytest.Connect(t, New(nil))
 	d, err := c.Describe(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -438,7 +406,7 @@ func TestInvalidConfig(t *testing.T) {
 	}
 
 	// Over gRPC the host still sees an InvalidConfigError.
-	c := connect(t, New(testLogger(t)))
+	c := capabilitytest.Connect(t, New(testLogger(t)))
 	err := c.Configure(context.Background(), capability.ConfigureRequest{Config: json.RawMessage(`{"workers": -3}`), Host: &capabilitytest.Host{}})
 	var ice *capability.InvalidConfigError
 	if !errors.As(err, &ice) || !strings.Contains(ice.Error(), "workers") {
