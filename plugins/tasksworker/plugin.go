@@ -166,6 +166,16 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 		Logger:            p.log.Named("pool"),
 		Observer:          p.metrics,
 	})
+	// Every topic this process claims exists in the broker from the start,
+	// so its gauges are there (at zero) before the first submit.
+	for _, name := range pool.Topics() {
+		if _, ok := cfg.Topics[name]; ok {
+			continue
+		}
+		if _, err := b.SetTopic(ctx, name, broker.TopicPatch{}); err != nil {
+			return nil, fmt.Errorf("create topic %q: %w", name, err)
+		}
+	}
 	if err := pool.Start(ctx); err != nil {
 		return nil, err
 	}
