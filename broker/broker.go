@@ -331,6 +331,10 @@ type ReclaimResult struct {
 	DeadLettered  int     `json:"dead_lettered"`
 	LocksReleased int     `json:"locks_released"`
 	IDs           []int64 `json:"ids,omitempty"`
+	// WithinGrace counts running messages of non-live claimers (and locks
+	// of non-live holders) left alone because they are younger than the
+	// grace: the fourth fail-closed guard at work.
+	WithinGrace int `json:"within_grace"`
 }
 
 // OrphanReclaimer is implemented by brokers whose running messages can

@@ -1,0 +1,199 @@
+package reaper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// Settings are the reaper's knobs; DefaultSettings has the specification's
+// defaults.
+type Settings struct {
+	// Enabled runs the reaper from the beat.
+	Enabled bool
+	// Interval is how often the beat runs a pass.
+	Interval time.Duration
+	// After is the heartbeat staleness after which a claimer counts as
+	// dead. It is deliberately not WorkerTTL.
+	After time.Duration
+	// Grace is the minimum age of a claim (or lock) before it is eligible.
+	Grace time.Duration
+	// MaxAttempts: claims before dead-lettering instead of requeueing.
+	MaxAttempts int
+	// WorkerTTL only purges dead worker rows (bookkeeping).
+	WorkerTTL time.Duration
+}
+
+// DefaultSettings returns the specification's defaults.
+func DefaultSettings() Settings {
+	return Settings{
+		Enabled:     true,
+		Interval:    300 * time.Second,
+		After:       120 * time.Second,
+		Grace:       60 * time.Second,
+		MaxAttempts: 5,
+		WorkerTTL:   86400 * time.Second,
+	}
+}
+
+// Validate refuses settings that would make the reaper unsafe or useless.
+// heartbeat is the workers' heartbeat interval: a claimer must miss at
+// least two heartbeats before it counts as dead.
+func (s Settings) Validate(heartbeat time.Duration) error {
+	switch {
+	case s.Interval <= 0:
+		return fmt.Errorf("orphan_reclaim_interval_seconds must be positive, got %s", s.Interval)
+	case s.After <= 0:
+		return fmt.Errorf("orphan_reclaim_after_seconds must be positive, got %s", s.After)
+	case s.After < 2*heartbeat:
+		return fmt.Errorf("orphan_reclaim_after_seconds (%s) must be at least two heartbeat intervals (%s): a live worker would look dead between two heartbeats", s.After, 2*heartbeat)
+	case s.Grace < 0:
+		return fmt.Errorf("orphan_claim_grace_seconds must not be negative, got %s", s.Grace)
+	case s.MaxAttempts < 1:
+		return fmt.Errorf("orphan_max_attempts must be at least 1, got %d", s.MaxAttempts)
+	case s.WorkerTTL < s.After:
+		return fmt.Errorf("postgres_worker_ttl_seconds (%s) must not be shorter than orphan_reclaim_after_seconds (%s)", s.WorkerTTL, s.After)
+	}
+	return nil
+}
+
+// Guard names a fail-closed guard.
+type Guard string
+
+// The four guards of the specification.
+const (
+	GuardLiveSetUnreadable Guard = "live_set_unreadable"
+	GuardLiveSetEmpty      Guard = "live_set_empty"
+	GuardCallerNotLive     Guard = "caller_not_live"
+	GuardWithinGrace       Guard = "claim_within_grace"
+)
+
+// Result is what one pass did.
+type Result struct {
+	broker.ReclaimResult
+	// Skipped names the guard that refused the whole pass; empty when the
+	// pass ran.
+	Skipped Guard `json:"skipped,omitempty"`
+	// Reason says why, for a person.
+	Reason string `json:"reason,omitempty"`
+	// Unsupported is set when the broker cannot orphan anything (memory).
+	Unsupported bool `json:"unsupported,omitempty"`
+}
+
+// Summary is a one-line account of the result.
+func (r Result) Summary() string {
+	switch {
+	case r.Unsupported:
+		return r.Reason
+	case r.Skipped != "":
+		return fmt.Sprintf("reclaimed nothing: %s", r.Reason)
+	}
+	s := fmt.Sprintf("reclaimed %d, dead-lettered %d, released %d lock(s)", r.Reclaimed, r.DeadLettered, r.LocksReleased)
+	if r.WithinGrace > 0 {
+		s += fmt.Sprintf("; left %d orphan(s) younger than the grace", r.WithinGrace)
+	}
+	return s
+}
+
+// Metrics are the reaper's process-local counters (spec names).
+type Metrics struct {
+	Reclaimed    prometheus.Counter
+	DeadLettered prometheus.Counter
+	Skipped      prometheus.Counter
+}
+
+// NewMetrics registers the reaper counters on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Reclaimed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fastpluggy_broker_orphans_reclaimed_total",
+			Help: "Orphaned running messages requeued by the reaper (process-local). Expected after a crash; a steady stream is not.",
+		}),
+		DeadLettered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fastpluggy_broker_orphans_dead_lettered_total",
+			Help: "Orphaned messages dead-lettered by the reaper after orphan_max_attempts claims: poison tasks retired (process-local).",
+		}),
+		Skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fastpluggy_broker_orphan_reclaim_skipped_total",
+			Help: "Reaper refusals by a fail-closed guard (process-local). Rising means orphans are NOT being recovered.",
+		}),
+	}
+	reg.MustRegister(m.Reclaimed, m.DeadLettered, m.Skipped)
+	return m
+}
+
+// Reaper runs passes for one worker process.
+type Reaper struct {
+	b        broker.Broker
+	self     string
+	settings Settings
+	log      hclog.Logger
+	metrics  *Metrics
+}
+
+// New returns a reaper acting as worker self. metrics may be nil.
+func New(b broker.Broker, self string, s Settings, log hclog.Logger, metrics *Metrics) *Reaper {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	return &Reaper{b: b, self: self, settings: s, log: log, metrics: metrics}
+}
+
+// Pass runs one reclaim pass and says what it did.
+func (r *Reaper) Pass(ctx context.Context) Result {
+	rec, ok := r.b.(broker.OrphanReclaimer)
+	if !ok {
+		return Result{Unsupported: true, Reason: fmt.Sprintf("the %s broker cannot orphan anything: its messages and locks die with the process", r.b.Kind())}
+	}
+	live, err := rec.LiveWorkers(ctx, r.settings.After)
+	if err != nil {
+		return r.skip(GuardLiveSetUnreadable, fmt.Sprintf("the live-worker set could not be read (%v); a failed query must not read as nobody is alive", err))
+	}
+	if len(live) == 0 {
+		return r.skip(GuardLiveSetEmpty, "the live-worker set is empty while this process is alive: the liveness signal is broken, not the fleet dead")
+	}
+	if !slices.Contains(live, r.self) {
+		return r.skip(GuardCallerNotLive, fmt.Sprintf("this worker (%s) is not in the live set: heartbeats are not being written, or clocks disagree, so every worker may look dead", r.self))
+	}
+	res, err := rec.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: live, Grace: r.settings.Grace, MaxAttempts: r.settings.MaxAttempts})
+	if err != nil {
+		if errors.Is(err, context.Canceled) {
+			return Result{Reason: "cancelled"}
+		}
+		return r.skip(GuardLiveSetUnreadable, fmt.Sprintf("the reclaim transaction failed and was rolled back: %v", err))
+	}
+	out := Result{ReclaimResult: res}
+	if r.metrics != nil {
+		r.metrics.Reclaimed.Add(float64(res.Reclaimed))
+		r.metrics.DeadLettered.Add(float64(res.DeadLettered))
+	}
+	if res.WithinGrace > 0 {
+		// The grace guard refused part of the pass: say so and count it,
+		// like the other guards.
+		r.log.Error("reaper left orphans alone: claimed less than the grace ago",
+			"guard", string(GuardWithinGrace), "count", res.WithinGrace, "grace", r.settings.Grace)
+		if r.metrics != nil {
+			r.metrics.Skipped.Inc()
+		}
+	}
+	if res.Reclaimed+res.DeadLettered+res.LocksReleased > 0 {
+		r.log.Warn("reaper reclaimed orphans of dead workers", "reclaimed", res.Reclaimed,
+			"dead_lettered", res.DeadLettered, "locks_released", res.LocksReleased, "ids", fmt.Sprint(res.IDs))
+	}
+	return out
+}
+
+func (r *Reaper) skip(g Guard, reason string) Result {
+	r.log.Error("reaper failed closed: reclaimed nothing", "guard", string(g), "reason", reason)
+	if r.metrics != nil {
+		r.metrics.Skipped.Inc()
+	}
+	return Result{Skipped: g, Reason: reason}
+}
