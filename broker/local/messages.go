@@ -1,0 +1,496 @@
+package local
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// msgCols are the columns scanMessage reads, in its order.
+const msgCols = `id, topic, task, payload, headers, state, attempts, max_attempts,
+	claimed_by, claimed_at, token, available_at, created_at, finished_at, last_error, result`
+
+type scanner interface{ Scan(dest ...any) error }
+
+// scanMessage reads one row of msgCols; the token is kept only when
+// withToken is set (Claim), never for reads.
+func scanMessage(s scanner, withToken bool) (broker.Message, error) {
+	var (
+		m                         broker.Message
+		payload                   []byte
+		headers, claimedBy, token sql.NullString
+		result                    sql.NullString
+		claimedAt, finishedAt     sql.NullInt64
+		availableAt, createdAt    int64
+	)
+	err := s.Scan(&m.ID, &m.Topic, &m.Task, &payload, &headers, &m.State, &m.Attempts, &m.MaxAttempts,
+		&claimedBy, &claimedAt, &token, &availableAt, &createdAt, &finishedAt, &m.LastError, &result)
+	if err != nil {
+		return broker.Message{}, err
+	}
+	m.Payload = json.RawMessage(payload)
+	if headers.Valid && headers.String != "" {
+		if err := json.Unmarshal([]byte(headers.String), &m.Headers); err != nil {
+			return broker.Message{}, fmt.Errorf("message %d: headers: %w", m.ID, err)
+		}
+		if len(m.Headers) == 0 {
+			m.Headers = nil
+		}
+	}
+	m.ClaimedBy = claimedBy.String
+	if claimedAt.Valid {
+		t := fromNS(claimedAt.Int64)
+		m.ClaimedAt = &t
+	}
+	if withToken {
+		m.Token = token.String
+	}
+	m.AvailableAt = fromNS(availableAt)
+	m.CreatedAt = fromNS(createdAt)
+	if finishedAt.Valid {
+		t := fromNS(finishedAt.Int64)
+		m.FinishedAt = &t
+	}
+	if result.Valid {
+		m.Result = json.RawMessage(result.String)
+	}
+	return m, nil
+}
+
+// Submit validates req and queues it; see the memory broker's package
+// documentation.
+func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, error) {
+	if err := broker.ValidateSubmit(req, b.opts.MaxPayload); err != nil {
+		return 0, err
+	}
+	payload := "{}"
+	if len(req.Payload) > 0 {
+		payload = string(req.Payload)
+	}
+	var headers sql.NullString
+	if len(req.Headers) > 0 {
+		h, err := json.Marshal(req.Headers)
+		if err != nil {
+			return 0, broker.Invalid("headers: %v", err)
+		}
+		headers = sql.NullString{String: string(h), Valid: true}
+	}
+	var id int64
+	err := b.write(ctx, "submit", func(tx *sql.Tx, now time.Time) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO tw_topics (name) VALUES (?) ON CONFLICT (name) DO NOTHING`, req.Topic); err != nil {
+			return err
+		}
+		return tx.QueryRowContext(ctx, `INSERT INTO tw_messages
+			(topic, task, payload, headers, state, max_attempts, available_at, created_at)
+			VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) RETURNING id`,
+			req.Topic, req.Task, payload, headers, req.MaxAttempts, addNS(now, req.Delay), ns(now)).Scan(&id)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return id, nil
+}
+
+// Claim takes up to req.Max available messages in one IMMEDIATE
+// transaction; see the memory broker's package documentation for the
+// order. The write lock the transaction holds is what makes counting a
+// topic's running rows and claiming queued ones race-free across
+// processes.
+func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
+	if req.WorkerID == "" {
+		return nil, broker.Invalid("worker id is empty")
+	}
+	want := max(req.Max, 1)
+	var topics []string
+	for _, t := range req.Topics {
+		if !slices.Contains(topics, t) {
+			topics = append(topics, t)
+		}
+	}
+	if len(topics) == 0 {
+		leave, err := b.enter(ctx)
+		if err != nil {
+			return nil, err
+		}
+		leave()
+		return nil, nil
+	}
+	start := int((b.rr.Add(1) - 1) % uint64(len(topics)))
+
+	var out []broker.Message
+	err := b.write(ctx, "claim", func(tx *sql.Tx, now time.Time) error {
+		out = nil
+		// The candidates of each topic, in the rotated topic order: at
+		// most what the topic's limit still admits, oldest first.
+		cands := make([][]int64, 0, len(topics))
+		for i := range topics {
+			ids, err := claimable(ctx, tx, topics[(start+i)%len(topics)], want, now)
+			if err != nil {
+				return err
+			}
+			cands = append(cands, ids)
+		}
+		// Round-robin: each pass takes one message per topic.
+		var order []int64
+		for len(order) < want {
+			progress := false
+			for i := range cands {
+				if len(order) >= want {
+					break
+				}
+				if len(cands[i]) > 0 {
+					order = append(order, cands[i][0])
+					cands[i] = cands[i][1:]
+					progress = true
+				}
+			}
+			if !progress {
+				break
+			}
+		}
+		if len(order) == 0 {
+			return nil
+		}
+		stmt, err := tx.PrepareContext(ctx, `UPDATE tw_messages
+			SET state = 'running', claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?
+			WHERE id = ? AND state = 'queued' RETURNING `+msgCols)
+		if err != nil {
+			return err
+		}
+		defer stmt.Close()
+		out = make([]broker.Message, 0, len(order))
+		for _, id := range order {
+			m, err := scanMessage(stmt.QueryRowContext(ctx, req.WorkerID, ns(now), newToken(), id), true)
+			if err != nil {
+				return fmt.Errorf("claim message %d: %w", id, err)
+			}
+			out = append(out, m)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// claimable returns the ids of up to want available queued messages of
+// topic, oldest first, that its concurrency limit admits now. Paused and
+// unknown topics admit none.
+func claimable(ctx context.Context, tx *sql.Tx, topic string, want int, now time.Time) ([]int64, error) {
+	var limit int
+	var paused bool
+	err := tx.QueryRowContext(ctx, `SELECT concurrency_limit, paused FROM tw_topics WHERE name = ?`, topic).Scan(&limit, &paused)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && paused) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if limit > 0 {
+		var running int
+		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tw_messages WHERE topic = ? AND state = 'running'`, topic).Scan(&running)
+		if err != nil {
+			return nil, err
+		}
+		want = min(want, limit-running)
+	}
+	if want <= 0 {
+		return nil, nil
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT id FROM tw_messages
+		WHERE topic = ? AND state = 'queued' AND available_at <= ?
+		ORDER BY available_at, id LIMIT ?`, topic, ns(now), want)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+// Ack marks the outcomes' messages done in one transaction, each only if
+// it is still running under its token (broker.ErrClaimLost in its slot
+// otherwise), releasing the locks held under those claims. A result that
+// is not JSON makes the whole call fail with broker.ErrInvalid before
+// anything changes.
+func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
+	for i, o := range outcomes {
+		if len(o.Result) > 0 && !json.Valid(o.Result) {
+			return nil, broker.Invalid("result of outcome %d (message %d) is not valid JSON", i, o.Claim.ID)
+		}
+	}
+	if len(outcomes) == 0 {
+		leave, err := b.enter(ctx)
+		if err != nil {
+			return nil, err
+		}
+		leave()
+		return []error{}, nil
+	}
+	errs := make([]error, len(outcomes))
+	err := b.write(ctx, "ack", func(tx *sql.Tx, now time.Time) error {
+		clear(errs)
+		upd, err := tx.PrepareContext(ctx, `UPDATE tw_messages
+			SET state = 'done', finished_at = ?, token = NULL, result = coalesce(?, result)
+			WHERE id = ? AND state = 'running' AND token = ?`)
+		if err != nil {
+			return err
+		}
+		defer upd.Close()
+		del, err := tx.PrepareContext(ctx, `DELETE FROM tw_locks WHERE message_id = ? AND token = ?`)
+		if err != nil {
+			return err
+		}
+		defer del.Close()
+		for i, o := range outcomes {
+			var result sql.NullString
+			if len(o.Result) > 0 {
+				result = sql.NullString{String: string(o.Result), Valid: true}
+			}
+			res, err := upd.ExecContext(ctx, ns(now), result, o.Claim.ID, o.Claim.Token)
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return err
+			} else if n == 0 {
+				errs[i] = broker.ErrClaimLost
+				continue
+			}
+			if _, err := del.ExecContext(ctx, o.Claim.ID, o.Claim.Token); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// heldTopic returns the topic of the message c holds (running under its
+// token), or broker.ErrClaimLost, and releases the locks held under c: the
+// caller is ending the claim.
+func heldTopic(ctx context.Context, tx *sql.Tx, c broker.Claim) (string, error) {
+	var topic string
+	err := tx.QueryRowContext(ctx, `SELECT topic FROM tw_messages WHERE id = ? AND state = 'running' AND token = ?`,
+		c.ID, c.Token).Scan(&topic)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", broker.ErrClaimLost
+	}
+	if err != nil {
+		return "", err
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM tw_locks WHERE message_id = ? AND token = ?`, c.ID, c.Token); err != nil {
+		return "", err
+	}
+	return topic, nil
+}
+
+// Nack ends an attempt without success; see the memory broker's package
+// documentation.
+func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
+	if req.Delay < 0 {
+		return broker.Invalid("delay is negative")
+	}
+	return b.write(ctx, "nack", func(tx *sql.Tx, now time.Time) error {
+		topic, err := heldTopic(ctx, tx, req.Claim)
+		if err != nil {
+			return err
+		}
+		if req.Requeue {
+			_, err := tx.ExecContext(ctx, `UPDATE tw_messages
+				SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
+					finished_at = NULL, available_at = ?, last_error = ?
+				WHERE id = ?`, addNS(now, req.Delay), req.Error, req.Claim.ID)
+			return err
+		}
+		deadLetter := true
+		err = tx.QueryRowContext(ctx, `SELECT dead_letter_enabled FROM tw_topics WHERE name = ?`, topic).Scan(&deadLetter)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		state := broker.StateFailed
+		if deadLetter {
+			state = broker.StateDead
+		}
+		return finish(ctx, tx, req.Claim.ID, state, req.Error, now)
+	})
+}
+
+// finish ends a running message (whose locks are already released) in
+// state, with lastError.
+func finish(ctx context.Context, tx *sql.Tx, id int64, state, lastError string, now time.Time) error {
+	_, err := tx.ExecContext(ctx, `UPDATE tw_messages
+		SET state = ?, token = NULL, finished_at = ?, last_error = ?
+		WHERE id = ?`, state, ns(now), lastError, id)
+	return err
+}
+
+// DeadLetter ends an attempt dead with reason as its last error, whatever
+// the topic's dead-letter setting.
+func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+	return b.write(ctx, "dead letter", func(tx *sql.Tx, now time.Time) error {
+		if _, err := heldTopic(ctx, tx, c); err != nil {
+			return err
+		}
+		return finish(ctx, tx, c.ID, broker.StateDead, reason, now)
+	})
+}
+
+var states = []string{broker.StateQueued, broker.StateRunning, broker.StateDone, broker.StateFailed, broker.StateDead}
+
+// ListMessages returns the messages matching f, newest (highest id) first:
+// at most f.Limit (50 when not positive, 1000 at most), with ids below
+// f.Before when it is positive. An unknown state is invalid.
+func (b *Broker) ListMessages(ctx context.Context, f broker.MessageFilter) ([]broker.Message, error) {
+	if f.State != "" && !slices.Contains(states, f.State) {
+		return nil, broker.Invalid("unknown message state %q (want one of %v)", f.State, states)
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	limit = min(limit, maxListLimit)
+
+	var where []string
+	var args []any
+	add := func(cond string, arg any) {
+		where = append(where, cond)
+		args = append(args, arg)
+	}
+	if f.State != "" {
+		add("state = ?", f.State)
+	}
+	if f.Topic != "" {
+		add("topic = ?", f.Topic)
+	}
+	if f.Task != "" {
+		add("task = ?", f.Task)
+	}
+	if f.Before > 0 {
+		add("id < ?", f.Before)
+	}
+	q := `SELECT ` + msgCols + ` FROM tw_messages`
+	if len(where) > 0 {
+		q += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	q += ` ORDER BY id DESC LIMIT ?`
+	args = append(args, limit)
+
+	out := []broker.Message{}
+	err := b.read(ctx, "list messages", func(tx *sql.Tx, _ time.Time) error {
+		rows, err := tx.QueryContext(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			m, err := scanMessage(rows, false)
+			if err != nil {
+				return err
+			}
+			out = append(out, m)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// GetMessage returns the message (without its token); broker.ErrNotFound
+// when there is none with that id (never stored, purged or dropped past
+// Retain).
+func (b *Broker) GetMessage(ctx context.Context, id int64) (broker.Message, error) {
+	var m broker.Message
+	err := b.read(ctx, "get message", func(tx *sql.Tx, _ time.Time) error {
+		var err error
+		m, err = scanMessage(tx.QueryRowContext(ctx, `SELECT `+msgCols+` FROM tw_messages WHERE id = ?`, id), false)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("message %d: %w", id, broker.ErrNotFound)
+		}
+		return err
+	})
+	if err != nil {
+		return broker.Message{}, err
+	}
+	return m, nil
+}
+
+// Requeue puts a dead or failed message back in the queue, available now,
+// keeping its attempts and last error. Any other state is
+// broker.ErrInvalid; an unknown id broker.ErrNotFound.
+func (b *Broker) Requeue(ctx context.Context, id int64) error {
+	return b.write(ctx, "requeue", func(tx *sql.Tx, now time.Time) error {
+		var state string
+		err := tx.QueryRowContext(ctx, `SELECT state FROM tw_messages WHERE id = ?`, id).Scan(&state)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("message %d: %w", id, broker.ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		if state != broker.StateDead && state != broker.StateFailed {
+			return broker.Invalid("message %d is %s; only dead or failed messages can be requeued", id, state)
+		}
+		_, err = tx.ExecContext(ctx, `UPDATE tw_messages
+			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
+				finished_at = NULL, available_at = ?
+			WHERE id = ?`, ns(now), id)
+		return err
+	})
+}
+
+// Purge deletes the topic's queued messages (delayed ones too) and, when
+// deadLetters is set, its dead ones. Running messages are never touched.
+// An unknown topic purges nothing.
+func (b *Broker) Purge(ctx context.Context, topic string, deadLetters bool) (broker.PurgeResult, error) {
+	if err := broker.ValidateTopicName(topic); err != nil {
+		return broker.PurgeResult{}, err
+	}
+	var res broker.PurgeResult
+	err := b.write(ctx, "purge", func(tx *sql.Tx, _ time.Time) error {
+		res = broker.PurgeResult{}
+		r, err := tx.ExecContext(ctx, `DELETE FROM tw_messages WHERE topic = ? AND state = 'queued'`, topic)
+		if err != nil {
+			return err
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return err
+		}
+		res.Queued = int(n)
+		if !deadLetters {
+			return nil
+		}
+		r, err = tx.ExecContext(ctx, `DELETE FROM tw_messages WHERE topic = ? AND state = 'dead'`, topic)
+		if err != nil {
+			return err
+		}
+		n, err = r.RowsAffected()
+		res.DeadLetter = int(n)
+		return err
+	})
+	if err != nil {
+		return broker.PurgeResult{}, err
+	}
+	return res, nil
+}
