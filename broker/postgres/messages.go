@@ -1,0 +1,560 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/taskhost/taskhost/broker"
+)
+
+// msgCols are the columns scanMessage reads, in its order. Claim adds the
+// token after them; nothing else ever reads it.
+const msgCols = `id, topic, task, payload::text, headers::text, state, attempts, max_attempts,
+	claimed_by, claimed_at, available_at, created_at, finished_at, last_error, result::text`
+
+// scanMessage reads one row of msgCols (and the token when tok is set).
+func scanMessage(row pgx.Row, tok bool) (broker.Message, error) {
+	var (
+		m                                      broker.Message
+		payload                                string
+		headers, claimedBy, lastErr, result, t *string
+	)
+	dest := []any{&m.ID, &m.Topic, &m.Task, &payload, &headers, &m.State, &m.Attempts, &m.MaxAttempts,
+		&claimedBy, &m.ClaimedAt, &m.AvailableAt, &m.CreatedAt, &m.FinishedAt, &lastErr, &result}
+	if tok {
+		dest = append(dest, &t)
+	}
+	if err := row.Scan(dest...); err != nil {
+		return broker.Message{}, err
+	}
+	m.Payload = json.RawMessage(payload)
+	if headers != nil {
+		if err := json.Unmarshal([]byte(*headers), &m.Headers); err != nil {
+			return broker.Message{}, fmt.Errorf("message %d: headers: %w", m.ID, err)
+		}
+		if len(m.Headers) == 0 {
+			m.Headers = nil
+		}
+	}
+	if claimedBy != nil {
+		m.ClaimedBy = *claimedBy
+	}
+	if lastErr != nil {
+		m.LastError = *lastErr
+	}
+	if result != nil {
+		m.Result = json.RawMessage(*result)
+	}
+	if t != nil {
+		m.Token = *t
+	}
+	return m, nil
+}
+
+// Submit validates req and queues it, creating the topic's row (unlimited,
+// dead-lettering, not paused) when it is missing. An empty payload is
+// stored as {}.
+func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, error) {
+	if err := broker.ValidateSubmit(req, b.maxPayload); err != nil {
+		return 0, err
+	}
+	payload := "{}"
+	if len(req.Payload) > 0 {
+		payload = string(req.Payload)
+	}
+	var headers *string
+	if len(req.Headers) > 0 {
+		h, err := json.Marshal(req.Headers)
+		if err != nil {
+			return 0, broker.Invalid("headers: %v", err)
+		}
+		s := string(h)
+		headers = &s
+	}
+	var id int64
+	err := b.run(ctx, "submit", func(c *pgx.Conn) error {
+		return c.QueryRow(ctx, `
+			WITH topic AS (
+				INSERT INTO tw_topics (name) VALUES ($1) ON CONFLICT (name) DO NOTHING
+			)
+			INSERT INTO tw_messages (topic, task, payload, headers, max_attempts, available_at, created_at)
+			VALUES ($1, $2, $3::text::jsonb, $4::text::jsonb, $5,
+				now() + $6::bigint * interval '1 microsecond', now())
+			RETURNING id`,
+			req.Topic, req.Task, payload, headers, req.MaxAttempts, micros(req.Delay)).Scan(&id)
+	})
+	return id, err
+}
+
+// claimLockSQL takes a limited topic's serialisation lock. It is a
+// statement of its own, before the count: in READ COMMITTED each statement
+// reads a snapshot taken when it starts, so the count that follows sees
+// every claim committed by the lock's previous holders. (Locking in the
+// same statement as the count would count from a snapshot taken before the
+// lock was granted, and admit too many.) Unlimited topics match nothing and
+// lock nothing.
+const claimLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 AND concurrency_limit > 0 FOR UPDATE`
+
+// claimSQL claims up to $2 of topic $1's oldest available queued messages
+// for worker $3: none when the topic is paused or unknown, at most
+// limit - running when it is limited. The inner SELECT walks the partial
+// queued index in (available_at, id) order; the outer UPDATE finds the
+// rows by primary key.
+const claimSQL = `
+	WITH gate AS (
+		SELECT CASE
+			WHEN t.paused THEN 0
+			WHEN t.concurrency_limit = 0 THEN $2::int
+			ELSE least($2::int, t.concurrency_limit - (
+				SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running')::int)
+		END AS n
+		FROM tw_topics t
+		WHERE t.name = $1
+	)
+	UPDATE tw_messages m
+	SET state = 'running', claimed_by = $3, claimed_at = now(), attempts = m.attempts + 1,
+		token = gen_random_uuid()
+	WHERE m.id = ANY (ARRAY (
+			SELECT q.id FROM tw_messages q
+			WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now()
+			ORDER BY q.available_at, q.id
+			LIMIT greatest(coalesce((SELECT n FROM gate), 0), 0)
+			FOR UPDATE SKIP LOCKED))
+		AND m.state = 'queued'
+	RETURNING ` + msgCols + `, token::text`
+
+// Claim takes up to req.Max available messages of req.Topics for
+// req.WorkerID. The topics are served round-robin from a starting topic
+// that rotates per call: Max is shared out among them in passes (the first
+// topics of the rotation get the remainder) and a topic that yields less
+// than its share drops out, its share going to the others on the next
+// pass. Each topic's share is claimed in its own transaction; see
+// claimLockSQL and claimSQL. Within a topic the messages come oldest
+// (available_at, id) first.
+//
+// When a later topic fails after earlier ones were claimed, Claim returns
+// what it claimed and no error (the claims are running and must reach the
+// caller); the error surfaces on the next call.
+func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
+	if req.WorkerID == "" {
+		return nil, broker.Invalid("worker id is empty")
+	}
+	if b.closed.Load() {
+		return nil, broker.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var topics []string
+	for _, t := range req.Topics {
+		if t != "" && !slices.Contains(topics, t) {
+			topics = append(topics, t)
+		}
+	}
+	if len(topics) == 0 {
+		return nil, nil
+	}
+	start := int(b.rr.Add(1)-1) % len(topics)
+	active := append(slices.Clone(topics[start:]), topics[:start]...)
+
+	var out []broker.Message
+	remaining := max(req.Max, 1)
+	for remaining > 0 && len(active) > 0 {
+		base, extra := remaining/len(active), remaining%len(active)
+		var next []string
+		for i, topic := range active {
+			share := base
+			if i < extra {
+				share++
+			}
+			if share == 0 {
+				next = append(next, topic)
+				continue
+			}
+			msgs, err := b.claimTopic(ctx, topic, share, req.WorkerID)
+			if err != nil {
+				if len(out) > 0 {
+					b.log.Warn("claim: returning the messages already claimed after an error", "topic", topic, "claimed", len(out), "error", err)
+					return out, nil
+				}
+				return nil, err
+			}
+			out = append(out, msgs...)
+			remaining -= len(msgs)
+			if len(msgs) == share {
+				next = append(next, topic)
+			}
+		}
+		active = next
+	}
+	return out, nil
+}
+
+// claimTopic claims up to n messages of topic in one transaction: the
+// topic lock and the claim go as one batch (one round trip), which pgx runs
+// as one implicit transaction.
+func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string) ([]broker.Message, error) {
+	var out []broker.Message
+	err := b.run(ctx, "claim", func(c *pgx.Conn) error {
+		out = out[:0]
+		batch := &pgx.Batch{}
+		batch.Queue(claimLockSQL, topic)
+		batch.Queue(claimSQL, topic, n, worker)
+		br := c.SendBatch(ctx, batch)
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			br.Close()
+			return err
+		}
+		for rows.Next() {
+			m, err := scanMessage(rows, true)
+			if err != nil {
+				rows.Close()
+				br.Close()
+				return err
+			}
+			out = append(out, m)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			br.Close()
+			return err
+		}
+		return br.Close()
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].AvailableAt.Equal(out[j].AvailableAt) {
+			return out[i].AvailableAt.Before(out[j].AvailableAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out, nil
+}
+
+// releaseLocksSQL deletes the locks held under the claims ($1 ids, $2
+// tokens) that no longer hold their message. It runs as its own statement
+// after the claim-ending one, so it reads a snapshot that includes any lock
+// an AcquireLock committed while the claim-ending statement waited for it
+// (AcquireLock holds the message row FOR SHARE).
+const releaseLocksSQL = `
+	DELETE FROM tw_locks l
+	USING unnest($1::bigint[], $2::text[]) AS u(id, tok)
+	WHERE l.message_id = u.id AND l.token::text = u.tok
+		AND NOT EXISTS (
+			SELECT 1 FROM tw_messages m
+			WHERE m.id = l.message_id AND m.state = 'running' AND m.token = l.token)`
+
+// Ack marks the outcomes' messages done, storing their results, in one
+// statement, and releases the locks held under those claims in the same
+// transaction. It returns one error per outcome: nil, or broker.ErrClaimLost
+// when the claim no longer holds its message (a repeated claim in the batch
+// loses after its first). A result that is not JSON fails the whole call
+// with broker.ErrInvalid before anything changes.
+func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
+	for i, o := range outcomes {
+		if len(o.Result) > 0 && !json.Valid(o.Result) {
+			return nil, broker.Invalid("result of outcome %d (message %d) is not valid JSON", i, o.Claim.ID)
+		}
+	}
+	type entry struct {
+		ord int32
+		id  int64
+		tok string
+		res *string
+	}
+	var send []entry
+	seen := make(map[broker.Claim]bool, len(outcomes))
+	for i, o := range outcomes {
+		if o.Claim.Token == "" || seen[o.Claim] {
+			continue
+		}
+		seen[o.Claim] = true
+		var res *string
+		if len(o.Result) > 0 {
+			s := string(o.Result)
+			res = &s
+		}
+		send = append(send, entry{ord: int32(i), id: o.Claim.ID, tok: o.Claim.Token, res: res})
+	}
+	// Lock the rows in id order, as the reaper does, so the two never
+	// deadlock.
+	sort.Slice(send, func(i, j int) bool { return send[i].id < send[j].id })
+	ids := make([]int64, len(send))
+	toks := make([]string, len(send))
+	results := make([]*string, len(send))
+	ords := make([]int32, len(send))
+	for i, e := range send {
+		ids[i], toks[i], results[i], ords[i] = e.id, e.tok, e.res, e.ord
+	}
+
+	errs := make([]error, len(outcomes))
+	err := b.run(ctx, "ack", func(c *pgx.Conn) error {
+		for i := range errs {
+			errs[i] = broker.ErrClaimLost
+		}
+		if len(send) == 0 {
+			return nil
+		}
+		batch := &pgx.Batch{}
+		batch.Queue(`
+			UPDATE tw_messages m
+			SET state = 'done', finished_at = now(), result = u.res::jsonb, token = NULL
+			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[]) AS u(id, tok, res, ord)
+			WHERE m.id = u.id AND m.token::text = u.tok AND m.state = 'running'
+			RETURNING u.ord`, ids, toks, results, ords)
+		batch.Queue(releaseLocksSQL, ids, toks)
+		br := c.SendBatch(ctx, batch)
+		rows, err := br.Query()
+		if err != nil {
+			br.Close()
+			return err
+		}
+		for rows.Next() {
+			var ord int32
+			if err := rows.Scan(&ord); err != nil {
+				rows.Close()
+				br.Close()
+				return err
+			}
+			errs[ord] = nil
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			br.Close()
+			return err
+		}
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+		return br.Close()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// endClaim runs the claim-ending UPDATE sql (its $1 and $2 are the claim's
+// id and token, args the rest) and releases the claim's locks, in one
+// transaction; broker.ErrClaimLost when the UPDATE matched nothing.
+func (b *Broker) endClaim(ctx context.Context, op string, c broker.Claim, sql string, args ...any) error {
+	if c.Token == "" {
+		if b.closed.Load() {
+			return broker.ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return broker.ErrClaimLost
+	}
+	return b.run(ctx, op, func(conn *pgx.Conn) error {
+		batch := &pgx.Batch{}
+		batch.Queue(sql, append([]any{c.ID, c.Token}, args...)...)
+		batch.Queue(releaseLocksSQL, []int64{c.ID}, []string{c.Token})
+		br := conn.SendBatch(ctx, batch)
+		tag, err := br.Exec()
+		if err != nil {
+			br.Close()
+			return err
+		}
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+		if err := br.Close(); err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return broker.ErrClaimLost
+		}
+		return nil
+	})
+}
+
+// Nack ends an attempt without success, recording req.Error as the last
+// error. With Requeue the message goes back to the queue, available after
+// Delay, its claim fields cleared and its attempts kept; without, it ends
+// dead when its topic dead-letters and failed otherwise.
+func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
+	if req.Delay < 0 {
+		return broker.Invalid("delay is negative")
+	}
+	if req.Requeue {
+		return b.endClaim(ctx, "nack", req.Claim, `
+			UPDATE tw_messages
+			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL, finished_at = NULL,
+				available_at = now() + $3::bigint * interval '1 microsecond', last_error = $4
+			WHERE id = $1 AND token::text = $2 AND state = 'running'`,
+			micros(req.Delay), req.Error)
+	}
+	return b.endClaim(ctx, "nack", req.Claim, `
+		UPDATE tw_messages m
+		SET state = CASE
+				WHEN coalesce((SELECT t.dead_letter_enabled FROM tw_topics t WHERE t.name = m.topic), true)
+				THEN 'dead' ELSE 'failed' END,
+			finished_at = now(), token = NULL, last_error = $3
+		WHERE m.id = $1 AND m.token::text = $2 AND m.state = 'running'`,
+		req.Error)
+}
+
+// DeadLetter ends an attempt dead with reason as its last error, whatever
+// the topic's dead-letter setting.
+func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+	return b.endClaim(ctx, "dead letter", c, `
+		UPDATE tw_messages
+		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3
+		WHERE id = $1 AND token::text = $2 AND state = 'running'`,
+		reason)
+}
+
+// GetMessage returns the message (without its token); broker.ErrNotFound
+// when there is none with that id.
+func (b *Broker) GetMessage(ctx context.Context, id int64) (broker.Message, error) {
+	var m broker.Message
+	err := b.run(ctx, "get message", func(c *pgx.Conn) error {
+		var err error
+		m, err = scanMessage(c.QueryRow(ctx, `SELECT `+msgCols+` FROM tw_messages WHERE id = $1`, id), false)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("message %d: %w", id, broker.ErrNotFound)
+		}
+		return err
+	})
+	return m, err
+}
+
+var states = []string{broker.StateQueued, broker.StateRunning, broker.StateDone, broker.StateFailed, broker.StateDead}
+
+// ListMessages limits.
+const (
+	defaultListLimit = 50
+	maxListLimit     = 1000
+)
+
+// ListMessages returns the messages matching f, newest (highest id) first:
+// at most f.Limit (50 when not positive, 1000 at most), with ids below
+// f.Before when it is positive. An unknown state is invalid.
+func (b *Broker) ListMessages(ctx context.Context, f broker.MessageFilter) ([]broker.Message, error) {
+	if f.State != "" && !slices.Contains(states, f.State) {
+		return nil, broker.Invalid("unknown message state %q (want one of %v)", f.State, states)
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = defaultListLimit
+	}
+	limit = min(limit, maxListLimit)
+
+	// Only the filters in use go into the SQL, so each combination gets a
+	// plan (and a cached statement) of its own.
+	var where []string
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
+	}
+	if f.State != "" {
+		add("state = ?", f.State)
+	}
+	if f.Topic != "" {
+		add("topic = ?", f.Topic)
+	}
+	if f.Task != "" {
+		add("task = ?", f.Task)
+	}
+	if f.Before > 0 {
+		add("id < ?", f.Before)
+	}
+	sql := `SELECT ` + msgCols + ` FROM tw_messages`
+	if len(where) > 0 {
+		sql += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	args = append(args, limit)
+	sql += ` ORDER BY id DESC LIMIT $` + strconv.Itoa(len(args))
+
+	out := []broker.Message{}
+	err := b.run(ctx, "list messages", func(c *pgx.Conn) error {
+		out = out[:0]
+		rows, err := c.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			m, err := scanMessage(rows, false)
+			if err != nil {
+				return err
+			}
+			out = append(out, m)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Requeue puts a dead or failed message back in the queue, available now,
+// keeping its attempts and last error. Any other state is
+// broker.ErrInvalid; an unknown id broker.ErrNotFound.
+func (b *Broker) Requeue(ctx context.Context, id int64) error {
+	return b.run(ctx, "requeue", func(c *pgx.Conn) error {
+		var (
+			state   *string
+			updated bool
+		)
+		err := c.QueryRow(ctx, `
+			WITH u AS (
+				UPDATE tw_messages
+				SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
+					finished_at = NULL, available_at = now()
+				WHERE id = $1 AND state IN ('dead', 'failed')
+				RETURNING 1
+			)
+			SELECT (SELECT state FROM tw_messages WHERE id = $1), EXISTS (SELECT 1 FROM u)`, id).Scan(&state, &updated)
+		switch {
+		case err != nil:
+			return err
+		case updated:
+			return nil
+		case state == nil:
+			return fmt.Errorf("message %d: %w", id, broker.ErrNotFound)
+		default:
+			return broker.Invalid("message %d is %s; only dead or failed messages can be requeued", id, *state)
+		}
+	})
+}
+
+// Purge deletes the topic's queued messages (delayed ones too) and, when
+// deadLetters is set, its dead ones. Running messages are never touched;
+// an unknown topic purges nothing.
+func (b *Broker) Purge(ctx context.Context, topic string, deadLetters bool) (broker.PurgeResult, error) {
+	if err := broker.ValidateTopicName(topic); err != nil {
+		return broker.PurgeResult{}, err
+	}
+	var res broker.PurgeResult
+	err := b.run(ctx, "purge", func(c *pgx.Conn) error {
+		return c.QueryRow(ctx, `
+			WITH q AS (
+				DELETE FROM tw_messages WHERE topic = $1 AND state = 'queued' RETURNING 1
+			), d AS (
+				DELETE FROM tw_messages WHERE $2 AND topic = $1 AND state = 'dead' RETURNING 1
+			)
+			SELECT (SELECT count(*) FROM q), (SELECT count(*) FROM d)`, topic, deadLetters).Scan(&res.Queued, &res.DeadLetter)
+	})
+	return res, err
+}

@@ -1,0 +1,292 @@
+// Package postgres is the PostgreSQL broker: the distributed mode, where
+// the processes of several hosts share one database.
+//
+// It keeps the semantics of the memory broker (see broker/memory's package
+// documentation; broker/brokertest checks them) with the database as the
+// only shared state and its clock (now()) as the only clock that decides
+// ownership:
+//
+//   - Claim serves each requested topic in its own short transaction. For a
+//     topic with a concurrency limit the transaction first locks the topic's
+//     tw_topics row (SELECT ... FOR UPDATE, a statement of its own), and only
+//     then, in the next statement and so with a snapshot taken after the
+//     lock was granted, counts the topic's running rows and takes up to
+//     limit-running of the oldest available queued rows (FOR UPDATE SKIP
+//     LOCKED). The count of running rows is the concurrency gate, as the
+//     specification says, and the row lock makes count-then-claim race-free
+//     across processes. Unlimited topics take no lock.
+//   - Every write for a claim (ack, nack, dead letter, lock release) names
+//     its token and changes nothing, returning broker.ErrClaimLost, when the
+//     message is no longer running under it.
+//   - The broker implements broker.OrphanReclaimer for the reaper.
+//
+// The tables live in one schema (Options.Schema) and are created and
+// upgraded by versioned migrations embedded in the binary (migrate.go).
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/taskhost/taskhost/broker"
+)
+
+// Defaults of Options.
+const (
+	DefaultSchema = "public"
+	// DefaultLiveAfter: a worker is live while its heartbeat is fresher than
+	// this (three heartbeat intervals of 10 s).
+	DefaultLiveAfter = 30 * time.Second
+	// DefaultWorkerTTL: worker rows whose heartbeat is older than this are
+	// purged (bookkeeping only; liveness is LiveAfter).
+	DefaultWorkerTTL = 24 * time.Hour
+)
+
+// ErrUnavailable wraps errors that mean the database cannot be reached or
+// went away (connection refused or lost, server shutting down, no such
+// database). The cause stays in the chain.
+var ErrUnavailable = errors.New("database unavailable")
+
+var (
+	_ broker.Broker          = (*Broker)(nil)
+	_ broker.OrphanReclaimer = (*Broker)(nil)
+)
+
+// Options configure New.
+type Options struct {
+	// DSN is a PostgreSQL connection string, URL or key=value form (the
+	// caller takes it from its config or TASKHOST_DATABASE_URL).
+	DSN string
+	// Schema holds the broker's tables; it is created when missing.
+	// Default "public".
+	Schema string
+	// MaxConns bounds the connections the broker opens. Default
+	// max(4, number of CPUs).
+	MaxConns int32
+	// LiveAfter: a worker is live while its heartbeat is fresher than this,
+	// by database time (Stats' Workers, Beats and Subscribers). Default
+	// DefaultLiveAfter.
+	LiveAfter time.Duration
+	// WorkerTTL: RegisterWorker purges worker rows whose heartbeat is older
+	// than this. Default DefaultWorkerTTL.
+	WorkerTTL time.Duration
+	// MaxPayload bounds a message payload in bytes. Default
+	// broker.MaxPayloadSize.
+	MaxPayload int
+	// Logger receives migration and retry notes. Default: discard.
+	Logger hclog.Logger
+}
+
+// Broker is the PostgreSQL broker. Its methods are safe for concurrent use.
+type Broker struct {
+	schema     string
+	liveAfter  time.Duration
+	workerTTL  time.Duration
+	maxPayload int
+	log        hclog.Logger
+
+	pool   *pool
+	closed atomic.Bool
+	rr     atomic.Uint64 // rotates the topic Claim serves first
+}
+
+// New connects, brings the schema up to date (see Migrate) and returns the
+// broker.
+func New(ctx context.Context, opts Options) (*Broker, error) {
+	if strings.TrimSpace(opts.DSN) == "" {
+		return nil, errors.New("postgres broker: no dsn given: set the broker's dsn in the config or TASKHOST_DATABASE_URL " +
+			"(for example postgres://user@127.0.0.1:5432/taskhost?sslmode=disable)")
+	}
+	cfg, schema, err := connConfig(opts.DSN, opts.Schema)
+	if err != nil {
+		return nil, err
+	}
+	b := &Broker{
+		schema:     schema,
+		liveAfter:  opts.LiveAfter,
+		workerTTL:  opts.WorkerTTL,
+		maxPayload: opts.MaxPayload,
+		log:        opts.Logger,
+	}
+	if b.liveAfter <= 0 {
+		b.liveAfter = DefaultLiveAfter
+	}
+	if b.workerTTL <= 0 {
+		b.workerTTL = DefaultWorkerTTL
+	}
+	if b.log == nil {
+		b.log = hclog.NewNullLogger()
+	}
+	maxConns := int(opts.MaxConns)
+	if maxConns <= 0 {
+		maxConns = max(4, runtime.NumCPU())
+	}
+	b.pool = newPool(cfg, maxConns)
+
+	conn, err := b.pool.acquire(ctx)
+	if err != nil {
+		b.pool.close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("postgres broker: connecting: %w", err)
+		}
+		return nil, connectError(cfg, err)
+	}
+	err = migrate(ctx, conn, schema, b.log)
+	b.pool.release(conn)
+	if err != nil {
+		b.pool.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// Kind returns "postgres".
+func (b *Broker) Kind() string { return "postgres" }
+
+// Schema returns the schema holding the broker's tables.
+func (b *Broker) Schema() string { return b.schema }
+
+// Close closes the connections; later calls return broker.ErrClosed.
+// Closing twice is harmless.
+func (b *Broker) Close() error {
+	if b.closed.Swap(true) {
+		return nil
+	}
+	b.pool.close()
+	return nil
+}
+
+var schemaName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// connConfig parses dsn and points the connections' search_path at schema.
+func connConfig(dsn, schema string) (*pgx.ConnConfig, string, error) {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if !schemaName.MatchString(schema) {
+		return nil, "", broker.Invalid("postgres schema name %q: use letters, digits and underscores (at most 63, not starting with a digit)", schema)
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, "", fmt.Errorf("postgres broker: the dsn does not parse (check the dsn setting or TASKHOST_DATABASE_URL): %w", err)
+	}
+	cfg.RuntimeParams["search_path"] = pgx.Identifier{schema}.Sanitize()
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = "taskhost-broker"
+	}
+	return cfg, schema, nil
+}
+
+// connectError explains a failed connection: where, and what to check.
+func connectError(cfg *pgx.ConnConfig, err error) error {
+	return fmt.Errorf("postgres broker: %w: cannot connect to %s:%d (database %q, user %q); "+
+		"is PostgreSQL running? check the dsn (the broker's dsn setting or TASKHOST_DATABASE_URL): %w",
+		ErrUnavailable, cfg.Host, cfg.Port, cfg.Database, cfg.User, err)
+}
+
+// run runs fn on a pooled connection. fn is retried (at most three tries)
+// when the database reports a deadlock or serialisation failure, or the
+// connection failed before anything was sent: fn must therefore be one
+// transaction (a statement or a batch) that leaves nothing behind when it
+// fails.
+func (b *Broker) run(ctx context.Context, op string, fn func(c *pgx.Conn) error) error {
+	if b.closed.Load() {
+		return broker.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var err error
+	for try := 1; ; try++ {
+		var c *pgx.Conn
+		c, err = b.pool.acquire(ctx)
+		if err != nil {
+			break
+		}
+		err = fn(c)
+		b.pool.release(c)
+		if err == nil || try == 3 || ctx.Err() != nil || !retryable(err) {
+			break
+		}
+		b.log.Debug("retrying", "op", op, "try", try, "error", err)
+	}
+	return b.fail(ctx, op, err)
+}
+
+// fail gives err its final shape: the broker's own errors pass as they
+// are; database errors are wrapped with the operation, and with
+// ErrUnavailable or the context's error when one of those is the reason.
+func (b *Broker) fail(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, own := range []error{broker.ErrClaimLost, broker.ErrNotFound, broker.ErrInvalid, broker.ErrClosed} {
+		if errors.Is(err, own) {
+			return err
+		}
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		if errors.Is(err, cerr) {
+			return fmt.Errorf("postgres broker: %s: %w", op, err)
+		}
+		return fmt.Errorf("postgres broker: %s: %w: %w", op, cerr, err)
+	}
+	if b.closed.Load() {
+		return fmt.Errorf("postgres broker: %s: %w: %w", op, broker.ErrClosed, err)
+	}
+	if unavailable(err) {
+		return fmt.Errorf("postgres broker: %s: %w (is PostgreSQL running? check the dsn): %w", op, ErrUnavailable, err)
+	}
+	return fmt.Errorf("postgres broker: %s: %w", op, err)
+}
+
+// unavailable reports whether err says the database cannot be reached or
+// went away.
+func unavailable(err error) bool {
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch {
+		case strings.HasPrefix(pe.Code, "08"), // connection exception
+			pe.Code == "57P01", // admin_shutdown
+			pe.Code == "57P02", // crash_shutdown
+			pe.Code == "57P03", // cannot_connect_now
+			pe.Code == "3D000": // invalid_catalog_name: the database is gone
+			return true
+		}
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		strings.Contains(err.Error(), "conn closed")
+}
+
+// retryable reports whether running the same transaction again is safe and
+// may succeed.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40P01" || pe.Code == "40001" // deadlock_detected, serialization_failure
+	}
+	return pgconn.SafeToRetry(err)
+}
+
+// micros expresses d for SQL as "$n::bigint * interval '1 microsecond'".
+func micros(d time.Duration) int64 { return d.Microseconds() }

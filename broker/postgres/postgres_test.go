@@ -1,0 +1,559 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/brokertest"
+)
+
+func TestConformance(t *testing.T) {
+	brokertest.Run(t, func(t *testing.T) broker.Broker { return newTestBroker(t, Options{}) })
+}
+
+func TestKind(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	if b.Kind() != "postgres" {
+		t.Fatalf("Kind = %q", b.Kind())
+	}
+}
+
+// TestMigrationsConcurrentAndIdempotent starts four brokers on one fresh
+// schema at once: every one must come up, each migration must be recorded
+// once, and running the migrations again changes nothing.
+func TestMigrationsConcurrentAndIdempotent(t *testing.T) {
+	schema := freshSchema(t)
+	ctx := t.Context()
+
+	const n = 4
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	brokers := make([]*Broker, n)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			brokers[i], errs[i] = New(ctx, Options{DSN: testDSN(), Schema: schema})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("New #%d: %v", i, err)
+		}
+		t.Cleanup(func() { _ = brokers[i].Close() })
+	}
+
+	all, err := migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t)
+	versions := func() []int {
+		t.Helper()
+		rows, err := c.Query(ctx, `SELECT version FROM `+pgx.Identifier{schema, "tw_schema_migrations"}.Sanitize()+` ORDER BY version`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs, err := pgx.CollectRows(rows, pgx.RowTo[int])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return vs
+	}
+	var want []int
+	for _, m := range all {
+		want = append(want, m.version)
+	}
+	if got := versions(); !slices.Equal(got, want) {
+		t.Fatalf("recorded versions %v, want %v", got, want)
+	}
+
+	// The brokers share the tables.
+	id, err := brokers[0].Submit(ctx, broker.SubmitRequest{Topic: "t", Task: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := brokers[3].GetMessage(ctx, id); err != nil || m.State != broker.StateQueued {
+		t.Fatalf("GetMessage on another broker = %+v, %v", m, err)
+	}
+
+	// Again, by Migrate and by New: nothing changes, the data stays.
+	if err := Migrate(ctx, testDSN(), schema); err != nil {
+		t.Fatalf("Migrate again: %v", err)
+	}
+	b, err := New(ctx, Options{DSN: testDSN(), Schema: schema})
+	if err != nil {
+		t.Fatalf("New again: %v", err)
+	}
+	defer b.Close()
+	if got := versions(); !slices.Equal(got, want) {
+		t.Fatalf("after re-running, versions %v, want %v", got, want)
+	}
+	if _, err := b.GetMessage(ctx, id); err != nil {
+		t.Fatalf("message lost by re-running migrations: %v", err)
+	}
+}
+
+func TestMigrateFreshSchema(t *testing.T) {
+	schema := freshSchema(t)
+	if err := Migrate(t.Context(), testDSN(), schema); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	c := connect(t)
+	var tables []string
+	rows, err := c.Query(t.Context(), `SELECT table_name FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"tw_locks", "tw_messages", "tw_schema_migrations", "tw_topics", "tw_workers"}
+	if !slices.Equal(tables, want) {
+		t.Fatalf("tables %v, want %v", tables, want)
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	ctx := t.Context()
+	if _, err := New(ctx, Options{}); err == nil || !strings.Contains(err.Error(), "TASKHOST_DATABASE_URL") {
+		t.Fatalf("New without a dsn: %v, want a hint at TASKHOST_DATABASE_URL", err)
+	}
+	if _, err := New(ctx, Options{DSN: testDSN(), Schema: "bad-name; drop"}); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("New with a bad schema name: %v, want ErrInvalid", err)
+	}
+	// Nothing listens on port 1.
+	_, err := New(ctx, Options{DSN: "postgres://postgres@127.0.0.1:1/test?sslmode=disable&connect_timeout=3"})
+	if err == nil {
+		t.Fatal("New against a closed port succeeded")
+	}
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "is PostgreSQL running? check the dsn") {
+		t.Fatalf("New against a closed port: %v, want ErrUnavailable saying what to check", err)
+	}
+}
+
+func TestClosed(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	checks := map[string]error{}
+	_, checks["Submit"] = b.Submit(ctx, broker.SubmitRequest{Topic: "t", Task: "x"})
+	_, checks["Ack"] = b.Ack(ctx, []broker.Outcome{{Claim: broker.Claim{ID: 1, Token: "x"}}})
+	checks["Heartbeat"] = b.Heartbeat(ctx, "w")
+	_, checks["Stats"] = b.Stats(ctx)
+	_, checks["LiveWorkers"] = b.LiveWorkers(ctx, time.Minute)
+	_, checks["ReclaimOrphans"] = b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"w"}})
+	for name, err := range checks {
+		if !errors.Is(err, broker.ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", name, err)
+		}
+	}
+}
+
+// TestDatabaseGone: when the broker's connections are killed, the next call
+// fails with an error that keeps its cause (or succeeds on a new
+// connection); it never hangs and never panics, and the broker recovers.
+func TestDatabaseGone(t *testing.T) {
+	b := newTestBroker(t, Options{MaxConns: 2})
+	ctx := t.Context()
+	if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "t", Task: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	c := connect(t)
+	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name = 'taskhost-broker' AND datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
+		t.Fatal(err)
+	}
+	// The idle connections are dead now: the pool pings or the call
+	// retries, and at worst one call reports the loss.
+	for i := range 3 {
+		_, err := b.Stats(ctx)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrUnavailable) {
+			t.Logf("call %d after the kill: %v", i, err)
+		}
+	}
+	if _, err := b.Stats(ctx); err != nil {
+		t.Fatalf("the broker did not recover: %v", err)
+	}
+}
+
+func TestWorkerPurgeAndHeartbeat(t *testing.T) {
+	b := newTestBroker(t, Options{WorkerTTL: time.Hour})
+	ctx := t.Context()
+	for _, id := range []string{"old", "young"} {
+		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Roles: []string{broker.RoleWorker}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := schemaConn(t, b)
+	if _, err := c.Exec(ctx, `UPDATE tw_workers SET heartbeat_at = now() - interval '2 hours' WHERE id = 'old'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: "new"}); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := b.Workers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, w := range ws {
+		ids = append(ids, w.ID)
+	}
+	if !slices.Equal(ids, []string{"new", "young"}) {
+		t.Fatalf("workers after the purge %v, want [new young]", ids)
+	}
+	if err := b.Heartbeat(ctx, "old"); !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("Heartbeat of a purged worker: %v, want ErrNotFound", err)
+	}
+	// Re-registering brings it back.
+	if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Heartbeat(ctx, "old"); err != nil {
+		t.Fatalf("Heartbeat after re-registering: %v", err)
+	}
+}
+
+func TestLiveAfterOption(t *testing.T) {
+	b := newTestBroker(t, Options{LiveAfter: time.Minute})
+	ctx := t.Context()
+	for _, id := range []string{"a", "b"} {
+		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Roles: []string{broker.RoleBeat}, Topics: []string{"*"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := schemaConn(t, b)
+	if _, err := c.Exec(ctx, `UPDATE tw_workers SET heartbeat_at = now() - interval '90 seconds' WHERE id = 'b'`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := b.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Workers != 1 || st.Beats != 1 {
+		t.Fatalf("Stats workers %d beats %d, want 1 and 1 (b's heartbeat is stale)", st.Workers, st.Beats)
+	}
+}
+
+// claimAs claims exactly one message of topic for worker.
+func claimAs(t *testing.T, b *Broker, worker, topic string) broker.Message {
+	t.Helper()
+	msgs, err := b.Claim(t.Context(), broker.ClaimRequest{WorkerID: worker, Topics: []string{topic}, Max: 1})
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("Claim(%s, %s) = %v, %v; want one message", worker, topic, msgs, err)
+	}
+	return msgs[0]
+}
+
+func TestReclaimOrphans(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	c := schemaConn(t, b)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := c.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for _, id := range []string{"alive", "dead"} {
+		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Roles: []string{broker.RoleWorker}, Topics: []string{"*"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live, err := b.LiveWorkers(ctx, time.Minute)
+	if err != nil || !slices.Equal(live, []string{"alive", "dead"}) {
+		t.Fatalf("LiveWorkers = %v, %v, want [alive dead]", live, err)
+	}
+	if err := b.ExpireWorker(ctx, "dead"); err != nil {
+		t.Fatalf("ExpireWorker: %v", err)
+	}
+	if err := b.ExpireWorker(ctx, "nobody"); !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("ExpireWorker(unknown): %v, want ErrNotFound", err)
+	}
+	live, err = b.LiveWorkers(ctx, time.Minute)
+	if err != nil || !slices.Equal(live, []string{"alive"}) {
+		t.Fatalf("LiveWorkers after ExpireWorker = %v, %v, want [alive]", live, err)
+	}
+	// ExpireWorker keeps the row (Workers still lists it).
+	if ws, err := b.Workers(ctx); err != nil || len(ws) != 2 {
+		t.Fatalf("Workers after ExpireWorker = %+v, %v", ws, err)
+	}
+
+	if _, err := b.SetTopic(ctx, "o", broker.TopicPatch{ConcurrencyLimit: ptr(4)}); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "o", Task: "x"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := claimAs(t, b, "dead", "o")      // orphan, old enough: requeued
+	young := claimAs(t, b, "dead", "o")    // orphan inside the grace: left
+	alive := claimAs(t, b, "alive", "o")   // live owner: left
+	poisoned := claimAs(t, b, "dead", "o") // orphan at max attempts: dead
+	exec(`UPDATE tw_messages SET claimed_at = now() - interval '10 minutes' WHERE id = ANY ($1)`,
+		[]int64{old.ID, alive.ID, poisoned.ID})
+	exec(`UPDATE tw_messages SET attempts = 3 WHERE id = $1`, poisoned.ID)
+	// The wedge the reaper exists for: the limit of 4 is used up.
+	if msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "alive", Topics: []string{"o"}, Max: 5}); err != nil || len(msgs) != 0 {
+		t.Fatalf("claim on a saturated topic = %d messages, %v; want none", len(msgs), err)
+	}
+
+	for _, l := range []struct {
+		name  string
+		claim broker.Message
+		by    string
+	}{{"old-lock", old, "dead"}, {"young-lock", young, "dead"}, {"alive-lock", alive, "alive"}, {"dead-lock-on-live-claim", alive, "dead"}} {
+		if ok, err := b.AcquireLock(ctx, l.name, l.by, l.claim.ClaimOf()); err != nil || !ok {
+			t.Fatalf("AcquireLock(%s) = %v, %v", l.name, ok, err)
+		}
+	}
+	exec(`UPDATE tw_locks SET acquired_at = now() - interval '10 minutes' WHERE name IN ('old-lock', 'alive-lock', 'dead-lock-on-live-claim')`)
+
+	if _, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Grace: time.Minute, MaxAttempts: 3}); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("ReclaimOrphans with an empty live set: %v, want ErrInvalid (fail closed)", err)
+	}
+	res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: live, Grace: time.Minute, MaxAttempts: 3})
+	if err != nil {
+		t.Fatalf("ReclaimOrphans: %v", err)
+	}
+	wantIDs := []int64{old.ID, poisoned.ID}
+	slices.Sort(wantIDs)
+	if res.Reclaimed != 1 || res.DeadLettered != 1 || res.LocksReleased != 2 || !slices.Equal(res.IDs, wantIDs) {
+		t.Fatalf("ReclaimOrphans = %+v, want 1 reclaimed, 1 dead-lettered, 2 locks released (old-lock and dead-lock-on-live-claim), ids %v",
+			res, wantIDs)
+	}
+
+	// The old orphan is queued again with its claim cleared and attempts kept.
+	m, err := b.GetMessage(ctx, old.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.State != broker.StateQueued || m.ClaimedBy != "" || m.ClaimedAt != nil || m.Attempts != 1 || !strings.Contains(m.LastError, "orphaned") {
+		t.Fatalf("reclaimed message = %+v, want queued, claim cleared, attempts 1, last error saying orphaned", m)
+	}
+	var tok *string
+	if err := c.QueryRow(ctx, `SELECT token::text FROM tw_messages WHERE id = $1`, old.ID).Scan(&tok); err != nil || tok != nil {
+		t.Fatalf("token after reclaim = %v, %v; want NULL", tok, err)
+	}
+	// The dead worker's late writes are refused.
+	if errs, err := b.Ack(ctx, []broker.Outcome{{Claim: old.ClaimOf()}}); err != nil || !errors.Is(errs[0], broker.ErrClaimLost) {
+		t.Fatalf("Ack with the reclaimed token = %v, %v; want ErrClaimLost", errs, err)
+	}
+	if err := b.Nack(ctx, broker.NackRequest{Claim: old.ClaimOf(), Requeue: true}); !errors.Is(err, broker.ErrClaimLost) {
+		t.Fatalf("Nack with the reclaimed token: %v, want ErrClaimLost", err)
+	}
+	if err := b.ReleaseLock(ctx, "old-lock", old.ClaimOf()); !errors.Is(err, broker.ErrClaimLost) {
+		t.Fatalf("ReleaseLock of a reclaimed lock: %v, want ErrClaimLost", err)
+	}
+
+	for id, want := range map[int64]string{young.ID: broker.StateRunning, alive.ID: broker.StateRunning, poisoned.ID: broker.StateDead} {
+		m, err := b.GetMessage(ctx, id)
+		if err != nil || m.State != want {
+			t.Fatalf("message %d = %+v, %v; want %s", id, m, err, want)
+		}
+	}
+	if m, _ := b.GetMessage(ctx, poisoned.ID); m.FinishedAt == nil || !strings.Contains(m.LastError, "dead-lettered") {
+		t.Fatalf("dead-lettered orphan = %+v, want finished_at and a last error", m)
+	}
+
+	ls, err := b.Locks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range ls {
+		names = append(names, l.Name)
+	}
+	if !slices.Equal(names, []string{"alive-lock", "young-lock"}) {
+		t.Fatalf("locks after reclaim %v, want [alive-lock young-lock]", names)
+	}
+
+	// The freed slot and lock are usable: the requeued message is claimed
+	// again (attempt 2) and its lock re-acquired.
+	again := claimAs(t, b, "alive", "o")
+	if again.ID != old.ID || again.Attempts != 2 || again.Token == old.Token {
+		t.Fatalf("claim after reclaim = %+v, want message %d attempt 2 with a new token", again, old.ID)
+	}
+	if ok, err := b.AcquireLock(ctx, "old-lock", "alive", again.ClaimOf()); err != nil || !ok {
+		t.Fatalf("re-acquiring the released lock = %v, %v", ok, err)
+	}
+
+	// A second pass finds nothing more to do.
+	res, err = b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: live, Grace: time.Minute, MaxAttempts: 3})
+	if err != nil || res.Reclaimed+res.DeadLettered+res.LocksReleased != 0 {
+		t.Fatalf("second pass = %+v, %v; want nothing", res, err)
+	}
+}
+
+// TestReclaimRacesAck: acks of the orphaned claims racing a reclaim pass
+// either win (done) or lose (ErrClaimLost, requeued), never both.
+func TestReclaimRacesAck(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	c := schemaConn(t, b)
+	if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: "reaper"}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	if _, err := c.Exec(ctx, `INSERT INTO tw_topics (name) VALUES ('r')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, `INSERT INTO tw_messages (topic, task) SELECT 'r', 'x' FROM generate_series(1, $1)`, n); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "ghost", Topics: []string{"r"}, Max: n})
+	if err != nil || len(msgs) != n {
+		t.Fatalf("claimed %d, %v", len(msgs), err)
+	}
+	var outcomes []broker.Outcome
+	for _, m := range msgs {
+		outcomes = append(outcomes, broker.Outcome{Claim: m.ClaimOf()})
+	}
+	var (
+		wg   sync.WaitGroup
+		errs []error
+		res  broker.ReclaimResult
+		aErr error
+		rErr error
+	)
+	wg.Add(2)
+	go func() { defer wg.Done(); errs, aErr = b.Ack(ctx, outcomes) }()
+	go func() {
+		defer wg.Done()
+		res, rErr = b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"reaper"}, MaxAttempts: 5})
+	}()
+	wg.Wait()
+	if aErr != nil || rErr != nil {
+		t.Fatalf("Ack: %v; ReclaimOrphans: %v", aErr, rErr)
+	}
+	acked := 0
+	for _, e := range errs {
+		if e == nil {
+			acked++
+		}
+	}
+	if acked+res.Reclaimed != n {
+		t.Fatalf("%d acked + %d reclaimed, want %d in all", acked, res.Reclaimed, n)
+	}
+	var done, queued int
+	if err := c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'queued') FROM tw_messages`).
+		Scan(&done, &queued); err != nil {
+		t.Fatal(err)
+	}
+	if done != acked || queued != res.Reclaimed {
+		t.Fatalf("database: %d done, %d queued; the calls said %d acked, %d reclaimed", done, queued, acked, res.Reclaimed)
+	}
+}
+
+// TestLockRacesAck: a lock acquired under a claim while that claim is
+// being acked is either refused or released by the ack; it never outlives
+// the claim.
+func TestLockRacesAck(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	for i := range 50 {
+		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "l", Task: "x"}); err != nil {
+			t.Fatal(err)
+		}
+		m := claimAs(t, b, "w", "l")
+		var wg sync.WaitGroup
+		var lerr error
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, lerr = b.AcquireLock(ctx, fmt.Sprintf("lock-%d", i), "w", m.ClaimOf())
+		}()
+		go func() {
+			defer wg.Done()
+			if errs, err := b.Ack(ctx, []broker.Outcome{{Claim: m.ClaimOf()}}); err != nil || errs[0] != nil {
+				t.Errorf("Ack: %v %v", errs, err)
+			}
+		}()
+		wg.Wait()
+		if lerr != nil && !errors.Is(lerr, broker.ErrClaimLost) {
+			t.Fatalf("AcquireLock: %v", lerr)
+		}
+		if ls, err := b.Locks(ctx); err != nil || len(ls) != 0 {
+			t.Fatalf("round %d: locks after the ack %+v, %v; want none", i, ls, err)
+		}
+	}
+}
+
+// TestClaimPlansUseIndexes: the claim statement walks the partial queued
+// index, with custom and generic plans alike (a seq scan here would make
+// every claim read the whole table).
+func TestClaimPlansUseIndexes(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	c := schemaConn(t, b)
+	for _, sql := range []string{
+		`INSERT INTO tw_topics (name, concurrency_limit) VALUES ('big', 0), ('small', 5)`,
+		`INSERT INTO tw_messages (topic, task, state) SELECT CASE WHEN i % 10 = 0 THEN 'small' ELSE 'big' END, 'x',
+			CASE WHEN i % 3 = 0 THEN 'done' ELSE 'queued' END FROM generate_series(1, 50000) i`,
+		`ANALYZE tw_messages`,
+		`PREPARE claim_stmt(text, int, text) AS ` + claimSQL,
+	} {
+		if _, err := c.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		if _, err := c.Exec(ctx, `SET plan_cache_mode = `+mode); err != nil {
+			t.Fatal(err)
+		}
+		for _, topic := range []string{"big", "small"} {
+			rows, err := c.Query(ctx, fmt.Sprintf(`EXPLAIN EXECUTE claim_stmt('%s', 10, 'w')`, topic))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan := strings.Join(lines, "\n")
+			if strings.Contains(plan, "Seq Scan on tw_messages") || !strings.Contains(plan, "tw_messages_queued") {
+				t.Errorf("%s, topic %s: the claim plan does not walk tw_messages_queued:\n%s", mode, topic, plan)
+			}
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Guard the contract the reaper package relies on.
+var _ = func() broker.OrphanReclaimer { return (*Broker)(nil) }
+
+func TestStatsOneRoundTripShape(t *testing.T) {
+	// Stats on an empty broker: no topics, zero counts, a non-nil slice.
+	b := newTestBroker(t, Options{})
+	st, err := b.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Topics == nil || len(st.Topics) != 0 || st.Workers != 0 || st.Locks != 0 {
+		t.Fatalf("empty Stats = %+v", st)
+	}
+}
