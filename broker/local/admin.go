@@ -542,15 +542,32 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 			return err
 		}
 		n, err := r.RowsAffected()
+		if err != nil {
+			return err
+		}
 		res.LocksReleased += int(n)
-		return err
+
+		// What the grace kept: claims and locks of non-live workers too
+		// young to touch.
+		var young, youngLocks int
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tw_messages
+			WHERE state = 'running' AND claimed_at > ?
+				AND claimed_by NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON)).Scan(&young); err != nil {
+			return err
+		}
+		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tw_locks
+			WHERE acquired_at > ? AND holder NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON)).Scan(&youngLocks); err != nil {
+			return err
+		}
+		res.WithinGrace = young + youngLocks
+		return nil
 	})
 	if err != nil {
 		return broker.ReclaimResult{}, err
 	}
 	if res.Reclaimed+res.DeadLettered+res.LocksReleased > 0 {
 		b.log.Info("reclaimed orphans", "reclaimed", res.Reclaimed, "dead_lettered", res.DeadLettered,
-			"locks_released", res.LocksReleased, "ids", res.IDs)
+			"locks_released", res.LocksReleased, "within_grace", res.WithinGrace, "ids", res.IDs)
 	}
 	return res, nil
 }

@@ -124,8 +124,27 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 	}
 	start := int((b.rr.Add(1) - 1) % uint64(len(topics)))
 
+	// Peek first, in a read snapshot: an idle worker polling empty topics
+	// then never takes the write lock, which every process shares. Finding
+	// nothing in a snapshot is the same answer as a claim made at that
+	// instant, so this changes no outcome.
+	var found bool
+	err := b.read(ctx, "claim", func(tx *sql.Tx, now time.Time) error {
+		for _, t := range topics {
+			ids, err := claimable(ctx, tx, t, 1, now)
+			if err != nil || len(ids) > 0 {
+				found = len(ids) > 0
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil || !found {
+		return nil, err
+	}
+
 	var out []broker.Message
-	err := b.write(ctx, "claim", func(tx *sql.Tx, now time.Time) error {
+	err = b.write(ctx, "claim", func(tx *sql.Tx, now time.Time) error {
 		out = nil
 		// The candidates of each topic, in the rotated topic order: at
 		// most what the topic's limit still admits, oldest first.
