@@ -7,14 +7,20 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/local"
 	"github.com/taskhost/taskhost/broker/memory"
+	"github.com/taskhost/taskhost/broker/postgres"
 	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/reaper"
 )
 
 // DSNEnv is read for the database address when the config's dsn is empty.
@@ -28,6 +34,8 @@ type Config struct {
 	DataDir string
 	// DSN is the PostgreSQL address (from DSNEnv when the config has none).
 	DSN string
+	// Schema is the PostgreSQL schema holding the tables (default public).
+	Schema string
 	// Workers is how many tasks run at once in this process.
 	Workers int
 	// DemoTasks registers demo.crash, a task that kills its own process.
@@ -40,12 +48,16 @@ type Config struct {
 	MaxPayloadBytes int
 	// Topics are applied with SetTopic at start, and claimed from.
 	Topics map[string]broker.TopicPatch
+	// Reaper holds the orphan_* settings and postgres_worker_ttl_seconds.
+	Reaper reaper.Settings
 }
 
 // The config keys, in the order the error messages list them.
 var configKeys = []string{
-	"broker", "data_dir", "dsn", "workers", "demo_tasks", "heartbeat_interval_seconds",
+	"broker", "data_dir", "dsn", "schema", "workers", "demo_tasks", "heartbeat_interval_seconds",
 	"drain_timeout_seconds", "max_payload_bytes", "topics",
+	"orphan_reclaim_enabled", "orphan_reclaim_interval_seconds", "orphan_reclaim_after_seconds",
+	"orphan_claim_grace_seconds", "orphan_max_attempts", "postgres_worker_ttl_seconds",
 }
 
 var topicKeys = []string{"concurrency_limit", "dead_letter_enabled", "paused"}
@@ -61,6 +73,7 @@ func defaultConfig() Config {
 		DrainTimeout:      30 * time.Second,
 		MaxPayloadBytes:   broker.MaxPayloadSize,
 		Topics:            map[string]broker.TopicPatch{},
+		Reaper:            reaper.DefaultSettings(),
 	}
 }
 
@@ -92,6 +105,8 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 			cfg.DataDir, err = stringSetting(key, v)
 		case "dsn":
 			cfg.DSN, err = stringSetting(key, v)
+		case "schema":
+			cfg.Schema, err = stringSetting(key, v)
 		case "workers":
 			cfg.Workers, err = intSetting(key, v, 1, 1000)
 		case "demo_tasks":
@@ -108,6 +123,18 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 			cfg.MaxPayloadBytes, err = intSetting(key, v, 1, broker.MaxPayloadSize)
 		case "topics":
 			cfg.Topics, err = topicsSetting(v)
+		case "orphan_reclaim_enabled":
+			cfg.Reaper.Enabled, err = boolSetting(key, v)
+		case "orphan_reclaim_interval_seconds":
+			cfg.Reaper.Interval, err = durationSetting(key, v, false)
+		case "orphan_reclaim_after_seconds":
+			cfg.Reaper.After, err = durationSetting(key, v, false)
+		case "orphan_claim_grace_seconds":
+			cfg.Reaper.Grace, err = durationSetting(key, v, true)
+		case "orphan_max_attempts":
+			cfg.Reaper.MaxAttempts, err = intSetting(key, v, 1, 1000)
+		case "postgres_worker_ttl_seconds":
+			cfg.Reaper.WorkerTTL, err = durationSetting(key, v, false)
 		default:
 			err = invalid(key, "unknown setting; the settings are %s", strings.Join(configKeys, ", "))
 		}
@@ -118,18 +145,55 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 	if cfg.DSN == "" {
 		cfg.DSN = os.Getenv(DSNEnv)
 	}
+	if err := cfg.Reaper.Validate(cfg.HeartbeatInterval); err != nil {
+		return cfg, invalid("", "%v", err)
+	}
+	if cfg.Broker == "postgres" && cfg.DSN == "" {
+		return cfg, invalid("dsn", "the postgres broker needs a dsn: set dsn (e.g. ${%s}) or the %s environment variable, and pass it with env: [%s] in the host config", DSNEnv, DSNEnv, DSNEnv)
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = "var"
+	}
 	return cfg, nil
+}
+
+// LocalDBFile is the local broker's database file inside data_dir.
+const LocalDBFile = "taskhost.db"
+
+func durationSetting(key string, v json.RawMessage, zeroOK bool) (time.Duration, error) {
+	s, err := secondsSetting(key, v, zeroOK)
+	return time.Duration(s * float64(time.Second)), err
 }
 
 // openBroker is the one place that maps the broker setting to an
 // implementation. It checks everything it can before the caller stops the
 // running broker, and returns the function that opens the new one.
-func openBroker(cfg Config) (func(ctx context.Context) (broker.Broker, error), error) {
+func openBroker(cfg Config, log hclog.Logger) (func(ctx context.Context) (broker.Broker, error), error) {
 	switch cfg.Broker {
 	case "memory":
 		return func(context.Context) (broker.Broker, error) { return memory.New(), nil }, nil
-	case "local", "postgres":
-		return nil, invalid("broker", "%q is not available in this build yet; use memory", cfg.Broker)
+	case "local":
+		path := filepath.Join(cfg.DataDir, LocalDBFile)
+		return func(ctx context.Context) (broker.Broker, error) {
+			return local.Open(ctx, local.Options{
+				Path:       path,
+				LiveAfter:  cfg.Reaper.After,
+				WorkerTTL:  cfg.Reaper.WorkerTTL,
+				MaxPayload: cfg.MaxPayloadBytes,
+				Logger:     log.Named("local"),
+			})
+		}, nil
+	case "postgres":
+		return func(ctx context.Context) (broker.Broker, error) {
+			return postgres.New(ctx, postgres.Options{
+				DSN:        cfg.DSN,
+				Schema:     cfg.Schema,
+				LiveAfter:  cfg.Reaper.After,
+				WorkerTTL:  cfg.Reaper.WorkerTTL,
+				MaxPayload: cfg.MaxPayloadBytes,
+				Logger:     log.Named("postgres"),
+			})
+		}, nil
 	}
 	return nil, invalid("broker", "unknown broker %q; use one of %s", cfg.Broker, strings.Join(brokerKinds, ", "))
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/reaper"
 	"github.com/taskhost/taskhost/worker"
 )
 
@@ -28,6 +29,8 @@ type Plugin struct {
 	log     hclog.Logger
 	router  chi.Router
 	metrics *telemetry
+	// reaperMetrics are the reaper counters, registered once per process.
+	reaperMetrics *reaper.Metrics
 
 	// life serialises Configure and Stop; mu guards rt, which the HTTP
 	// handlers, actions and metrics read.
@@ -43,6 +46,7 @@ type runtime struct {
 	broker broker.Broker
 	reg    *worker.Registry
 	pool   *worker.Pool
+	reaper *reaper.Reaper
 }
 
 var (
@@ -59,6 +63,7 @@ func New(logger hclog.Logger) *Plugin {
 	}
 	p := &Plugin{log: logger}
 	p.metrics = newTelemetry(p.stats, logger)
+	p.reaperMetrics = reaper.NewMetrics(p.metrics.reg)
 	p.router = p.routes()
 	return p
 }
@@ -113,7 +118,7 @@ func (p *Plugin) Configure(ctx context.Context, req capability.ConfigureRequest)
 	if err != nil {
 		return err
 	}
-	open, err := openBroker(cfg)
+	open, err := openBroker(cfg, p.log)
 	if err != nil {
 		return err
 	}
@@ -141,7 +146,12 @@ func (p *Plugin) Configure(ctx context.Context, req capability.ConfigureRequest)
 
 func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runtime, error) {
 	reg := worker.NewRegistry()
-	if err := registerBuiltins(reg, cfg, b.Kind()); err != nil {
+	// The watchdog task runs the same pass as the beat and the admin
+	// action; the reaper needs the pool's worker id, so it is bound below,
+	// before any task can run.
+	var rp *reaper.Reaper
+	reclaim := func(ctx context.Context) reaper.Result { return rp.Pass(ctx) }
+	if err := registerBuiltins(reg, cfg, reclaim); err != nil {
 		return nil, fmt.Errorf("register built-in tasks: %w", err)
 	}
 	var topics []string
@@ -176,10 +186,11 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 			return nil, fmt.Errorf("create topic %q: %w", name, err)
 		}
 	}
+	rp = reaper.New(b, pool.WorkerID(), cfg.Reaper, p.log.Named("reaper"), p.reaperMetrics)
 	if err := pool.Start(ctx); err != nil {
 		return nil, err
 	}
-	return &runtime{cfg: cfg, broker: b, reg: reg, pool: pool}, nil
+	return &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp}, nil
 }
 
 func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
@@ -248,11 +259,10 @@ func (p *Plugin) ListActions(context.Context) ([]capability.ActionSpec, error) {
 	}}, nil
 }
 
-// memoryReclaimResult is the reclaim action's answer on the memory broker.
-var memoryReclaimResult = json.RawMessage(`{"reclaimed":0,"dead_lettered":0,"locks_released":0,"skipped":"memory broker"}`)
-
-// InvokeAction implements capability.ActionProvider.
-func (p *Plugin) InvokeAction(_ context.Context, req capability.ActionRequest) (capability.ActionResult, error) {
+// InvokeAction implements capability.ActionProvider. The reclaim action
+// calls the reaper's pass directly, not through the queue, so it works
+// while a topic is wedged.
+func (p *Plugin) InvokeAction(ctx context.Context, req capability.ActionRequest) (capability.ActionResult, error) {
 	if req.ActionID != ActionReclaim {
 		return capability.ActionResult{}, fmt.Errorf("action %q (tasks_worker has %s): %w", req.ActionID, ActionReclaim, capability.ErrNotFound)
 	}
@@ -260,11 +270,11 @@ func (p *Plugin) InvokeAction(_ context.Context, req capability.ActionRequest) (
 	if rt == nil {
 		return capability.ActionResult{}, fmt.Errorf("tasks_worker is not running: %w", capability.ErrUnavailable)
 	}
-	if rt.broker.Kind() == "memory" {
-		return capability.ActionResult{
-			Message: "the memory broker cannot orphan anything: its messages and locks die with the process",
-			Result:  memoryReclaimResult,
-		}, nil
+	res := rt.reaper.Pass(ctx)
+	body, err := json.Marshal(res)
+	if err != nil {
+		return capability.ActionResult{}, err
 	}
-	return capability.ActionResult{}, fmt.Errorf("orphan reclaim for the %s broker is not available in this build yet", rt.broker.Kind())
+	p.log.Info("reclaim pass requested by an operator", "actor", req.Actor, "result", res.Summary())
+	return capability.ActionResult{Message: res.Summary(), Result: body}, nil
 }

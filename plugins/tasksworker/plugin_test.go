@@ -358,12 +358,14 @@ func TestWatchdogTaskOnMemory(t *testing.T) {
 	f := start(t, nil)
 	id := f.submit(`{"task": "watchdog.reclaim_orphaned_messages"}`)
 	got := f.waitState(id, "done")
-	if !jsonEqual(t, got["result"], map[string]any{"skipped": "memory broker cannot orphan messages"}) {
+	if !jsonEqual(t, got["result"], map[string]any{"reclaimed": 0.0, "dead_lettered": 0.0, "locks_released": 0.0, "within_grace": 0.0, "unsupported": true,
+		"reason": "the memory broker cannot orphan anything: its messages and locks die with the process"}) {
 		t.Errorf("result = %v", got["result"])
 	}
 }
 
 func TestInvalidConfig(t *testing.T) {
+	t.Setenv(DSNEnv, "")
 	cases := []struct {
 		name, config, key, problem string
 	}{
@@ -372,8 +374,11 @@ func TestInvalidConfig(t *testing.T) {
 		{"workers too many", `{"workers": 1001}`, "workers", "from 1 to 1000"},
 		{"workers fraction", `{"workers": 2.5}`, "workers", "whole number"},
 		{"workers string", `{"workers": "8"}`, "workers", "whole number"},
-		{"local broker", `{"broker": "local"}`, "broker", `"local" is not available in this build yet; use memory`},
-		{"postgres broker", `{"broker": "postgres", "dsn": "postgres://x"}`, "broker", `"postgres" is not available in this build yet; use memory`},
+		{"postgres broker without dsn", `{"broker": "postgres"}`, "dsn", "the postgres broker needs a dsn"},
+		{"reaper after under two heartbeats", `{"heartbeat_interval_seconds": 5, "orphan_reclaim_after_seconds": 9}`, "", "at least two heartbeat intervals"},
+		{"negative grace", `{"orphan_claim_grace_seconds": -1}`, "orphan_claim_grace_seconds", "from 0"},
+		{"zero max attempts", `{"orphan_max_attempts": 0}`, "orphan_max_attempts", "from 1"},
+		{"reaper enabled not bool", `{"orphan_reclaim_enabled": "no"}`, "orphan_reclaim_enabled", "true or false"},
 		{"unknown broker", `{"broker": "kafka"}`, "broker", "unknown broker"},
 		{"broker not a string", `{"broker": 1}`, "broker", "must be a string"},
 		{"zero heartbeat", `{"heartbeat_interval_seconds": 0}`, "heartbeat_interval_seconds", "above 0"},
@@ -455,7 +460,8 @@ func TestReclaimActionOnMemory(t *testing.T) {
 	if err := json.Unmarshal(res.Result, &got); err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]any{"reclaimed": 0.0, "dead_lettered": 0.0, "locks_released": 0.0, "skipped": "memory broker"}
+	want := map[string]any{"reclaimed": 0.0, "dead_lettered": 0.0, "locks_released": 0.0, "within_grace": 0.0, "unsupported": true,
+		"reason": "the memory broker cannot orphan anything: its messages and locks die with the process"}
 	if !jsonEqual(t, got, want) {
 		t.Errorf("result = %v, want %v", got, want)
 	}

@@ -9,18 +9,16 @@ import (
 	"os"
 	"time"
 
+	"github.com/taskhost/taskhost/reaper"
 	"github.com/taskhost/taskhost/worker"
 )
 
 // maxSleepSeconds bounds demo.sleep.
 const maxSleepSeconds = 3600
 
-// memoryCannotOrphan is the watchdog task's answer on the memory broker.
-var memoryCannotOrphan = json.RawMessage(`{"skipped":"memory broker cannot orphan messages"}`)
-
 // registerBuiltins registers the tasks every tasks_worker has, for a
 // broker of the given kind.
-func registerBuiltins(reg *worker.Registry, cfg Config, brokerKind string) error {
+func registerBuiltins(reg *worker.Registry, cfg Config, reclaim func(context.Context) reaper.Result) error {
 	tasks := []worker.Task{
 		{
 			Name:        "demo.echo",
@@ -46,11 +44,10 @@ func registerBuiltins(reg *worker.Registry, cfg Config, brokerKind string) error
 			// process; this task is for an operator's manual pass.
 			Name:        "watchdog.reclaim_orphaned_messages",
 			Description: "One orphan-reclaim pass (the beat runs them on its own; this is for a manual pass).",
-			Handler: func(context.Context, *worker.TaskContext) (any, error) {
-				if brokerKind == "memory" {
-					return memoryCannotOrphan, nil
-				}
-				return nil, fmt.Errorf("orphan reclaim for the %s broker is not available in this build yet", brokerKind)
+			Handler: func(ctx context.Context, tc *worker.TaskContext) (any, error) {
+				res := reclaim(ctx)
+				tc.Logf("%s", res.Summary())
+				return res, nil
 			},
 		},
 	}

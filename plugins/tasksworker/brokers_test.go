@@ -1,0 +1,84 @@
+package tasksworker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/taskhost/taskhost/capability"
+)
+
+// testDSN is the PostgreSQL the tests use.
+func testDSN() string {
+	if dsn := os.Getenv("TEST_DATABASE_URL"); dsn != "" {
+		return dsn
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// freshSchema returns a new schema name and drops it when the test ends.
+// It fails the test, never skips it, when PostgreSQL does not answer.
+func freshSchema(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testDSN())
+	if err != nil {
+		t.Fatalf("PostgreSQL is not reachable at %s (%v): start it with `pg_ctlcluster 15 main start`, or set TEST_DATABASE_URL", testDSN(), err)
+	}
+	conn.Close(ctx)
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema := "tw_test_" + hex.EncodeToString(b)
+	t.Cleanup(func() {
+		conn, err := pgx.Connect(context.Background(), testDSN())
+		if err == nil {
+			_, _ = conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+			conn.Close(context.Background())
+		}
+	})
+	return schema
+}
+
+// TestPluginOnEachBroker runs the same user-visible flow on the stores a
+// config can name: a task runs, the topic API answers, and the reclaim
+// action runs a real pass (no orphans here, and this worker is live).
+func TestPluginOnEachBroker(t *testing.T) {
+	configs := map[string]func(t *testing.T) map[string]any{
+		"local": func(t *testing.T) map[string]any {
+			return map[string]any{"broker": "local", "data_dir": filepath.Join(t.TempDir(), "data")}
+		},
+		"postgres": func(t *testing.T) map[string]any {
+			return map[string]any{"broker": "postgres", "dsn": testDSN(), "schema": freshSchema(t)}
+		},
+	}
+	for name, cfg := range configs {
+		t.Run(name, func(t *testing.T) {
+			f := start(t, cfg(t))
+			id := f.submit(`{"task": "demo.echo", "payload": {"n": 7}}`)
+			got := f.waitState(id, "done")
+			if !jsonEqual(t, got["result"], map[string]any{"n": 7.0}) {
+				t.Fatalf("result = %v", got["result"])
+			}
+			res, err := f.client.InvokeAction(context.Background(), capability.ActionRequest{ActionID: ActionReclaim, Actor: "test"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out map[string]any
+			if err := json.Unmarshal(res.Result, &out); err != nil {
+				t.Fatal(err)
+			}
+			if out["unsupported"] == true || out["skipped"] != nil || out["reclaimed"] != 0.0 {
+				t.Fatalf("reclaim on %s = %v (%s), want a pass that ran and found nothing", name, out, res.Message)
+			}
+			if res.Message != "reclaimed 0, dead-lettered 0, released 0 lock(s)" {
+				t.Fatalf("message = %q", res.Message)
+			}
+		})
+	}
+}
