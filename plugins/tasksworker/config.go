@@ -28,7 +28,8 @@ const DSNEnv = "TASKHOST_DATABASE_URL"
 
 // Config is the plugin's `config` block, parsed.
 type Config struct {
-	// Broker is "memory", "local" or "postgres".
+	// Broker is "local" (the default: an embedded SQLite file in DataDir),
+	// "memory" or "postgres".
 	Broker string
 	// DataDir is where the local broker keeps its database.
 	DataDir string
@@ -67,7 +68,7 @@ var brokerKinds = []string{"memory", "local", "postgres"}
 
 func defaultConfig() Config {
 	return Config{
-		Broker:            "memory",
+		Broker:            "local",
 		Workers:           8,
 		HeartbeatInterval: 5 * time.Second,
 		DrainTimeout:      30 * time.Second,

@@ -40,6 +40,9 @@ func start(t *testing.T, config map[string]any) *fixture {
 	if config == nil {
 		config = map[string]any{}
 	}
+	if _, ok := config["broker"]; !ok {
+		config["broker"] = "memory"
+	}
 	if _, ok := config["drain_timeout_seconds"]; !ok {
 		config["drain_timeout_seconds"] = 0 // tests end with tasks still sleeping
 	}
@@ -366,6 +369,7 @@ func TestWatchdogTaskOnMemory(t *testing.T) {
 
 func TestInvalidConfig(t *testing.T) {
 	t.Setenv(DSNEnv, "")
+	t.Chdir(t.TempDir()) // configs that get as far as the default local store write in ./var
 	cases := []struct {
 		name, config, key, problem string
 	}{
@@ -425,7 +429,7 @@ func TestParseConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Broker != "memory" || cfg.Workers != 8 || cfg.HeartbeatInterval != 5*time.Second || cfg.DrainTimeout != 30*time.Second ||
+	if cfg.Broker != "local" || cfg.DataDir != "var" || cfg.Workers != 8 || cfg.HeartbeatInterval != 5*time.Second || cfg.DrainTimeout != 30*time.Second ||
 		cfg.MaxPayloadBytes != 1048576 || cfg.DemoTasks || cfg.DSN != "postgres://from-env" {
 		t.Errorf("defaults = %+v", cfg)
 	}
@@ -507,7 +511,7 @@ func TestConfigureAgainReplacesTheRuntime(t *testing.T) {
 	f := start(t, map[string]any{"workers": 2})
 	first := f.do("GET", "/api/health", "").json(t)["worker_id"]
 	err := f.client.Configure(context.Background(), capability.ConfigureRequest{
-		Config: json.RawMessage(`{"workers": 4, "drain_timeout_seconds": 0}`), Host: &capabilitytest.Host{},
+		Config: json.RawMessage(`{"broker": "memory", "workers": 4, "drain_timeout_seconds": 0}`), Host: &capabilitytest.Host{},
 	})
 	if err != nil {
 		t.Fatalf("configure again: %v", err)
