@@ -2,6 +2,7 @@
 //
 //	host -config taskhost.yaml          run the host (the default command)
 //	host check-config -config FILE      validate a config file and exit
+//	host migrate [-dsn DSN]             migrate the PostgreSQL broker's tables
 //	host version                        print the version
 package main
 
@@ -40,6 +41,8 @@ func run(args []string) int {
 		return runHost(args)
 	case "check-config":
 		return checkConfig(args)
+	case "migrate":
+		return migrateCmd(args)
 	case "version":
 		fmt.Println(version)
 		return 0
@@ -56,6 +59,8 @@ func usage() {
 	fmt.Fprint(os.Stderr, `usage:
   host [run] -config FILE        run the host and its enabled plugins
   host check-config -config FILE validate a config file
+  host migrate [-config FILE] [-dsn DSN] [-schema S]
+                                 bring the PostgreSQL broker's tables up to date
   host version                   print the version
 `)
 }
