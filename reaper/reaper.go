@@ -85,12 +85,14 @@ type Result struct {
 	Reason string `json:"reason,omitempty"`
 	// Unsupported is set when the broker cannot orphan anything (memory).
 	Unsupported bool `json:"unsupported,omitempty"`
+	// NotLeader is set when a fenced pass came after the lease moved on.
+	NotLeader bool `json:"not_leader,omitempty"`
 }
 
 // Summary is a one-line account of the result.
 func (r Result) Summary() string {
 	switch {
-	case r.Unsupported:
+	case r.Unsupported, r.NotLeader:
 		return r.Reason
 	case r.Skipped != "":
 		return fmt.Sprintf("reclaimed nothing: %s", r.Reason)
@@ -146,8 +148,17 @@ func New(b broker.Broker, self string, s Settings, log hclog.Logger, metrics *Me
 	return &Reaper{b: b, self: self, settings: s, log: log, metrics: metrics}
 }
 
-// Pass runs one reclaim pass and says what it did.
-func (r *Reaper) Pass(ctx context.Context) Result {
+// Pass runs one reclaim pass and says what it did. It is what an operator
+// triggers; the beat uses PassAsLeader.
+func (r *Reaper) Pass(ctx context.Context) Result { return r.pass(ctx, nil) }
+
+// PassAsLeader runs a pass as a leader-only write under fence: if the
+// lease has moved on, the broker refuses it and nothing changes.
+func (r *Reaper) PassAsLeader(ctx context.Context, fence broker.Fence) Result {
+	return r.pass(ctx, &fence)
+}
+
+func (r *Reaper) pass(ctx context.Context, fence *broker.Fence) Result {
 	rec, ok := r.b.(broker.OrphanReclaimer)
 	if !ok {
 		return Result{Unsupported: true, Reason: fmt.Sprintf("the %s broker cannot orphan anything: its messages and locks die with the process", r.b.Kind())}
@@ -162,10 +173,15 @@ func (r *Reaper) Pass(ctx context.Context) Result {
 	if !slices.Contains(live, r.self) {
 		return r.skip(GuardCallerNotLive, fmt.Sprintf("this worker (%s) is not in the live set: heartbeats are not being written, or clocks disagree, so every worker may look dead", r.self))
 	}
-	res, err := rec.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: live, Grace: r.settings.Grace, MaxAttempts: r.settings.MaxAttempts})
+	res, err := rec.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: live, Grace: r.settings.Grace, MaxAttempts: r.settings.MaxAttempts, Fence: fence})
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
 			return Result{Reason: "cancelled"}
+		}
+		if errors.Is(err, broker.ErrNotLeader) {
+			// Not a guard: leadership moved on, and the new leader reaps.
+			r.log.Warn("reaper pass refused: this process no longer leads", "term", fence.Term)
+			return Result{NotLeader: true, Reason: "this process is no longer the beat leader"}
 		}
 		return r.skip(GuardLiveSetUnreadable, fmt.Sprintf("the reclaim transaction failed and was rolled back: %v", err))
 	}

@@ -93,6 +93,7 @@ type Broker struct {
 	runningBy map[string]int
 	deadBy    map[string]int // dead messages per topic
 	topics    map[string]*broker.TopicConfig
+	leases    map[string]*broker.Lease
 	rr        uint64 // rotates the first topic Claim serves
 
 	// finQ lists finished messages in the order they finished, for
