@@ -243,7 +243,7 @@ func (b *Broker) Stats(ctx context.Context) (broker.Stats, error) {
 const acquireLockSQL = `
 	WITH m AS (
 		SELECT id, token FROM tw_messages
-		WHERE id = $3 AND token::text = $4 AND state = 'running'
+		WHERE id = $3 AND token::text = $4
 		FOR SHARE
 	), ins AS (
 		INSERT INTO tw_locks (name, holder, message_id, token, acquired_at)
@@ -340,6 +340,9 @@ func (b *Broker) Locks(ctx context.Context) ([]broker.Lock, error) {
 // LiveWorkers returns the ids of the workers whose heartbeat is fresher
 // than after, by database time, sorted.
 func (b *Broker) LiveWorkers(ctx context.Context, after time.Duration) ([]string, error) {
+	if after < 0 {
+		return nil, broker.Invalid("liveness window is negative")
+	}
 	var out []string
 	err := b.run(ctx, "live workers", func(c *pgx.Conn) error {
 		out = []string{}
@@ -403,7 +406,7 @@ const reclaimLocksSQL = `
 	WHERE (NOT (l.holder = ANY ($1::text[])) AND l.acquired_at <= now() - $2::bigint * interval '1 microsecond')
 		OR NOT EXISTS (
 			SELECT 1 FROM tw_messages m
-			WHERE m.id = l.message_id AND m.state = 'running' AND m.token = l.token)
+			WHERE m.id = l.message_id AND m.token = l.token)
 	RETURNING l.name`
 
 // ReclaimOrphans, in one transaction: running messages whose claimer is
@@ -416,13 +419,17 @@ const reclaimLocksSQL = `
 //
 // An empty req.Live is refused with broker.ErrInvalid (fail closed: the
 // caller is alive, so an empty live set means the liveness signal is
-// broken), as is a negative Grace.
+// broken), as are a negative Grace or MaxAttempts. MaxAttempts 0 means no
+// bound (always requeue).
 func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
 	if len(req.Live) == 0 {
 		return broker.ReclaimResult{}, broker.Invalid("the live-worker set is empty; reclaiming nothing (fail closed)")
 	}
 	if req.Grace < 0 {
 		return broker.ReclaimResult{}, broker.Invalid("grace is negative")
+	}
+	if req.MaxAttempts < 0 {
+		return broker.ReclaimResult{}, broker.Invalid("max attempts is negative")
 	}
 	live := slices.Clone(req.Live)
 	var res broker.ReclaimResult

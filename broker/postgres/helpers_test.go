@@ -114,6 +114,11 @@ var benchSchemas struct {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	queues.Lock()
+	for _, br := range queues.byDepth {
+		_ = br.Close()
+	}
+	queues.Unlock()
 	benchSchemas.Lock()
 	names := benchSchemas.names
 	benchSchemas.Unlock()

@@ -256,7 +256,7 @@ const releaseLocksSQL = `
 	WHERE l.message_id = u.id AND l.token::text = u.tok
 		AND NOT EXISTS (
 			SELECT 1 FROM tw_messages m
-			WHERE m.id = l.message_id AND m.state = 'running' AND m.token = l.token)`
+			WHERE m.id = l.message_id AND m.token = l.token)`
 
 // Ack marks the outcomes' messages done, storing their results, in one
 // statement, and releases the locks held under those claims in the same
@@ -314,7 +314,7 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 			UPDATE tw_messages m
 			SET state = 'done', finished_at = now(), result = u.res::jsonb, token = NULL
 			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[]) AS u(id, tok, res, ord)
-			WHERE m.id = u.id AND m.token::text = u.tok AND m.state = 'running'
+			WHERE m.id = ANY ($1::bigint[]) AND m.id = u.id AND m.token::text = u.tok
 			RETURNING u.ord`, ids, toks, results, ords)
 		batch.Queue(releaseLocksSQL, ids, toks)
 		br := c.SendBatch(ctx, batch)
@@ -399,7 +399,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 			UPDATE tw_messages
 			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL, finished_at = NULL,
 				available_at = now() + $3::bigint * interval '1 microsecond', last_error = $4
-			WHERE id = $1 AND token::text = $2 AND state = 'running'`,
+			WHERE id = $1 AND token::text = $2`,
 			micros(req.Delay), req.Error)
 	}
 	return b.endClaim(ctx, "nack", req.Claim, `
@@ -408,7 +408,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 				WHEN coalesce((SELECT t.dead_letter_enabled FROM tw_topics t WHERE t.name = m.topic), true)
 				THEN 'dead' ELSE 'failed' END,
 			finished_at = now(), token = NULL, last_error = $3
-		WHERE m.id = $1 AND m.token::text = $2 AND m.state = 'running'`,
+		WHERE m.id = $1 AND m.token::text = $2`,
 		req.Error)
 }
 
@@ -418,7 +418,7 @@ func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) 
 	return b.endClaim(ctx, "dead letter", c, `
 		UPDATE tw_messages
 		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3
-		WHERE id = $1 AND token::text = $2 AND state = 'running'`,
+		WHERE id = $1 AND token::text = $2`,
 		reason)
 }
 

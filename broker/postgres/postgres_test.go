@@ -2,8 +2,11 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/brokertest"
 )
@@ -172,25 +176,39 @@ func TestClosed(t *testing.T) {
 // fails with an error that keeps its cause (or succeeds on a new
 // connection); it never hangs and never panics, and the broker recovers.
 func TestDatabaseGone(t *testing.T) {
-	b := newTestBroker(t, Options{MaxConns: 2})
+	schema := freshSchema(t)
+	app := "tw_gone_" + schema // only this broker's connections are killed
+	b, err := New(t.Context(), Options{DSN: withParam(testDSN(), "application_name", app), Schema: schema, MaxConns: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
 	ctx := t.Context()
 	if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "t", Task: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	c := connect(t)
 	if _, err := c.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE application_name = 'taskhost-broker' AND datname = current_database() AND pid <> pg_backend_pid()`); err != nil {
+		WHERE application_name = $1 AND pid <> pg_backend_pid()`, app); err != nil {
 		t.Fatal(err)
 	}
-	// The idle connections are dead now: the pool pings or the call
-	// retries, and at worst one call reports the loss.
+	// The idle connections are dead now. A call that lands on one fails
+	// with ErrUnavailable and the cause; the dead connection is dropped,
+	// so after at most MaxConns such failures the broker is back.
 	for i := range 3 {
 		_, err := b.Stats(ctx)
 		if err == nil {
 			break
 		}
+		t.Logf("call %d after the kill: %v", i, err)
 		if !errors.Is(err, ErrUnavailable) {
-			t.Logf("call %d after the kill: %v", i, err)
+			t.Fatalf("call %d after the kill: %v, want ErrUnavailable", i, err)
+		}
+		var pe *pgconn.PgError
+		var ne net.Error
+		cause := errors.As(err, &pe) || errors.As(err, &ne) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
+		if !cause || !strings.Contains(err.Error(), "is PostgreSQL running") {
+			t.Fatalf("call %d after the kill: %v, want the cause kept and a hint", i, err)
 		}
 	}
 	if _, err := b.Stats(ctx); err != nil {
@@ -555,5 +573,90 @@ func TestStatsOneRoundTripShape(t *testing.T) {
 	}
 	if st.Topics == nil || len(st.Topics) != 0 || st.Workers != 0 || st.Locks != 0 {
 		t.Fatalf("empty Stats = %+v", st)
+	}
+}
+
+// withParam adds a connection parameter to a URL or key=value dsn.
+func withParam(dsn, key, value string) string {
+	if strings.Contains(dsn, "://") {
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		return dsn + sep + key + "=" + value
+	}
+	return dsn + " " + key + "=" + value
+}
+
+// TestContextCancelsWait: a claim stuck behind the topic lock returns when
+// its context ends, and the broker carries on.
+func TestContextCancelsWait(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	if _, err := b.SetTopic(ctx, "slow", broker.TopicPatch{ConcurrencyLimit: ptr(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "slow", Task: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	c := schemaConn(t, b)
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM tw_topics WHERE name = 'slow' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = b.Claim(short, broker.ClaimRequest{WorkerID: "w", Topics: []string{"slow"}, Max: 1})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Claim behind a held topic lock: %v, want context.DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("Claim took %v to notice its context", d)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := claimAs(t, b, "w", "slow"); m.Attempts != 1 {
+		t.Fatalf("claim after the wait = %+v", m)
+	}
+}
+
+func TestPayloadHeadersAndMaxPayload(t *testing.T) {
+	b := newTestBroker(t, Options{MaxPayload: 64})
+	ctx := t.Context()
+	payload := `{"a": [1, 2, {"b": null}], "s": "h\u00e9llo \"quoted\""}`
+	id, err := b.Submit(ctx, broker.SubmitRequest{Topic: "p", Task: "x", Payload: []byte(payload),
+		Headers: map[string]string{"trace": "t-1", "empty": ""}, MaxAttempts: 7, Delay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := b.GetMessage(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, want any
+	if err := json.Unmarshal(m.Payload, &got); err != nil {
+		t.Fatal(err)
+	}
+	_ = json.Unmarshal([]byte(payload), &want)
+	if fmt.Sprint(got) != fmt.Sprint(want) || m.Headers["trace"] != "t-1" || len(m.Headers) != 2 || m.MaxAttempts != 7 {
+		t.Fatalf("stored message = %+v (payload %s)", m, m.Payload)
+	}
+	if d := m.AvailableAt.Sub(m.CreatedAt); d < 59*time.Minute || d > 61*time.Minute {
+		t.Fatalf("delay stored as %v, want 1h", d)
+	}
+	big := `{"s":"` + strings.Repeat("x", 64) + `"}`
+	if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "p", Task: "x", Payload: []byte(big)}); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("payload over MaxPayload: %v, want ErrInvalid", err)
+	}
+	if _, err := b.LiveWorkers(ctx, -time.Second); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("LiveWorkers(negative): %v, want ErrInvalid", err)
+	}
+	if _, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"w"}, Grace: -time.Second}); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("ReclaimOrphans(negative grace): %v, want ErrInvalid", err)
 	}
 }

@@ -31,7 +31,12 @@ CREATE TABLE tw_messages (
     created_at   timestamptz NOT NULL DEFAULT now(),
     finished_at  timestamptz,
     last_error   text,
-    result       jsonb
+    result       jsonb,
+    -- A token exists exactly while the message is running, so "token = x"
+    -- alone says "running under claim x": the claim-checked writes find
+    -- their row by primary key and never by a state index whose
+    -- statistics may be stale.
+    CONSTRAINT tw_messages_token_iff_running CHECK ((state = 'running') = (token IS NOT NULL))
 ) WITH (autovacuum_vacuum_scale_factor = 0.02, autovacuum_analyze_scale_factor = 0.02);
 
 -- Claim: the oldest available queued rows of a topic.

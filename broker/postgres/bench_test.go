@@ -1,0 +1,184 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// Benchmarks. Run them with
+//
+//	go test -run '^$' -bench . ./broker/postgres/
+//
+// (TEST_DATABASE_URL as for the tests). ClaimWithQueued1M seeds a million
+// queued rows once per run (about half a minute), in a schema of its own
+// that TestMain drops at the end.
+
+func BenchmarkSubmit(b *testing.B) {
+	br := newTestBroker(b, Options{})
+	ctx := context.Background()
+	payload := json.RawMessage(`{"to":"someone@example.com","n":1}`)
+	b.ResetTimer()
+	for range b.N {
+		if _, err := br.Submit(ctx, broker.SubmitRequest{Topic: "bench", Task: "send", Payload: payload}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSubmitParallel(b *testing.B) {
+	br := newTestBroker(b, Options{MaxConns: 8})
+	ctx := context.Background()
+	payload := json.RawMessage(`{"to":"someone@example.com","n":1}`)
+	b.SetParallelism(4) // 4 x GOMAXPROCS goroutines
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := br.Submit(ctx, broker.SubmitRequest{Topic: "bench", Task: "send", Payload: payload}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// seed inserts n queued messages of topic straight into b's schema and
+// analyzes the table.
+func seed(tb testing.TB, br *Broker, topic string, n int) {
+	tb.Helper()
+	ctx := context.Background()
+	c := schemaConn(tb, br)
+	for _, sql := range []string{
+		`INSERT INTO tw_topics (name) VALUES ('` + topic + `') ON CONFLICT DO NOTHING`,
+		fmt.Sprintf(`INSERT INTO tw_messages (topic, task, payload, available_at)
+			SELECT '%s', 'send', jsonb_build_object('n', i), now() - interval '1 hour' + i * interval '1 microsecond'
+			FROM generate_series(1, %d) i`, topic, n),
+		`VACUUM ANALYZE tw_messages`,
+	} {
+		if _, err := c.Exec(ctx, sql); err != nil {
+			tb.Fatalf("%s: %v", sql, err)
+		}
+	}
+}
+
+// benchClaimAck claims batches of batch messages and acks each batch.
+func benchClaimAck(b *testing.B, limit, batch int) {
+	br := newTestBroker(b, Options{})
+	ctx := context.Background()
+	if limit > 0 {
+		if _, err := br.SetTopic(ctx, "bench", broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	seed(b, br, "bench", b.N*batch)
+	b.ResetTimer()
+	for range b.N {
+		msgs, err := br.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"bench"}, Max: batch})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(msgs) != batch {
+			b.Fatalf("claimed %d, want %d", len(msgs), batch)
+		}
+		outcomes := make([]broker.Outcome, len(msgs))
+		for i, m := range msgs {
+			outcomes[i] = broker.Outcome{Claim: m.ClaimOf()}
+		}
+		errs, err := br.Ack(ctx, outcomes)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, e := range errs {
+			if e != nil {
+				b.Fatal(e)
+			}
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/msg")
+}
+
+// BenchmarkClaimAck: one op is a Claim of 100 and an Ack of those 100.
+func BenchmarkClaimAck(b *testing.B) { benchClaimAck(b, 0, 100) }
+
+// BenchmarkClaimAckLimited: the same on a topic with a concurrency limit
+// (1000, so it never binds): the topic lock and the running count are paid.
+func BenchmarkClaimAckLimited(b *testing.B) { benchClaimAck(b, 1000, 100) }
+
+// BenchmarkClaimAckOne: one op is a Claim of 1 and an Ack of it.
+func BenchmarkClaimAckOne(b *testing.B) { benchClaimAck(b, 0, 1) }
+
+// queues holds the brokers of the deep-queue benchmarks, seeded once per
+// run.
+var queues struct {
+	sync.Mutex
+	byDepth map[int]*Broker
+}
+
+func deepQueue(b *testing.B, depth int) *Broker {
+	queues.Lock()
+	defer queues.Unlock()
+	if br := queues.byDepth[depth]; br != nil {
+		return br
+	}
+	connect(b)
+	schema := randomSchema()
+	benchSchemas.Lock()
+	benchSchemas.names = append(benchSchemas.names, schema)
+	benchSchemas.Unlock()
+	br, err := New(context.Background(), Options{DSN: testDSN(), Schema: schema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	seed(b, br, "deep", depth)
+	b.Logf("seeded %d queued messages in %v", depth, time.Since(start).Round(time.Millisecond))
+	if queues.byDepth == nil {
+		queues.byDepth = make(map[int]*Broker)
+	}
+	queues.byDepth[depth] = br
+	return br
+}
+
+// benchClaimWithQueued measures the latency of a Max-1 Claim on a topic
+// with depth messages queued. Each claimed message is nacked back to the
+// queue outside the timer, so the depth stays put.
+func benchClaimWithQueued(b *testing.B, depth int) {
+	br := deepQueue(b, depth)
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		msgs, err := br.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"deep"}, Max: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(msgs) != 1 {
+			b.Fatalf("claimed %d, want 1", len(msgs))
+		}
+		b.StopTimer()
+		if err := br.Nack(ctx, broker.NackRequest{Claim: msgs[0].ClaimOf(), Requeue: true}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+}
+
+func BenchmarkClaimWithQueued1k(b *testing.B) { benchClaimWithQueued(b, 1_000) }
+func BenchmarkClaimWithQueued1M(b *testing.B) { benchClaimWithQueued(b, 1_000_000) }
+
+// BenchmarkStatsWithQueued1M: Stats over a topic with a million queued.
+func BenchmarkStatsWithQueued1M(b *testing.B) {
+	br := deepQueue(b, 1_000_000)
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := br.Stats(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
