@@ -28,8 +28,8 @@ func (b *Broker) RegisterWorker(ctx context.Context, w broker.WorkerInfo) error 
 	if err != nil {
 		return broker.Invalid("topics: %v", err)
 	}
-	return b.write(ctx, "register worker", func(tx *sql.Tx, now time.Time) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO tw_workers
+	return b.write(ctx, "register worker", func(tx *txn, now time.Time) error {
+		_, err := tx.Exec(`INSERT INTO tw_workers
 			(id, host, pid, roles, topics, capacity, started_at, heartbeat_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
@@ -43,14 +43,14 @@ func (b *Broker) RegisterWorker(ctx context.Context, w broker.WorkerInfo) error 
 // Heartbeat stamps the worker's HeartbeatAt; broker.ErrNotFound when it is
 // not registered.
 func (b *Broker) Heartbeat(ctx context.Context, workerID string) error {
-	return b.write(ctx, "heartbeat", func(tx *sql.Tx, now time.Time) error {
-		return updateWorker(ctx, tx, workerID, ns(now))
+	return b.write(ctx, "heartbeat", func(tx *txn, now time.Time) error {
+		return updateWorker(tx, workerID, ns(now))
 	})
 }
 
 // updateWorker sets the worker's heartbeat_at, or reports it not found.
-func updateWorker(ctx context.Context, tx *sql.Tx, workerID string, heartbeat int64) error {
-	r, err := tx.ExecContext(ctx, `UPDATE tw_workers SET heartbeat_at = ? WHERE id = ?`, heartbeat, workerID)
+func updateWorker(tx *txn, workerID string, heartbeat int64) error {
+	r, err := tx.Exec(`UPDATE tw_workers SET heartbeat_at = ? WHERE id = ?`, heartbeat, workerID)
 	if err != nil {
 		return err
 	}
@@ -64,8 +64,8 @@ func updateWorker(ctx context.Context, tx *sql.Tx, workerID string, heartbeat in
 
 // UnregisterWorker forgets the worker; an unknown id is not an error.
 func (b *Broker) UnregisterWorker(ctx context.Context, workerID string) error {
-	return b.write(ctx, "unregister worker", func(tx *sql.Tx, _ time.Time) error {
-		_, err := tx.ExecContext(ctx, `DELETE FROM tw_workers WHERE id = ?`, workerID)
+	return b.write(ctx, "unregister worker", func(tx *txn, _ time.Time) error {
+		_, err := tx.Exec(`DELETE FROM tw_workers WHERE id = ?`, workerID)
 		return err
 	})
 }
@@ -74,14 +74,14 @@ func (b *Broker) UnregisterWorker(ctx context.Context, workerID string) error {
 // counted from the running messages it claimed.
 func (b *Broker) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {
 	out := []broker.WorkerInfo{}
-	err := b.read(ctx, "workers", func(tx *sql.Tx, _ time.Time) error {
+	err := b.read(ctx, "workers", func(tx *txn, _ time.Time) error {
 		out = out[:0]
 		running := map[string]int{}
-		if err := countBy(ctx, tx, running, nil,
+		if err := countBy(tx, running, nil,
 			`SELECT claimed_by, count(*), 0 FROM tw_messages WHERE state = 'running' GROUP BY claimed_by`); err != nil {
 			return err
 		}
-		rows, err := tx.QueryContext(ctx, `SELECT id, host, pid, roles, topics, capacity, started_at, heartbeat_at
+		rows, err := tx.Query(`SELECT id, host, pid, roles, topics, capacity, started_at, heartbeat_at
 			FROM tw_workers ORDER BY id`)
 		if err != nil {
 			return err
@@ -122,8 +122,8 @@ func unmarshalWorker(w *broker.WorkerInfo, roles, topics string) error {
 
 // countBy runs q, which selects (key, count, min) rows, into counts and,
 // when mins is not nil, mins.
-func countBy(ctx context.Context, tx *sql.Tx, counts map[string]int, mins map[string]int64, q string, args ...any) error {
-	rows, err := tx.QueryContext(ctx, q, args...)
+func countBy(tx *txn, counts map[string]int, mins map[string]int64, q string, args ...any) error {
+	rows, err := tx.Query(q, args...)
 	if err != nil {
 		return err
 	}
@@ -155,8 +155,8 @@ func (b *Broker) SetTopic(ctx context.Context, name string, patch broker.TopicPa
 		return broker.TopicConfig{}, err
 	}
 	var cfg broker.TopicConfig
-	err := b.write(ctx, "set topic", func(tx *sql.Tx, _ time.Time) error {
-		return tx.QueryRowContext(ctx, `INSERT INTO tw_topics (name, concurrency_limit, dead_letter_enabled, paused)
+	err := b.write(ctx, "set topic", func(tx *txn, _ time.Time) error {
+		return tx.QueryRow(`INSERT INTO tw_topics (name, concurrency_limit, dead_letter_enabled, paused)
 			VALUES (?1, coalesce(?2, 0), coalesce(?3, 1), coalesce(?4, 0))
 			ON CONFLICT (name) DO UPDATE SET
 				concurrency_limit = coalesce(?2, concurrency_limit),
@@ -192,9 +192,9 @@ func nullBool(p *bool) sql.NullInt64 {
 // Topics lists the topic configs by name.
 func (b *Broker) Topics(ctx context.Context) ([]broker.TopicConfig, error) {
 	out := []broker.TopicConfig{}
-	err := b.read(ctx, "topics", func(tx *sql.Tx, _ time.Time) error {
+	err := b.read(ctx, "topics", func(tx *txn, _ time.Time) error {
 		var err error
-		out, err = topicConfigs(ctx, tx)
+		out, err = topicConfigs(tx)
 		return err
 	})
 	if err != nil {
@@ -203,8 +203,8 @@ func (b *Broker) Topics(ctx context.Context) ([]broker.TopicConfig, error) {
 	return out, nil
 }
 
-func topicConfigs(ctx context.Context, tx *sql.Tx) ([]broker.TopicConfig, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT name, concurrency_limit, dead_letter_enabled, paused FROM tw_topics ORDER BY name`)
+func topicConfigs(tx *txn) ([]broker.TopicConfig, error) {
+	rows, err := tx.Query(`SELECT name, concurrency_limit, dead_letter_enabled, paused FROM tw_topics ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
@@ -233,28 +233,28 @@ func (b *Broker) Drain(ctx context.Context, topic string) error {
 // LiveAfter).
 func (b *Broker) Stats(ctx context.Context) (broker.Stats, error) {
 	var st broker.Stats
-	err := b.read(ctx, "stats", func(tx *sql.Tx, now time.Time) error {
-		cfgs, err := topicConfigs(ctx, tx)
+	err := b.read(ctx, "stats", func(tx *txn, now time.Time) error {
+		cfgs, err := topicConfigs(tx)
 		if err != nil {
 			return err
 		}
 		queued, running, dead := map[string]int{}, map[string]int{}, map[string]int{}
 		oldest := map[string]int64{}
-		if err := countBy(ctx, tx, queued, nil,
+		if err := countBy(tx, queued, nil,
 			`SELECT topic, count(*), 0 FROM tw_messages WHERE state = 'queued' GROUP BY topic`); err != nil {
 			return err
 		}
-		if err := countBy(ctx, tx, running, oldest,
+		if err := countBy(tx, running, oldest,
 			`SELECT topic, count(*), min(claimed_at) FROM tw_messages WHERE state = 'running' GROUP BY topic`); err != nil {
 			return err
 		}
-		if err := countBy(ctx, tx, dead, nil,
+		if err := countBy(tx, dead, nil,
 			`SELECT topic, count(*), 0 FROM tw_messages WHERE state = 'dead' GROUP BY topic`); err != nil {
 			return err
 		}
 
 		var live []broker.WorkerInfo
-		rows, err := tx.QueryContext(ctx, `SELECT id, roles, topics FROM tw_workers WHERE heartbeat_at >= ?`,
+		rows, err := tx.Query(`SELECT id, roles, topics FROM tw_workers WHERE heartbeat_at >= ?`,
 			addNS(now, -b.opts.LiveAfter))
 		if err != nil {
 			return err
@@ -276,7 +276,7 @@ func (b *Broker) Stats(ctx context.Context) (broker.Stats, error) {
 		}
 
 		st = broker.Stats{Topics: make([]broker.TopicStats, 0, len(cfgs)), Workers: len(live)}
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tw_locks`).Scan(&st.Locks); err != nil {
+		if err := tx.QueryRow(`SELECT count(*) FROM tw_locks`).Scan(&st.Locks); err != nil {
 			return err
 		}
 		for _, cfg := range cfgs {
@@ -319,10 +319,10 @@ func (b *Broker) AcquireLock(ctx context.Context, name, holder string, c broker.
 		return false, broker.Invalid("lock name is empty")
 	}
 	var ok bool
-	err := b.write(ctx, "acquire lock", func(tx *sql.Tx, now time.Time) error {
+	err := b.write(ctx, "acquire lock", func(tx *txn, now time.Time) error {
 		ok = false
 		var one int
-		err := tx.QueryRowContext(ctx, `SELECT 1 FROM tw_messages WHERE id = ? AND state = 'running' AND token = ?`,
+		err := tx.QueryRow(`SELECT 1 FROM tw_messages WHERE id = ? AND state = 'running' AND token = ?`,
 			c.ID, c.Token).Scan(&one)
 		if errors.Is(err, sql.ErrNoRows) {
 			return broker.ErrClaimLost
@@ -330,7 +330,7 @@ func (b *Broker) AcquireLock(ctx context.Context, name, holder string, c broker.
 		if err != nil {
 			return err
 		}
-		r, err := tx.ExecContext(ctx, `INSERT INTO tw_locks (name, holder, message_id, token, acquired_at)
+		r, err := tx.Exec(`INSERT INTO tw_locks (name, holder, message_id, token, acquired_at)
 			VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO NOTHING`, name, holder, c.ID, c.Token, ns(now))
 		if err != nil {
 			return err
@@ -343,7 +343,7 @@ func (b *Broker) AcquireLock(ctx context.Context, name, holder string, c broker.
 		}
 		var id int64
 		var token string
-		if err := tx.QueryRowContext(ctx, `SELECT message_id, token FROM tw_locks WHERE name = ?`, name).Scan(&id, &token); err != nil {
+		if err := tx.QueryRow(`SELECT message_id, token FROM tw_locks WHERE name = ?`, name).Scan(&id, &token); err != nil {
 			return err
 		}
 		ok = id == c.ID && token == c.Token
@@ -361,8 +361,8 @@ func (b *Broker) ReleaseLock(ctx context.Context, name string, c broker.Claim) e
 	if name == "" {
 		return broker.Invalid("lock name is empty")
 	}
-	return b.write(ctx, "release lock", func(tx *sql.Tx, _ time.Time) error {
-		r, err := tx.ExecContext(ctx, `DELETE FROM tw_locks WHERE name = ? AND message_id = ? AND token = ?`, name, c.ID, c.Token)
+	return b.write(ctx, "release lock", func(tx *txn, _ time.Time) error {
+		r, err := tx.Exec(`DELETE FROM tw_locks WHERE name = ? AND message_id = ? AND token = ?`, name, c.ID, c.Token)
 		if err != nil {
 			return err
 		}
@@ -382,8 +382,8 @@ func (b *Broker) ForceReleaseLock(ctx context.Context, name string) (bool, error
 		return false, broker.Invalid("lock name is empty")
 	}
 	var ok bool
-	err := b.write(ctx, "force release lock", func(tx *sql.Tx, _ time.Time) error {
-		r, err := tx.ExecContext(ctx, `DELETE FROM tw_locks WHERE name = ?`, name)
+	err := b.write(ctx, "force release lock", func(tx *txn, _ time.Time) error {
+		r, err := tx.Exec(`DELETE FROM tw_locks WHERE name = ?`, name)
 		if err != nil {
 			return err
 		}
@@ -400,9 +400,9 @@ func (b *Broker) ForceReleaseLock(ctx context.Context, name string) (bool, error
 // Locks lists the held locks by name.
 func (b *Broker) Locks(ctx context.Context) ([]broker.Lock, error) {
 	out := []broker.Lock{}
-	err := b.read(ctx, "locks", func(tx *sql.Tx, _ time.Time) error {
+	err := b.read(ctx, "locks", func(tx *txn, _ time.Time) error {
 		out = out[:0]
-		rows, err := tx.QueryContext(ctx, `SELECT name, holder, message_id, acquired_at FROM tw_locks ORDER BY name`)
+		rows, err := tx.Query(`SELECT name, holder, message_id, acquired_at FROM tw_locks ORDER BY name`)
 		if err != nil {
 			return err
 		}
@@ -433,9 +433,9 @@ func (b *Broker) LiveWorkers(ctx context.Context, after time.Duration) ([]string
 		return nil, broker.Invalid("liveness window is negative")
 	}
 	out := []string{}
-	err := b.read(ctx, "live workers", func(tx *sql.Tx, now time.Time) error {
+	err := b.read(ctx, "live workers", func(tx *txn, now time.Time) error {
 		out = out[:0]
-		rows, err := tx.QueryContext(ctx, `SELECT id FROM tw_workers WHERE heartbeat_at > ? ORDER BY id`, addNS(now, -after))
+		rows, err := tx.Query(`SELECT id FROM tw_workers WHERE heartbeat_at > ? ORDER BY id`, addNS(now, -after))
 		if err != nil {
 			return err
 		}
@@ -475,7 +475,7 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 		return broker.ReclaimResult{}, broker.Invalid("live set: %v", err)
 	}
 	var res broker.ReclaimResult
-	err = b.write(ctx, "reclaim orphans", func(tx *sql.Tx, now time.Time) error {
+	err = b.write(ctx, "reclaim orphans", func(tx *txn, now time.Time) error {
 		res = broker.ReclaimResult{}
 		cutoff := addNS(now, -req.Grace)
 		type orphan struct {
@@ -485,7 +485,7 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 			token    string
 		}
 		var orphans []orphan
-		rows, err := tx.QueryContext(ctx, `SELECT id, attempts, claimed_by, token FROM tw_messages
+		rows, err := tx.Query(`SELECT id, attempts, claimed_by, token FROM tw_messages
 			WHERE state = 'running' AND claimed_at <= ?
 				AND claimed_by NOT IN (SELECT value FROM json_each(?))
 			ORDER BY id`, cutoff, string(liveJSON))
@@ -506,7 +506,7 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 		}
 
 		for _, o := range orphans {
-			r, err := tx.ExecContext(ctx, `DELETE FROM tw_locks WHERE message_id = ? AND token = ?`, o.id, o.token)
+			r, err := tx.Exec(`DELETE FROM tw_locks WHERE message_id = ? AND token = ?`, o.id, o.token)
 			if err != nil {
 				return err
 			}
@@ -518,13 +518,13 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 			if req.MaxAttempts > 0 && o.attempts >= req.MaxAttempts {
 				reason := fmt.Sprintf("orphaned: worker %q stopped heartbeating during attempt %d of at most %d; dead-lettered by the reaper",
 					o.by, o.attempts, req.MaxAttempts)
-				if err := finish(ctx, tx, o.id, broker.StateDead, reason, now); err != nil {
+				if err := finish(tx, o.id, broker.StateDead, reason, now); err != nil {
 					return err
 				}
 				res.DeadLettered++
 			} else {
 				reason := fmt.Sprintf("orphaned: worker %q stopped heartbeating during attempt %d; requeued by the reaper", o.by, o.attempts)
-				_, err := tx.ExecContext(ctx, `UPDATE tw_messages
+				_, err := tx.Exec(`UPDATE tw_messages
 					SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
 						available_at = ?, last_error = ?
 					WHERE id = ?`, ns(now), reason, o.id)
@@ -536,7 +536,7 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 			res.IDs = append(res.IDs, o.id)
 		}
 
-		r, err := tx.ExecContext(ctx, `DELETE FROM tw_locks
+		r, err := tx.Exec(`DELETE FROM tw_locks
 			WHERE acquired_at <= ? AND holder NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON))
 		if err != nil {
 			return err
@@ -550,12 +550,12 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 		// What the grace kept: claims and locks of non-live workers too
 		// young to touch.
 		var young, youngLocks int
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tw_messages
+		if err := tx.QueryRow(`SELECT count(*) FROM tw_messages
 			WHERE state = 'running' AND claimed_at > ?
 				AND claimed_by NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON)).Scan(&young); err != nil {
 			return err
 		}
-		if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tw_locks
+		if err := tx.QueryRow(`SELECT count(*) FROM tw_locks
 			WHERE acquired_at > ? AND holder NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON)).Scan(&youngLocks); err != nil {
 			return err
 		}
@@ -576,8 +576,8 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 // live set at once (and housekeeping deletes its row on its next pass);
 // broker.ErrNotFound when it is not registered.
 func (b *Broker) ExpireWorker(ctx context.Context, workerID string) error {
-	return b.write(ctx, "expire worker", func(tx *sql.Tx, _ time.Time) error {
-		return updateWorker(ctx, tx, workerID, 0)
+	return b.write(ctx, "expire worker", func(tx *txn, _ time.Time) error {
+		return updateWorker(tx, workerID, 0)
 	})
 }
 
@@ -607,8 +607,8 @@ func (b *Broker) housekeeping(ctx context.Context) {
 // oldest finished messages past Retain.
 func (b *Broker) housekeep(ctx context.Context) error {
 	var workers int64
-	err := b.write(ctx, "housekeeping", func(tx *sql.Tx, now time.Time) error {
-		r, err := tx.ExecContext(ctx, `DELETE FROM tw_workers WHERE heartbeat_at < ?`, addNS(now, -b.opts.WorkerTTL))
+	err := b.write(ctx, "housekeeping", func(tx *txn, now time.Time) error {
+		r, err := tx.Exec(`DELETE FROM tw_workers WHERE heartbeat_at < ?`, addNS(now, -b.opts.WorkerTTL))
 		if err != nil {
 			return err
 		}
@@ -624,10 +624,10 @@ func (b *Broker) housekeep(ctx context.Context) error {
 	var dropped int64
 	for {
 		var n int64
-		err := b.write(ctx, "housekeeping", func(tx *sql.Tx, _ time.Time) error {
+		err := b.write(ctx, "housekeeping", func(tx *txn, _ time.Time) error {
 			n = 0
 			var finished int64
-			if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tw_messages
+			if err := tx.QueryRow(`SELECT count(*) FROM tw_messages
 				WHERE state IN ('done', 'failed', 'dead')`).Scan(&finished); err != nil {
 				return err
 			}
@@ -635,8 +635,9 @@ func (b *Broker) housekeep(ctx context.Context) error {
 			if excess <= 0 {
 				return nil
 			}
-			r, err := tx.ExecContext(ctx, `DELETE FROM tw_messages WHERE id IN (
-				SELECT id FROM tw_messages WHERE state IN ('done', 'failed', 'dead')
+			r, err := tx.Exec(`DELETE FROM tw_messages WHERE id IN (
+				SELECT id FROM tw_messages INDEXED BY tw_messages_finished
+				WHERE state IN ('done', 'failed', 'dead')
 				ORDER BY finished_at, id LIMIT ?)`, excess)
 			if err != nil {
 				return err

@@ -83,11 +83,11 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 		headers = sql.NullString{String: string(h), Valid: true}
 	}
 	var id int64
-	err := b.write(ctx, "submit", func(tx *sql.Tx, now time.Time) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO tw_topics (name) VALUES (?) ON CONFLICT (name) DO NOTHING`, req.Topic); err != nil {
+	err := b.write(ctx, "submit", func(tx *txn, now time.Time) error {
+		if _, err := tx.Exec(`INSERT INTO tw_topics (name) VALUES (?) ON CONFLICT (name) DO NOTHING`, req.Topic); err != nil {
 			return err
 		}
-		return tx.QueryRowContext(ctx, `INSERT INTO tw_messages
+		return tx.QueryRow(`INSERT INTO tw_messages
 			(topic, task, payload, headers, state, max_attempts, available_at, created_at)
 			VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) RETURNING id`,
 			req.Topic, req.Task, payload, headers, req.MaxAttempts, addNS(now, req.Delay), ns(now)).Scan(&id)
@@ -129,9 +129,9 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 	// nothing in a snapshot is the same answer as a claim made at that
 	// instant, so this changes no outcome.
 	var found bool
-	err := b.read(ctx, "claim", func(tx *sql.Tx, now time.Time) error {
+	err := b.read(ctx, "claim", func(tx *txn, now time.Time) error {
 		for _, t := range topics {
-			ids, err := claimable(ctx, tx, t, 1, now)
+			ids, err := claimable(tx, t, 1, now)
 			if err != nil || len(ids) > 0 {
 				found = len(ids) > 0
 				return err
@@ -144,13 +144,13 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 	}
 
 	var out []broker.Message
-	err = b.write(ctx, "claim", func(tx *sql.Tx, now time.Time) error {
+	err = b.write(ctx, "claim", func(tx *txn, now time.Time) error {
 		out = nil
 		// The candidates of each topic, in the rotated topic order: at
 		// most what the topic's limit still admits, oldest first.
 		cands := make([][]int64, 0, len(topics))
 		for i := range topics {
-			ids, err := claimable(ctx, tx, topics[(start+i)%len(topics)], want, now)
+			ids, err := claimable(tx, topics[(start+i)%len(topics)], want, now)
 			if err != nil {
 				return err
 			}
@@ -177,18 +177,46 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		if len(order) == 0 {
 			return nil
 		}
-		stmt, err := tx.PrepareContext(ctx, `UPDATE tw_messages
-			SET state = 'running', claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?
-			WHERE id = ? AND state = 'queued' RETURNING `+msgCols)
+		// One statement claims them all: the ids and their fresh tokens
+		// go in as a JSON array. (The unary + keeps SQLite from driving
+		// the update by the state index instead of the ids.)
+		type claimArg struct {
+			I int64  `json:"i"`
+			T string `json:"t"`
+		}
+		args := make([]claimArg, len(order))
+		for i, id := range order {
+			args[i] = claimArg{I: id, T: newToken()}
+		}
+		js, err := json.Marshal(args)
 		if err != nil {
 			return err
 		}
-		defer stmt.Close()
+		rows, err := tx.Query(`UPDATE tw_messages
+			SET state = 'running', claimed_by = ?1, claimed_at = ?2, attempts = attempts + 1, token = c.value ->> 't'
+			FROM json_each(?3) AS c
+			WHERE tw_messages.id = c.value ->> 'i' AND +tw_messages.state = 'queued'
+			RETURNING `+msgCols, req.WorkerID, ns(now), string(js))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		byID := make(map[int64]broker.Message, len(order))
+		for rows.Next() {
+			m, err := scanMessage(rows, true)
+			if err != nil {
+				return err
+			}
+			byID[m.ID] = m
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
 		out = make([]broker.Message, 0, len(order))
 		for _, id := range order {
-			m, err := scanMessage(stmt.QueryRowContext(ctx, req.WorkerID, ns(now), newToken(), id), true)
-			if err != nil {
-				return fmt.Errorf("claim message %d: %w", id, err)
+			m, ok := byID[id]
+			if !ok {
+				return fmt.Errorf("message %d was not claimed", id)
 			}
 			out = append(out, m)
 		}
@@ -203,10 +231,10 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 // claimable returns the ids of up to want available queued messages of
 // topic, oldest first, that its concurrency limit admits now. Paused and
 // unknown topics admit none.
-func claimable(ctx context.Context, tx *sql.Tx, topic string, want int, now time.Time) ([]int64, error) {
+func claimable(tx *txn, topic string, want int, now time.Time) ([]int64, error) {
 	var limit int
 	var paused bool
-	err := tx.QueryRowContext(ctx, `SELECT concurrency_limit, paused FROM tw_topics WHERE name = ?`, topic).Scan(&limit, &paused)
+	err := tx.QueryRow(`SELECT concurrency_limit, paused FROM tw_topics WHERE name = ?`, topic).Scan(&limit, &paused)
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && paused) {
 		return nil, nil
 	}
@@ -215,7 +243,7 @@ func claimable(ctx context.Context, tx *sql.Tx, topic string, want int, now time
 	}
 	if limit > 0 {
 		var running int
-		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM tw_messages WHERE topic = ? AND state = 'running'`, topic).Scan(&running)
+		err := tx.QueryRow(`SELECT count(*) FROM tw_messages WHERE topic = ? AND state = 'running'`, topic).Scan(&running)
 		if err != nil {
 			return nil, err
 		}
@@ -224,7 +252,7 @@ func claimable(ctx context.Context, tx *sql.Tx, topic string, want int, now time
 	if want <= 0 {
 		return nil, nil
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT id FROM tw_messages
+	rows, err := tx.Query(`SELECT id FROM tw_messages
 		WHERE topic = ? AND state = 'queued' AND available_at <= ?
 		ORDER BY available_at, id LIMIT ?`, topic, ns(now), want)
 	if err != nil {
@@ -262,40 +290,66 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 		return []error{}, nil
 	}
 	errs := make([]error, len(outcomes))
-	err := b.write(ctx, "ack", func(tx *sql.Tx, now time.Time) error {
+	seen := make(map[int64]bool, len(outcomes))
+	type ackArg struct {
+		I int64   `json:"i"`
+		T string  `json:"t"`
+		R *string `json:"r,omitempty"`
+	}
+	args := make([]ackArg, len(outcomes))
+	dup := false
+	for i, o := range outcomes {
+		dup = dup || seen[o.Claim.ID]
+		seen[o.Claim.ID] = true
+		args[i] = ackArg{I: o.Claim.ID, T: o.Claim.Token}
+		if len(o.Result) > 0 {
+			r := string(o.Result)
+			args[i].R = &r
+		}
+	}
+	js, err := json.Marshal(args)
+	if err != nil {
+		return nil, err
+	}
+	err = b.write(ctx, "ack", func(tx *txn, now time.Time) error {
 		clear(errs)
-		upd, err := tx.PrepareContext(ctx, `UPDATE tw_messages
-			SET state = 'done', finished_at = ?, token = NULL, result = coalesce(?, result)
-			WHERE id = ? AND state = 'running' AND token = ?`)
+		if dup {
+			// One message named twice: the first outcome that holds it
+			// wins, as one at a time.
+			return ackEach(tx, outcomes, errs, now)
+		}
+		// One statement acks them all; the claims go in as a JSON array.
+		rows, err := tx.Query(`UPDATE tw_messages
+			SET state = 'done', finished_at = ?1, token = NULL, result = coalesce(c.value ->> 'r', tw_messages.result)
+			FROM json_each(?2) AS c
+			WHERE tw_messages.id = c.value ->> 'i' AND +tw_messages.state = 'running' AND tw_messages.token = c.value ->> 't'
+			RETURNING id`, ns(now), string(js))
 		if err != nil {
 			return err
 		}
-		defer upd.Close()
-		del, err := tx.PrepareContext(ctx, `DELETE FROM tw_locks WHERE message_id = ? AND token = ?`)
-		if err != nil {
+		acked := make(map[int64]bool, len(outcomes))
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			acked[id] = true
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
 			return err
 		}
-		defer del.Close()
 		for i, o := range outcomes {
-			var result sql.NullString
-			if len(o.Result) > 0 {
-				result = sql.NullString{String: string(o.Result), Valid: true}
-			}
-			res, err := upd.ExecContext(ctx, ns(now), result, o.Claim.ID, o.Claim.Token)
-			if err != nil {
-				return err
-			}
-			if n, err := res.RowsAffected(); err != nil {
-				return err
-			} else if n == 0 {
+			if !acked[o.Claim.ID] {
 				errs[i] = broker.ErrClaimLost
-				continue
-			}
-			if _, err := del.ExecContext(ctx, o.Claim.ID, o.Claim.Token); err != nil {
-				return err
 			}
 		}
-		return nil
+		// Locks held under the acked claims go. A claim that was not
+		// acked holds no locks: they went when it ended.
+		_, err = tx.Exec(`DELETE FROM tw_locks WHERE (message_id, token) IN (
+			SELECT c.value ->> 'i', c.value ->> 't' FROM json_each(?1) AS c)`, string(js))
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -303,12 +357,42 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 	return errs, nil
 }
 
+// ackEach acks outcomes one at a time.
+func ackEach(tx *txn, outcomes []broker.Outcome, errs []error, now time.Time) error {
+	upd, err := tx.Prepare(`UPDATE tw_messages
+		SET state = 'done', finished_at = ?, token = NULL, result = coalesce(?, result)
+		WHERE id = ? AND state = 'running' AND token = ?`)
+	if err != nil {
+		return err
+	}
+	for i, o := range outcomes {
+		var result sql.NullString
+		if len(o.Result) > 0 {
+			result = sql.NullString{String: string(o.Result), Valid: true}
+		}
+		res, err := upd.Exec(ns(now), result, o.Claim.ID, o.Claim.Token)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			errs[i] = broker.ErrClaimLost
+			continue
+		}
+		if _, err := tx.Exec(`DELETE FROM tw_locks WHERE message_id = ? AND token = ?`, o.Claim.ID, o.Claim.Token); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // heldTopic returns the topic of the message c holds (running under its
 // token), or broker.ErrClaimLost, and releases the locks held under c: the
 // caller is ending the claim.
-func heldTopic(ctx context.Context, tx *sql.Tx, c broker.Claim) (string, error) {
+func heldTopic(tx *txn, c broker.Claim) (string, error) {
 	var topic string
-	err := tx.QueryRowContext(ctx, `SELECT topic FROM tw_messages WHERE id = ? AND state = 'running' AND token = ?`,
+	err := tx.QueryRow(`SELECT topic FROM tw_messages WHERE id = ? AND state = 'running' AND token = ?`,
 		c.ID, c.Token).Scan(&topic)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", broker.ErrClaimLost
@@ -316,7 +400,7 @@ func heldTopic(ctx context.Context, tx *sql.Tx, c broker.Claim) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM tw_locks WHERE message_id = ? AND token = ?`, c.ID, c.Token); err != nil {
+	if _, err := tx.Exec(`DELETE FROM tw_locks WHERE message_id = ? AND token = ?`, c.ID, c.Token); err != nil {
 		return "", err
 	}
 	return topic, nil
@@ -328,20 +412,20 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	if req.Delay < 0 {
 		return broker.Invalid("delay is negative")
 	}
-	return b.write(ctx, "nack", func(tx *sql.Tx, now time.Time) error {
-		topic, err := heldTopic(ctx, tx, req.Claim)
+	return b.write(ctx, "nack", func(tx *txn, now time.Time) error {
+		topic, err := heldTopic(tx, req.Claim)
 		if err != nil {
 			return err
 		}
 		if req.Requeue {
-			_, err := tx.ExecContext(ctx, `UPDATE tw_messages
+			_, err := tx.Exec(`UPDATE tw_messages
 				SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
 					finished_at = NULL, available_at = ?, last_error = ?
 				WHERE id = ?`, addNS(now, req.Delay), req.Error, req.Claim.ID)
 			return err
 		}
 		deadLetter := true
-		err = tx.QueryRowContext(ctx, `SELECT dead_letter_enabled FROM tw_topics WHERE name = ?`, topic).Scan(&deadLetter)
+		err = tx.QueryRow(`SELECT dead_letter_enabled FROM tw_topics WHERE name = ?`, topic).Scan(&deadLetter)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
@@ -349,14 +433,14 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		if deadLetter {
 			state = broker.StateDead
 		}
-		return finish(ctx, tx, req.Claim.ID, state, req.Error, now)
+		return finish(tx, req.Claim.ID, state, req.Error, now)
 	})
 }
 
 // finish ends a running message (whose locks are already released) in
 // state, with lastError.
-func finish(ctx context.Context, tx *sql.Tx, id int64, state, lastError string, now time.Time) error {
-	_, err := tx.ExecContext(ctx, `UPDATE tw_messages
+func finish(tx *txn, id int64, state, lastError string, now time.Time) error {
+	_, err := tx.Exec(`UPDATE tw_messages
 		SET state = ?, token = NULL, finished_at = ?, last_error = ?
 		WHERE id = ?`, state, ns(now), lastError, id)
 	return err
@@ -365,11 +449,11 @@ func finish(ctx context.Context, tx *sql.Tx, id int64, state, lastError string, 
 // DeadLetter ends an attempt dead with reason as its last error, whatever
 // the topic's dead-letter setting.
 func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
-	return b.write(ctx, "dead letter", func(tx *sql.Tx, now time.Time) error {
-		if _, err := heldTopic(ctx, tx, c); err != nil {
+	return b.write(ctx, "dead letter", func(tx *txn, now time.Time) error {
+		if _, err := heldTopic(tx, c); err != nil {
 			return err
 		}
-		return finish(ctx, tx, c.ID, broker.StateDead, reason, now)
+		return finish(tx, c.ID, broker.StateDead, reason, now)
 	})
 }
 
@@ -414,8 +498,8 @@ func (b *Broker) ListMessages(ctx context.Context, f broker.MessageFilter) ([]br
 	args = append(args, limit)
 
 	out := []broker.Message{}
-	err := b.read(ctx, "list messages", func(tx *sql.Tx, _ time.Time) error {
-		rows, err := tx.QueryContext(ctx, q, args...)
+	err := b.read(ctx, "list messages", func(tx *txn, _ time.Time) error {
+		rows, err := tx.Query(q, args...)
 		if err != nil {
 			return err
 		}
@@ -440,9 +524,9 @@ func (b *Broker) ListMessages(ctx context.Context, f broker.MessageFilter) ([]br
 // Retain).
 func (b *Broker) GetMessage(ctx context.Context, id int64) (broker.Message, error) {
 	var m broker.Message
-	err := b.read(ctx, "get message", func(tx *sql.Tx, _ time.Time) error {
+	err := b.read(ctx, "get message", func(tx *txn, _ time.Time) error {
 		var err error
-		m, err = scanMessage(tx.QueryRowContext(ctx, `SELECT `+msgCols+` FROM tw_messages WHERE id = ?`, id), false)
+		m, err = scanMessage(tx.QueryRow(`SELECT `+msgCols+` FROM tw_messages WHERE id = ?`, id), false)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("message %d: %w", id, broker.ErrNotFound)
 		}
@@ -458,9 +542,9 @@ func (b *Broker) GetMessage(ctx context.Context, id int64) (broker.Message, erro
 // keeping its attempts and last error. Any other state is
 // broker.ErrInvalid; an unknown id broker.ErrNotFound.
 func (b *Broker) Requeue(ctx context.Context, id int64) error {
-	return b.write(ctx, "requeue", func(tx *sql.Tx, now time.Time) error {
+	return b.write(ctx, "requeue", func(tx *txn, now time.Time) error {
 		var state string
-		err := tx.QueryRowContext(ctx, `SELECT state FROM tw_messages WHERE id = ?`, id).Scan(&state)
+		err := tx.QueryRow(`SELECT state FROM tw_messages WHERE id = ?`, id).Scan(&state)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("message %d: %w", id, broker.ErrNotFound)
 		}
@@ -470,7 +554,7 @@ func (b *Broker) Requeue(ctx context.Context, id int64) error {
 		if state != broker.StateDead && state != broker.StateFailed {
 			return broker.Invalid("message %d is %s; only dead or failed messages can be requeued", id, state)
 		}
-		_, err = tx.ExecContext(ctx, `UPDATE tw_messages
+		_, err = tx.Exec(`UPDATE tw_messages
 			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
 				finished_at = NULL, available_at = ?
 			WHERE id = ?`, ns(now), id)
@@ -486,9 +570,9 @@ func (b *Broker) Purge(ctx context.Context, topic string, deadLetters bool) (bro
 		return broker.PurgeResult{}, err
 	}
 	var res broker.PurgeResult
-	err := b.write(ctx, "purge", func(tx *sql.Tx, _ time.Time) error {
+	err := b.write(ctx, "purge", func(tx *txn, _ time.Time) error {
 		res = broker.PurgeResult{}
-		r, err := tx.ExecContext(ctx, `DELETE FROM tw_messages WHERE topic = ? AND state = 'queued'`, topic)
+		r, err := tx.Exec(`DELETE FROM tw_messages WHERE topic = ? AND state = 'queued'`, topic)
 		if err != nil {
 			return err
 		}
@@ -500,7 +584,7 @@ func (b *Broker) Purge(ctx context.Context, topic string, deadLetters bool) (bro
 		if !deadLetters {
 			return nil
 		}
-		r, err = tx.ExecContext(ctx, `DELETE FROM tw_messages WHERE topic = ? AND state = 'dead'`, topic)
+		r, err = tx.Exec(`DELETE FROM tw_messages WHERE topic = ? AND state = 'dead'`, topic)
 		if err != nil {
 			return err
 		}

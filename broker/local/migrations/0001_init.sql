@@ -36,14 +36,12 @@ CREATE TABLE tw_messages (
 
 -- Claim: the oldest available queued row of a topic.
 CREATE INDEX tw_messages_claim ON tw_messages (topic, available_at, id) WHERE state = 'queued';
--- The concurrency gate (running rows per topic), the oldest claim's age,
--- running counts per worker and the reaper's scan.
-CREATE INDEX tw_messages_running ON tw_messages (topic, claimed_at) WHERE state = 'running';
-CREATE INDEX tw_messages_running_by ON tw_messages (claimed_by) WHERE state = 'running';
--- Listing (newest first) by topic, by state, by state and topic; dead
--- letter counts and purges.
-CREATE INDEX tw_messages_topic ON tw_messages (topic, id);
+-- A topic's rows in a state: the concurrency gate (its running rows),
+-- per-topic counts, purges, listing by state and topic newest first, the
+-- reaper's scan of running rows.
 CREATE INDEX tw_messages_state ON tw_messages (state, topic, id);
+-- Listing by topic newest first.
+CREATE INDEX tw_messages_topic ON tw_messages (topic, id);
 -- Retention: finished rows in the order they finished.
 CREATE INDEX tw_messages_finished ON tw_messages (finished_at, id) WHERE state IN ('done', 'failed', 'dead');
 
