@@ -409,13 +409,30 @@ const reclaimLocksSQL = `
 			WHERE m.id = l.message_id AND m.token = l.token)
 	RETURNING l.name`
 
+// withinGraceSQL counts what the grace protected in this pass: running
+// messages of claimers not in $1 and locks of holders not in $1, younger
+// than $2 µs.
+const withinGraceSQL = `
+	SELECT
+		(SELECT count(*) FROM tw_messages
+			WHERE state = 'running' AND claimed_at > now() - $2::bigint * interval '1 microsecond'
+				AND NOT (claimed_by = ANY ($1::text[])))
+		+ (SELECT count(*) FROM tw_locks
+			WHERE acquired_at > now() - $2::bigint * interval '1 microsecond'
+				AND NOT (holder = ANY ($1::text[])))`
+
 // ReclaimOrphans, in one transaction: running messages whose claimer is
 // not in req.Live and that were claimed at least req.Grace ago go back to
 // queued (claim fields and token cleared, available now) or, once their
 // attempts reached req.MaxAttempts (when positive), to dead; their last
 // error says why. Locks whose holder is not in req.Live, acquired at least
 // req.Grace ago, are deleted, and so are the locks held under the claims
-// just reclaimed. Times are database time.
+// just reclaimed. Times are database time. WithinGrace counts the
+// orphan candidates (messages and locks) the grace kept.
+//
+// With req.Fence the pass is a leader-only write: the lease row is locked
+// first and the pass goes ahead only while Fence.Holder holds it at
+// Fence.Term, unexpired (broker.ErrNotLeader otherwise, nothing changed).
 //
 // An empty req.Live is refused with broker.ErrInvalid (fail closed: the
 // caller is alive, so an empty live set means the liveness signal is
@@ -435,44 +452,50 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 	var res broker.ReclaimResult
 	err := b.run(ctx, "reclaim orphans", func(c *pgx.Conn) error {
 		res = broker.ReclaimResult{}
-		batch := &pgx.Batch{}
-		batch.Queue(reclaimSQL, live, micros(req.Grace), req.MaxAttempts)
-		batch.Queue(reclaimLocksSQL, live, micros(req.Grace))
-		br := c.SendBatch(ctx, batch)
-		rows, err := br.Query()
-		if err != nil {
-			br.Close()
-			return err
-		}
-		for rows.Next() {
-			var (
-				id    int64
-				state string
-			)
-			if err := rows.Scan(&id, &state); err != nil {
-				rows.Close()
-				br.Close()
+		return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			if err := checkFence(ctx, tx, req.Fence); err != nil {
 				return err
 			}
-			res.IDs = append(res.IDs, id)
-			if state == broker.StateDead {
-				res.DeadLettered++
-			} else {
-				res.Reclaimed++
+			batch := &pgx.Batch{}
+			batch.Queue(reclaimSQL, live, micros(req.Grace), req.MaxAttempts)
+			batch.Queue(reclaimLocksSQL, live, micros(req.Grace))
+			batch.Queue(withinGraceSQL, live, micros(req.Grace))
+			br := tx.SendBatch(ctx, batch)
+			defer br.Close()
+			rows, err := br.Query()
+			if err != nil {
+				return err
 			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			br.Close()
-			return err
-		}
-		tag, err := br.Exec()
-		if err != nil {
-			br.Close()
-			return err
-		}
-		res.LocksReleased = int(tag.RowsAffected())
-		return br.Close()
+			for rows.Next() {
+				var (
+					id    int64
+					state string
+				)
+				if err := rows.Scan(&id, &state); err != nil {
+					rows.Close()
+					return err
+				}
+				res.IDs = append(res.IDs, id)
+				if state == broker.StateDead {
+					res.DeadLettered++
+				} else {
+					res.Reclaimed++
+				}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			tag, err := br.Exec()
+			if err != nil {
+				return err
+			}
+			res.LocksReleased = int(tag.RowsAffected())
+			if err := br.QueryRow().Scan(&res.WithinGrace); err != nil {
+				return err
+			}
+			return br.Close()
+		})
 	})
 	if err != nil {
 		return broker.ReclaimResult{}, err

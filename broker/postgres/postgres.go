@@ -63,6 +63,7 @@ var ErrUnavailable = errors.New("database unavailable")
 var (
 	_ broker.Broker          = (*Broker)(nil)
 	_ broker.OrphanReclaimer = (*Broker)(nil)
+	_ broker.Leaser          = (*Broker)(nil)
 )
 
 // Options configure New.
@@ -260,7 +261,7 @@ func (b *Broker) fail(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
 	}
-	for _, own := range []error{broker.ErrClaimLost, broker.ErrNotFound, broker.ErrInvalid, broker.ErrClosed} {
+	for _, own := range []error{broker.ErrClaimLost, broker.ErrNotFound, broker.ErrInvalid, broker.ErrClosed, broker.ErrNotLeader} {
 		if errors.Is(err, own) {
 			return err
 		}

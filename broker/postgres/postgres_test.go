@@ -125,7 +125,7 @@ func TestMigrateFreshSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"tw_locks", "tw_messages", "tw_schema_migrations", "tw_topics", "tw_workers"}
+	want := []string{"tw_leases", "tw_locks", "tw_messages", "tw_schema_migrations", "tw_topics", "tw_workers"}
 	if !slices.Equal(tables, want) {
 		t.Fatalf("tables %v, want %v", tables, want)
 	}
@@ -359,9 +359,9 @@ func TestReclaimOrphans(t *testing.T) {
 	}
 	wantIDs := []int64{old.ID, poisoned.ID}
 	slices.Sort(wantIDs)
-	if res.Reclaimed != 1 || res.DeadLettered != 1 || res.LocksReleased != 2 || !slices.Equal(res.IDs, wantIDs) {
-		t.Fatalf("ReclaimOrphans = %+v, want 1 reclaimed, 1 dead-lettered, 2 locks released (old-lock and dead-lock-on-live-claim), ids %v",
-			res, wantIDs)
+	if res.Reclaimed != 1 || res.DeadLettered != 1 || res.LocksReleased != 2 || !slices.Equal(res.IDs, wantIDs) || res.WithinGrace != 2 {
+		t.Fatalf("ReclaimOrphans = %+v, want 1 reclaimed, 1 dead-lettered, 2 locks released (old-lock and dead-lock-on-live-claim), "+
+			"ids %v, 2 within the grace (young and young-lock)", res, wantIDs)
 	}
 
 	// The old orphan is queued again with its claim cleared and attempts kept.
@@ -421,8 +421,8 @@ func TestReclaimOrphans(t *testing.T) {
 
 	// A second pass finds nothing more to do.
 	res, err = b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: live, Grace: time.Minute, MaxAttempts: 3})
-	if err != nil || res.Reclaimed+res.DeadLettered+res.LocksReleased != 0 {
-		t.Fatalf("second pass = %+v, %v; want nothing", res, err)
+	if err != nil || res.Reclaimed+res.DeadLettered+res.LocksReleased != 0 || res.WithinGrace != 2 {
+		t.Fatalf("second pass = %+v, %v; want nothing done, 2 within the grace", res, err)
 	}
 }
 
