@@ -16,7 +16,9 @@
 // machine's wall clock, which every process that can open the file shares.
 // Each write reads it (time.Now) after its transaction has taken the write
 // lock, so stamps follow commit order as long as the clock does not step
-// back. Times are stored as unix nanoseconds.
+// back. Times are stored as unix nanoseconds. The file belongs on a local
+// disk: WAL mode needs shared memory between the processes, which network
+// filesystems do not provide.
 //
 // # Concurrency
 //
@@ -29,7 +31,11 @@
 // (database/sql queues callers on it, which hands over much faster than
 // SQLite's sleeping busy handler); reads use a small pool of their own and,
 // in WAL mode, never wait for the writer. Across processes a writer waits
-// up to busyTimeout for the lock.
+// up to busyTimeout for the lock. Claim first looks for work in a read
+// snapshot, so idle workers polling empty topics never take the write lock.
+// Statements are prepared once per connection and kept (compiling one costs
+// SQLite more than running it), and Claim and Ack update a whole batch in
+// one statement.
 //
 // # Housekeeping
 //

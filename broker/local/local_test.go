@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -76,7 +77,12 @@ func execSQL(t testing.TB, b *Broker, q string, args ...any) {
 }
 
 func TestPragmas(t *testing.T) {
-	b := openTest(t, Options{})
+	// A path that needs escaping in the file: URI.
+	path := filepath.Join(t.TempDir(), "a dir #1?", "100%.db")
+	b := openTest(t, Options{Path: path})
+	if _, err := os.Stat(path); err != nil || b.Path() != path {
+		t.Fatalf("database not at %q (Path %q): %v", path, b.Path(), err)
+	}
 	check := func(name string, q func(string) (string, error)) {
 		want := map[string]string{"journal_mode": "wal", "synchronous": "1", "foreign_keys": "1", "busy_timeout": "10000"}
 		for p, w := range want {
@@ -470,5 +476,54 @@ func TestHousekeeping(t *testing.T) {
 	ws, err := b.Workers(ctx)
 	if err != nil || len(ws) != 1 || ws[0].ID != "fresh" {
 		t.Fatalf("Workers after housekeeping = %+v, %v, want fresh only", ws, err)
+	}
+}
+
+// Payloads and results keep their bytes (the JSON is not reformatted), on
+// the batch ack path and on the one-by-one path alike.
+func TestBytesKept(t *testing.T) {
+	ctx := context.Background()
+	b := openTest(t, Options{})
+	payload := json.RawMessage("{ \"html\": \"<b>&amp;</b>\",\n  \"u\": \"\u00e9\\u2028\", \"bad\": \"\xff\" }")
+	results := []json.RawMessage{
+		json.RawMessage("{ \"ok\" : true, \"s\": \"<&>\\\"\" }"),
+		json.RawMessage("[1, 2,\t3]"),
+		json.RawMessage("\"\xfe not utf-8\""),
+	}
+	for i, rs := range [][]json.RawMessage{results[:2], results} {
+		topic := fmt.Sprintf("bytes-%d", i)
+		var ids []int64
+		for range rs {
+			id, err := b.Submit(ctx, broker.SubmitRequest{Topic: topic, Task: "x", Payload: payload,
+				Headers: map[string]string{"k": "v<&>"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{topic}, Max: len(rs)})
+		if err != nil || len(msgs) != len(rs) {
+			t.Fatalf("Claim = %d, %v", len(msgs), err)
+		}
+		var oc []broker.Outcome
+		for j, m := range msgs {
+			if string(m.Payload) != string(payload) || m.Headers["k"] != "v<&>" {
+				t.Fatalf("claimed payload %q headers %v, want %q", m.Payload, m.Headers, payload)
+			}
+			oc = append(oc, broker.Outcome{Claim: m.ClaimOf(), Result: rs[j]})
+		}
+		errs, err := b.Ack(ctx, oc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, id := range ids {
+			if errs[j] != nil {
+				t.Fatalf("Ack(%d): %v", id, errs[j])
+			}
+			m := mustState(t, b, id, broker.StateDone)
+			if string(m.Result) != string(rs[j]) || string(m.Payload) != string(payload) {
+				t.Errorf("message %d: result %q payload %q, want %q and %q", id, m.Result, m.Payload, rs[j], payload)
+			}
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/taskhost/taskhost/broker"
 )
@@ -297,9 +298,11 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 		R *string `json:"r,omitempty"`
 	}
 	args := make([]ackArg, len(outcomes))
-	dup := false
+	// One message named twice, or a result that is not UTF-8 (the JSON
+	// array would not carry its bytes as they are), take the slow path.
+	oneByOne := false
 	for i, o := range outcomes {
-		dup = dup || seen[o.Claim.ID]
+		oneByOne = oneByOne || seen[o.Claim.ID] || !utf8.Valid(o.Result)
 		seen[o.Claim.ID] = true
 		args[i] = ackArg{I: o.Claim.ID, T: o.Claim.Token}
 		if len(o.Result) > 0 {
@@ -313,8 +316,8 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 	}
 	err = b.write(ctx, "ack", func(tx *txn, now time.Time) error {
 		clear(errs)
-		if dup {
-			// One message named twice: the first outcome that holds it
+		if oneByOne {
+			// Of outcomes naming one message, the first that holds it
 			// wins, as one at a time.
 			return ackEach(tx, outcomes, errs, now)
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,4 +232,117 @@ func TestHelperClaimer(t *testing.T) {
 		}
 	}
 	t.Fatalf("gave up after a minute")
+}
+
+// TestOrphanOfKilledProcess: a process claims a message, takes a lock and
+// is killed (SIGKILL, no Close). Its commits survive; the reaper's calls
+// then expire the worker and reclaim both.
+func TestOrphanOfKilledProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "taskhost.db")
+	b := openTest(t, Options{Path: path})
+	id := mustSubmit(t, b, "crash")
+	if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: "reaper"}); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperCrasher$", "-test.count=1")
+	cmd.Env = append(os.Environ(), envHelperDB+"="+path, envHelperWorker+"=doomed", envHelperTopic+"=crash")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	claimed := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "CLAIMED "); ok {
+				claimed <- rest
+			}
+		}
+		close(claimed)
+	}()
+	select {
+	case got, ok := <-claimed:
+		if !ok || got != strconv.FormatInt(id, 10) {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("helper claimed %q (ok %v), want %d; stderr:\n%s", got, ok, id, stderr.String())
+		}
+	case <-time.After(time.Minute):
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("helper did not claim; stderr:\n%s", stderr.String())
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+
+	m := mustState(t, b, id, broker.StateRunning)
+	if m.ClaimedBy != "doomed" {
+		t.Fatalf("claimed by %q, want doomed", m.ClaimedBy)
+	}
+	if ls, _ := b.Locks(ctx); len(ls) != 1 || ls[0].Holder != "doomed" {
+		t.Fatalf("Locks = %+v, want the killed process's lock", ls)
+	}
+	// Still live by its heartbeat; the host knows the process is gone.
+	if live, _ := b.LiveWorkers(ctx, time.Minute); !slices.Equal(live, []string{"doomed", "reaper"}) {
+		t.Fatalf("LiveWorkers = %v, want [doomed reaper]", live)
+	}
+	if err := b.ExpireWorker(ctx, "doomed"); err != nil {
+		t.Fatal(err)
+	}
+	live, err := b.LiveWorkers(ctx, time.Minute)
+	if err != nil || !slices.Equal(live, []string{"reaper"}) {
+		t.Fatalf("LiveWorkers = %v, %v, want [reaper]", live, err)
+	}
+	res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: live, MaxAttempts: 5})
+	if err != nil || res.Reclaimed != 1 || res.LocksReleased != 1 {
+		t.Fatalf("ReclaimOrphans = %+v, %v, want 1 reclaimed, 1 lock released", res, err)
+	}
+	again := mustClaim(t, b, "reaper", "crash")
+	if again.ID != id || again.Attempts != 2 {
+		t.Fatalf("re-claim = %+v, want %d attempt 2", again, id)
+	}
+	if ok, err := b.AcquireLock(ctx, "crash-lock", "reaper", again.ClaimOf()); err != nil || !ok {
+		t.Fatalf("AcquireLock after the reclaim = %v, %v", ok, err)
+	}
+}
+
+// TestHelperCrasher is the doomed process of TestOrphanOfKilledProcess: it
+// registers, claims one message, takes a lock, prints "CLAIMED id" and
+// waits to be killed.
+func TestHelperCrasher(t *testing.T) {
+	path := os.Getenv(envHelperDB)
+	if path == "" {
+		t.Skip("helper process of TestOrphanOfKilledProcess")
+	}
+	worker, topic := os.Getenv(envHelperWorker), os.Getenv(envHelperTopic)
+	ctx := context.Background()
+	b, err := Open(ctx, Options{Path: path})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: worker}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: worker, Topics: []string{topic}, Max: 1})
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("Claim = %d, %v", len(msgs), err)
+	}
+	if ok, err := b.AcquireLock(ctx, "crash-lock", worker, msgs[0].ClaimOf()); err != nil || !ok {
+		t.Fatalf("AcquireLock = %v, %v", ok, err)
+	}
+	fmt.Printf("CLAIMED %d\n", msgs[0].ID)
+	time.Sleep(time.Minute)
+	t.Fatalf("not killed")
 }
