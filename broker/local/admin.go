@@ -458,25 +458,37 @@ func (b *Broker) LiveWorkers(ctx context.Context, after time.Duration) ([]string
 // ReclaimOrphans does one reaper pass in one transaction; see
 // broker.OrphanReclaimer. A reclaimed message's claim ends: the locks held
 // under it are released (and counted) too, and its last error says who
-// lost it. req.MaxAttempts 0 means no bound (always requeue).
+// lost it. WithinGrace counts the orphan candidates (messages and locks)
+// the grace kept.
+//
+// With req.Fence the pass is a leader-only write: it goes ahead only while
+// Fence.Holder holds the lease at Fence.Term, unexpired
+// (broker.ErrNotLeader otherwise, nothing changed).
+//
+// An empty req.Live is refused with broker.ErrInvalid (fail closed: the
+// caller is alive, so an empty live set means the liveness signal is
+// broken), as are a negative Grace or MaxAttempts. MaxAttempts 0 means no
+// bound (always requeue).
 func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
+	if len(req.Live) == 0 {
+		return broker.ReclaimResult{}, broker.Invalid("the live-worker set is empty; reclaiming nothing (fail closed)")
+	}
 	if req.Grace < 0 {
 		return broker.ReclaimResult{}, broker.Invalid("grace is negative")
 	}
 	if req.MaxAttempts < 0 {
 		return broker.ReclaimResult{}, broker.Invalid("max attempts is negative")
 	}
-	live := req.Live
-	if live == nil {
-		live = []string{}
-	}
-	liveJSON, err := json.Marshal(live)
+	liveJSON, err := json.Marshal(req.Live)
 	if err != nil {
 		return broker.ReclaimResult{}, broker.Invalid("live set: %v", err)
 	}
 	var res broker.ReclaimResult
 	err = b.write(ctx, "reclaim orphans", func(tx *txn, now time.Time) error {
 		res = broker.ReclaimResult{}
+		if err := checkFence(tx, req.Fence, now); err != nil {
+			return err
+		}
 		cutoff := addNS(now, -req.Grace)
 		type orphan struct {
 			id       int64

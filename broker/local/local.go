@@ -7,7 +7,8 @@
 // share the queue as a fleet sharing a PostgreSQL database would. The
 // semantics are those of the memory broker (its package documentation lists
 // them; broker/brokertest checks them), plus broker.OrphanReclaimer: a
-// running message outlives a worker that crashed, and the reaper reclaims it.
+// running message outlives a worker that crashed, and the reaper reclaims it;
+// and broker.Leaser: leases elect one beat among the processes.
 //
 // # One machine, one clock
 //
@@ -93,6 +94,7 @@ const (
 var (
 	_ broker.Broker          = (*Broker)(nil)
 	_ broker.OrphanReclaimer = (*Broker)(nil)
+	_ broker.Leaser          = (*Broker)(nil)
 )
 
 // Options configure Open.
@@ -436,7 +438,8 @@ func (c *stmtCache) close() {
 func (b *Broker) dbErr(ctx context.Context, what string, err error) error {
 	switch {
 	case errors.Is(err, broker.ErrClaimLost), errors.Is(err, broker.ErrNotFound),
-		errors.Is(err, broker.ErrInvalid), errors.Is(err, broker.ErrClosed):
+		errors.Is(err, broker.ErrInvalid), errors.Is(err, broker.ErrClosed),
+		errors.Is(err, broker.ErrNotLeader):
 		return err
 	case ctx.Err() != nil && !errors.Is(err, ctx.Err()):
 		return fmt.Errorf("local broker: %s: %w (%v)", what, ctx.Err(), err)
