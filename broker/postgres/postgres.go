@@ -18,10 +18,24 @@
 //   - Every write for a claim (ack, nack, dead letter, lock release) names
 //     its token and changes nothing, returning broker.ErrClaimLost, when the
 //     message is no longer running under it.
-//   - The broker implements broker.OrphanReclaimer for the reaper.
+//     A token exists exactly while its message runs (a CHECK constraint
+//     says so), so these writes find their row by primary key alone.
+//   - Ending a claim releases the locks held under it in the same
+//     transaction; AcquireLock holds the claim's row FOR SHARE while it
+//     inserts, so a lock can never outlive its claim.
+//   - The broker implements broker.OrphanReclaimer for the reaper, and
+//     broker.Leaser (tw_leases) for the beat's leader election; a fenced
+//     reclaim pass locks the lease row, so no takeover commits under it.
 //
 // The tables live in one schema (Options.Schema) and are created and
 // upgraded by versioned migrations embedded in the binary (migrate.go).
+//
+// Connections come from a small pool (pool.go). Each one runs with
+// search_path set to the schema, jit off and plan_cache_mode
+// force_generic_plan (every statement is an index walk; the dsn may
+// override both), and a cancelled context sends the server a cancel
+// request, so a claim abandoned by its caller is rolled back rather than
+// committed for nobody.
 package postgres
 
 import (
