@@ -51,6 +51,11 @@ type Config struct {
 	Topics map[string]broker.TopicPatch
 	// Reaper holds the orphan_* settings and postgres_worker_ttl_seconds.
 	Reaper reaper.Settings
+	// Beat makes this process a candidate for the beat (the leader that
+	// drives the reaper); default true.
+	Beat bool
+	// BeatLeaseTTL: a standby takes over within it after the leader dies.
+	BeatLeaseTTL time.Duration
 }
 
 // The config keys, in the order the error messages list them.
@@ -59,6 +64,7 @@ var configKeys = []string{
 	"drain_timeout_seconds", "max_payload_bytes", "topics",
 	"orphan_reclaim_enabled", "orphan_reclaim_interval_seconds", "orphan_reclaim_after_seconds",
 	"orphan_claim_grace_seconds", "orphan_max_attempts", "postgres_worker_ttl_seconds",
+	"beat", "beat_lease_ttl_seconds",
 }
 
 var topicKeys = []string{"concurrency_limit", "dead_letter_enabled", "paused"}
@@ -75,6 +81,8 @@ func defaultConfig() Config {
 		MaxPayloadBytes:   broker.MaxPayloadSize,
 		Topics:            map[string]broker.TopicPatch{},
 		Reaper:            reaper.DefaultSettings(),
+		Beat:              true,
+		BeatLeaseTTL:      15 * time.Second,
 	}
 }
 
@@ -134,6 +142,10 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 			cfg.Reaper.Grace, err = durationSetting(key, v, true)
 		case "orphan_max_attempts":
 			cfg.Reaper.MaxAttempts, err = intSetting(key, v, 1, 1000)
+		case "beat":
+			cfg.Beat, err = boolSetting(key, v)
+		case "beat_lease_ttl_seconds":
+			cfg.BeatLeaseTTL, err = durationSetting(key, v, false)
 		case "postgres_worker_ttl_seconds":
 			cfg.Reaper.WorkerTTL, err = durationSetting(key, v, false)
 		default:

@@ -130,8 +130,8 @@ func TestMetricNamesAndTypesAreGolden(t *testing.T) {
 	if v := value(fams, "fastpluggy_broker_workers"); v != 1 {
 		t.Errorf("workers = %v, want 1", v)
 	}
-	if v := value(fams, "fastpluggy_broker_beats"); v != 0 {
-		t.Errorf("beats = %v, want 0 (no beat in this build)", v)
+	if v := value(fams, "fastpluggy_broker_beats"); v != 1 {
+		t.Errorf("beats = %v, want 1 (this process is a beat candidate)", v)
 	}
 	if v := value(fams, "fastpluggy_tasks_running"); v != 1 {
 		t.Errorf("tasks running = %v, want 1", v)

@@ -14,6 +14,7 @@ import (
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/reaper"
+	"github.com/taskhost/taskhost/scheduler"
 	"github.com/taskhost/taskhost/worker"
 )
 
@@ -47,6 +48,7 @@ type runtime struct {
 	reg    *worker.Registry
 	pool   *worker.Pool
 	reaper *reaper.Reaper
+	leader *scheduler.Leader // nil when this process is no beat candidate
 }
 
 var (
@@ -168,7 +170,13 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 	if drain == 0 {
 		drain = -1 // the pool's "cancel at once"
 	}
+	roles := []string{broker.RoleWorker}
+	leaser, canLead := b.(broker.Leaser)
+	if cfg.Beat && canLead {
+		roles = append(roles, broker.RoleBeat)
+	}
 	pool := worker.NewPool(b, reg, worker.Options{
+		Roles:             roles,
 		Topics:            topics,
 		Concurrency:       cfg.Workers,
 		HeartbeatInterval: cfg.HeartbeatInterval,
@@ -187,13 +195,34 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 		}
 	}
 	rp = reaper.New(b, pool.WorkerID(), cfg.Reaper, p.log.Named("reaper"), p.reaperMetrics)
+	// Start registers the worker and writes its first heartbeat before it
+	// returns; the beat starts after that, so its first pass never finds
+	// its own process missing from the live set.
 	if err := pool.Start(ctx); err != nil {
 		return nil, err
 	}
-	return &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp}, nil
+	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp}
+	if cfg.Beat && canLead {
+		beat := &scheduler.Beat{Reaper: rp, Settings: cfg.Reaper, Logger: p.log.Named("beat")}
+		rt.leader = scheduler.NewLeader(leaser, scheduler.LeaderOptions{
+			Holder:    pool.WorkerID(),
+			TTL:       cfg.BeatLeaseTTL,
+			OnElected: beat.Run,
+			Logger:    p.log.Named("leader"),
+		})
+		rt.leader.Start(ctx)
+	} else if cfg.Beat {
+		p.log.Warn("this broker cannot elect a beat leader; no beat runs", "broker", b.Kind())
+	}
+	return rt, nil
 }
 
 func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
+	if rt.leader != nil {
+		// Hand the beat over first, so a standby leads while this
+		// process drains.
+		rt.leader.Stop(ctx)
+	}
 	err := rt.pool.Stop(ctx)
 	if cerr := rt.broker.Close(); cerr != nil {
 		log.Warn("closing the broker", "error", cerr)
