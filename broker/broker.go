@@ -263,6 +263,9 @@ type Broker interface {
 	ForceReleaseLock(ctx context.Context, name string) (bool, error)
 	Locks(ctx context.Context) ([]Lock, error)
 
+	// Leaser elects the beat.
+	Leaser
+
 	Close() error
 }
 

@@ -423,5 +423,15 @@ func (p *Plugin) health(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		"running":     rt.pool.Running(),
 		"concurrency": rt.pool.Concurrency(),
 		"topics":      rt.pool.Topics(),
+		"beat":        beatState(rt),
 	})
+}
+
+// beatState says whether this process leads the beat, and at which term.
+func beatState(rt *runtime) map[string]any {
+	if rt.leader == nil {
+		return map[string]any{"candidate": false, "leader": false}
+	}
+	f, ok := rt.leader.Fence()
+	return map[string]any{"candidate": true, "leader": ok, "term": f.Term}
 }

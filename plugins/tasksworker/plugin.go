@@ -49,6 +49,9 @@ type runtime struct {
 	pool   *worker.Pool
 	reaper *reaper.Reaper
 	leader *scheduler.Leader // nil when this process is no beat candidate
+	// cancel stops the runtime's own goroutines; wg waits for them.
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 var (
@@ -202,6 +205,13 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 		return nil, err
 	}
 	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	rt.cancel = cancel
+	if cfg.Reaper.Enabled {
+		rt.wg.Go(func() {
+			reclaimDeadNeighbours(bg, b, rp, pool.WorkerID(), cfg.Reaper.Grace, p.log.Named("reaper"))
+		})
+	}
 	if cfg.Beat && canLead {
 		beat := &scheduler.Beat{Reaper: rp, Settings: cfg.Reaper, Logger: p.log.Named("beat")}
 		rt.leader = scheduler.NewLeader(leaser, scheduler.LeaderOptions{
@@ -218,6 +228,8 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 }
 
 func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
+	rt.cancel()
+	rt.wg.Wait()
 	if rt.leader != nil {
 		// Hand the beat over first, so a standby leads while this
 		// process drains.

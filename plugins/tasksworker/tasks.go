@@ -28,9 +28,12 @@ func registerBuiltins(reg *worker.Registry, cfg Config, reclaim func(context.Con
 			},
 		},
 		{
-			Name:        "demo.sleep",
-			Description: `Sleeps for payload {"seconds": n}, 0 <= n <= 3600; stops early when cancelled.`,
-			Handler:     demoSleep,
+			Name:           "demo.sleep",
+			Description:    `Sleeps for payload {"seconds": n, "lock": "name"}, 0 <= n <= 3600; stops early when cancelled. With "lock", it holds that lock while it sleeps (a busy lock requeues the message).`,
+			Handler:        demoSleep,
+			LockKey:        payloadLock,
+			OnLockConflict: worker.LockRequeue,
+			LockRetryDelay: time.Second,
 		},
 		{
 			Name:        "demo.fail",
@@ -69,6 +72,7 @@ func registerBuiltins(reg *worker.Registry, cfg Config, reclaim func(context.Con
 func demoSleep(ctx context.Context, tc *worker.TaskContext) (any, error) {
 	var p struct {
 		Seconds *float64 `json:"seconds"`
+		Lock    string   `json:"lock"`
 	}
 	d := json.NewDecoder(bytes.NewReader(tc.Payload))
 	d.DisallowUnknownFields()
@@ -88,6 +92,15 @@ func demoSleep(ctx context.Context, tc *worker.TaskContext) (any, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("demo.sleep interrupted: %w", ctx.Err())
 	}
+}
+
+// payloadLock is the lock key a demo task's payload names, if any.
+func payloadLock(payload json.RawMessage) string {
+	var p struct {
+		Lock string `json:"lock"`
+	}
+	_ = json.Unmarshal(payload, &p)
+	return p.Lock
 }
 
 // demoCrash kills the process it runs in, the way an OOM kill would.

@@ -1,0 +1,73 @@
+package tasksworker
+
+import (
+	"context"
+	"errors"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/reaper"
+)
+
+// pidGone reports whether no process with pid exists on this machine.
+// A pid that exists but is not ours to signal (EPERM) is alive.
+func pidGone(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	err := syscall.Kill(pid, 0)
+	return errors.Is(err, syscall.ESRCH)
+}
+
+// reclaimDeadNeighbours is the fast path after a crash: workers registered
+// from this machine whose process no longer exists cannot come back, so
+// they are marked dead at once and a pass runs, instead of waiting
+// orphan_reclaim_after_seconds for their heartbeats to go stale. The
+// reaper's guards still apply, including the grace: if claims younger than
+// the grace were left, one more pass runs once the grace is over.
+func reclaimDeadNeighbours(ctx context.Context, b broker.Broker, rp *reaper.Reaper, self string, grace time.Duration, log hclog.Logger) {
+	rec, ok := b.(broker.OrphanReclaimer)
+	if !ok {
+		return
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return
+	}
+	workers, err := b.Workers(ctx)
+	if err != nil {
+		log.Warn("fast reclaim: cannot list workers", "error", err)
+		return
+	}
+	expired := 0
+	for _, w := range workers {
+		if w.ID == self || w.Host != host || !pidGone(w.PID) {
+			continue
+		}
+		if err := rec.ExpireWorker(ctx, w.ID); err != nil && !errors.Is(err, broker.ErrNotFound) {
+			log.Warn("fast reclaim: cannot mark a dead worker", "worker", w.ID, "error", err)
+			continue
+		}
+		log.Warn("previous worker on this machine is gone; reclaiming its work now", "worker", w.ID, "pid", w.PID)
+		expired++
+	}
+	if expired == 0 {
+		return
+	}
+	res := rp.Pass(ctx)
+	log.Info("fast reclaim pass", "result", res.Summary())
+	if res.WithinGrace == 0 || res.Skipped != "" {
+		return
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(grace + time.Second):
+	}
+	res = rp.Pass(ctx)
+	log.Info("fast reclaim pass after the grace", "result", res.Summary())
+}
