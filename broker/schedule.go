@@ -1,0 +1,129 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Missed-slot policies of a schedule: after downtime, skip the slots that
+// passed, or fire once late and go on from now.
+const (
+	MissedSkip     = "skip"
+	MissedFireOnce = "fire_once"
+)
+
+// Schedule is a recurring submission: every IntervalSeconds, or on a
+// 5-field Cron expression (UTC); exactly one of the two is set.
+type Schedule struct {
+	Name            string          `json:"name"`
+	Task            string          `json:"task"`
+	Topic           string          `json:"topic"`
+	Payload         json.RawMessage `json:"payload"`
+	IntervalSeconds int             `json:"interval_seconds,omitempty"`
+	Cron            string          `json:"cron,omitempty"`
+	Enabled         bool            `json:"enabled"`
+	MissedPolicy    string          `json:"missed_policy"`
+	// Source is "api" or "config" (config ones are upserted at start).
+	Source string `json:"source"`
+	// LastAttempt is stamped when the beat fires the schedule, before the
+	// task is looked up and submitted (so it says "the beat tried").
+	LastAttempt *time.Time `json:"last_attempt,omitempty"`
+	// LastSuccess is the end of the last attempt whose report said success.
+	LastSuccess *time.Time `json:"last_success,omitempty"`
+	// ExpectedNextRun is the next slot, derived when the schedule fires.
+	ExpectedNextRun *time.Time `json:"expected_next_run,omitempty"`
+	CreatedAt       time.Time  `json:"created_at"`
+	UpdatedAt       time.Time  `json:"updated_at"`
+}
+
+// FireRequest fires one slot of a schedule.
+type FireRequest struct {
+	Name string
+	// Slot is the slot time being fired; (Name, Slot) fires at most once,
+	// across every process and leader change.
+	Slot time.Time
+	// Next is the slot after this one: the new ExpectedNextRun.
+	Next time.Time
+	// Submit is the message to submit; nil stamps the attempt and
+	// advances the schedule without submitting (the task is unknown).
+	Submit *SubmitRequest
+	// Fence makes the fire a leader-only write.
+	Fence *Fence
+}
+
+// FireResult says what FireSchedule did.
+type FireResult struct {
+	// Fired is false when this slot had already fired (nothing changed).
+	Fired bool
+	// MessageID is the submitted message (0 when none was submitted).
+	MessageID int64
+}
+
+// Report is one attempt of one message: the task's own account.
+type Report struct {
+	ID        int64           `json:"id"`
+	MessageID int64           `json:"message_id"`
+	Task      string          `json:"task"`
+	Topic     string          `json:"topic"`
+	Schedule  string          `json:"schedule,omitempty"`
+	Attempt   int             `json:"attempt"`
+	Worker    string          `json:"worker"`
+	Status    string          `json:"status"`
+	StartedAt time.Time       `json:"started_at"`
+	EndedAt   time.Time       `json:"ended_at"`
+	Duration  float64         `json:"duration_seconds"`
+	Error     string          `json:"error,omitempty"`
+	Result    json.RawMessage `json:"result,omitempty"`
+	Progress  float64         `json:"progress"`
+	Logs      []string        `json:"logs,omitempty"`
+}
+
+// Report statuses. Success is the status, never the returned payload: a
+// task that returns {"skipped": "healthy"} ran successfully.
+const (
+	ReportSuccess   = "success"
+	ReportFailed    = "failed"
+	ReportError     = "error"
+	ReportTimeout   = "timeout"
+	ReportCancelled = "cancelled"
+	ReportSkipped   = "skipped"
+	ReportLost      = "lost"
+)
+
+// ReportFilter selects reports; zero fields match all.
+type ReportFilter struct {
+	MessageID int64
+	Task      string
+	Status    string
+	Schedule  string
+	Limit     int
+	Before    int64
+}
+
+// ScheduleStore keeps schedules and task reports. Every broker implements
+// it: the memory broker in memory, local and postgres in their database.
+type ScheduleStore interface {
+	// PutSchedule creates or replaces a schedule's definition (task,
+	// topic, payload, interval or cron, enabled, missed policy, source),
+	// keeping its run state (last attempt, last success, next run) unless
+	// the timing changed, in which case ExpectedNextRun is cleared.
+	PutSchedule(ctx context.Context, s Schedule) (Schedule, error)
+	GetSchedule(ctx context.Context, name string) (Schedule, error)
+	ListSchedules(ctx context.Context) ([]Schedule, error)
+	// DeleteSchedule removes it; ErrNotFound if there is none.
+	DeleteSchedule(ctx context.Context, name string) error
+	// FireSchedule, in one transaction: if (Name, Slot) has not fired,
+	// record it, stamp LastAttempt = now and ExpectedNextRun = Next, and
+	// submit req.Submit (header "schedule" = Name) if given. With a fence,
+	// nothing happens unless the lease is held at that term (ErrNotLeader).
+	FireSchedule(ctx context.Context, req FireRequest) (FireResult, error)
+	// AddReport stores one attempt's report; a success report of a
+	// message submitted by a schedule also stamps that schedule's
+	// LastSuccess = EndedAt, in the same transaction.
+	AddReport(ctx context.Context, r Report) (int64, error)
+	ListReports(ctx context.Context, f ReportFilter) ([]Report, error)
+	GetReport(ctx context.Context, id int64) (Report, error)
+	// PurgeReports deletes reports that ended before the cutoff.
+	PurgeReports(ctx context.Context, before time.Time) (int, error)
+}
