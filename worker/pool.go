@@ -53,6 +53,16 @@ type Observer interface {
 	TaskFinished(topic, task, status string, duration time.Duration)
 }
 
+// MessageObserver is an optional extension of Observer: an Observer that
+// also implements it is told which message each finished attempt was, right
+// after TaskFinished. Both are called once the outcome is written: for
+// StatusDone and StatusSkipped, after the broker.Ack that marks the message
+// done has returned (committed, for the SQL brokers). Calls come from
+// several goroutines and must not block.
+type MessageObserver interface {
+	MessageFinished(id int64, topic, task, status string)
+}
+
 // Defaults of Options.
 const (
 	DefaultConcurrency       = 8
@@ -111,6 +121,8 @@ type Options struct {
 	Logger hclog.Logger
 	// Observer is told about every attempt; may be nil.
 	Observer Observer
+	// Reporter, if set, gets one report per attempt (task reports).
+	Reporter Reporter
 }
 
 type poolState int
@@ -130,6 +142,7 @@ type Pool struct {
 	opts Options
 	log  hclog.Logger
 	obs  Observer
+	mobs MessageObserver // obs, when it implements MessageObserver
 
 	mu      sync.Mutex
 	state   poolState
@@ -204,12 +217,14 @@ func NewPool(b broker.Broker, reg *Registry, opts Options) *Pool {
 	if obs == nil {
 		obs = nopObserver{}
 	}
+	mobs, _ := obs.(MessageObserver)
 	return &Pool{
 		b:       b,
 		reg:     reg,
 		opts:    opts,
 		log:     opts.Logger.With("worker_id", opts.WorkerID),
 		obs:     obs,
+		mobs:    mobs,
 		stopped: make(chan struct{}),
 		wake:    make(chan struct{}, 1),
 	}
@@ -511,6 +526,11 @@ type completion struct {
 	errText string
 	started time.Time
 	dur     time.Duration
+	// For the attempt's report: the message as claimed, the handler's
+	// context (nil when the handler never ran) and whether it timed out.
+	msg      broker.Message
+	tc       *TaskContext
+	timedOut bool
 }
 
 type handlerResult struct {
@@ -521,7 +541,7 @@ type handlerResult struct {
 // handle runs one message and says how it ended.
 func (p *Pool) handle(m broker.Message) completion {
 	p.obs.TaskStarted(m.Topic)
-	c := completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, started: time.Now()}
+	c := completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, started: time.Now(), msg: m}
 	log := p.log.With("message_id", m.ID, "task", m.Task, "topic", m.Topic, "attempt", m.Attempts)
 
 	if p.draining.Load() {
@@ -567,6 +587,7 @@ func (p *Pool) handle(m broker.Message) completion {
 	}
 	res, abandoned, timedOut := p.run(t, tc, log)
 	c.dur = time.Since(c.started)
+	c.tc, c.timedOut = tc, timedOut
 
 	switch {
 	case abandoned:
@@ -699,7 +720,63 @@ func (p *Pool) flush(batch []completion) {
 	}
 	for _, c := range batch {
 		p.obs.TaskFinished(c.topic, c.task, c.status, c.dur)
+		if p.opts.Reporter != nil {
+			if r, ok := p.report(c); ok {
+				p.opts.Reporter.Report(r)
+			}
+		}
 	}
+}
+
+// Reporter receives one report per attempt whose handler ran (or whose
+// claim was lost), after the attempt's outcome was written. Report is
+// called from the pool's goroutines and must not block.
+type Reporter interface {
+	Report(broker.Report)
+}
+
+// report builds the attempt's report; false when there is nothing to
+// report (the handler never ran: lock deferred, stopped before start).
+func (p *Pool) report(c completion) (broker.Report, bool) {
+	r := broker.Report{
+		MessageID: c.msg.ID, Task: c.task, Topic: c.topic, Schedule: c.msg.Headers["schedule"],
+		Attempt: max(c.msg.Attempts, 1), Worker: p.opts.WorkerID,
+		StartedAt: c.started, EndedAt: c.started.Add(c.dur), Duration: c.dur.Seconds(),
+		Error: c.errText,
+	}
+	switch {
+	case c.status == StatusLost:
+		r.Status = broker.ReportLost
+		if r.Error == "" {
+			r.Error = "claim lost: the message was reclaimed from this worker; its outcome was discarded"
+		}
+	case c.status == StatusSkipped:
+		r.Status, r.Result = broker.ReportSkipped, c.result
+	case c.tc == nil:
+		if c.status != StatusFailed {
+			return broker.Report{}, false
+		}
+		r.Status = broker.ReportError // unknown task
+	case c.status == StatusDone:
+		r.Status, r.Result = broker.ReportSuccess, c.result
+	case c.status == StatusStopped:
+		r.Status = broker.ReportCancelled
+	case c.timedOut:
+		r.Status = broker.ReportTimeout
+	default:
+		r.Status = broker.ReportFailed
+	}
+	if c.tc != nil {
+		logs, dropped := c.tc.Logs()
+		if dropped > 0 {
+			logs = append(logs, fmt.Sprintf("(%d more lines dropped)", dropped))
+		}
+		r.Logs, r.Progress = logs, c.tc.Progress()
+		if r.Status == broker.ReportSuccess {
+			r.Progress = 1
+		}
+	}
+	return r, true
 }
 
 func (p *Pool) ackAll(batch []completion, idx []int) {
