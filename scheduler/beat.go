@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -10,36 +12,86 @@ import (
 	"github.com/taskhost/taskhost/reaper"
 )
 
-// Beat is the work the leader does: it drives the reaper every interval.
+// Beat is the work the leader does: it fires due schedules every tick and
+// drives the reaper every reaper interval.
 type Beat struct {
 	Reaper   *reaper.Reaper
 	Settings reaper.Settings
-	Logger   hclog.Logger
-	// OnPass, if set, sees every pass's result (tests, the admin UI).
+	// Schedules, if set, fires due schedules every TickEvery (default 1s).
+	Schedules *Ticker
+	TickEvery time.Duration
+	// PurgeReports, if set, runs once per term start and then hourly.
+	PurgeReports func(ctx context.Context)
+	Logger       hclog.Logger
+	// OnPass, if set, sees every reaper pass's result (tests).
 	OnPass func(reaper.Result)
 }
 
-// Run runs the beat for one term until ctx is done. The first pass runs at
-// once: the caller starts the beat only after this process's own first
-// heartbeat is written, so a plain deploy does not trip the caller guard.
+// Run runs the beat for one term until ctx is done or the lease is lost.
+// The caller starts the beat only after this process's own first
+// heartbeat is written, so the first reaper pass, which runs at once,
+// does not trip the caller guard on a plain deploy.
 func (b *Beat) Run(ctx context.Context, fence broker.Fence) {
 	log := b.Logger
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	if !b.Settings.Enabled || b.Reaper == nil {
-		log.Info("orphan reaper disabled (orphan_reclaim_enabled: false): dead workers' messages will not be reclaimed")
-		<-ctx.Done()
-		return
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	if b.Schedules != nil {
+		wg.Go(func() { b.tickLoop(ctx, fence, cancel, log) })
 	}
-	t := time.NewTicker(b.Settings.Interval)
-	defer t.Stop()
-	for {
+	if b.PurgeReports != nil {
+		wg.Go(func() { every(ctx, time.Hour, func() bool { b.PurgeReports(ctx); return true }) })
+	}
+	if b.Settings.Enabled && b.Reaper != nil {
+		wg.Go(func() { b.reaperLoop(ctx, fence, cancel) })
+	} else {
+		log.Warn("orphan reaper disabled (orphan_reclaim_enabled: false): dead workers' messages will not be reclaimed")
+	}
+	wg.Wait()
+}
+
+func (b *Beat) reaperLoop(ctx context.Context, fence broker.Fence, lost context.CancelFunc) {
+	every(ctx, b.Settings.Interval, func() bool {
 		res := b.Reaper.PassAsLeader(ctx, fence)
 		if b.OnPass != nil && ctx.Err() == nil {
 			b.OnPass(res)
 		}
 		if res.NotLeader {
+			lost()
+			return false
+		}
+		return true
+	})
+}
+
+func (b *Beat) tickLoop(ctx context.Context, fence broker.Fence, lost context.CancelFunc, log hclog.Logger) {
+	d := b.TickEvery
+	if d <= 0 {
+		d = time.Second
+	}
+	every(ctx, d, func() bool {
+		err := b.Schedules.Tick(ctx, fence)
+		switch {
+		case errors.Is(err, broker.ErrNotLeader):
+			log.Warn("schedule tick refused: this process no longer leads")
+			lost()
+			return false
+		case err != nil && ctx.Err() == nil:
+			log.Error("schedule tick failed", "error", err)
+		}
+		return true
+	})
+}
+
+// every runs f at once and then every d until ctx is done or f says stop.
+func every(ctx context.Context, d time.Duration, f func() bool) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		if !f() {
 			return
 		}
 		select {
