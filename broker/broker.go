@@ -266,6 +266,10 @@ type Broker interface {
 	// Leaser elects the beat.
 	Leaser
 
+	// ScheduleStore keeps schedules, the slots they fired and task
+	// reports.
+	ScheduleStore
+
 	Close() error
 }
 

@@ -203,7 +203,10 @@ func TestMigrationUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := mustSubmit(t, b, "u")
-	execSQL(t, b, `DROP TABLE tw_leases`)
+	// Roll back what the later migrations created.
+	for _, table := range []string{"tw_reports", "tw_schedule_fires", "tw_schedules", "tw_leases"} {
+		execSQL(t, b, `DROP TABLE `+table)
+	}
 	execSQL(t, b, `DELETE FROM tw_schema_migrations WHERE version > 1`)
 	if err := b.Close(); err != nil {
 		t.Fatal(err)

@@ -71,6 +71,22 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 	if err := broker.ValidateSubmit(req, b.opts.MaxPayload); err != nil {
 		return 0, err
 	}
+	var id int64
+	err := b.write(ctx, "submit", func(tx *txn, now time.Time) error {
+		var err error
+		id, err = insertMessage(tx, req, now)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return id, nil
+}
+
+// insertMessage queues the validated req in tx, creating its topic's row
+// when missing, and returns its id: Submit's write, which FireSchedule
+// shares.
+func insertMessage(tx *txn, req broker.SubmitRequest, now time.Time) (int64, error) {
 	payload := "{}"
 	if len(req.Payload) > 0 {
 		payload = string(req.Payload)
@@ -83,20 +99,15 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 		}
 		headers = sql.NullString{String: string(h), Valid: true}
 	}
-	var id int64
-	err := b.write(ctx, "submit", func(tx *txn, now time.Time) error {
-		if _, err := tx.Exec(`INSERT INTO tw_topics (name) VALUES (?) ON CONFLICT (name) DO NOTHING`, req.Topic); err != nil {
-			return err
-		}
-		return tx.QueryRow(`INSERT INTO tw_messages
-			(topic, task, payload, headers, state, max_attempts, available_at, created_at)
-			VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) RETURNING id`,
-			req.Topic, req.Task, payload, headers, req.MaxAttempts, addNS(now, req.Delay), ns(now)).Scan(&id)
-	})
-	if err != nil {
+	if _, err := tx.Exec(`INSERT INTO tw_topics (name) VALUES (?) ON CONFLICT (name) DO NOTHING`, req.Topic); err != nil {
 		return 0, err
 	}
-	return id, nil
+	var id int64
+	err := tx.QueryRow(`INSERT INTO tw_messages
+		(topic, task, payload, headers, state, max_attempts, available_at, created_at)
+		VALUES (?, ?, ?, ?, 'queued', ?, ?, ?) RETURNING id`,
+		req.Topic, req.Task, payload, headers, req.MaxAttempts, addNS(now, req.Delay), ns(now)).Scan(&id)
+	return id, err
 }
 
 // Claim takes up to req.Max available messages in one IMMEDIATE

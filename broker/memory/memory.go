@@ -105,6 +105,8 @@ type Broker struct {
 
 	workers map[string]*broker.WorkerInfo
 	locks   map[string]*lockEntry
+
+	sched *schedState // schedules, fires and reports (schedule.go)
 }
 
 type entry struct {
@@ -186,7 +188,11 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 		return 0, err
 	}
 	defer b.mu.Unlock()
+	return b.submitLocked(req), nil
+}
 
+// submitLocked queues the valid req; b.mu is held.
+func (b *Broker) submitLocked(req broker.SubmitRequest) int64 {
 	now := b.now()
 	b.topic(req.Topic)
 	b.nextID++
@@ -208,7 +214,7 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 	b.msgs[e.m.ID] = e
 	b.ids = append(b.ids, e.m.ID)
 	b.enqueue(e)
-	return e.m.ID, nil
+	return e.m.ID
 }
 
 // topic returns name's config, creating it with the defaults.

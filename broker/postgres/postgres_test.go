@@ -125,7 +125,8 @@ func TestMigrateFreshSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"tw_leases", "tw_locks", "tw_messages", "tw_schema_migrations", "tw_topics", "tw_workers"}
+	want := []string{"tw_leases", "tw_locks", "tw_messages", "tw_reports", "tw_schedule_fires", "tw_schedules",
+		"tw_schema_migrations", "tw_topics", "tw_workers"}
 	if !slices.Equal(tables, want) {
 		t.Fatalf("tables %v, want %v", tables, want)
 	}

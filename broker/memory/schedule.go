@@ -1,0 +1,312 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// DefaultReportRetain is how many reports the memory broker keeps: past it
+// the oldest are dropped.
+const DefaultReportRetain = 100000
+
+var _ broker.ScheduleStore = (*Broker)(nil)
+
+// schedState holds the schedule store's data, behind b.mu.
+type schedState struct {
+	schedules map[string]*broker.Schedule
+	// fires records the fired slots of each schedule (slot as unix
+	// nanoseconds) and the message each one submitted (0 for none). A
+	// schedule's fires go with it.
+	fires map[string]map[int64]int64
+	// reports by ascending id; the oldest are dropped past
+	// DefaultReportRetain.
+	reports  []broker.Report
+	reportID int64
+}
+
+// st returns the schedule store's data, creating it; b.mu is held.
+func (b *Broker) st() *schedState {
+	if b.sched == nil {
+		b.sched = &schedState{
+			schedules: make(map[string]*broker.Schedule),
+			fires:     make(map[string]map[int64]int64),
+		}
+	}
+	return b.sched
+}
+
+// PutSchedule validates s (see broker.NormalizeSchedule) and creates or
+// replaces the schedule named s.Name. A replaced schedule keeps its run
+// state (LastAttempt, LastSuccess, ExpectedNextRun) and CreatedAt, except
+// that ExpectedNextRun is cleared when IntervalSeconds or Cron changed.
+// UpdatedAt (and CreatedAt on creation) is now. It returns the schedule as
+// stored.
+func (b *Broker) PutSchedule(ctx context.Context, s broker.Schedule) (broker.Schedule, error) {
+	s, err := broker.NormalizeSchedule(s)
+	if err != nil {
+		return broker.Schedule{}, err
+	}
+	if err := b.begin(ctx); err != nil {
+		return broker.Schedule{}, err
+	}
+	defer b.mu.Unlock()
+
+	st := b.st()
+	now := b.now()
+	if old := st.schedules[s.Name]; old != nil {
+		s.CreatedAt = old.CreatedAt
+		s.LastAttempt, s.LastSuccess = old.LastAttempt, old.LastSuccess
+		if old.IntervalSeconds == s.IntervalSeconds && old.Cron == s.Cron {
+			s.ExpectedNextRun = old.ExpectedNextRun
+		}
+	} else {
+		s.CreatedAt = now
+	}
+	s.UpdatedAt = now
+	st.schedules[s.Name] = &s
+	return copySchedule(&s), nil
+}
+
+// GetSchedule returns the schedule; broker.ErrNotFound when there is none.
+func (b *Broker) GetSchedule(ctx context.Context, name string) (broker.Schedule, error) {
+	if err := b.begin(ctx); err != nil {
+		return broker.Schedule{}, err
+	}
+	defer b.mu.Unlock()
+
+	s := b.st().schedules[name]
+	if s == nil {
+		return broker.Schedule{}, fmt.Errorf("schedule %q: %w", name, broker.ErrNotFound)
+	}
+	return copySchedule(s), nil
+}
+
+// ListSchedules returns every schedule, by name.
+func (b *Broker) ListSchedules(ctx context.Context) ([]broker.Schedule, error) {
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer b.mu.Unlock()
+
+	st := b.st()
+	out := make([]broker.Schedule, 0, len(st.schedules))
+	for _, s := range st.schedules {
+		out = append(out, copySchedule(s))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// DeleteSchedule removes the schedule and its record of fired slots (a
+// schedule created again under the name may fire those slots again); its
+// reports stay. broker.ErrNotFound when there is none.
+func (b *Broker) DeleteSchedule(ctx context.Context, name string) error {
+	if err := b.begin(ctx); err != nil {
+		return err
+	}
+	defer b.mu.Unlock()
+
+	st := b.st()
+	if st.schedules[name] == nil {
+		return fmt.Errorf("schedule %q: %w", name, broker.ErrNotFound)
+	}
+	delete(st.schedules, name)
+	delete(st.fires, name)
+	return nil
+}
+
+// FireSchedule fires slot req.Slot of schedule req.Name, at most once per
+// (name, slot), all under the broker's lock:
+//
+//   - the request is checked first (broker.ValidateFire: a name, a slot,
+//     and req.Submit as Submit would check it);
+//   - with req.Fence, the lease must be held by Fence.Holder at Fence.Term
+//     and not expired, or nothing changes and the error is
+//     broker.ErrNotLeader;
+//   - the schedule must exist (broker.ErrNotFound);
+//   - a slot that already fired returns Fired false and changes nothing;
+//   - otherwise the slot is recorded, LastAttempt becomes now and
+//     ExpectedNextRun req.Next (cleared when Next is zero), and req.Submit,
+//     when set, is submitted as Submit would with header "schedule" set to
+//     the name (broker.FireSubmit); its id is recorded with the slot and
+//     returned.
+func (b *Broker) FireSchedule(ctx context.Context, req broker.FireRequest) (broker.FireResult, error) {
+	if err := broker.ValidateFire(req, 0); err != nil {
+		return broker.FireResult{}, err
+	}
+	if err := b.begin(ctx); err != nil {
+		return broker.FireResult{}, err
+	}
+	defer b.mu.Unlock()
+
+	now := b.now()
+	if f := req.Fence; f != nil {
+		l := b.leases[f.Name]
+		if l == nil || l.Holder != f.Holder || l.Term != f.Term || !l.ExpiresAt.After(now) {
+			return broker.FireResult{}, broker.ErrNotLeader
+		}
+	}
+	st := b.st()
+	s := st.schedules[req.Name]
+	if s == nil {
+		return broker.FireResult{}, fmt.Errorf("schedule %q: %w", req.Name, broker.ErrNotFound)
+	}
+	slot := req.Slot.UnixNano()
+	fired := st.fires[req.Name]
+	if _, ok := fired[slot]; ok {
+		return broker.FireResult{Fired: false}, nil
+	}
+	if fired == nil {
+		fired = make(map[int64]int64)
+		st.fires[req.Name] = fired
+	}
+	var id int64
+	if req.Submit != nil {
+		id = b.submitLocked(broker.FireSubmit(req))
+	}
+	fired[slot] = id
+	attempt := now
+	s.LastAttempt = &attempt
+	s.ExpectedNextRun = nil
+	if !req.Next.IsZero() {
+		next := req.Next
+		s.ExpectedNextRun = &next
+	}
+	return broker.FireResult{Fired: true, MessageID: id}, nil
+}
+
+// AddReport validates r (broker.ValidateReport) and stores it under a new
+// id, which it returns. A zero EndedAt is now and a zero StartedAt is
+// EndedAt; Logs is copied (empty reads back as nil). A success report
+// naming a schedule (r.Schedule) also sets that schedule's LastSuccess to
+// the later of it and EndedAt; a schedule that no longer exists is not an
+// error. Past DefaultReportRetain reports the oldest are dropped.
+func (b *Broker) AddReport(ctx context.Context, r broker.Report) (int64, error) {
+	if err := broker.ValidateReport(r); err != nil {
+		return 0, err
+	}
+	if err := b.begin(ctx); err != nil {
+		return 0, err
+	}
+	defer b.mu.Unlock()
+
+	st := b.st()
+	if r.EndedAt.IsZero() {
+		r.EndedAt = b.now()
+	}
+	if r.StartedAt.IsZero() {
+		r.StartedAt = r.EndedAt
+	}
+	st.reportID++
+	r.ID = st.reportID
+	r = copyReport(&r)
+	st.reports = append(st.reports, r)
+	if n := len(st.reports) - DefaultReportRetain; n > 0 {
+		// Reslicing is O(1); append copies the survivors to a new array
+		// now and then, and the dropped ones are zeroed for the GC.
+		clear(st.reports[:n])
+		st.reports = st.reports[n:]
+	}
+	if s := st.schedules[r.Schedule]; r.Schedule != "" && r.Status == broker.ReportSuccess && s != nil {
+		if s.LastSuccess == nil || r.EndedAt.After(*s.LastSuccess) {
+			t := r.EndedAt
+			s.LastSuccess = &t
+		}
+	}
+	return r.ID, nil
+}
+
+// ListReports returns the reports matching f, newest (highest id) first:
+// at most f.Limit (broker.DefaultReportLimit when not positive,
+// broker.MaxReportLimit at most), with ids below f.Before when it is
+// positive. An unknown status is invalid.
+func (b *Broker) ListReports(ctx context.Context, f broker.ReportFilter) ([]broker.Report, error) {
+	limit, err := broker.ValidateReportFilter(f)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer b.mu.Unlock()
+
+	reports := b.st().reports
+	i := len(reports)
+	if f.Before > 0 {
+		i = sort.Search(len(reports), func(i int) bool { return reports[i].ID >= f.Before })
+	}
+	out := []broker.Report{}
+	for i--; i >= 0 && len(out) < limit; i-- {
+		r := &reports[i]
+		if (f.MessageID != 0 && r.MessageID != f.MessageID) ||
+			(f.Task != "" && r.Task != f.Task) ||
+			(f.Status != "" && r.Status != f.Status) ||
+			(f.Schedule != "" && r.Schedule != f.Schedule) {
+			continue
+		}
+		out = append(out, copyReport(r))
+	}
+	return out, nil
+}
+
+// GetReport returns the report; broker.ErrNotFound when there is none with
+// that id (never stored, purged or dropped).
+func (b *Broker) GetReport(ctx context.Context, id int64) (broker.Report, error) {
+	if err := b.begin(ctx); err != nil {
+		return broker.Report{}, err
+	}
+	defer b.mu.Unlock()
+
+	reports := b.st().reports
+	i := sort.Search(len(reports), func(i int) bool { return reports[i].ID >= id })
+	if i == len(reports) || reports[i].ID != id {
+		return broker.Report{}, fmt.Errorf("report %d: %w", id, broker.ErrNotFound)
+	}
+	return copyReport(&reports[i]), nil
+}
+
+// PurgeReports deletes the reports that ended before the cutoff and
+// returns how many.
+func (b *Broker) PurgeReports(ctx context.Context, before time.Time) (int, error) {
+	if err := b.begin(ctx); err != nil {
+		return 0, err
+	}
+	defer b.mu.Unlock()
+
+	st := b.st()
+	n := len(st.reports)
+	st.reports = slices.DeleteFunc(st.reports, func(r broker.Report) bool { return r.EndedAt.Before(before) })
+	return n - len(st.reports), nil
+}
+
+func copySchedule(s *broker.Schedule) broker.Schedule {
+	c := *s
+	c.Payload = slices.Clone(s.Payload)
+	for _, p := range []**time.Time{&c.LastAttempt, &c.LastSuccess, &c.ExpectedNextRun} {
+		if *p != nil {
+			t := **p
+			*p = &t
+		}
+	}
+	return c
+}
+
+func copyReport(r *broker.Report) broker.Report {
+	c := *r
+	if len(r.Result) > 0 {
+		c.Result = slices.Clone(r.Result)
+	} else {
+		c.Result = nil
+	}
+	if len(r.Logs) > 0 {
+		c.Logs = slices.Clone(r.Logs)
+	} else {
+		c.Logs = nil
+	}
+	return c
+}

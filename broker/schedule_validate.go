@@ -1,0 +1,159 @@
+package broker
+
+import (
+	"encoding/json"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// ScheduleHeader is the header FireSchedule sets on the message it
+// submits: the name of the schedule that fired it.
+const ScheduleHeader = "schedule"
+
+// MaxScheduleNameLen bounds a schedule's name, in characters.
+const MaxScheduleNameLen = 200
+
+// MaxIntervalSeconds bounds a schedule's interval (a 32-bit column in the
+// SQL stores; some 68 years).
+const MaxIntervalSeconds = 1<<31 - 1
+
+// SourceAPI is the source a schedule gets when none is given.
+const SourceAPI = "api"
+
+// ListReports limits: Limit 0 or less means DefaultReportLimit, and it is
+// capped at MaxReportLimit.
+const (
+	DefaultReportLimit = 50
+	MaxReportLimit     = 1000
+)
+
+// ReportStatuses are the statuses a report may have.
+var ReportStatuses = []string{ReportSuccess, ReportFailed, ReportError, ReportTimeout, ReportCancelled, ReportSkipped, ReportLost}
+
+// NormalizeSchedule checks a schedule's definition and returns it as every
+// broker stores it. Errors wrap ErrInvalid and say what is wrong.
+//
+//   - Name is not empty and at most MaxScheduleNameLen characters.
+//   - Task is not empty; Topic passes ValidateTopicName.
+//   - Payload is valid JSON of at most MaxPayloadSize bytes; empty becomes {}.
+//   - Exactly one of IntervalSeconds > 0 and Cron (not blank; surrounding
+//     spaces are trimmed) is set; a negative interval, or one above
+//     MaxIntervalSeconds, is invalid. The store does not parse Cron: the
+//     scheduler validates it first.
+//   - MissedPolicy "" becomes MissedSkip; otherwise it is MissedSkip or
+//     MissedFireOnce.
+//   - Source "" becomes SourceAPI.
+//
+// The run state (LastAttempt, LastSuccess, ExpectedNextRun) and the
+// CreatedAt and UpdatedAt stamps are cleared: the store keeps its own.
+func NormalizeSchedule(s Schedule) (Schedule, error) {
+	switch n := utf8.RuneCountInString(s.Name); {
+	case s.Name == "":
+		return Schedule{}, Invalid("schedule name is empty")
+	case n > MaxScheduleNameLen:
+		return Schedule{}, Invalid("schedule name is %d characters long, the limit is %d", n, MaxScheduleNameLen)
+	}
+	if s.Task == "" {
+		return Schedule{}, Invalid("schedule %q: task is empty", s.Name)
+	}
+	if len(s.Task) > MaxTaskLen {
+		return Schedule{}, Invalid("schedule %q: task name is %d bytes long, the limit is %d", s.Name, len(s.Task), MaxTaskLen)
+	}
+	if err := ValidateTopicName(s.Topic); err != nil {
+		return Schedule{}, Invalid("schedule %q: %s", s.Name, strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
+	}
+	if len(s.Payload) == 0 {
+		s.Payload = json.RawMessage(`{}`)
+	} else {
+		if len(s.Payload) > MaxPayloadSize {
+			return Schedule{}, Invalid("schedule %q: payload is %d bytes, the limit is %d", s.Name, len(s.Payload), MaxPayloadSize)
+		}
+		if !json.Valid(s.Payload) {
+			return Schedule{}, Invalid("schedule %q: payload is not valid JSON", s.Name)
+		}
+		s.Payload = slices.Clone(s.Payload)
+	}
+	s.Cron = strings.TrimSpace(s.Cron)
+	switch {
+	case s.IntervalSeconds < 0:
+		return Schedule{}, Invalid("schedule %q: interval_seconds is negative (%d)", s.Name, s.IntervalSeconds)
+	case s.IntervalSeconds > MaxIntervalSeconds:
+		return Schedule{}, Invalid("schedule %q: interval_seconds %d is above the limit %d", s.Name, s.IntervalSeconds, MaxIntervalSeconds)
+	case s.IntervalSeconds > 0 && s.Cron != "":
+		return Schedule{}, Invalid("schedule %q: both interval_seconds and cron are set; set exactly one", s.Name)
+	case s.IntervalSeconds == 0 && s.Cron == "":
+		return Schedule{}, Invalid("schedule %q: neither interval_seconds nor cron is set; set exactly one", s.Name)
+	}
+	switch s.MissedPolicy {
+	case "":
+		s.MissedPolicy = MissedSkip
+	case MissedSkip, MissedFireOnce:
+	default:
+		return Schedule{}, Invalid("schedule %q: missed_policy %q is unknown (want %q or %q)",
+			s.Name, s.MissedPolicy, MissedSkip, MissedFireOnce)
+	}
+	if s.Source == "" {
+		s.Source = SourceAPI
+	}
+	s.LastAttempt, s.LastSuccess, s.ExpectedNextRun = nil, nil, nil
+	s.CreatedAt, s.UpdatedAt = time.Time{}, time.Time{}
+	return s, nil
+}
+
+// ValidateFire checks a fire request: a schedule name and a slot, and the
+// message to submit, if any, as Submit would (maxPayload 0 means
+// MaxPayloadSize).
+func ValidateFire(req FireRequest, maxPayload int) error {
+	if req.Name == "" {
+		return Invalid("schedule name is empty")
+	}
+	if req.Slot.IsZero() {
+		return Invalid("schedule %q: the slot to fire is not set", req.Name)
+	}
+	if req.Submit != nil {
+		if err := ValidateSubmit(*req.Submit, maxPayload); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// FireSubmit returns the message FireSchedule submits for req (whose
+// Submit is not nil): req.Submit with its headers copied and
+// ScheduleHeader set to the schedule's name.
+func FireSubmit(req FireRequest) SubmitRequest {
+	sub := *req.Submit
+	h := make(map[string]string, len(sub.Headers)+1)
+	maps.Copy(h, sub.Headers)
+	h[ScheduleHeader] = req.Name
+	sub.Headers = h
+	return sub
+}
+
+// ValidateReport checks a report: its status is one of ReportStatuses and
+// its result, when set, is valid JSON.
+func ValidateReport(r Report) error {
+	if !slices.Contains(ReportStatuses, r.Status) {
+		return Invalid("report status %q is unknown (want one of %v)", r.Status, ReportStatuses)
+	}
+	if len(r.Result) > 0 && !json.Valid(r.Result) {
+		return Invalid("report result is not valid JSON")
+	}
+	return nil
+}
+
+// ValidateReportFilter checks a report filter (a status, when set, must be
+// known) and returns the limit to apply.
+func ValidateReportFilter(f ReportFilter) (int, error) {
+	if f.Status != "" && !slices.Contains(ReportStatuses, f.Status) {
+		return 0, Invalid("report status %q is unknown (want one of %v)", f.Status, ReportStatuses)
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = DefaultReportLimit
+	}
+	return min(limit, MaxReportLimit), nil
+}
