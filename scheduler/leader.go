@@ -107,27 +107,30 @@ func (l *Leader) Stop(ctx context.Context) {
 	}
 }
 
+// term is one period of leadership: the work's context and its end.
+type term struct {
+	fence  broker.Fence
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
 func (l *Leader) run(ctx context.Context) {
 	defer close(l.done)
-	var (
-		termCtx    context.Context
-		termCancel context.CancelFunc
-		termDone   chan struct{}
-		fence      broker.Fence
-	)
+	var cur *term
 	endTerm := func(release bool) {
-		if termCancel == nil {
+		if cur == nil {
 			return
 		}
-		termCancel()
-		<-termDone
-		termCancel = nil
+		cur.cancel()
+		<-cur.done
+		ended := cur
+		cur = nil
 		l.mu.Lock()
 		l.current = nil
 		l.mu.Unlock()
 		if release {
 			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if err := l.leaser.ReleaseLease(rctx, l.opts.Name, l.opts.Holder, fence.Term); err != nil {
+			if err := l.leaser.ReleaseLease(rctx, l.opts.Name, l.opts.Holder, ended.fence.Term); err != nil {
 				l.log.Warn("could not release the lease; a standby takes over when it expires", "error", err)
 			}
 			cancel()
@@ -147,30 +150,31 @@ func (l *Leader) run(ctx context.Context) {
 			l.log.Warn("lease renewal failed", "lease", l.opts.Name, "error", err)
 			// Without a renewal the lease runs out: stop acting as leader
 			// before it can, so two leaders never act at once.
-			if termCancel != nil && time.Since(lastRenew) > l.opts.TTL-l.opts.Renew {
-				l.log.Error("leadership lost: the lease could not be renewed in time", "term", fence.Term)
+			if cur != nil && time.Since(lastRenew) > l.opts.TTL-l.opts.Renew {
+				l.log.Error("leadership lost: the lease could not be renewed in time", "term", cur.fence.Term)
 				endTerm(false)
 			}
-		case held && termCancel != nil && lease.Term == fence.Term:
+		case held && cur != nil && lease.Term == cur.fence.Term:
 			lastRenew = time.Now()
 		case held:
 			endTerm(false)
 			lastRenew = time.Now()
-			fence = broker.Fence{Name: l.opts.Name, Holder: l.opts.Holder, Term: lease.Term}
+			cur = &term{fence: broker.Fence{Name: l.opts.Name, Holder: l.opts.Holder, Term: lease.Term}, done: make(chan struct{})}
 			l.log.Info("elected leader", "lease", l.opts.Name, "term", lease.Term)
+			fence := cur.fence
 			l.mu.Lock()
 			l.current = &fence
 			l.mu.Unlock()
-			termCtx, termCancel = context.WithCancel(ctx)
-			termDone = make(chan struct{})
+			var termCtx context.Context
+			termCtx, cur.cancel = context.WithCancel(ctx)
 			go func(ctx context.Context, f broker.Fence, done chan struct{}) {
 				defer close(done)
 				if l.opts.OnElected != nil {
 					l.opts.OnElected(ctx, f)
 				}
-			}(termCtx, fence, termDone)
+			}(termCtx, fence, cur.done)
 		default:
-			if termCancel != nil {
+			if cur != nil {
 				l.log.Warn("leadership lost to another process", "lease", l.opts.Name, "holder", lease.Holder, "term", lease.Term)
 				endTerm(false)
 			}

@@ -48,6 +48,7 @@ func (p *Plugin) routes() chi.Router {
 		r.Get("/workers", p.withRuntime(p.listWorkers))
 		r.Get("/locks", p.withRuntime(p.listLocks))
 		r.Get("/health", p.withRuntime(p.health))
+		scheduleRoutes(p, r)
 	})
 	return r
 }

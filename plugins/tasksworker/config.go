@@ -56,6 +56,12 @@ type Config struct {
 	Beat bool
 	// BeatLeaseTTL: a standby takes over within it after the leader dies.
 	BeatLeaseTTL time.Duration
+	// BeatTick is how often the leader looks for due schedules.
+	BeatTick time.Duration
+	// Schedules are declared in the config and upserted at start.
+	Schedules []scheduleBody
+	// ReportRetention: task reports older than this are purged.
+	ReportRetention time.Duration
 }
 
 // The config keys, in the order the error messages list them.
@@ -64,7 +70,7 @@ var configKeys = []string{
 	"drain_timeout_seconds", "max_payload_bytes", "topics",
 	"orphan_reclaim_enabled", "orphan_reclaim_interval_seconds", "orphan_reclaim_after_seconds",
 	"orphan_claim_grace_seconds", "orphan_max_attempts", "postgres_worker_ttl_seconds",
-	"beat", "beat_lease_ttl_seconds",
+	"beat", "beat_lease_ttl_seconds", "beat_tick_seconds", "schedules", "report_retention_hours",
 }
 
 var topicKeys = []string{"concurrency_limit", "dead_letter_enabled", "paused"}
@@ -83,6 +89,8 @@ func defaultConfig() Config {
 		Reaper:            reaper.DefaultSettings(),
 		Beat:              true,
 		BeatLeaseTTL:      15 * time.Second,
+		BeatTick:          time.Second,
+		ReportRetention:   7 * 24 * time.Hour,
 	}
 }
 
@@ -146,6 +154,14 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 			cfg.Beat, err = boolSetting(key, v)
 		case "beat_lease_ttl_seconds":
 			cfg.BeatLeaseTTL, err = durationSetting(key, v, false)
+		case "beat_tick_seconds":
+			cfg.BeatTick, err = durationSetting(key, v, false)
+		case "report_retention_hours":
+			var h int
+			h, err = intSetting(key, v, 1, 24*366)
+			cfg.ReportRetention = time.Duration(h) * time.Hour
+		case "schedules":
+			cfg.Schedules, err = schedulesSetting(v)
 		case "postgres_worker_ttl_seconds":
 			cfg.Reaper.WorkerTTL, err = durationSetting(key, v, false)
 		default:
@@ -168,6 +184,32 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 		cfg.DataDir = "var"
 	}
 	return cfg, nil
+}
+
+// schedulesSetting reads the declared schedules strictly; the checks that
+// need the task registry run at start.
+func schedulesSetting(v json.RawMessage) ([]scheduleBody, error) {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(v, &raw); err != nil {
+		return nil, invalid("schedules", "must be a list of schedules, such as [%s]", scheduleExample)
+	}
+	out := make([]scheduleBody, 0, len(raw))
+	names := map[string]bool{}
+	for i, r := range raw {
+		key := fmt.Sprintf("schedules[%d]", i)
+		var b scheduleBody
+		d := json.NewDecoder(bytes.NewReader(r))
+		d.DisallowUnknownFields()
+		if err := d.Decode(&b); err != nil {
+			return nil, invalid(key, "%v; a schedule looks like %s", strings.TrimPrefix(err.Error(), "json: "), scheduleExample)
+		}
+		if names[b.Name] {
+			return nil, invalid(key, "schedule %q is declared twice", b.Name)
+		}
+		names[b.Name] = true
+		out = append(out, b)
+	}
+	return out, nil
 }
 
 // LocalDBFile is the local broker's database file inside data_dir.

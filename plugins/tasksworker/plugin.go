@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/hashicorp/go-hclog"
@@ -49,6 +50,8 @@ type runtime struct {
 	pool   *worker.Pool
 	reaper *reaper.Reaper
 	leader *scheduler.Leader // nil when this process is no beat candidate
+	// reports stores task reports off the workers' path.
+	reports *reportWriter
 	// cancel stops the runtime's own goroutines; wg waits for them.
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -69,6 +72,15 @@ func New(logger hclog.Logger) *Plugin {
 	p := &Plugin{log: logger}
 	p.metrics = newTelemetry(p.stats, logger)
 	p.reaperMetrics = reaper.NewMetrics(p.metrics.reg)
+	p.metrics.reg.MustRegister(&scheduler.HealthCollector{
+		Store: func() broker.ScheduleStore {
+			if rt := p.current(); rt != nil {
+				return rt.broker
+			}
+			return nil
+		},
+		Logger: logger.Named("schedules"),
+	})
 	p.router = p.routes()
 	return p
 }
@@ -173,6 +185,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 	if drain == 0 {
 		drain = -1 // the pool's "cancel at once"
 	}
+	reports := newReportWriter(b, p.log.Named("reports"))
 	roles := []string{broker.RoleWorker}
 	leaser, canLead := b.(broker.Leaser)
 	if cfg.Beat && canLead {
@@ -186,6 +199,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 		DrainTimeout:      drain,
 		Logger:            p.log.Named("pool"),
 		Observer:          p.metrics,
+		Reporter:          reports,
 	})
 	// Every topic this process claims exists in the broker from the start,
 	// so its gauges are there (at zero) before the first submit.
@@ -204,7 +218,12 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 	if err := pool.Start(ctx); err != nil {
 		return nil, err
 	}
-	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp}
+	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp, reports: reports}
+	if err := applyConfigSchedules(ctx, rt); err != nil {
+		_ = pool.Stop(ctx)
+		reports.close()
+		return nil, err
+	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	rt.cancel = cancel
 	if cfg.Reaper.Enabled {
@@ -213,7 +232,26 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 		})
 	}
 	if cfg.Beat && canLead {
-		beat := &scheduler.Beat{Reaper: rp, Settings: cfg.Reaper, Logger: p.log.Named("beat")}
+		beat := &scheduler.Beat{
+			Reaper: rp, Settings: cfg.Reaper, Logger: p.log.Named("beat"),
+			Schedules: &scheduler.Ticker{
+				Store: b,
+				Lookup: func(task string) (string, bool) {
+					t, ok := reg.Lookup(task)
+					return t.Topic, ok
+				},
+				Logger: p.log.Named("schedules"),
+			},
+			TickEvery: cfg.BeatTick,
+			PurgeReports: func(ctx context.Context) {
+				n, err := b.PurgeReports(ctx, time.Now().Add(-cfg.ReportRetention))
+				if err != nil {
+					p.log.Warn("purging old task reports failed", "error", err)
+				} else if n > 0 {
+					p.log.Info("purged old task reports", "count", n, "retention", cfg.ReportRetention)
+				}
+			},
+		}
 		rt.leader = scheduler.NewLeader(leaser, scheduler.LeaderOptions{
 			Holder:    pool.WorkerID(),
 			TTL:       cfg.BeatLeaseTTL,
@@ -236,6 +274,7 @@ func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
 		rt.leader.Stop(ctx)
 	}
 	err := rt.pool.Stop(ctx)
+	rt.reports.close()
 	if cerr := rt.broker.Close(); cerr != nil {
 		log.Warn("closing the broker", "error", cerr)
 	}

@@ -22,10 +22,11 @@ func registerBuiltins(reg *worker.Registry, cfg Config, reclaim func(context.Con
 	tasks := []worker.Task{
 		{
 			Name:        "demo.echo",
-			Description: "Returns its payload.",
+			Description: `Returns its payload. With "lock": "name" in the payload it takes that lock, and a busy lock skips the message (it ends without running).`,
 			Handler: func(_ context.Context, tc *worker.TaskContext) (any, error) {
 				return tc.Payload, nil
 			},
+			LockKey: payloadLock,
 		},
 		{
 			Name:           "demo.sleep",

@@ -1,0 +1,295 @@
+package tasksworker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/scheduler"
+)
+
+// scheduleBody is a schedule as the API and the config declare it.
+type scheduleBody struct {
+	Name            string          `json:"name"`
+	Task            string          `json:"task"`
+	Topic           string          `json:"topic"`
+	Payload         json.RawMessage `json:"payload"`
+	IntervalSeconds int             `json:"interval_seconds"`
+	Cron            string          `json:"cron"`
+	Enabled         *bool           `json:"enabled"`
+	MissedPolicy    string          `json:"missed_policy"`
+}
+
+const scheduleExample = `{"name": "nightly-report", "task": "demo.echo", "payload": {}, "cron": "0 3 * * *", "enabled": true}`
+
+var scheduleName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$`)
+
+// toSchedule checks a declared schedule against the registry and returns
+// it, or an error that says which field is wrong and why.
+func (b scheduleBody) toSchedule(rt *runtime, source string) (broker.Schedule, error) {
+	if !scheduleName.MatchString(b.Name) {
+		return broker.Schedule{}, fmt.Errorf("name %q: use letters, digits and . _ : -, starting with a letter or digit, at most 200 characters", b.Name)
+	}
+	if b.Task == "" {
+		return broker.Schedule{}, fmt.Errorf("task is required; the tasks are %s", strings.Join(rt.reg.Names(), ", "))
+	}
+	task, ok := rt.reg.Lookup(b.Task)
+	if !ok {
+		return broker.Schedule{}, fmt.Errorf("task %q is not registered; the tasks are %s", b.Task, strings.Join(rt.reg.Names(), ", "))
+	}
+	topic := b.Topic
+	if topic == "" {
+		topic = task.Topic
+	}
+	if served := rt.pool.Topics(); !contains(served, topic) {
+		return broker.Schedule{}, fmt.Errorf("topic %q is not served by this worker (it claims from %s)", topic, strings.Join(served, ", "))
+	}
+	if _, err := scheduler.ParseTiming(b.IntervalSeconds, b.Cron); err != nil {
+		return broker.Schedule{}, err
+	}
+	switch b.MissedPolicy {
+	case "", broker.MissedSkip, broker.MissedFireOnce:
+	default:
+		return broker.Schedule{}, fmt.Errorf("missed_policy %q: use %q or %q", b.MissedPolicy, broker.MissedSkip, broker.MissedFireOnce)
+	}
+	payload := bytes.TrimSpace(b.Payload)
+	if len(payload) == 0 || string(payload) == "null" {
+		payload = []byte("{}")
+	}
+	if !json.Valid(payload) {
+		return broker.Schedule{}, fmt.Errorf("payload is not valid JSON")
+	}
+	enabled := true
+	if b.Enabled != nil {
+		enabled = *b.Enabled
+	}
+	return broker.Schedule{
+		Name: b.Name, Task: b.Task, Topic: topic, Payload: payload,
+		IntervalSeconds: b.IntervalSeconds, Cron: strings.TrimSpace(b.Cron),
+		Enabled: enabled, MissedPolicy: b.MissedPolicy, Source: source,
+	}, nil
+}
+
+// applyConfigSchedules upserts the schedules the config declares.
+func applyConfigSchedules(ctx context.Context, rt *runtime) error {
+	for i, b := range rt.cfg.Schedules {
+		s, err := b.toSchedule(rt, "config")
+		if err != nil {
+			return invalid(fmt.Sprintf("schedules[%d]", i), "%v", err)
+		}
+		if _, err := rt.broker.PutSchedule(ctx, s); err != nil {
+			return fmt.Errorf("store schedule %q: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+func scheduleRoutes(p *Plugin, r chi.Router) {
+	r.Get("/schedules", p.withRuntime(listSchedules))
+	r.Post("/schedules", p.withRuntime(putSchedule))
+	r.Get("/schedules/{name}", p.withRuntime(getSchedule))
+	r.Put("/schedules/{name}", p.withRuntime(putSchedule))
+	r.Delete("/schedules/{name}", p.withRuntime(deleteSchedule))
+	r.Get("/reports", p.withRuntime(listReports))
+	r.Get("/reports/{id}", p.withRuntime(getReport))
+}
+
+// scheduleView adds what a person wants to see next to the stored row.
+func scheduleView(s broker.Schedule) map[string]any {
+	v := map[string]any{"schedule": s}
+	if tm, err := scheduler.ParseTiming(s.IntervalSeconds, s.Cron); err == nil {
+		v["timing"] = tm.String()
+		v["period_seconds"] = tm.Period(time.Now()).Seconds()
+	}
+	return v
+}
+
+func listSchedules(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	list, err := rt.broker.ListSchedules(r.Context())
+	if err != nil {
+		writeBrokerError(w, "list schedules", err)
+		return
+	}
+	if list == nil {
+		list = []broker.Schedule{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"schedules": list})
+}
+
+func getSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	s, err := rt.broker.GetSchedule(r.Context(), chi.URLParam(r, "name"))
+	if err != nil {
+		writeBrokerError(w, "get schedule", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, scheduleView(s))
+}
+
+// putSchedule creates (POST) or replaces (PUT /schedules/{name}) one.
+func putSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	var b scheduleBody
+	if !decodeBody(w, r, int64(rt.cfg.MaxPayloadBytes)+bodySlack, &b, scheduleExample) {
+		return
+	}
+	status := http.StatusCreated
+	if name := chi.URLParam(r, "name"); name != "" {
+		if b.Name != "" && b.Name != name {
+			writeError(w, http.StatusBadRequest, "the body names schedule %q but the URL names %q; a schedule cannot be renamed: delete it and create another", b.Name, name)
+			return
+		}
+		b.Name = name
+		if _, err := rt.broker.GetSchedule(r.Context(), name); err != nil {
+			writeBrokerError(w, "update schedule", err)
+			return
+		}
+		status = http.StatusOK
+	} else if _, err := rt.broker.GetSchedule(r.Context(), b.Name); err == nil {
+		writeError(w, http.StatusConflict, "schedule %q exists; change it with PUT /api/schedules/%s", b.Name, b.Name)
+		return
+	}
+	s, err := b.toSchedule(rt, "api")
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "schedule refused: %v; for example %s", err, scheduleExample)
+		return
+	}
+	stored, err := rt.broker.PutSchedule(r.Context(), s)
+	if err != nil {
+		writeBrokerError(w, "store schedule", err)
+		return
+	}
+	writeJSON(w, status, scheduleView(stored))
+}
+
+func deleteSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	name := chi.URLParam(r, "name")
+	if err := rt.broker.DeleteSchedule(r.Context(), name); err != nil {
+		writeBrokerError(w, "delete schedule", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"deleted": name})
+}
+
+var reportStatuses = []string{broker.ReportSuccess, broker.ReportFailed, broker.ReportError, broker.ReportTimeout,
+	broker.ReportCancelled, broker.ReportSkipped, broker.ReportLost}
+
+func listReports(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	q := r.URL.Query()
+	f := broker.ReportFilter{Task: q.Get("task"), Status: q.Get("status"), Schedule: q.Get("schedule"), Limit: defaultListLimit}
+	if f.Status != "" && !contains(reportStatuses, f.Status) {
+		writeError(w, http.StatusBadRequest, "unknown status %q; use one of %s", f.Status, strings.Join(reportStatuses, ", "))
+		return
+	}
+	for key, dst := range map[string]*int64{"message_id": &f.MessageID, "before": &f.Before} {
+		if s := q.Get(key); s != "" {
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil || n <= 0 {
+				writeError(w, http.StatusBadRequest, "%s must be a positive whole number, got %q", key, s)
+				return
+			}
+			*dst = n
+		}
+	}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxListLimit {
+			writeError(w, http.StatusBadRequest, "limit must be a whole number from 1 to %d, got %q", maxListLimit, s)
+			return
+		}
+		f.Limit = n
+	}
+	list, err := rt.broker.ListReports(r.Context(), f)
+	if err != nil {
+		writeBrokerError(w, "list reports", err)
+		return
+	}
+	if list == nil {
+		list = []broker.Report{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"reports": list})
+}
+
+func getReport(w http.ResponseWriter, r *http.Request, rt *runtime) {
+	raw := chi.URLParam(r, "id")
+	id, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || id <= 0 {
+		writeError(w, http.StatusBadRequest, "report id must be a positive whole number, got %q", raw)
+		return
+	}
+	rep, err := rt.broker.GetReport(r.Context(), id)
+	if err != nil {
+		writeBrokerError(w, "get report", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// reportWriter stores task reports off the workers' path: the pool hands
+// reports over without blocking, and one goroutine writes them. When the
+// database falls far behind, reports are dropped and counted rather than
+// slowing the tasks down.
+type reportWriter struct {
+	store   broker.ScheduleStore
+	log     hclog.Logger
+	ch      chan broker.Report
+	done    chan struct{}
+	once    sync.Once
+	mu      sync.Mutex
+	dropped int
+}
+
+func newReportWriter(store broker.ScheduleStore, log hclog.Logger) *reportWriter {
+	w := &reportWriter{store: store, log: log, ch: make(chan broker.Report, 10000), done: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+// Report implements worker.Reporter.
+func (w *reportWriter) Report(r broker.Report) {
+	select {
+	case w.ch <- r:
+	default:
+		w.mu.Lock()
+		w.dropped++
+		n := w.dropped
+		w.mu.Unlock()
+		if n == 1 || n%1000 == 0 {
+			w.log.Warn("task reports are being dropped: the database cannot keep up", "dropped", n)
+		}
+	}
+}
+
+func (w *reportWriter) run() {
+	defer close(w.done)
+	for r := range w.ch {
+		for attempt := 0; ; attempt++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, err := w.store.AddReport(ctx, r)
+			cancel()
+			if err == nil || errors.Is(err, broker.ErrInvalid) || errors.Is(err, broker.ErrClosed) || attempt >= 3 {
+				if err != nil {
+					w.log.Warn("task report not stored", "message_id", r.MessageID, "error", err)
+				}
+				break
+			}
+			time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+		}
+	}
+}
+
+// close stores what is queued and stops; call after the pool stopped.
+func (w *reportWriter) close() {
+	w.once.Do(func() { close(w.ch) })
+	<-w.done
+}
