@@ -1,0 +1,123 @@
+package host_test
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite host/testdata/metrics.golden from the scrape")
+
+// TestMetricSurfaceIsGolden scrapes the aggregated endpoint through a real
+// host and compares every tasks_worker and aggregator series name and type
+// with testdata/metrics.golden. The names are a public interface (alert
+// rules select them): renaming, dropping or retyping one fails here. To add
+// a series, add it to the golden file; to retire one, emit old and new for a
+// release first (see docs/observability.md).
+func TestMetricSurfaceIsGolden(t *testing.T) {
+	h := startHost(t, `
+listen: LISTEN
+plugins_dir: PLUGINS
+plugins:
+  tasks_worker:
+    enabled: true
+    config:
+      broker: memory
+      workers: 2
+      beat_tick_seconds: 0.2
+      schedules:
+        - {name: golden, task: demo.echo, interval_seconds: 1}
+  metrics:
+    enabled: true
+  ghost:
+    enabled: true   # no binary: a source that is down, for fp_metrics_source_errors_total
+`)
+	h.waitState(t, "tasks_worker", "running", 30*time.Second)
+	h.waitState(t, "metrics", "running", 30*time.Second)
+	// A task in flight makes the per-topic claim-age gauge appear; the
+	// schedule's first success makes the schedule health pair appear.
+	// A failed task makes the per-topic failure counter appear.
+	for _, body := range []string{`{"task": "demo.sleep", "payload": {"seconds": 60}}`, `{"task": "demo.fail"}`} {
+		resp, err := http.Post(h.base+"/plugin-pkg/tasks_worker/api/tasks", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("submit %s: %d", body, resp.StatusCode)
+		}
+	}
+	var surface []string
+	waitFor(t, 30*time.Second, "every conditional series is present", func() bool {
+		_, body := get(t, h.base+"/plugin-pkg/metrics/api/prometheus")
+		surface = metricSurface(t, body)
+		joined := strings.Join(surface, "\n")
+		return strings.Contains(joined, "fp_tasks_worker_fastpluggy_broker_oldest_running_claim_seconds ") &&
+			strings.Contains(joined, "fp_tasks_worker_fastpluggy_scheduled_task_since_success_seconds ") &&
+			strings.Contains(joined, "fp_tasks_worker_fastpluggy_tasks_failed_per_topic_total ") &&
+			strings.Contains(joined, "fp_metrics_source_errors_total ")
+	})
+	golden := filepath.Join("testdata", "metrics.golden")
+	got := strings.Join(surface, "\n") + "\n"
+	if *updateGolden {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("read %s (create it with go test ./host -run TestMetricSurfaceIsGolden -update): %v", golden, err)
+	}
+	wantSet := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(string(want)), "\n") {
+		wantSet[l] = true
+	}
+	gotSet := map[string]bool{}
+	for _, l := range surface {
+		gotSet[l] = true
+	}
+	for l := range wantSet {
+		if !gotSet[l] {
+			t.Errorf("series gone or retyped: %q is in the golden file but not in the scrape", l)
+		}
+	}
+	for l := range gotSet {
+		if !wantSet[l] {
+			t.Errorf("new series %q: add it to %s (and to docs/observability.md)", l, golden)
+		}
+	}
+}
+
+// metricSurface lists "name type" for every tasks_worker and aggregator
+// family of the scrape, except the Go runtime and process collectors,
+// whose set varies with the Go version.
+func metricSurface(t *testing.T, body string) []string {
+	t.Helper()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bytes.NewReader([]byte(body)))
+	if err != nil {
+		t.Fatalf("scrape does not parse: %v", err)
+	}
+	var out []string
+	for name, mf := range fams {
+		if strings.HasPrefix(name, "fp_tasks_worker_go_") || strings.HasPrefix(name, "fp_tasks_worker_process_") {
+			continue
+		}
+		if !strings.HasPrefix(name, "fp_tasks_worker_") && !strings.HasPrefix(name, "fp_metrics_") {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s %s", name, strings.ToLower(mf.GetType().String())))
+	}
+	sort.Strings(out)
+	return out
+}
