@@ -2,13 +2,16 @@ package host_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,48 +28,12 @@ var updateGolden = flag.Bool("update", false, "rewrite host/testdata/metrics.gol
 // a series, add it to the golden file; to retire one, emit old and new for a
 // release first (see docs/observability.md).
 func TestMetricSurfaceIsGolden(t *testing.T) {
-	h := startHost(t, `
-listen: LISTEN
-plugins_dir: PLUGINS
-plugins:
-  tasks_worker:
-    enabled: true
-    config:
-      broker: memory
-      workers: 2
-      beat_tick_seconds: 0.2
-      schedules:
-        - {name: golden, task: demo.echo, interval_seconds: 1}
-  metrics:
-    enabled: true
-  ghost:
-    enabled: true   # no binary: a source that is down, for fp_metrics_source_errors_total
-`)
+	h := startHost(t, goldenConfig)
 	h.waitState(t, "tasks_worker", "running", 30*time.Second)
 	h.waitState(t, "metrics", "running", 30*time.Second)
-	// A task in flight makes the per-topic claim-age gauge appear; the
-	// schedule's first success makes the schedule health pair appear.
-	// A failed task makes the per-topic failure counter appear.
-	for _, body := range []string{`{"task": "demo.sleep", "payload": {"seconds": 60}}`, `{"task": "demo.fail"}`} {
-		resp, err := http.Post(h.base+"/plugin-pkg/tasks_worker/api/tasks", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated {
-			t.Fatalf("submit %s: %d", body, resp.StatusCode)
-		}
-	}
-	var surface []string
-	waitFor(t, 30*time.Second, "every conditional series is present", func() bool {
-		_, body := get(t, h.base+"/plugin-pkg/metrics/api/prometheus")
-		surface = metricSurface(t, body)
-		joined := strings.Join(surface, "\n")
-		return strings.Contains(joined, "fp_tasks_worker_fastpluggy_broker_oldest_running_claim_seconds ") &&
-			strings.Contains(joined, "fp_tasks_worker_fastpluggy_scheduled_task_since_success_seconds ") &&
-			strings.Contains(joined, "fp_tasks_worker_fastpluggy_tasks_failed_per_topic_total ") &&
-			strings.Contains(joined, "fp_metrics_source_errors_total ")
-	})
+	surface := produceConditionalSeries(t, h)
+	_, body := get(t, h.base+"/plugin-pkg/metrics/api/prometheus")
+	promtoolCheck(t, body)
 	golden := filepath.Join("testdata", "metrics.golden")
 	got := strings.Join(surface, "\n") + "\n"
 	if *updateGolden {
@@ -98,6 +65,55 @@ plugins:
 	}
 }
 
+// goldenConfig runs tasks_worker with a schedule, and a plugin that is
+// down, so that every conditional series can appear.
+const goldenConfig = `
+listen: LISTEN
+plugins_dir: PLUGINS
+plugins:
+  tasks_worker:
+    enabled: true
+    config:
+      broker: memory
+      workers: 2
+      beat_tick_seconds: 0.2
+      schedules:
+        - {name: golden, task: demo.echo, interval_seconds: 1}
+  metrics:
+    enabled: true
+  ghost:
+    enabled: true   # no binary: a source that is down, for fp_metrics_source_errors_total
+`
+
+// produceConditionalSeries makes the series that exist only in some states
+// appear (a claim in flight, a failure, a schedule's first success, a
+// source that is down) and returns the scrape's surface once they are all
+// there.
+func produceConditionalSeries(t *testing.T, h *hostProc) []string {
+	t.Helper()
+	for _, body := range []string{`{"task": "demo.sleep", "payload": {"seconds": 120}}`, `{"task": "demo.fail"}`} {
+		resp, err := http.Post(h.base+"/plugin-pkg/tasks_worker/api/tasks", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("submit %s: %d", body, resp.StatusCode)
+		}
+	}
+	var surface []string
+	waitFor(t, 30*time.Second, "every conditional series is present", func() bool {
+		_, body := get(t, h.base+"/plugin-pkg/metrics/api/prometheus")
+		surface = metricSurface(t, body)
+		joined := strings.Join(surface, "\n")
+		return strings.Contains(joined, "fp_tasks_worker_fastpluggy_broker_oldest_running_claim_seconds ") &&
+			strings.Contains(joined, "fp_tasks_worker_fastpluggy_scheduled_task_since_success_seconds ") &&
+			strings.Contains(joined, "fp_tasks_worker_fastpluggy_tasks_failed_per_topic_total ") &&
+			strings.Contains(joined, "fp_metrics_source_errors_total ")
+	})
+	return surface
+}
+
 // metricSurface lists "name type" for every tasks_worker and aggregator
 // family of the scrape, except the Go runtime and process collectors,
 // whose set varies with the Go version.
@@ -120,4 +136,79 @@ func metricSurface(t *testing.T, body string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// TestRealPrometheusScrapesEverySeries runs Debian's Prometheus against a
+// running host and checks, through Prometheus's own API, that every series
+// of the golden surface arrives with its prefix and that the target is up.
+func TestRealPrometheusScrapesEverySeries(t *testing.T) {
+	bin, err := exec.LookPath("prometheus")
+	if err != nil {
+		t.Fatal("prometheus not found: install Debian's prometheus package (apt-get install -y prometheus); .ci/run does this")
+	}
+	h := startHost(t, goldenConfig)
+	h.waitState(t, "tasks_worker", "running", 30*time.Second)
+	produceConditionalSeries(t, h)
+	dir := t.TempDir()
+	promAddr := freeAddr(t)
+	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, scrape_timeout: 1s}
+scrape_configs:
+  - job_name: taskhost
+    metrics_path: /plugin-pkg/metrics/api/prometheus
+    static_configs: [{targets: [%q]}]
+`, strings.TrimPrefix(h.base, "http://"))
+	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"),
+		"--storage.tsdb.path="+filepath.Join(dir, "data"), "--web.listen-address="+promAddr)
+	var log syncBuffer
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("prometheus log:\n%s", log.String())
+		}
+	})
+	want, err := os.ReadFile(filepath.Join("testdata", "metrics.golden"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var missing []string
+	waitFor(t, 60*time.Second, "Prometheus has every golden series", func() bool {
+		resp, err := http.Get("http://" + promAddr + "/api/v1/label/__name__/values")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var names struct {
+			Data []string `json:"data"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&names) != nil {
+			return false
+		}
+		have := map[string]bool{}
+		for _, n := range names.Data {
+			have[n] = true
+		}
+		missing = missing[:0]
+		for _, line := range strings.Split(strings.TrimSpace(string(want)), "\n") {
+			name := strings.Fields(line)[0]
+			if strings.HasSuffix(line, " histogram") {
+				name += "_bucket"
+			}
+			if !have[name] {
+				missing = append(missing, name)
+			}
+		}
+		return len(missing) == 0 && have["up"]
+	})
+	_, up := get(t, "http://"+promAddr+"/api/v1/query?query=up")
+	if !strings.Contains(up, `"value":[`) || !strings.Contains(up, `,"1"]`) {
+		t.Fatalf("the taskhost target is not up in Prometheus: %s", up)
+	}
 }
