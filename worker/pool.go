@@ -720,6 +720,9 @@ func (p *Pool) flush(batch []completion) {
 	}
 	for _, c := range batch {
 		p.obs.TaskFinished(c.topic, c.task, c.status, c.dur)
+		if p.mobs != nil {
+			p.mobs.MessageFinished(c.claim.ID, c.topic, c.task, c.status)
+		}
 		if p.opts.Reporter != nil {
 			if r, ok := p.report(c); ok {
 				p.opts.Reporter.Report(r)
