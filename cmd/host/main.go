@@ -3,6 +3,7 @@
 //	host -config taskhost.yaml          run the host (the default command)
 //	host check-config -config FILE      validate a config file and exit
 //	host migrate [-dsn DSN]             migrate the PostgreSQL broker's tables
+//	host bench [-broker KIND] [flags]   measure the broker and the worker pool
 //	host version                        print the version
 package main
 
@@ -43,6 +44,8 @@ func run(args []string) int {
 		return checkConfig(args)
 	case "migrate":
 		return migrateCmd(args)
+	case "bench":
+		return benchCmd(args)
 	case "version":
 		fmt.Println(version)
 		return 0
@@ -61,6 +64,8 @@ func usage() {
   host check-config -config FILE validate a config file
   host migrate [-config FILE] [-dsn DSN] [-schema S]
                                  bring the PostgreSQL broker's tables up to date
+  host bench [-broker memory|local|postgres] [-jobs N] [-workers N] ...
+                                 measure the broker and the worker pool (-h lists the flags)
   host version                   print the version
 `)
 }
