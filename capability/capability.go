@@ -212,6 +212,8 @@ type HostServices interface {
 	CollectMetrics(ctx context.Context, plugin string) (MetricsPayload, error)
 	// RunTask runs a task provided by the named plugin.
 	RunTask(ctx context.Context, plugin string, run TaskRun, events TaskEvents) (json.RawMessage, error)
+	// ListTasks lists the tasks the named plugin provides.
+	ListTasks(ctx context.Context, plugin string) ([]TaskSpec, error)
 }
 
 // Errors a caller can test with errors.Is.

@@ -172,6 +172,9 @@ func TestConfigureBrokersHostServices(t *testing.T) {
 			}
 			return capability.MetricsPayload{Body: []byte("m_" + plugin), Format: "text"}, nil
 		},
+		ListTasksFunc: func(_ context.Context, plugin string) ([]capability.TaskSpec, error) {
+			return []capability.TaskSpec{{Name: plugin + ".hello", Topic: "default", MaxAttempts: 3}}, nil
+		},
 	}
 	capabilitytest.Start(t, p, map[string]any{"workers": 3}, host)
 	if string(p.config) != `{"workers":3}` {
@@ -188,6 +191,10 @@ func TestConfigureBrokersHostServices(t *testing.T) {
 	}
 	if _, err := p.host.CollectMetrics(ctx, "down"); !errors.Is(err, capability.ErrUnavailable) {
 		t.Fatalf("collect from a down plugin: %v, want ErrUnavailable", err)
+	}
+	specs, err := p.host.ListTasks(ctx, "ex")
+	if err != nil || len(specs) != 1 || specs[0].Name != "ex.hello" || specs[0].MaxAttempts != 3 {
+		t.Fatalf("list tasks through the host = %+v, %v", specs, err)
 	}
 	if _, err := p.host.RunTask(ctx, "nobody", capability.TaskRun{Task: "x"}, nil); !errors.Is(err, capability.ErrNotFound) {
 		t.Fatalf("run task with no provider: %v, want ErrNotFound", err)

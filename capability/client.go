@@ -149,11 +149,7 @@ func (c *Client) ListTasks(ctx context.Context) ([]TaskSpec, error) {
 	if err != nil {
 		return nil, fromStatus("list tasks", err)
 	}
-	out := make([]TaskSpec, 0, len(r.Tasks))
-	for _, t := range r.Tasks {
-		out = append(out, TaskSpec{Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: int(t.MaxAttempts)})
-	}
-	return out, nil
+	return tasksFromPB(r), nil
 }
 
 // RunTask runs one task in the plugin, forwarding its log lines and

@@ -61,6 +61,14 @@ func (s *hostServicesServer) RunTask(req *pb.HostRunTaskRequest, stream pb.HostS
 	return stream.Send(final)
 }
 
+func (s *hostServicesServer) ListTasks(ctx context.Context, req *pb.HostListTasksRequest) (*pb.ListTasksResponse, error) {
+	specs, err := s.impl.ListTasks(ctx, req.Plugin)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return tasksToPB(specs), nil
+}
+
 // hostServicesClient is the plugin's view of HostServices.
 type hostServicesClient struct {
 	c pb.HostServicesClient
@@ -88,6 +96,14 @@ func (h *hostServicesClient) CollectMetrics(ctx context.Context, plugin string) 
 		return MetricsPayload{}, fromStatus("collect metrics of "+plugin, err)
 	}
 	return MetricsPayload{Body: r.Payload, Format: r.Format}, nil
+}
+
+func (h *hostServicesClient) ListTasks(ctx context.Context, plugin string) ([]TaskSpec, error) {
+	r, err := h.c.ListTasks(ctx, &pb.HostListTasksRequest{Plugin: plugin})
+	if err != nil {
+		return nil, fromStatus("list tasks of "+plugin, err)
+	}
+	return tasksFromPB(r), nil
 }
 
 func (h *hostServicesClient) RunTask(ctx context.Context, plugin string, run TaskRun, events TaskEvents) (json.RawMessage, error) {

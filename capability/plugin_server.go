@@ -171,13 +171,25 @@ func (s *taskServer) ListTasks(ctx context.Context, _ *pb.ListTasksRequest) (*pb
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	return tasksToPB(specs), nil
+}
+
+func tasksToPB(specs []TaskSpec) *pb.ListTasksResponse {
 	resp := &pb.ListTasksResponse{}
 	for _, t := range specs {
 		resp.Tasks = append(resp.Tasks, &pb.TaskSpec{
 			Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: int32(t.MaxAttempts),
 		})
 	}
-	return resp, nil
+	return resp
+}
+
+func tasksFromPB(r *pb.ListTasksResponse) []TaskSpec {
+	out := make([]TaskSpec, 0, len(r.Tasks))
+	for _, t := range r.Tasks {
+		out = append(out, TaskSpec{Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: int(t.MaxAttempts)})
+	}
+	return out
 }
 
 func (s *taskServer) RunTask(req *pb.RunTaskRequest, stream pb.TaskProvider_RunTaskServer) error {

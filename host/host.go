@@ -173,6 +173,16 @@ func (hs *hostServices) CollectMetrics(ctx context.Context, name string) (capabi
 	return client.CollectMetrics(ctx)
 }
 
+func (hs *hostServices) ListTasks(ctx context.Context, name string) ([]capability.TaskSpec, error) {
+	client, err := hs.target(name, capability.Tasks)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, metricsTimeout)
+	defer cancel()
+	return client.ListTasks(ctx)
+}
+
 func (hs *hostServices) RunTask(ctx context.Context, name string, run capability.TaskRun, events capability.TaskEvents) (json.RawMessage, error) {
 	client, err := hs.target(name, capability.Tasks)
 	if err != nil {

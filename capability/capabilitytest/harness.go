@@ -60,6 +60,15 @@ type Host struct {
 	ListPluginsFunc    func(ctx context.Context, c capability.Capability) ([]capability.PluginInfo, error)
 	CollectMetricsFunc func(ctx context.Context, plugin string) (capability.MetricsPayload, error)
 	RunTaskFunc        func(ctx context.Context, plugin string, run capability.TaskRun, events capability.TaskEvents) (json.RawMessage, error)
+	ListTasksFunc      func(ctx context.Context, plugin string) ([]capability.TaskSpec, error)
+}
+
+// ListTasks implements capability.HostServices.
+func (h *Host) ListTasks(ctx context.Context, plugin string) ([]capability.TaskSpec, error) {
+	if h.ListTasksFunc == nil {
+		return nil, capability.ErrNotFound
+	}
+	return h.ListTasksFunc(ctx, plugin)
 }
 
 // ListPlugins implements capability.HostServices.

@@ -1585,6 +1585,50 @@ func (x *HostRunTaskRequest) GetRequest() *RunTaskRequest {
 	return nil
 }
 
+type HostListTasksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Plugin        string                 `protobuf:"bytes,1,opt,name=plugin,proto3" json:"plugin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostListTasksRequest) Reset() {
+	*x = HostListTasksRequest{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostListTasksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostListTasksRequest) ProtoMessage() {}
+
+func (x *HostListTasksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostListTasksRequest.ProtoReflect.Descriptor instead.
+func (*HostListTasksRequest) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *HostListTasksRequest) GetPlugin() string {
+	if x != nil {
+		return x.Plugin
+	}
+	return ""
+}
+
 var File_taskhost_plugin_v1_plugin_proto protoreflect.FileDescriptor
 
 const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
@@ -1695,7 +1739,9 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x06plugin\x18\x01 \x01(\tR\x06plugin\"j\n" +
 	"\x12HostRunTaskRequest\x12\x16\n" +
 	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x12<\n" +
-	"\arequest\x18\x02 \x01(\v2\".taskhost.plugin.v1.RunTaskRequestR\arequest2\xe7\x02\n" +
+	"\arequest\x18\x02 \x01(\v2\".taskhost.plugin.v1.RunTaskRequestR\arequest\".\n" +
+	"\x14HostListTasksRequest\x12\x16\n" +
+	"\x06plugin\x18\x01 \x01(\tR\x06plugin2\xe7\x02\n" +
 	"\tLifecycle\x12U\n" +
 	"\bDescribe\x12#.taskhost.plugin.v1.DescribeRequest\x1a$.taskhost.plugin.v1.DescribeResponse\x12X\n" +
 	"\tConfigure\x12$.taskhost.plugin.v1.ConfigureRequest\x1a%.taskhost.plugin.v1.ConfigureResponse\x12^\n" +
@@ -1710,11 +1756,12 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\fInvokeAction\x12'.taskhost.plugin.v1.InvokeActionRequest\x1a(.taskhost.plugin.v1.InvokeActionResponse2\xbb\x01\n" +
 	"\fTaskProvider\x12X\n" +
 	"\tListTasks\x12$.taskhost.plugin.v1.ListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponse\x12Q\n" +
-	"\aRunTask\x12\".taskhost.plugin.v1.RunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x012\xb2\x02\n" +
+	"\aRunTask\x12\".taskhost.plugin.v1.RunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x012\x90\x03\n" +
 	"\fHostServices\x12^\n" +
 	"\vListPlugins\x12&.taskhost.plugin.v1.ListPluginsRequest\x1a'.taskhost.plugin.v1.ListPluginsResponse\x12k\n" +
 	"\x0eCollectMetrics\x12-.taskhost.plugin.v1.HostCollectMetricsRequest\x1a*.taskhost.plugin.v1.CollectMetricsResponse\x12U\n" +
-	"\aRunTask\x12&.taskhost.plugin.v1.HostRunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x01B5Z3github.com/taskhost/taskhost/capability/internal/pbb\x06proto3"
+	"\aRunTask\x12&.taskhost.plugin.v1.HostRunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x01\x12\\\n" +
+	"\tListTasks\x12(.taskhost.plugin.v1.HostListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponseB5Z3github.com/taskhost/taskhost/capability/internal/pbb\x06proto3"
 
 var (
 	file_taskhost_plugin_v1_plugin_proto_rawDescOnce sync.Once
@@ -1729,7 +1776,7 @@ func file_taskhost_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_taskhost_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_taskhost_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_taskhost_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_taskhost_plugin_v1_plugin_proto_goTypes = []any{
 	(CheckHealthResponse_Status)(0),   // 0: taskhost.plugin.v1.CheckHealthResponse.Status
 	(*DescribeRequest)(nil),           // 1: taskhost.plugin.v1.DescribeRequest
@@ -1760,6 +1807,7 @@ var file_taskhost_plugin_v1_plugin_proto_goTypes = []any{
 	(*ListPluginsResponse)(nil),       // 26: taskhost.plugin.v1.ListPluginsResponse
 	(*HostCollectMetricsRequest)(nil), // 27: taskhost.plugin.v1.HostCollectMetricsRequest
 	(*HostRunTaskRequest)(nil),        // 28: taskhost.plugin.v1.HostRunTaskRequest
+	(*HostListTasksRequest)(nil),      // 29: taskhost.plugin.v1.HostListTasksRequest
 }
 var file_taskhost_plugin_v1_plugin_proto_depIdxs = []int32{
 	0,  // 0: taskhost.plugin.v1.CheckHealthResponse.status:type_name -> taskhost.plugin.v1.CheckHealthResponse.Status
@@ -1782,21 +1830,23 @@ var file_taskhost_plugin_v1_plugin_proto_depIdxs = []int32{
 	24, // 17: taskhost.plugin.v1.HostServices.ListPlugins:input_type -> taskhost.plugin.v1.ListPluginsRequest
 	27, // 18: taskhost.plugin.v1.HostServices.CollectMetrics:input_type -> taskhost.plugin.v1.HostCollectMetricsRequest
 	28, // 19: taskhost.plugin.v1.HostServices.RunTask:input_type -> taskhost.plugin.v1.HostRunTaskRequest
-	2,  // 20: taskhost.plugin.v1.Lifecycle.Describe:output_type -> taskhost.plugin.v1.DescribeResponse
-	4,  // 21: taskhost.plugin.v1.Lifecycle.Configure:output_type -> taskhost.plugin.v1.ConfigureResponse
-	6,  // 22: taskhost.plugin.v1.Lifecycle.CheckHealth:output_type -> taskhost.plugin.v1.CheckHealthResponse
-	8,  // 23: taskhost.plugin.v1.Lifecycle.Stop:output_type -> taskhost.plugin.v1.StopResponse
-	10, // 24: taskhost.plugin.v1.MetricsProvider.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
-	13, // 25: taskhost.plugin.v1.HTTPHandler.ServeHTTP:output_type -> taskhost.plugin.v1.HTTPResponseChunk
-	16, // 26: taskhost.plugin.v1.ActionProvider.ListActions:output_type -> taskhost.plugin.v1.ListActionsResponse
-	18, // 27: taskhost.plugin.v1.ActionProvider.InvokeAction:output_type -> taskhost.plugin.v1.InvokeActionResponse
-	21, // 28: taskhost.plugin.v1.TaskProvider.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
-	23, // 29: taskhost.plugin.v1.TaskProvider.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
-	26, // 30: taskhost.plugin.v1.HostServices.ListPlugins:output_type -> taskhost.plugin.v1.ListPluginsResponse
-	10, // 31: taskhost.plugin.v1.HostServices.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
-	23, // 32: taskhost.plugin.v1.HostServices.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
-	20, // [20:33] is the sub-list for method output_type
-	7,  // [7:20] is the sub-list for method input_type
+	29, // 20: taskhost.plugin.v1.HostServices.ListTasks:input_type -> taskhost.plugin.v1.HostListTasksRequest
+	2,  // 21: taskhost.plugin.v1.Lifecycle.Describe:output_type -> taskhost.plugin.v1.DescribeResponse
+	4,  // 22: taskhost.plugin.v1.Lifecycle.Configure:output_type -> taskhost.plugin.v1.ConfigureResponse
+	6,  // 23: taskhost.plugin.v1.Lifecycle.CheckHealth:output_type -> taskhost.plugin.v1.CheckHealthResponse
+	8,  // 24: taskhost.plugin.v1.Lifecycle.Stop:output_type -> taskhost.plugin.v1.StopResponse
+	10, // 25: taskhost.plugin.v1.MetricsProvider.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
+	13, // 26: taskhost.plugin.v1.HTTPHandler.ServeHTTP:output_type -> taskhost.plugin.v1.HTTPResponseChunk
+	16, // 27: taskhost.plugin.v1.ActionProvider.ListActions:output_type -> taskhost.plugin.v1.ListActionsResponse
+	18, // 28: taskhost.plugin.v1.ActionProvider.InvokeAction:output_type -> taskhost.plugin.v1.InvokeActionResponse
+	21, // 29: taskhost.plugin.v1.TaskProvider.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
+	23, // 30: taskhost.plugin.v1.TaskProvider.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
+	26, // 31: taskhost.plugin.v1.HostServices.ListPlugins:output_type -> taskhost.plugin.v1.ListPluginsResponse
+	10, // 32: taskhost.plugin.v1.HostServices.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
+	23, // 33: taskhost.plugin.v1.HostServices.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
+	21, // 34: taskhost.plugin.v1.HostServices.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
+	21, // [21:35] is the sub-list for method output_type
+	7,  // [7:21] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -1813,7 +1863,7 @@ func file_taskhost_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskhost_plugin_v1_plugin_proto_rawDesc), len(file_taskhost_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   6,
 		},

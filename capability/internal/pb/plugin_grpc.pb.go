@@ -758,6 +758,7 @@ const (
 	HostServices_ListPlugins_FullMethodName    = "/taskhost.plugin.v1.HostServices/ListPlugins"
 	HostServices_CollectMetrics_FullMethodName = "/taskhost.plugin.v1.HostServices/CollectMetrics"
 	HostServices_RunTask_FullMethodName        = "/taskhost.plugin.v1.HostServices/RunTask"
+	HostServices_ListTasks_FullMethodName      = "/taskhost.plugin.v1.HostServices/ListTasks"
 )
 
 // HostServicesClient is the client API for HostServices service.
@@ -770,6 +771,7 @@ type HostServicesClient interface {
 	ListPlugins(ctx context.Context, in *ListPluginsRequest, opts ...grpc.CallOption) (*ListPluginsResponse, error)
 	CollectMetrics(ctx context.Context, in *HostCollectMetricsRequest, opts ...grpc.CallOption) (*CollectMetricsResponse, error)
 	RunTask(ctx context.Context, in *HostRunTaskRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RunTaskEvent], error)
+	ListTasks(ctx context.Context, in *HostListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error)
 }
 
 type hostServicesClient struct {
@@ -819,6 +821,16 @@ func (c *hostServicesClient) RunTask(ctx context.Context, in *HostRunTaskRequest
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type HostServices_RunTaskClient = grpc.ServerStreamingClient[RunTaskEvent]
 
+func (c *hostServicesClient) ListTasks(ctx context.Context, in *HostListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTasksResponse)
+	err := c.cc.Invoke(ctx, HostServices_ListTasks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HostServicesServer is the server API for HostServices service.
 // All implementations must embed UnimplementedHostServicesServer
 // for forward compatibility.
@@ -829,6 +841,7 @@ type HostServicesServer interface {
 	ListPlugins(context.Context, *ListPluginsRequest) (*ListPluginsResponse, error)
 	CollectMetrics(context.Context, *HostCollectMetricsRequest) (*CollectMetricsResponse, error)
 	RunTask(*HostRunTaskRequest, grpc.ServerStreamingServer[RunTaskEvent]) error
+	ListTasks(context.Context, *HostListTasksRequest) (*ListTasksResponse, error)
 	mustEmbedUnimplementedHostServicesServer()
 }
 
@@ -847,6 +860,9 @@ func (UnimplementedHostServicesServer) CollectMetrics(context.Context, *HostColl
 }
 func (UnimplementedHostServicesServer) RunTask(*HostRunTaskRequest, grpc.ServerStreamingServer[RunTaskEvent]) error {
 	return status.Error(codes.Unimplemented, "method RunTask not implemented")
+}
+func (UnimplementedHostServicesServer) ListTasks(context.Context, *HostListTasksRequest) (*ListTasksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListTasks not implemented")
 }
 func (UnimplementedHostServicesServer) mustEmbedUnimplementedHostServicesServer() {}
 func (UnimplementedHostServicesServer) testEmbeddedByValue()                      {}
@@ -916,6 +932,24 @@ func _HostServices_RunTask_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type HostServices_RunTaskServer = grpc.ServerStreamingServer[RunTaskEvent]
 
+func _HostServices_ListTasks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HostListTasksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HostServicesServer).ListTasks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HostServices_ListTasks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HostServicesServer).ListTasks(ctx, req.(*HostListTasksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // HostServices_ServiceDesc is the grpc.ServiceDesc for HostServices service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -930,6 +964,10 @@ var HostServices_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CollectMetrics",
 			Handler:    _HostServices_CollectMetrics_Handler,
+		},
+		{
+			MethodName: "ListTasks",
+			Handler:    _HostServices_ListTasks_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
