@@ -25,6 +25,7 @@ build: ## build the host into bin/ and the plugins into bin/plugins/
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/host ./cmd/host
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(PLUGINS)/fp-plugin-tasks_worker ./plugins/tasksworker/cmd/fp-plugin-tasks_worker
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(PLUGINS)/fp-plugin-metrics ./plugins/metricsagg/cmd/fp-plugin-metrics
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(PLUGINS)/fp-plugin-example ./plugins/example/cmd/fp-plugin-example
 
 .PHONY: run
 run: build ## build, then run the host with both plugins (examples/taskhost.yaml)

@@ -64,6 +64,7 @@ func buildBinaries() error {
 		filepath.Join(binDir, "host"):                       "./cmd/host",
 		filepath.Join(pluginsDir, "fp-plugin-tasks_worker"): "./plugins/tasksworker/cmd/fp-plugin-tasks_worker",
 		filepath.Join(pluginsDir, "fp-plugin-metrics"):      "./plugins/metricsagg/cmd/fp-plugin-metrics",
+		filepath.Join(pluginsDir, "fp-plugin-example"):      "./plugins/example/cmd/fp-plugin-example",
 		filepath.Join(binDir, "fixture"):                    "./host/testdata/fixture",
 	}
 	for out, pkg := range builds {

@@ -150,7 +150,7 @@ func (p *Plugin) Configure(ctx context.Context, req capability.ConfigureRequest)
 	if err != nil {
 		return fmt.Errorf("open the %s broker: %w", cfg.Broker, err)
 	}
-	rt, err := p.start(ctx, cfg, b)
+	rt, err := p.start(ctx, cfg, b, req.Host)
 	if err != nil {
 		_ = b.Close()
 		return err
@@ -161,7 +161,7 @@ func (p *Plugin) Configure(ctx context.Context, req capability.ConfigureRequest)
 	return nil
 }
 
-func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runtime, error) {
+func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host capability.HostServices) (*runtime, error) {
 	reg := worker.NewRegistry()
 	// The watchdog task runs the same pass as the beat and the admin
 	// action; the reaper needs the pool's worker id, so it is bound below,
@@ -226,6 +226,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker) (*runti
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	rt.cancel = cancel
+	rt.wg.Go(func() { watchProviders(bg, host, reg, p.log.Named("providers")) })
 	if cfg.Reaper.Enabled {
 		rt.wg.Go(func() {
 			reclaimDeadNeighbours(bg, b, rp, pool.WorkerID(), cfg.Reaper.Grace, p.log.Named("reaper"))

@@ -1,0 +1,123 @@
+package host_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+type taskView struct {
+	ID       string          `json:"id"`
+	State    string          `json:"state"`
+	Attempts int             `json:"attempts"`
+	Result   json.RawMessage `json:"result"`
+	Error    string          `json:"error"`
+}
+
+func submitTask(t *testing.T, h *hostProc, body string) string {
+	t.Helper()
+	resp, err := http.Post(h.base+"/plugin-pkg/tasks_worker/api/tasks", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		ID    string `json:"id"`
+		Error string `json:"error"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("submit %s: %d %s", body, resp.StatusCode, out.Error)
+	}
+	return out.ID
+}
+
+func taskState(t *testing.T, h *hostProc, id string) taskView {
+	t.Helper()
+	var v taskView
+	_, body := get(t, h.base+"/plugin-pkg/tasks_worker/api/tasks/"+id)
+	_ = json.Unmarshal([]byte(body), &v)
+	return v
+}
+
+// TestTasksFromAnotherPlugin: the example plugin's tasks run through the
+// host; when the provider dies mid-task, that attempt fails with a clear
+// error and the normal retry rules bring it to completion once the host
+// has restarted the provider.
+func TestTasksFromAnotherPlugin(t *testing.T) {
+	h := startHost(t, `
+listen: LISTEN
+plugins_dir: PLUGINS
+plugins:
+  tasks_worker:
+    enabled: true
+    config: {broker: memory, workers: 2}
+  example:
+    enabled: true
+`)
+	h.waitState(t, "tasks_worker", "running", 30*time.Second)
+	ex := h.waitState(t, "example", "running", 30*time.Second)
+
+	// The provider's tasks are registered within a refresh.
+	var id string
+	waitFor(t, 20*time.Second, "example.greet is accepted", func() bool {
+		resp, err := http.Post(h.base+"/plugin-pkg/tasks_worker/api/tasks", "application/json",
+			strings.NewReader(`{"task": "example.greet", "payload": {"name": "Ada"}}`))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var out struct {
+			ID string `json:"id"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		id = out.ID
+		return resp.StatusCode == http.StatusCreated
+	})
+	var v taskView
+	waitFor(t, 20*time.Second, "example.greet is done", func() bool {
+		v = taskState(t, h, id)
+		return v.State == "done"
+	})
+	if string(v.Result) != `{"greeting":"hello, Ada"}` {
+		t.Fatalf("result = %s", v.Result)
+	}
+
+	id = submitTask(t, h, `{"task": "example.count", "payload": {"to": 30, "step_ms": 100}}`)
+	waitFor(t, 20*time.Second, "example.count runs", func() bool { return taskState(t, h, id).State == "running" })
+	time.Sleep(300 * time.Millisecond)
+	if err := syscall.Kill(ex.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "example.count completes after its provider came back", func() bool {
+		v = taskState(t, h, id)
+		return v.State == "done"
+	})
+	if v.Attempts < 2 || string(v.Result) != `{"counted":30}` {
+		t.Fatalf("after the provider's death: attempts %d, result %s", v.Attempts, v.Result)
+	}
+	_, body := get(t, h.base+"/plugin-pkg/tasks_worker/api/reports?message_id="+id)
+	var reps struct {
+		Reports []struct {
+			Status string   `json:"status"`
+			Error  string   `json:"error"`
+			Logs   []string `json:"logs"`
+		} `json:"reports"`
+	}
+	_ = json.Unmarshal([]byte(body), &reps)
+	var failed, success bool
+	for _, r := range reps.Reports {
+		if r.Status == "failed" && strings.Contains(r.Error, "example") {
+			failed = true
+		}
+		if r.Status == "success" && len(r.Logs) > 0 {
+			success = true
+		}
+	}
+	if !failed || !success {
+		t.Fatalf("reports do not show a failed attempt naming the provider and a successful one with its log: %s", body)
+	}
+}

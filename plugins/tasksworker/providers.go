@@ -1,0 +1,110 @@
+package tasksworker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/worker"
+)
+
+// providerRefresh is how often tasks_worker asks the host which plugins
+// provide tasks; a provider that starts later is picked up within it.
+const providerRefresh = 5 * time.Second
+
+// watchProviders registers the tasks of every plugin with the TaskProvider
+// capability, now and whenever one appears. A task stays registered when
+// its provider goes down: its messages are still accepted, and an attempt
+// while the provider is down fails with a clear error and is retried by
+// the task's rules.
+func watchProviders(ctx context.Context, host capability.HostServices, reg *worker.Registry, log hclog.Logger) {
+	if host == nil {
+		return
+	}
+	known := map[string]string{} // task -> provider
+	every := time.NewTicker(providerRefresh)
+	defer every.Stop()
+	for {
+		discoverProviders(ctx, host, reg, known, log)
+		select {
+		case <-ctx.Done():
+			return
+		case <-every.C:
+		}
+	}
+}
+
+func discoverProviders(ctx context.Context, host capability.HostServices, reg *worker.Registry, known map[string]string, log hclog.Logger) {
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	plugins, err := host.ListPlugins(lctx, capability.Tasks)
+	if err != nil {
+		log.Debug("cannot list task providers", "error", err)
+		return
+	}
+	for _, pl := range plugins {
+		if pl.State != "running" && pl.State != "degraded" {
+			continue
+		}
+		specs, err := host.ListTasks(lctx, pl.Name)
+		if err != nil {
+			log.Warn("cannot list the tasks of a provider", "plugin", pl.Name, "error", err)
+			continue
+		}
+		for _, spec := range specs {
+			if owner, ok := known[spec.Name]; ok {
+				if owner != pl.Name {
+					log.Warn("two plugins provide the same task; keeping the first", "task", spec.Name, "kept", owner, "ignored", pl.Name)
+				}
+				continue
+			}
+			err := reg.Register(providedTask(host, pl.Name, spec))
+			switch {
+			case errors.Is(err, worker.ErrDuplicateTask):
+				log.Warn("a plugin provides a task whose name is taken by a built-in task; ignoring it", "task", spec.Name, "plugin", pl.Name)
+			case err != nil:
+				log.Warn("cannot register a provided task", "task", spec.Name, "plugin", pl.Name, "error", err)
+			default:
+				log.Info("registered a task from a plugin", "task", spec.Name, "plugin", pl.Name, "topic", spec.Topic)
+			}
+			known[spec.Name] = pl.Name
+		}
+	}
+}
+
+// providedTask runs a task in its provider plugin through the host,
+// forwarding its log lines and progress to the attempt.
+func providedTask(host capability.HostServices, plugin string, spec capability.TaskSpec) worker.Task {
+	return worker.Task{
+		Name:        spec.Name,
+		Description: fmt.Sprintf("%s (provided by plugin %s)", spec.Description, plugin),
+		Topic:       spec.Topic,
+		MaxAttempts: max(spec.MaxAttempts, 3),
+		Handler: func(ctx context.Context, tc *worker.TaskContext) (any, error) {
+			res, err := host.RunTask(ctx, plugin, capability.TaskRun{
+				Task: spec.Name, Payload: tc.Payload, MessageID: fmt.Sprint(tc.MessageID), Attempt: tc.Attempt,
+			}, taskEvents{tc})
+			var te *capability.TaskError
+			switch {
+			case err == nil:
+				return json.RawMessage(res), nil
+			case errors.As(err, &te):
+				return nil, te
+			case errors.Is(err, capability.ErrUnavailable), errors.Is(err, capability.ErrNotFound):
+				return nil, fmt.Errorf("plugin %s, which provides %s, is not running; the attempt is retried by the task's rules: %w", plugin, spec.Name, err)
+			}
+			return nil, fmt.Errorf("running %s in plugin %s: %w", spec.Name, plugin, err)
+		},
+	}
+}
+
+// taskEvents forwards a provided task's events to its attempt.
+type taskEvents struct{ tc *worker.TaskContext }
+
+func (e taskEvents) Log(line string)    { e.tc.Logf("%s", line) }
+func (e taskEvents) Progress(f float64) { e.tc.SetProgress(f) }
