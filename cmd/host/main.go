@@ -46,6 +46,8 @@ func run(args []string) int {
 		return migrateCmd(args)
 	case "bench":
 		return benchCmd(args)
+	case "tasks", "reclaim", "schedules", "plugins":
+		return clientCmd(cmd, args)
 	case "version":
 		fmt.Println(version)
 		return 0
@@ -67,6 +69,15 @@ func usage() {
   host bench [-broker memory|local|postgres] [-jobs N] [-workers N] ...
                                  measure the broker and the worker pool (-h lists the flags)
   host version                   print the version
+
+talking to a running host (-addr, default from -config's listen; -token or $TASKHOST_ADMIN_TOKEN):
+  host tasks submit -task NAME [-topic T] [-payload JSON] [-delay SECONDS]
+  host tasks get ID
+  host tasks list [-state S] [-topic T] [-task NAME] [-limit N]
+  host reclaim                   run one orphan-reclaim pass now and print what it did
+  host schedules list
+  host plugins                   every plugin with its state
+  (add -json to any of them for the raw answer)
 `)
 }
 

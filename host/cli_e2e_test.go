@@ -1,0 +1,71 @@
+package host_test
+
+import (
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCommandLineClient drives a running host with `host tasks|reclaim|
+// schedules|plugins`, as a script or an operator would.
+func TestCommandLineClient(t *testing.T) {
+	h := startHost(t, `
+listen: LISTEN
+plugins_dir: PLUGINS
+plugins:
+  tasks_worker:
+    enabled: true
+    config:
+      broker: memory
+      schedules:
+        - {name: nightly, task: demo.echo, cron: "0 3 * * *"}
+  metrics:
+    enabled: true
+`)
+	h.waitState(t, "tasks_worker", "running", 30*time.Second)
+	cli := func(args ...string) (string, error) {
+		words := 1
+		if args[0] == "tasks" || args[0] == "schedules" {
+			words = 2 // the subcommand comes before the flags
+		}
+		full := append(append(append([]string{}, args[:words]...), "-addr", h.base), args[words:]...)
+		out, err := exec.Command(filepath.Join(binDir, "host"), full...).CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	id, err := cli("tasks", "submit", "-task", "demo.echo", "-payload", `{"from": "cli"}`)
+	if err != nil || id == "" {
+		t.Fatalf("tasks submit: %v %s", err, id)
+	}
+	var got string
+	waitFor(t, 10*time.Second, "the task is done", func() bool {
+		got, err = cli("tasks", "get", id)
+		return err == nil && strings.Contains(got, "done")
+	})
+	if !strings.Contains(got, `{"from":"cli"}`) {
+		t.Fatalf("tasks get:\n%s", got)
+	}
+	if out, err := cli("tasks", "list", "-state", "done"); err != nil || !strings.Contains(out, "demo.echo") {
+		t.Fatalf("tasks list: %v\n%s", err, out)
+	}
+	if out, err := cli("tasks", "submit", "-task", "nope"); err == nil || !strings.Contains(out, `unknown task "nope"`) {
+		t.Fatalf("submitting an unknown task: %v\n%s", err, out)
+	}
+	if out, err := cli("reclaim"); err != nil || !strings.Contains(out, "memory broker cannot orphan") {
+		t.Fatalf("reclaim: %v\n%s", err, out)
+	}
+	if out, err := cli("schedules", "list"); err != nil || !strings.Contains(out, "nightly") || !strings.Contains(out, "0 3 * * *") {
+		t.Fatalf("schedules list: %v\n%s", err, out)
+	}
+	if out, err := cli("plugins"); err != nil || !strings.Contains(out, "tasks_worker") || !strings.Contains(out, "running") {
+		t.Fatalf("plugins: %v\n%s", err, out)
+	}
+	if out, err := cli("plugins", "-json"); err != nil || !strings.Contains(out, `"capabilities"`) {
+		t.Fatalf("plugins -json: %v\n%s", err, out)
+	}
+	out, err := exec.Command(filepath.Join(binDir, "host"), "plugins", "-addr", "http://127.0.0.1:1").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "cannot reach the host") {
+		t.Fatalf("unreachable host: %v\n%s", err, out)
+	}
+}
