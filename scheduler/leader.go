@@ -44,6 +44,12 @@ type Leader struct {
 	done    chan struct{}
 	started bool
 	stopped bool
+
+	// validUntil is when the lease runs out by this process's clock: the
+	// time its last successful renewal was sent, plus the TTL. A leader
+	// that was paused past it (SIGSTOP, a VM freeze) may no longer lead,
+	// and must not say it does before its loop has noticed.
+	validUntil time.Time
 }
 
 // NewLeader returns a leader for leaser; call Start.
@@ -63,11 +69,12 @@ func NewLeader(leaser broker.Leaser, opts LeaderOptions) *Leader {
 	return &Leader{leaser: leaser, opts: opts, log: opts.Logger, done: make(chan struct{})}
 }
 
-// Fence returns the fence of the current term while this process leads.
+// Fence returns the fence of the current term while this process leads
+// (and its lease has not run out by this process's clock).
 func (l *Leader) Fence() (broker.Fence, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.current == nil {
+	if l.current == nil || !time.Now().Before(l.validUntil) {
 		return broker.Fence{}, false
 	}
 	return *l.current, true
@@ -142,6 +149,7 @@ func (l *Leader) run(ctx context.Context) {
 	defer t.Stop()
 	lastRenew := time.Time{}
 	for {
+		sent := time.Now()
 		lease, held, err := l.leaser.TryLease(ctx, l.opts.Name, l.opts.Holder, l.opts.TTL)
 		switch {
 		case err != nil && ctx.Err() != nil:
@@ -156,6 +164,9 @@ func (l *Leader) run(ctx context.Context) {
 			}
 		case held && cur != nil && lease.Term == cur.fence.Term:
 			lastRenew = time.Now()
+			l.mu.Lock()
+			l.validUntil = sent.Add(l.opts.TTL)
+			l.mu.Unlock()
 		case held:
 			endTerm(false)
 			lastRenew = time.Now()
@@ -164,6 +175,7 @@ func (l *Leader) run(ctx context.Context) {
 			fence := cur.fence
 			l.mu.Lock()
 			l.current = &fence
+			l.validUntil = sent.Add(l.opts.TTL)
 			l.mu.Unlock()
 			var termCtx context.Context
 			termCtx, cur.cancel = context.WithCancel(ctx)
