@@ -50,6 +50,7 @@ func (p *Plugin) routes() chi.Router {
 		r.Get("/health", p.withRuntime(p.health))
 		scheduleRoutes(p, r)
 	})
+	r.Route("/ui", func(r chi.Router) { uiRoutes(p, r) })
 	return r
 }
 
