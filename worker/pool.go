@@ -85,6 +85,10 @@ const (
 	lockErrorRetryDelay = time.Second
 	// maxAckBatch bounds one broker.Ack call.
 	maxAckBatch = 256
+	// collectors is how many outcome writes may be in flight at once: one
+	// batch is written while the next gathers, and the broker commits
+	// them together.
+	collectors = 2
 	// Broker errors are retried after 100ms, doubling up to 5s.
 	retryMin = 100 * time.Millisecond
 	retryMax = 5 * time.Second
@@ -151,6 +155,7 @@ type Pool struct {
 
 	wake        chan struct{} // Wake: claim now
 	slotFreed   chan struct{} // a worker finished a message
+	written     chan struct{} // an outcome write returned: the broker may have a free slot
 	jobs        chan broker.Message
 	completions chan completion
 	abandon     chan struct{} // closed: stop waiting on handlers
@@ -170,6 +175,7 @@ type Pool struct {
 	workers        sync.WaitGroup
 
 	inflight atomic.Int64 // claimed and not yet handed to the collector
+	pending  atomic.Int64 // handed to the collector, outcome not yet written
 	running  atomic.Int64 // handlers running
 	draining atomic.Bool
 }
@@ -295,6 +301,7 @@ func (p *Pool) Start(ctx context.Context) error {
 
 	n := p.opts.Concurrency
 	p.slotFreed = make(chan struct{}, 1)
+	p.written = make(chan struct{}, 1)
 	p.jobs = make(chan broker.Message, n)
 	p.completions = make(chan completion, 2*n)
 	p.abandon = make(chan struct{})
@@ -307,7 +314,14 @@ func (p *Pool) Start(ctx context.Context) error {
 	p.heartbeatDone = make(chan struct{})
 
 	go p.heartbeat()
-	go p.collect()
+	var collecting sync.WaitGroup
+	for range collectors {
+		collecting.Go(p.collect)
+	}
+	go func() {
+		collecting.Wait()
+		close(p.collectorDone)
+	}()
 	p.workers.Add(n)
 	for range n {
 		go p.work()
@@ -444,20 +458,37 @@ func waitFor(ctx context.Context, done <-chan struct{}, d time.Duration) bool {
 
 // dispatch claims messages while there are free slots and hands them to
 // the workers. It closes jobs when it returns.
+//
+// A claim asks for as many messages as there are idle handlers, but the
+// pool holds at most 2*Concurrency messages claimed and not yet written
+// back (running in the broker), so slow outcome writes slow claiming down.
+// A topic's concurrency limit counts a message as running until its
+// outcome is written, so when a claim comes back short while outcomes are
+// being written, the next claim goes out as soon as one of those writes
+// returns rather than after the idle interval.
 func (p *Pool) dispatch() {
 	defer close(p.dispatcherDone)
 	defer close(p.jobs)
 	bo := retryBackoff()
 	idle := time.NewTimer(0)
 	<-idle.C
+	n := p.opts.Concurrency
 	for p.claimCtx.Err() == nil {
-		free := p.opts.Concurrency - int(p.inflight.Load())
+		inflight := int(p.inflight.Load())
+		free := min(n-inflight, 2*n-inflight-int(p.pending.Load()))
 		if free <= 0 {
 			select {
 			case <-p.slotFreed:
+			case <-p.written:
 			case <-p.claimCtx.Done():
 			}
 			continue
+		}
+		// A write that returns from here on may free a slot this claim
+		// does not see: it signals afresh.
+		select {
+		case <-p.written:
+		default:
 		}
 		cctx, cancel := context.WithTimeout(p.claimCtx, brokerCallTimeout)
 		msgs, err := p.b.Claim(cctx, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.topics, Max: free})
@@ -483,12 +514,20 @@ func (p *Pool) dispatch() {
 			continue
 		}
 		bo.reset()
-		if len(msgs) > 0 {
+		if len(msgs) == free {
 			continue
+		}
+		// Short: the queues ran dry, or a concurrency limit binds. Our own
+		// messages free the limit's slots as their outcomes are written.
+		var written <-chan struct{}
+		if p.inflight.Load()+p.pending.Load() > 0 {
+			written = p.written
 		}
 		idle.Reset(p.opts.ClaimIdleInterval)
 		select {
 		case <-idle.C:
+		case <-written:
+			idle.Stop()
 		case <-p.wake:
 			idle.Stop()
 		case <-p.claimCtx.Done():
@@ -502,6 +541,7 @@ func (p *Pool) work() {
 	defer p.workers.Done()
 	for m := range p.jobs {
 		c := p.handle(m)
+		p.pending.Add(1)
 		p.completions <- c
 		p.inflight.Add(-1)
 		select {
@@ -682,9 +722,9 @@ func (c completion) fail(reason string, requeue bool, d time.Duration) completio
 }
 
 // collect writes outcomes: every ack that is pending when it looks goes in
-// one broker.Ack call; it never waits for more to come.
+// one broker.Ack call; it never waits for more to come. Several collectors
+// run, so one batch gathers while another is written.
 func (p *Pool) collect() {
-	defer close(p.collectorDone)
 	for c := range p.completions {
 		batch := []completion{c}
 	more:
@@ -717,6 +757,11 @@ func (p *Pool) flush(batch []completion) {
 	}
 	if len(acks) > 0 {
 		p.ackAll(batch, acks)
+	}
+	p.pending.Add(-int64(len(batch)))
+	select {
+	case p.written <- struct{}{}:
+	default:
 	}
 	for _, c := range batch {
 		p.obs.TaskFinished(c.topic, c.task, c.status, c.dur)

@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,6 +81,7 @@ type benchConfig struct {
 	submitBatch  int
 	timeout      time.Duration
 	verbose      bool
+	cpuProfile   string
 }
 
 func benchDefaultDSN() string {
@@ -111,6 +113,7 @@ func benchCmd(args []string) int {
 	fs.IntVar(&c.submitBatch, "submit-batch", 1000, "messages per SubmitMany call when the broker has one (0 or 1: Submit one by one)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up on a phase after this long")
 	fs.BoolVar(&c.verbose, "v", false, "log the pool's and broker's warnings to stderr")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: host bench [flags]\n\nMeasures the broker and the worker pool with their default settings.\n\n")
 		fs.PrintDefaults()
@@ -137,6 +140,19 @@ func benchCmd(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if c.cpuProfile != "" {
+		f, err := os.Create(c.cpuProfile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "host bench: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(os.Stderr, "host bench: %v\n", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := runBench(ctx, c, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "host bench: %v\n", err)
 		return 1
@@ -154,6 +170,7 @@ type bench struct {
 	admin  *pgx.Conn // postgres only; search_path is the bench schema
 	schema string
 	runTag string // keeps topic names unique across sessions sharing a -schema
+	calls  *countingBroker // the last pool's broker calls
 }
 
 // benchResult is one run of the three main phases.
@@ -485,7 +502,7 @@ func (bn *bench) run(ctx context.Context, run int) (benchResult, error) {
 	}
 	r.BurnSecs = d.Seconds()
 	r.BurnPerSec = float64(cfg.jobs) / d.Seconds()
-	fmt.Fprintf(bn.out, "  burn-down     %8d jobs in %7.3fs  %10s jobs/s\n", cfg.jobs, d.Seconds(), fmtNum(r.BurnPerSec))
+	fmt.Fprintf(bn.out, "  burn-down     %8d jobs in %7.3fs  %10s jobs/s  (%s)\n", cfg.jobs, d.Seconds(), fmtNum(r.BurnPerSec), bn.calls)
 
 	// Steady stream.
 	if err := bn.reset(ctx); err != nil {
@@ -598,6 +615,37 @@ func (o *benchObserver) MessageFinished(id int64, _, _, status string) {
 	}
 }
 
+// countingBroker counts the pool's Claim and Ack calls and what they
+// carried, for the phase reports.
+type countingBroker struct {
+	broker.Broker
+	claims, claimed, acks, acked atomic.Int64
+}
+
+func (c *countingBroker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
+	msgs, err := c.Broker.Claim(ctx, req)
+	c.claims.Add(1)
+	c.claimed.Add(int64(len(msgs)))
+	return msgs, err
+}
+
+func (c *countingBroker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
+	c.acks.Add(1)
+	c.acked.Add(int64(len(outcomes)))
+	return c.Broker.Ack(ctx, outcomes)
+}
+
+func (c *countingBroker) String() string {
+	per := func(n, calls int64) float64 {
+		if calls == 0 {
+			return 0
+		}
+		return float64(n) / float64(calls)
+	}
+	return fmt.Sprintf("%d claims (%.1f messages each), %d acks (%.1f each)",
+		c.claims.Load(), per(c.claimed.Load(), c.claims.Load()), c.acks.Load(), per(c.acked.Load(), c.acks.Load()))
+}
+
 func (bn *bench) newPool(topic string, obs worker.Observer) *worker.Pool {
 	reg := worker.NewRegistry()
 	reg.MustRegister(worker.Task{
@@ -605,7 +653,8 @@ func (bn *bench) newPool(topic string, obs worker.Observer) *worker.Pool {
 		Topic:   topic,
 		Handler: func(context.Context, *worker.TaskContext) (any, error) { return nil, nil },
 	})
-	return worker.NewPool(bn.b, reg, worker.Options{
+	bn.calls = &countingBroker{Broker: bn.b}
+	return worker.NewPool(bn.calls, reg, worker.Options{
 		Concurrency: bn.cfg.workers,
 		Observer:    obs,
 		Logger:      bn.log.Named("pool"),
