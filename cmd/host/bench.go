@@ -169,7 +169,7 @@ type bench struct {
 	b      broker.Broker
 	admin  *pgx.Conn // postgres only; search_path is the bench schema
 	schema string
-	runTag string // keeps topic names unique across sessions sharing a -schema
+	runTag string          // keeps topic names unique across sessions sharing a -schema
 	calls  *countingBroker // the last pool's broker calls
 }
 
