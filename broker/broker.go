@@ -327,8 +327,10 @@ type ReclaimRequest struct {
 	Live []string
 	// Grace: only claims (and locks) at least this old are touched.
 	Grace time.Duration
-	// MaxAttempts: a reclaimed message whose attempts reached this is
-	// dead-lettered instead of requeued.
+	// MaxAttempts: a reclaimed message whose claims have now been
+	// orphaned this many times (this one included) is dead-lettered
+	// instead of requeued. Error retries do not count: they have their own
+	// limit (the task's max attempts).
 	MaxAttempts int
 	// Fence, when set, makes the pass a leader-only write: it lands only
 	// while the lease is held at that term (ErrNotLeader otherwise).
@@ -357,7 +359,7 @@ type OrphanReclaimer interface {
 	// ReclaimOrphans, in one transaction: running messages whose claimer
 	// is not in req.Live and that were claimed at least req.Grace ago go
 	// back to queued (claim fields and token cleared), or to dead once
-	// their attempts reached req.MaxAttempts; locks whose holder is not in
+	// they have been orphaned req.MaxAttempts times; locks whose holder is not in
 	// req.Live, acquired at least req.Grace ago, are deleted.
 	ReclaimOrphans(ctx context.Context, req ReclaimRequest) (ReclaimResult, error)
 	// ExpireWorker marks a worker's heartbeat as long past, so it leaves

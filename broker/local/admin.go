@@ -493,11 +493,12 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 		type orphan struct {
 			id       int64
 			attempts int
+			orphaned int
 			by       string
 			token    string
 		}
 		var orphans []orphan
-		rows, err := tx.Query(`SELECT id, attempts, claimed_by, token FROM tw_messages
+		rows, err := tx.Query(`SELECT id, attempts, orphaned, claimed_by, token FROM tw_messages
 			WHERE state = 'running' AND claimed_at <= ?
 				AND claimed_by NOT IN (SELECT value FROM json_each(?))
 			ORDER BY id`, cutoff, string(liveJSON))
@@ -506,7 +507,7 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 		}
 		for rows.Next() {
 			var o orphan
-			if err := rows.Scan(&o.id, &o.attempts, &o.by, &o.token); err != nil {
+			if err := rows.Scan(&o.id, &o.attempts, &o.orphaned, &o.by, &o.token); err != nil {
 				rows.Close()
 				return err
 			}
@@ -527,9 +528,14 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 				return err
 			}
 			res.LocksReleased += int(n)
-			if req.MaxAttempts > 0 && o.attempts >= req.MaxAttempts {
-				reason := fmt.Sprintf("orphaned: worker %q stopped heartbeating during attempt %d of at most %d; dead-lettered by the reaper",
-					o.by, o.attempts, req.MaxAttempts)
+			// Only orphanings count toward the orphan budget; error retries
+			// claim too, but have their own limit.
+			if _, err := tx.Exec(`UPDATE tw_messages SET orphaned = orphaned + 1 WHERE id = ?`, o.id); err != nil {
+				return err
+			}
+			if req.MaxAttempts > 0 && o.orphaned+1 >= req.MaxAttempts {
+				reason := fmt.Sprintf("orphaned: worker %q stopped heartbeating during attempt %d; its claim was orphaned %d times (orphan max %d); dead-lettered by the reaper",
+					o.by, o.attempts, o.orphaned+1, req.MaxAttempts)
 				if err := finish(tx, o.id, broker.StateDead, reason, now); err != nil {
 					return err
 				}

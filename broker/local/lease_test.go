@@ -207,6 +207,7 @@ func TestMigrationUpgrade(t *testing.T) {
 	for _, table := range []string{"tw_reports", "tw_schedule_fires", "tw_schedules", "tw_leases"} {
 		execSQL(t, b, `DROP TABLE `+table)
 	}
+	execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN orphaned`)
 	execSQL(t, b, `DELETE FROM tw_schema_migrations WHERE version > 1`)
 	if err := b.Close(); err != nil {
 		t.Fatal(err)

@@ -365,6 +365,8 @@ func TestReclaimOrphans(t *testing.T) {
 		t.Fatalf("poison attempts %d, want 3", poisonClaim.Attempts)
 	}
 	age("tw_messages", "claimed_at", poison)
+	// Two earlier claims of it were orphaned: this is the third.
+	execSQL(t, b, `UPDATE tw_messages SET orphaned = 2 WHERE id = ?`, poison)
 
 	// Locks held by gone under the young claim: one old (released), one
 	// young (kept). One held by alive, old (kept).

@@ -369,8 +369,8 @@ func (b *Broker) LiveWorkers(ctx context.Context, after time.Duration) ([]string
 	return out, nil
 }
 
-// reclaimSQL requeues (or, once attempts reached $3 when $3 > 0,
-// dead-letters) the running messages claimed at least $2 µs ago by workers
+// reclaimSQL requeues (or, once the message has been orphaned $3 times
+// counting this one, when $3 > 0, dead-letters) the running messages claimed at least $2 µs ago by workers
 // not in $1. Rows are locked in id order first (as Ack does), so a
 // concurrent ack either lands before (and the row is no longer running) or
 // waits and then finds its token gone.
@@ -384,15 +384,16 @@ const reclaimSQL = `
 		FOR UPDATE
 	)
 	UPDATE tw_messages m SET
-		state = CASE WHEN $3::int > 0 AND m.attempts >= $3::int THEN 'dead' ELSE 'queued' END,
-		claimed_by = CASE WHEN $3::int > 0 AND m.attempts >= $3::int THEN m.claimed_by END,
-		claimed_at = CASE WHEN $3::int > 0 AND m.attempts >= $3::int THEN m.claimed_at END,
-		finished_at = CASE WHEN $3::int > 0 AND m.attempts >= $3::int THEN now() END,
-		available_at = CASE WHEN $3::int > 0 AND m.attempts >= $3::int THEN m.available_at ELSE now() END,
+		state = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN 'dead' ELSE 'queued' END,
+		claimed_by = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN m.claimed_by END,
+		claimed_at = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN m.claimed_at END,
+		finished_at = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN now() END,
+		available_at = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN m.available_at ELSE now() END,
 		token = NULL,
-		last_error = CASE WHEN $3::int > 0 AND m.attempts >= $3::int
-			THEN format('orphaned: worker %s stopped heartbeating; dead-lettered after %s attempts (orphan max %s)',
-				m.claimed_by, m.attempts, $3::int)
+		orphaned = m.orphaned + 1,
+		last_error = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int
+			THEN format('orphaned: worker %s stopped heartbeating; dead-lettered after its claim was orphaned %s times (orphan max %s)',
+				m.claimed_by, m.orphaned + 1, $3::int)
 			ELSE format('orphaned: worker %s stopped heartbeating; requeued by the reaper', m.claimed_by) END
 	WHERE m.id = ANY (ARRAY (SELECT id FROM orphan))
 	RETURNING m.id, m.state`

@@ -216,6 +216,7 @@ func TestMigrationUpgrade(t *testing.T) {
 	c := schemaConn(t, b)
 	// Roll the schema back to version 1.
 	if _, err := c.Exec(ctx, `DROP TABLE tw_reports, tw_schedule_fires, tw_schedules, tw_leases;
+		ALTER TABLE tw_messages DROP COLUMN orphaned;
 		DELETE FROM tw_schema_migrations WHERE version > 1`); err != nil {
 		t.Fatal(err)
 	}

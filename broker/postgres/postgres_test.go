@@ -334,7 +334,9 @@ func TestReclaimOrphans(t *testing.T) {
 	poisoned := claimAs(t, b, "dead", "o") // orphan at max attempts: dead
 	exec(`UPDATE tw_messages SET claimed_at = now() - interval '10 minutes' WHERE id = ANY ($1)`,
 		[]int64{old.ID, alive.ID, poisoned.ID})
-	exec(`UPDATE tw_messages SET attempts = 3 WHERE id = $1`, poisoned.ID)
+	// Its third attempt, and two earlier claims were orphaned: this is the
+	// third orphaning.
+	exec(`UPDATE tw_messages SET attempts = 3, orphaned = 2 WHERE id = $1`, poisoned.ID)
 	// The wedge the reaper exists for: the limit of 4 is used up.
 	if msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "alive", Topics: []string{"o"}, Max: 5}); err != nil || len(msgs) != 0 {
 		t.Fatalf("claim on a saturated topic = %d messages, %v; want none", len(msgs), err)

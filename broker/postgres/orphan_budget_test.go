@@ -1,0 +1,45 @@
+package postgres
+
+import (
+	"context"
+	"testing"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// TestErrorRetriesDoNotUseTheOrphanBudget: a message that failed and was
+// retried four times, then orphaned once, is requeued, not dead-lettered,
+// under an orphan budget of 3; its third orphaning dead-letters it.
+func TestErrorRetriesDoNotUseTheOrphanBudget(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := context.Background()
+	id, err := b.Submit(ctx, broker.SubmitRequest{Topic: "r", Task: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		m := claimAs(t, b, "alive", "r")
+		if err := b.Nack(ctx, broker.NackRequest{Claim: m.ClaimOf(), Requeue: true, Error: "boom"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := schemaConn(t, b)
+	req := broker.ReclaimRequest{Live: []string{"alive"}, MaxAttempts: 3}
+	for orphaning := 1; orphaning <= 3; orphaning++ {
+		m := claimAs(t, b, "gone", "r")
+		if _, err := c.Exec(ctx, `UPDATE tw_messages SET claimed_at = now() - interval '1 hour' WHERE id = $1`, m.ID); err != nil {
+			t.Fatal(err)
+		}
+		res, err := b.ReclaimOrphans(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := b.GetMessage(ctx, id)
+		switch {
+		case orphaning < 3 && (res.Reclaimed != 1 || got.State != broker.StateQueued):
+			t.Fatalf("orphaning %d after 4 error retries: %+v, state %s; want requeued", orphaning, res, got.State)
+		case orphaning == 3 && (res.DeadLettered != 1 || got.State != broker.StateDead):
+			t.Fatalf("third orphaning: %+v, state %s; want dead-lettered", res, got.State)
+		}
+	}
+}
