@@ -167,10 +167,6 @@ func (b *Broker) DeleteSchedule(ctx context.Context, name string) error {
 // insertMessageSQL is Submit's statement (messages.go): queue one message,
 // creating its topic's row when missing. $1 topic, $2 task, $3 payload
 // text, $4 headers text or NULL, $5 max attempts, $6 delay µs.
-//
-// TODO: Submit has this statement inline; once the changes in flight to
-// messages.go have landed, Submit should call insertMessage so the two
-// cannot drift apart.
 const insertMessageSQL = `
 	WITH topic AS (
 		INSERT INTO tw_topics (name) VALUES ($1) ON CONFLICT (name) DO NOTHING
