@@ -31,6 +31,7 @@ build: ## build the host into bin/ and the plugins into bin/plugins/
 run: build ## build, then run the host with both plugins (examples/taskhost.yaml)
 	@echo
 	@echo "  admin UI:  http://127.0.0.1:8080/admin/"
+	@echo "  task UI:   http://127.0.0.1:8080/plugin-pkg/tasks_worker/ui/"
 	@echo "  metrics:   http://127.0.0.1:8080/plugin-pkg/metrics/api/prometheus"
 	@echo "  tasks API: http://127.0.0.1:8080/plugin-pkg/tasks_worker/api/tasks"
 	@echo
