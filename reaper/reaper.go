@@ -194,7 +194,7 @@ func (r *Reaper) pass(ctx context.Context, fence *broker.Fence) Result {
 		// The grace guard refused part of the pass: say so and count it,
 		// like the other guards.
 		r.log.Error("reaper left orphans alone: claimed less than the grace ago",
-			"guard", string(GuardWithinGrace), "count", res.WithinGrace, "grace", r.settings.Grace)
+			"guard", string(GuardWithinGrace), "count", res.WithinGrace, "grace", r.settings.Grace.String())
 		if r.metrics != nil {
 			r.metrics.Skipped.Inc()
 		}
