@@ -159,8 +159,10 @@ func mustContain(t *testing.T, page string, r uiResp, wants ...string) {
 	}
 }
 
-func TestUIPagesRender(t *testing.T) {
-	f := start(t, nil)
+func TestUIPagesRender(t *testing.T) { flowUIPagesRender(t, nil) }
+
+func flowUIPagesRender(t *testing.T, cfg map[string]any) {
+	f := start(t, cfg)
 	echo := f.submit(`{"task": "demo.echo", "payload": {"hello": "ui"}}`)
 	fail := f.submit(`{"task": "demo.fail"}`)
 	sleep := f.submit(`{"task": "demo.sleep", "payload": {"seconds": 30, "lock": "L1"}}`)
@@ -243,8 +245,10 @@ func TestUIPagesRender(t *testing.T) {
 	}
 }
 
-func TestUITaskListPages(t *testing.T) {
-	f := start(t, nil)
+func TestUITaskListPages(t *testing.T) { flowUITaskListPages(t, nil) }
+
+func flowUITaskListPages(t *testing.T, cfg map[string]any) {
+	f := start(t, cfg)
 	var ids []string
 	for range uiListLimit + 3 {
 		ids = append(ids, f.submit(`{"task": "demo.echo"}`))
@@ -272,8 +276,10 @@ func TestUITaskListPages(t *testing.T) {
 	}
 }
 
-func TestUIRunForm(t *testing.T) {
-	f := start(t, nil)
+func TestUIRunForm(t *testing.T) { flowUIRunForm(t, nil) }
+
+func flowUIRunForm(t *testing.T, cfg map[string]any) {
+	f := start(t, cfg)
 	res := f.uiPost("/ui/run", url.Values{"task": {"demo.echo"}, "payload": {`{"from": "the form"}`}})
 	loc := res.header.Get("Location")
 	page := f.follow(res)
@@ -324,8 +330,10 @@ func TestUIRunForm(t *testing.T) {
 	}
 }
 
-func TestUIRequeue(t *testing.T) {
-	f := start(t, nil)
+func TestUIRequeue(t *testing.T) { flowUIRequeue(t, nil) }
+
+func flowUIRequeue(t *testing.T, cfg map[string]any) {
+	f := start(t, cfg)
 	id := f.submit(`{"task": "demo.fail"}`)
 	f.waitState(id, "dead")
 	res := f.uiPost("/ui/tasks/"+id+"/requeue", url.Values{"back": {"/dead?topic=default"}})
@@ -353,8 +361,10 @@ func TestUIRequeue(t *testing.T) {
 	}
 }
 
-func TestUISchedules(t *testing.T) {
-	f := start(t, nil)
+func TestUISchedules(t *testing.T) { flowUISchedules(t, nil) }
+
+func flowUISchedules(t *testing.T, cfg map[string]any) {
+	f := start(t, cfg)
 	get := func(name string) response { return f.do("GET", "/api/schedules/"+name, "") }
 	form := func(kv ...string) url.Values {
 		v := url.Values{}
@@ -449,8 +459,10 @@ func TestUISchedules(t *testing.T) {
 	}
 }
 
-func TestUIForceReleaseLock(t *testing.T) {
-	f := start(t, nil)
+func TestUIForceReleaseLock(t *testing.T) { flowUIForceReleaseLock(t, nil) }
+
+func flowUIForceReleaseLock(t *testing.T, cfg map[string]any) {
+	f := start(t, cfg)
 	id := f.submit(`{"task": "demo.sleep", "payload": {"seconds": 30, "lock": "L"}}`)
 	uiWait(t, 10*time.Second, "the sleep holds lock L", func() bool { return len(f.locks()) == 1 })
 	page := f.follow(f.uiPost("/ui/locks/release", url.Values{"name": {"L"}}))
@@ -471,8 +483,10 @@ func TestUIForceReleaseLock(t *testing.T) {
 	}
 }
 
-func TestUITopics(t *testing.T) {
-	f := start(t, nil)
+func TestUITopics(t *testing.T) { flowUITopics(t, nil) }
+
+func flowUITopics(t *testing.T, cfg map[string]any) {
+	f := start(t, cfg)
 	dead := f.submit(`{"task": "demo.fail"}`)
 	f.waitState(dead, "dead")
 
@@ -706,6 +720,28 @@ func TestUIBrokerProblemsArePlainWords(t *testing.T) {
 	} {
 		if got := uiBrokerProblem("requeue task 5", c.err); !strings.HasPrefix(got, c.want) {
 			t.Errorf("%v: %q, want %q", c.err, got, c.want)
+		}
+	}
+}
+
+// TestUIOnLocalAndPostgres runs the UI's page and form tests on the two
+// stores a deployment uses (the tests above run on the memory broker).
+func TestUIOnLocalAndPostgres(t *testing.T) {
+	stores := map[string]func(t *testing.T) map[string]any{
+		"local": func(t *testing.T) map[string]any {
+			return map[string]any{"broker": "local", "data_dir": t.TempDir()}
+		},
+		"postgres": func(t *testing.T) map[string]any {
+			return map[string]any{"broker": "postgres", "dsn": testDSN(), "schema": freshSchema(t)}
+		},
+	}
+	flows := map[string]func(*testing.T, map[string]any){
+		"pages render": flowUIPagesRender, "task list": flowUITaskListPages, "run form": flowUIRunForm, "requeue": flowUIRequeue,
+		"schedules": flowUISchedules, "force release": flowUIForceReleaseLock, "topics": flowUITopics,
+	}
+	for store, cfg := range stores {
+		for name, flow := range flows {
+			t.Run(store+"/"+name, func(t *testing.T) { flow(t, cfg(t)) })
 		}
 	}
 }
