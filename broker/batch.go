@@ -11,3 +11,15 @@ type BatchSubmitter interface {
 	// other error.
 	SubmitMany(ctx context.Context, reqs []SubmitRequest) ([]int64, error)
 }
+
+// AckClaimer is implemented by brokers that can write acks and claim in
+// one round trip (postgres: one transaction, so one commit serves both).
+// The worker pool uses it when the broker has it.
+type AckClaimer interface {
+	// AckAndClaim is Ack(outcomes) followed by Claim(req) as one call: the
+	// acks are written first, so the claim sees the concurrency-limit slots
+	// they free. It returns what Ack and Claim would: one error per outcome
+	// (nil or ErrClaimLost) and the claimed messages. When err is not nil,
+	// nothing was written or claimed.
+	AckAndClaim(ctx context.Context, outcomes []Outcome, req ClaimRequest) ([]error, []Message, error)
+}

@@ -182,3 +182,45 @@ func BenchmarkStatsWithQueued1M(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAckAndClaim: the worker pool's steady cycle on a topic with a
+// limit of 100: one op acks the 50 messages claimed by the op before and
+// claims 50 more, in one AckAndClaim.
+func BenchmarkAckAndClaim(b *testing.B) {
+	const half = 50
+	br := newTestBroker(b, Options{})
+	ctx := context.Background()
+	limit := 2 * half
+	if _, err := br.SetTopic(ctx, "bench", broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
+		b.Fatal(err)
+	}
+	seed(b, br, "bench", (b.N+2)*half)
+	req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"bench"}, Max: half}
+	held, err := br.Claim(ctx, req)
+	if err != nil || len(held) != half {
+		b.Fatalf("first claim: %d, %v", len(held), err)
+	}
+	outcomes := make([]broker.Outcome, 0, half)
+	b.ResetTimer()
+	for range b.N {
+		outcomes = outcomes[:0]
+		for _, m := range held {
+			outcomes = append(outcomes, broker.Outcome{Claim: m.ClaimOf()})
+		}
+		errs, msgs, err := br.AckAndClaim(ctx, outcomes, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, e := range errs {
+			if e != nil {
+				b.Fatal(e)
+			}
+		}
+		if len(msgs) != half {
+			b.Fatalf("claimed %d, want %d", len(msgs), half)
+		}
+		held = msgs
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*half), "ns/msg")
+}

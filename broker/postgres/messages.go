@@ -250,14 +250,61 @@ const claimSQL = `
 // what it claimed and no error (the claims are running and must reach the
 // caller); the error surfaces on the next call.
 func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
+	msgs, _, err := b.claim(ctx, req, nil)
+	return msgs, err
+}
+
+var _ broker.AckClaimer = (*Broker)(nil)
+
+// AckAndClaim acks outcomes as Ack does and claims as Claim does, in one
+// round trip: the ack statements go first in the transaction that claims
+// from the first topic served, so the count of running messages that gates
+// the claim no longer includes the acked ones, and one commit serves both.
+// When err is set nothing was written.
+//
+// The transaction locks the acked rows (in id order) before it waits for
+// the topic lock. That cannot deadlock: a transaction holding a topic lock
+// only ever waits for queued rows, and those it takes with SKIP LOCKED.
+func (b *Broker) AckAndClaim(ctx context.Context, outcomes []broker.Outcome, req broker.ClaimRequest) ([]error, []broker.Message, error) {
+	a, err := newAckBatch(outcomes)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(a.ids) == 0 {
+		if len(outcomes) > 0 && b.closed.Load() {
+			return nil, nil, broker.ErrClosed
+		}
+		msgs, err := b.Claim(ctx, req)
+		if err != nil {
+			return nil, nil, err
+		}
+		return a.lostAll(), msgs, nil
+	}
+	msgs, errs, err := b.claim(ctx, req, a)
+	if err != nil {
+		return nil, nil, err
+	}
+	if errs == nil { // no topic to claim from: the acks alone
+		errs, err = b.ack(ctx, a)
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	return errs, msgs, nil
+}
+
+// claim is Claim, with the acks of a (when not nil) written in the first
+// transaction; it returns their errors then (nil when nothing was claimed
+// because no topic was named).
+func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch) ([]broker.Message, []error, error) {
 	if req.WorkerID == "" {
-		return nil, broker.Invalid("worker id is empty")
+		return nil, nil, broker.Invalid("worker id is empty")
 	}
 	if b.closed.Load() {
-		return nil, broker.ErrClosed
+		return nil, nil, broker.ErrClosed
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var topics []string
 	for _, t := range req.Topics {
@@ -266,12 +313,15 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		}
 	}
 	if len(topics) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	start := int(b.rr.Add(1)-1) % len(topics)
 	active := append(slices.Clone(topics[start:]), topics[:start]...)
 
-	var out []broker.Message
+	var (
+		out     []broker.Message
+		ackErrs []error
+	)
 	remaining := max(req.Max, 1)
 	for remaining > 0 && len(active) > 0 {
 		base, extra := remaining/len(active), remaining%len(active)
@@ -285,13 +335,18 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 				next = append(next, topic)
 				continue
 			}
-			msgs, err := b.claimTopic(ctx, topic, share, req.WorkerID)
+			msgs, errs, err := b.claimTopic(ctx, topic, share, req.WorkerID, a)
 			if err != nil {
-				if len(out) > 0 {
+				// Once something was written (claims, or acks that went
+				// with an earlier topic), it must reach the caller.
+				if a == nil && (len(out) > 0 || ackErrs != nil) {
 					b.log.Warn("claim: returning the messages already claimed after an error", "topic", topic, "claimed", len(out), "error", err)
-					return out, nil
+					return out, ackErrs, nil
 				}
-				return nil, err
+				return nil, nil, err
+			}
+			if a != nil {
+				ackErrs, a = errs, nil
 			}
 			out = append(out, msgs...)
 			remaining -= len(msgs)
@@ -301,20 +356,34 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		}
 		active = next
 	}
-	return out, nil
+	return out, ackErrs, nil
 }
 
 // claimTopic claims up to n messages of topic in one transaction: the
 // topic lock and the claim go as one batch (one round trip), which pgx runs
-// as one implicit transaction.
-func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string) ([]broker.Message, error) {
-	var out []broker.Message
+// as one implicit transaction. With a, the acks go first in the same
+// batch, and their errors come back.
+func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch) ([]broker.Message, []error, error) {
+	var (
+		out  []broker.Message
+		errs []error
+	)
 	err := b.run(ctx, "claim", func(c *pgx.Conn) error {
 		out = out[:0]
 		batch := &pgx.Batch{}
+		if a != nil {
+			a.queue(batch)
+		}
 		batch.Queue(claimLockSQL, topic)
 		batch.Queue(claimSQL, topic, n, worker)
 		br := c.SendBatch(ctx, batch)
+		if a != nil {
+			var err error
+			if errs, err = a.read(br); err != nil {
+				br.Close()
+				return err
+			}
+		}
 		if _, err := br.Exec(); err != nil {
 			br.Close()
 			return err
@@ -341,7 +410,7 @@ func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker str
 		return br.Close()
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if !out[i].AvailableAt.Equal(out[j].AvailableAt) {
@@ -349,7 +418,7 @@ func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker str
 		}
 		return out[i].ID < out[j].ID
 	})
-	return out, nil
+	return out, errs, nil
 }
 
 // releaseLocksSQL deletes the locks held under the claims ($1 ids, $2
@@ -365,13 +434,29 @@ const releaseLocksSQL = `
 			SELECT 1 FROM tw_messages m
 			WHERE m.id = l.message_id AND m.token = l.token)`
 
-// Ack marks the outcomes' messages done, storing their results, in one
-// statement, and releases the locks held under those claims in the same
-// transaction. It returns one error per outcome: nil, or broker.ErrClaimLost
-// when the claim no longer holds its message (a repeated claim in the batch
-// loses after its first). A result that is not JSON fails the whole call
-// with broker.ErrInvalid before anything changes.
-func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
+// ackSQL marks done the messages whose claims are in the arrays $1 ids
+// and $2 tokens, storing the results $3, and returns the ordinals $4 of
+// the outcomes it applied.
+const ackSQL = `
+	UPDATE tw_messages m
+	SET state = 'done', finished_at = now(), result = u.res::jsonb, token = NULL
+	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[]) AS u(id, tok, res, ord)
+	WHERE m.id = ANY ($1::bigint[]) AND m.id = u.id AND m.token::text = u.tok
+	RETURNING u.ord`
+
+// ackBatch is an Ack call's outcomes as its statements take them: the
+// distinct claims with a token, sorted by id.
+type ackBatch struct {
+	n       int // outcomes in the call
+	ids     []int64
+	toks    []string
+	results []*string
+	ords    []int32
+}
+
+// newAckBatch checks outcomes (a result that is not JSON is
+// broker.ErrInvalid) and arranges them for ackSQL.
+func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 	for i, o := range outcomes {
 		if len(o.Result) > 0 && !json.Valid(o.Result) {
 			return nil, broker.Invalid("result of outcome %d (message %d) is not valid JSON", i, o.Claim.ID)
@@ -400,51 +485,85 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 	// Lock the rows in id order, as the reaper does, so the two never
 	// deadlock.
 	sort.Slice(send, func(i, j int) bool { return send[i].id < send[j].id })
-	ids := make([]int64, len(send))
-	toks := make([]string, len(send))
-	results := make([]*string, len(send))
-	ords := make([]int32, len(send))
-	for i, e := range send {
-		ids[i], toks[i], results[i], ords[i] = e.id, e.tok, e.res, e.ord
+	a := &ackBatch{
+		n:       len(outcomes),
+		ids:     make([]int64, len(send)),
+		toks:    make([]string, len(send)),
+		results: make([]*string, len(send)),
+		ords:    make([]int32, len(send)),
 	}
+	for i, e := range send {
+		a.ids[i], a.toks[i], a.results[i], a.ords[i] = e.id, e.tok, e.res, e.ord
+	}
+	return a, nil
+}
 
-	errs := make([]error, len(outcomes))
-	err := b.run(ctx, "ack", func(c *pgx.Conn) error {
-		for i := range errs {
-			errs[i] = broker.ErrClaimLost
+// lostAll is the answer when nothing was applied.
+func (a *ackBatch) lostAll() []error {
+	errs := make([]error, a.n)
+	for i := range errs {
+		errs[i] = broker.ErrClaimLost
+	}
+	return errs
+}
+
+// queue adds the ack and the release of the claims' locks to batch.
+func (a *ackBatch) queue(batch *pgx.Batch) {
+	batch.Queue(ackSQL, a.ids, a.toks, a.results, a.ords)
+	batch.Queue(releaseLocksSQL, a.ids, a.toks)
+}
+
+// read reads the answers of the statements queue added.
+func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
+	errs := a.lostAll()
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var ord int32
+		if err := rows.Scan(&ord); err != nil {
+			rows.Close()
+			return nil, err
 		}
-		if len(send) == 0 {
+		errs[ord] = nil
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// Ack marks the outcomes' messages done, storing their results, in one
+// statement, and releases the locks held under those claims in the same
+// transaction. It returns one error per outcome: nil, or broker.ErrClaimLost
+// when the claim no longer holds its message (a repeated claim in the batch
+// loses after its first). A result that is not JSON fails the whole call
+// with broker.ErrInvalid before anything changes.
+func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
+	a, err := newAckBatch(outcomes)
+	if err != nil {
+		return nil, err
+	}
+	return b.ack(ctx, a)
+}
+
+func (b *Broker) ack(ctx context.Context, a *ackBatch) ([]error, error) {
+	var errs []error
+	err := b.run(ctx, "ack", func(c *pgx.Conn) error {
+		if len(a.ids) == 0 {
+			errs = a.lostAll()
 			return nil
 		}
 		batch := &pgx.Batch{}
-		batch.Queue(`
-			UPDATE tw_messages m
-			SET state = 'done', finished_at = now(), result = u.res::jsonb, token = NULL
-			FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[]) AS u(id, tok, res, ord)
-			WHERE m.id = ANY ($1::bigint[]) AND m.id = u.id AND m.token::text = u.tok
-			RETURNING u.ord`, ids, toks, results, ords)
-		batch.Queue(releaseLocksSQL, ids, toks)
+		a.queue(batch)
 		br := c.SendBatch(ctx, batch)
-		rows, err := br.Query()
-		if err != nil {
-			br.Close()
-			return err
-		}
-		for rows.Next() {
-			var ord int32
-			if err := rows.Scan(&ord); err != nil {
-				rows.Close()
-				br.Close()
-				return err
-			}
-			errs[ord] = nil
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			br.Close()
-			return err
-		}
-		if _, err := br.Exec(); err != nil {
+		var err error
+		if errs, err = a.read(br); err != nil {
 			br.Close()
 			return err
 		}
@@ -565,33 +684,7 @@ func (b *Broker) ListMessages(ctx context.Context, f broker.MessageFilter) ([]br
 	}
 	limit = min(limit, maxListLimit)
 
-	// Only the filters in use go into the SQL, so each combination gets a
-	// plan (and a cached statement) of its own.
-	var where []string
-	var args []any
-	add := func(cond string, v any) {
-		args = append(args, v)
-		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
-	}
-	if f.State != "" {
-		add("state = ?", f.State)
-	}
-	if f.Topic != "" {
-		add("topic = ?", f.Topic)
-	}
-	if f.Task != "" {
-		add("task = ?", f.Task)
-	}
-	if f.Before > 0 {
-		add("id < ?", f.Before)
-	}
-	sql := `SELECT ` + msgCols + ` FROM tw_messages`
-	if len(where) > 0 {
-		sql += ` WHERE ` + strings.Join(where, " AND ")
-	}
-	args = append(args, limit)
-	sql += ` ORDER BY id DESC LIMIT $` + strconv.Itoa(len(args))
-
+	sql, args := listSQL(f, limit)
 	out := []broker.Message{}
 	err := b.run(ctx, "list messages", func(c *pgx.Conn) error {
 		out = out[:0]
@@ -613,6 +706,51 @@ func (b *Broker) ListMessages(ctx context.Context, f broker.MessageFilter) ([]br
 		return nil, err
 	}
 	return out, nil
+}
+
+// listSQL is ListMessages's statement for f (checked) and limit.
+//
+// Only the filters in use go into the SQL, so each combination gets a plan
+// (and a cached statement) of its own. The state goes in as a literal (it
+// is one of states): the partial indexes that serve a state are usable
+// only when the plan knows which state it is.
+func listSQL(f broker.MessageFilter, limit int) (string, []any) {
+	var where []string
+	var args []any
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
+	}
+	if f.State != "" {
+		where = append(where, "state = '"+f.State+"'")
+	}
+	if f.Topic != "" {
+		add("topic = ?", f.Topic)
+	}
+	if f.Task != "" {
+		add("task = ?", f.Task)
+	}
+	if f.Before > 0 {
+		add("id < ?", f.Before)
+	}
+	args = append(args, limit)
+	limitArg := `$` + strconv.Itoa(len(args))
+	if f.Topic != "" && f.State == "" {
+		// A topic's messages: those not running from
+		// tw_messages_topic_idle, the running ones from
+		// tw_messages_running, each newest first, merged.
+		w := strings.Join(where, " AND ")
+		return `SELECT ` + msgCols + ` FROM (
+			(SELECT * FROM tw_messages WHERE ` + w + ` AND state <> 'running' ORDER BY id DESC LIMIT ` + limitArg + `)
+			UNION ALL
+			(SELECT * FROM tw_messages WHERE ` + w + ` AND state = 'running' ORDER BY id DESC LIMIT ` + limitArg + `)
+		) AS m ORDER BY id DESC LIMIT ` + limitArg, args
+	}
+	sql := `SELECT ` + msgCols + ` FROM tw_messages`
+	if len(where) > 0 {
+		sql += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	return sql + ` ORDER BY id DESC LIMIT ` + limitArg, args
 }
 
 // Requeue puts a dead or failed message back in the queue, available now,

@@ -224,8 +224,9 @@ func TestConcurrencyLimitAcrossProcesses(t *testing.T) {
 // TestHelperClaimer is the claimer process of
 // TestConcurrencyLimitAcrossProcesses; run directly it does nothing. It
 // registers, then loops claim (Max 1..3), hold briefly, ack (sometimes a
-// requeueing nack first), printing each claim and successful ack, until
-// the topic has nothing queued or running.
+// requeueing nack first; half the time the ack is an AckAndClaim whose
+// claim is the next round's), printing each claim and successful ack,
+// until the topic has nothing queued or running.
 func TestHelperClaimer(t *testing.T) {
 	dsn, schema, worker := os.Getenv(helperDSNEnv), os.Getenv(helperSchemaEnv), os.Getenv(helperWorkerEnv)
 	if dsn == "" || schema == "" || worker == "" {
@@ -244,11 +245,17 @@ func TestHelperClaimer(t *testing.T) {
 	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), uint64(time.Now().UnixNano())))
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
+	var carried []broker.Message // claimed by the last AckAndClaim
 	for {
 		if ctx.Err() != nil {
 			t.Fatalf("gave up: %v", ctx.Err())
 		}
-		msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: worker, Topics: []string{limitedTopic}, Max: 1 + rng.IntN(3)})
+		msgs := carried
+		carried = nil
+		var err error
+		if len(msgs) == 0 {
+			msgs, err = b.Claim(ctx, broker.ClaimRequest{WorkerID: worker, Topics: []string{limitedTopic}, Max: 1 + rng.IntN(3)})
+		}
 		if err != nil {
 			t.Fatalf("Claim: %v", err)
 		}
@@ -282,7 +289,14 @@ func TestHelperClaimer(t *testing.T) {
 		if len(outcomes) == 0 {
 			continue
 		}
-		errs, err := b.Ack(ctx, outcomes)
+		// Half the time the acks go with the next claim, in one
+		// transaction (the worker pool's way).
+		var errs []error
+		if rng.IntN(2) == 0 {
+			errs, carried, err = b.AckAndClaim(ctx, outcomes, broker.ClaimRequest{WorkerID: worker, Topics: []string{limitedTopic}, Max: 1 + rng.IntN(3)})
+		} else {
+			errs, err = b.Ack(ctx, outcomes)
+		}
 		if err != nil {
 			t.Fatalf("Ack: %v", err)
 		}

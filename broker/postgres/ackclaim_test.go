@@ -1,0 +1,82 @@
+package postgres
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// TestAckAndClaim: the acks are written before the claim in the same
+// transaction, so on a topic at its limit the claim gets the slots they
+// free; a stale claim is ErrClaimLost; a refused call writes nothing.
+func TestAckAndClaim(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	if _, err := b.SetTopic(ctx, "ac", broker.TopicPatch{ConcurrencyLimit: ptr(2)}); err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for range 5 {
+		id, err := b.Submit(ctx, broker.SubmitRequest{Topic: "ac", Task: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	first, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"ac"}, Max: 5})
+	if err != nil || len(first) != 2 {
+		t.Fatalf("first claim = %d messages, %v", len(first), err)
+	}
+	// At the limit: a plain claim gets nothing.
+	if msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"ac"}, Max: 5}); err != nil || len(msgs) != 0 {
+		t.Fatalf("claim at the limit = %d messages, %v", len(msgs), err)
+	}
+
+	// A result that is not JSON: refused, nothing written.
+	bad := []broker.Outcome{{Claim: first[0].ClaimOf()}, {Claim: first[1].ClaimOf(), Result: json.RawMessage(`{`)}}
+	if _, _, err := b.AckAndClaim(ctx, bad, broker.ClaimRequest{WorkerID: "w", Topics: []string{"ac"}, Max: 5}); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("AckAndClaim with a bad result: %v", err)
+	}
+	if m, _ := b.GetMessage(ctx, first[0].ID); m.State != broker.StateRunning {
+		t.Fatalf("after a refused AckAndClaim the message is %s", m.State)
+	}
+
+	stale := first[1].ClaimOf()
+	stale.Token = "00000000-0000-0000-0000-000000000000"
+	outcomes := []broker.Outcome{
+		{Claim: first[0].ClaimOf(), Result: json.RawMessage(`{"ok":1}`)},
+		{Claim: stale},
+		{Claim: first[1].ClaimOf()},
+	}
+	errs, msgs, err := b.AckAndClaim(ctx, outcomes, broker.ClaimRequest{WorkerID: "w", Topics: []string{"ac"}, Max: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(errs) != 3 || errs[0] != nil || !errors.Is(errs[1], broker.ErrClaimLost) || errs[2] != nil {
+		t.Fatalf("ack errors = %v", errs)
+	}
+	if len(msgs) != 2 || msgs[0].ID != ids[2] || msgs[1].ID != ids[3] {
+		t.Fatalf("AckAndClaim claimed %v, want ids %d and %d (the acks free both slots)", msgs, ids[2], ids[3])
+	}
+	if m, _ := b.GetMessage(ctx, first[0].ID); m.State != broker.StateDone || string(m.Result) != `{"ok": 1}` {
+		t.Fatalf("acked message: %s %s", m.State, m.Result)
+	}
+
+	// No topic: the acks alone.
+	errs, msgs, err = b.AckAndClaim(ctx, []broker.Outcome{{Claim: msgs[0].ClaimOf()}}, broker.ClaimRequest{WorkerID: "w"})
+	if err != nil || len(errs) != 1 || errs[0] != nil || len(msgs) != 0 {
+		t.Fatalf("AckAndClaim without topics = %v, %v, %v", errs, msgs, err)
+	}
+	if m, _ := b.GetMessage(ctx, ids[2]); m.State != broker.StateDone {
+		t.Fatalf("acked without topics: %s", m.State)
+	}
+	// No outcomes: a claim.
+	if errs, msgs, err = b.AckAndClaim(ctx, nil, broker.ClaimRequest{WorkerID: "w", Topics: []string{"ac"}, Max: 5}); err != nil || len(errs) != 0 || len(msgs) != 1 {
+		t.Fatalf("AckAndClaim without outcomes = %v, %d messages, %v", errs, len(msgs), err)
+	}
+	if _, _, err := b.AckAndClaim(ctx, nil, broker.ClaimRequest{Topics: []string{"ac"}}); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("AckAndClaim without a worker id: %v", err)
+	}
+}
