@@ -156,6 +156,8 @@ type Pool struct {
 	wake        chan struct{} // Wake: claim now
 	slotFreed   chan struct{} // a worker finished a message
 	written     chan struct{} // an outcome write returned: the broker may have a free slot
+	acksReady   chan struct{} // a collector left acks to the dispatcher
+	acks        ackQueue
 	jobs        chan broker.Message
 	completions chan completion
 	abandon     chan struct{} // closed: stop waiting on handlers
@@ -302,6 +304,8 @@ func (p *Pool) Start(ctx context.Context) error {
 	n := p.opts.Concurrency
 	p.slotFreed = make(chan struct{}, 1)
 	p.written = make(chan struct{}, 1)
+	p.acksReady = make(chan struct{}, 1)
+	p.acks = ackQueue{open: true}
 	p.jobs = make(chan broker.Message, n)
 	p.completions = make(chan completion, 2*n)
 	p.abandon = make(chan struct{})
@@ -457,42 +461,51 @@ func waitFor(ctx context.Context, done <-chan struct{}, d time.Duration) bool {
 }
 
 // dispatch claims messages while there are free slots and hands them to
-// the workers. It closes jobs when it returns.
+// the workers, and writes the acks the collectors leave it with its
+// claims. It closes jobs when it returns.
 //
 // A claim asks for as many messages as there are idle handlers, but the
 // pool holds at most 2*Concurrency messages claimed and not yet written
 // back (running in the broker), so slow outcome writes slow claiming down.
+//
 // A topic's concurrency limit counts a message as running until its
-// outcome is written, so when a claim comes back short while outcomes are
-// being written, the next claim goes out as soon as one of those writes
-// returns rather than after the idle interval.
+// outcome is written. The acks therefore go with the next claim, written
+// before it (in one transaction when the broker is a broker.AckClaimer),
+// so the claim sees the slots they free; a finishing handler frees a slot
+// and so starts that claim at once. When a claim comes back short while
+// this pool's outcomes are still being written, the next one goes out as
+// soon as one of those writes returns rather than after the idle interval.
 func (p *Pool) dispatch() {
 	defer close(p.dispatcherDone)
 	defer close(p.jobs)
+	defer p.closeAcks()
 	bo := retryBackoff()
 	idle := time.NewTimer(0)
 	<-idle.C
 	n := p.opts.Concurrency
 	for p.claimCtx.Err() == nil {
+		acks := p.takeAcks()
 		inflight := int(p.inflight.Load())
-		free := min(n-inflight, 2*n-inflight-int(p.pending.Load()))
-		if free <= 0 {
+		free := min(n-inflight, 2*n-inflight-(int(p.pending.Load())-len(acks)))
+		if free <= 0 && len(acks) == 0 {
 			select {
 			case <-p.slotFreed:
 			case <-p.written:
+			case <-p.acksReady:
 			case <-p.claimCtx.Done():
 			}
 			continue
 		}
-		// A write that returns from here on may free a slot this claim
-		// does not see: it signals afresh.
-		select {
-		case <-p.written:
-		default:
+		free = max(free, 0)
+		if free > 0 {
+			// A write that returns from here on may free a slot this claim
+			// does not see: it signals afresh.
+			select {
+			case <-p.written:
+			default:
+			}
 		}
-		cctx, cancel := context.WithTimeout(p.claimCtx, brokerCallTimeout)
-		msgs, err := p.b.Claim(cctx, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.topics, Max: free})
-		cancel()
+		msgs, err := p.exchange(acks, free)
 		// Whatever was claimed is ours to finish, even if we are stopping:
 		// the workers requeue it.
 		for _, m := range msgs {
@@ -514,7 +527,7 @@ func (p *Pool) dispatch() {
 			continue
 		}
 		bo.reset()
-		if len(msgs) == free {
+		if free == 0 || len(msgs) == free {
 			continue
 		}
 		// Short: the queues ran dry, or a concurrency limit binds. Our own
@@ -528,11 +541,106 @@ func (p *Pool) dispatch() {
 		case <-idle.C:
 		case <-written:
 			idle.Stop()
+		case <-p.acksReady:
+			idle.Stop()
 		case <-p.wake:
 			idle.Stop()
 		case <-p.claimCtx.Done():
 			idle.Stop()
 		}
+	}
+}
+
+// exchange writes acks and claims up to max messages (none when max is 0)
+// in one broker call when the broker is a broker.AckClaimer, else in an
+// Ack and a Claim. The acks are finished (reported) once written; when they
+// could not be written for a reason that may pass, they go back to the
+// queue for the next call.
+func (p *Pool) exchange(acks []completion, max int) ([]broker.Message, error) {
+	ctx, cancel := context.WithTimeout(p.claimCtx, brokerCallTimeout)
+	defer cancel()
+	req := broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.topics, Max: max}
+	if len(acks) == 0 {
+		return p.b.Claim(ctx, req)
+	}
+	outcomes := make([]broker.Outcome, len(acks))
+	for i, c := range acks {
+		outcomes[i] = broker.Outcome{Claim: c.claim, Result: c.result}
+	}
+	var (
+		errs []error
+		msgs []broker.Message
+		err  error
+	)
+	if ac, ok := p.b.(broker.AckClaimer); ok && max > 0 {
+		errs, msgs, err = ac.AckAndClaim(ctx, outcomes, req)
+	} else {
+		errs, err = p.b.Ack(ctx, outcomes)
+	}
+	if err != nil && !permanent(err) {
+		p.requeueAcks(acks)
+		return msgs, err
+	}
+	p.acked(acks, errs, err)
+	p.finish(acks, false)
+	if err != nil || msgs != nil || max == 0 {
+		return msgs, err
+	}
+	if _, ok := p.b.(broker.AckClaimer); ok {
+		return nil, nil
+	}
+	return p.b.Claim(ctx, req)
+}
+
+// ackQueue holds the acks the collectors leave to the dispatcher.
+type ackQueue struct {
+	mu    sync.Mutex
+	items []completion
+	open  bool // the dispatcher runs and takes acks
+}
+
+// leaveAcks gives acks to the dispatcher; false when it has stopped (the
+// caller writes them).
+func (p *Pool) leaveAcks(acks []completion) bool {
+	p.acks.mu.Lock()
+	if !p.acks.open {
+		p.acks.mu.Unlock()
+		return false
+	}
+	p.acks.items = append(p.acks.items, acks...)
+	p.acks.mu.Unlock()
+	select {
+	case p.acksReady <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+func (p *Pool) takeAcks() []completion {
+	p.acks.mu.Lock()
+	defer p.acks.mu.Unlock()
+	acks := p.acks.items
+	p.acks.items = nil
+	return acks
+}
+
+func (p *Pool) requeueAcks(acks []completion) {
+	p.acks.mu.Lock()
+	p.acks.items = append(acks, p.acks.items...)
+	p.acks.mu.Unlock()
+}
+
+// closeAcks stops the queue, as the dispatcher ends, and writes what is
+// left in it; from then on the collectors write their acks themselves.
+func (p *Pool) closeAcks() {
+	p.acks.mu.Lock()
+	p.acks.open = false
+	acks := p.acks.items
+	p.acks.items = nil
+	p.acks.mu.Unlock()
+	if len(acks) > 0 {
+		p.ackAll(acks)
+		p.finish(acks, true)
 	}
 }
 
@@ -743,25 +851,39 @@ func (p *Pool) collect() {
 	}
 }
 
+// flush writes a batch of outcomes: nacks one by one, acks in one call,
+// or, while the dispatcher runs, by handing them to it for its next claim.
 func (p *Pool) flush(batch []completion) {
-	var acks []int
-	for i := range batch {
-		c := &batch[i]
+	var acks, rest []completion
+	for _, c := range batch {
 		switch {
 		case c.lost:
 		case c.ack:
-			acks = append(acks, i)
+			acks = append(acks, c)
+			continue
 		default:
-			p.nack(c)
+			p.nack(&c)
 		}
+		rest = append(rest, c)
 	}
-	if len(acks) > 0 {
-		p.ackAll(batch, acks)
+	if len(acks) > 0 && !p.leaveAcks(acks) {
+		p.ackAll(acks)
+		rest = append(rest, acks...)
 	}
+	if len(rest) > 0 {
+		p.finish(rest, true)
+	}
+}
+
+// finish reports attempts whose outcomes were written (or given up on).
+// signal tells the dispatcher: a write it did not see returned.
+func (p *Pool) finish(batch []completion, signal bool) {
 	p.pending.Add(-int64(len(batch)))
-	select {
-	case p.written <- struct{}{}:
-	default:
+	if signal {
+		select {
+		case p.written <- struct{}{}:
+		default:
+		}
 	}
 	for _, c := range batch {
 		p.obs.TaskFinished(c.topic, c.task, c.status, c.dur)
@@ -827,10 +949,11 @@ func (p *Pool) report(c completion) (broker.Report, bool) {
 	return r, true
 }
 
-func (p *Pool) ackAll(batch []completion, idx []int) {
-	outcomes := make([]broker.Outcome, len(idx))
-	for j, i := range idx {
-		outcomes[j] = broker.Outcome{Claim: batch[i].claim, Result: batch[i].result}
+// ackAll writes acks in one Ack call, retrying as retry does.
+func (p *Pool) ackAll(acks []completion) {
+	outcomes := make([]broker.Outcome, len(acks))
+	for i, c := range acks {
+		outcomes[i] = broker.Outcome{Claim: c.claim, Result: c.result}
 	}
 	var errs []error
 	err := p.retry("ack", func(ctx context.Context) error {
@@ -838,17 +961,18 @@ func (p *Pool) ackAll(batch []completion, idx []int) {
 		errs, err = p.b.Ack(ctx, outcomes)
 		return err
 	})
-	for j, i := range idx {
-		c := &batch[i]
-		var e error
-		switch {
-		case err != nil:
-			e = err
-		case j < len(errs):
-			e = errs[j]
+	p.acked(acks, errs, err)
+}
+
+// acked records the answer of an Ack: err for all, or errs one by one.
+func (p *Pool) acked(acks []completion, errs []error, err error) {
+	for i := range acks {
+		e := err
+		if e == nil && i < len(errs) {
+			e = errs[i]
 		}
 		if e != nil {
-			p.lose(c, "ack", e)
+			p.lose(&acks[i], "ack", e)
 		}
 	}
 }
@@ -880,8 +1004,7 @@ func (p *Pool) retry(op string, f func(ctx context.Context) error) error {
 		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
 		err := f(ctx)
 		cancel()
-		if err == nil || errors.Is(err, broker.ErrClaimLost) || errors.Is(err, broker.ErrNotFound) ||
-			errors.Is(err, broker.ErrInvalid) || errors.Is(err, broker.ErrClosed) {
+		if err == nil || permanent(err) {
 			return err
 		}
 		if p.giveUpCtx.Err() != nil {
@@ -896,6 +1019,14 @@ func (p *Pool) retry(op string, f func(ctx context.Context) error) error {
 			t.Stop()
 		}
 	}
+}
+
+// permanent reports whether a failed broker write would fail again: the
+// claim is lost, the message gone, the request invalid or the broker
+// closed.
+func permanent(err error) bool {
+	return errors.Is(err, broker.ErrClaimLost) || errors.Is(err, broker.ErrNotFound) ||
+		errors.Is(err, broker.ErrInvalid) || errors.Is(err, broker.ErrClosed)
 }
 
 // heartbeat stamps the worker's row every HeartbeatInterval. If the row is

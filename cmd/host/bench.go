@@ -620,10 +620,13 @@ func (o *benchObserver) MessageFinished(id int64, _, _, status string) {
 type countingBroker struct {
 	broker.Broker
 	claims, claimed, acks, acked atomic.Int64
+	claimNanos                   atomic.Int64 // time spent in claim calls
 }
 
 func (c *countingBroker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
+	start := time.Now()
 	msgs, err := c.Broker.Claim(ctx, req)
+	c.claimNanos.Add(int64(time.Since(start)))
 	c.claims.Add(1)
 	c.claimed.Add(int64(len(msgs)))
 	return msgs, err
@@ -635,6 +638,26 @@ func (c *countingBroker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]
 	return c.Broker.Ack(ctx, outcomes)
 }
 
+// countingAckClaimer is a countingBroker over a broker.AckClaimer, so
+// the pool still finds the interface.
+type countingAckClaimer struct {
+	*countingBroker
+	ac broker.AckClaimer
+}
+
+func (c countingAckClaimer) AckAndClaim(ctx context.Context, outcomes []broker.Outcome, req broker.ClaimRequest) ([]error, []broker.Message, error) {
+	start := time.Now()
+	errs, msgs, err := c.ac.AckAndClaim(ctx, outcomes, req)
+	c.claimNanos.Add(int64(time.Since(start)))
+	c.claims.Add(1)
+	c.claimed.Add(int64(len(msgs)))
+	if len(outcomes) > 0 {
+		c.acks.Add(1)
+		c.acked.Add(int64(len(outcomes)))
+	}
+	return errs, msgs, err
+}
+
 func (c *countingBroker) String() string {
 	per := func(n, calls int64) float64 {
 		if calls == 0 {
@@ -642,8 +665,9 @@ func (c *countingBroker) String() string {
 		}
 		return float64(n) / float64(calls)
 	}
-	return fmt.Sprintf("%d claims (%.1f messages each), %d acks (%.1f each)",
-		c.claims.Load(), per(c.claimed.Load(), c.claims.Load()), c.acks.Load(), per(c.acked.Load(), c.acks.Load()))
+	return fmt.Sprintf("%d claims (%.1f messages, %.2f ms each), %d ack writes (%.1f each)",
+		c.claims.Load(), per(c.claimed.Load(), c.claims.Load()), per(c.claimNanos.Load(), c.claims.Load())/1e6,
+		c.acks.Load(), per(c.acked.Load(), c.acks.Load()))
 }
 
 func (bn *bench) newPool(topic string, obs worker.Observer) *worker.Pool {
@@ -654,7 +678,11 @@ func (bn *bench) newPool(topic string, obs worker.Observer) *worker.Pool {
 		Handler: func(context.Context, *worker.TaskContext) (any, error) { return nil, nil },
 	})
 	bn.calls = &countingBroker{Broker: bn.b}
-	return worker.NewPool(bn.calls, reg, worker.Options{
+	var b broker.Broker = bn.calls
+	if ac, ok := bn.b.(broker.AckClaimer); ok {
+		b = countingAckClaimer{countingBroker: bn.calls, ac: ac}
+	}
+	return worker.NewPool(b, reg, worker.Options{
 		Concurrency: bn.cfg.workers,
 		Observer:    obs,
 		Logger:      bn.log.Named("pool"),
