@@ -43,7 +43,7 @@ test: ## run the whole test suite (needs PostgreSQL, see README)
 
 .PHONY: test/race
 test/race: ## run the tests of the concurrent packages with the race detector
-	$(GO) test -count=1 -race -timeout 30m ./capability/... ./host/... ./broker/... ./worker/... ./plugins/...
+	$(GO) test -count=1 -race -timeout 30m ./capability/... ./host/... ./broker/... ./worker/... ./plugins/... ./reaper/... ./scheduler/...
 
 .PHONY: bench
 bench: ## run the Go benchmarks
