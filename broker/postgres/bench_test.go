@@ -47,6 +47,25 @@ func BenchmarkSubmitParallel(b *testing.B) {
 	})
 }
 
+// BenchmarkSubmitMany: one op queues 1,000 messages in one SubmitMany.
+func BenchmarkSubmitMany(b *testing.B) {
+	const batch = 1000
+	br := newTestBroker(b, Options{})
+	ctx := context.Background()
+	reqs := make([]broker.SubmitRequest, batch)
+	for i := range reqs {
+		reqs[i] = broker.SubmitRequest{Topic: "bench", Task: "send", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := br.SubmitMany(ctx, reqs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/msg")
+}
+
 // seed inserts n queued messages of topic straight into b's schema and
 // analyzes the table.
 func seed(tb testing.TB, br *Broker, topic string, n int) {
