@@ -15,6 +15,15 @@
 //     LOCKED). The count of running rows is the concurrency gate, as the
 //     specification says, and the row lock makes count-then-claim race-free
 //     across processes. Unlimited topics take no lock.
+//   - AckAndClaim (broker.AckClaimer), the worker pool's way to write
+//     acks, puts them at the head of the transaction of its next claim:
+//     they lock their rows (in id order) before the transaction waits for
+//     the topic lock, which cannot deadlock since a transaction holding a
+//     topic lock only ever waits for queued rows, taken SKIP LOCKED; and
+//     the count that gates the claim sees their slots free. One round trip
+//     and one commit serve both.
+//   - SubmitMany (broker.BatchSubmitter) queues many messages with one
+//     multi-row insert per 5,000.
 //   - Every write for a claim (ack, nack, dead letter, lock release) names
 //     its token and changes nothing, returning broker.ErrClaimLost, when the
 //     message is no longer running under it.
