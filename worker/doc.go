@@ -5,14 +5,18 @@
 // A Pool has three kinds of goroutines, all owned by it and stopped and
 // awaited by Stop: one dispatcher that claims up to as many messages as it
 // has free slots in a single broker.Claim call, Concurrency worker
-// goroutines that run handlers, and two collectors that write outcomes back
-// (acks in batches, so a busy pool does few broker round trips, but flushed
-// as soon as nothing else is pending, so a lone completion is never held
-// back by a timer; one batch gathers while the other is written). A topic's
-// concurrency limit counts a message until its outcome is written, so a
-// claim that comes back short while outcomes are being written is retried
-// as soon as one of those writes returns, not after the idle interval. A
-// heartbeat goroutine keeps the worker's row fresh.
+// goroutines that run handlers, and two collectors that take their
+// outcomes. Nacks the collectors write themselves; acks they hand to the
+// dispatcher, which writes every ack pending with its next claim, ahead of
+// it (one transaction and one round trip with a broker.AckClaimer such as
+// the PostgreSQL broker). A finishing handler frees a slot and so starts
+// that claim at once: a lone completion is never held back by a timer, and
+// a busy pool writes many acks per round trip. A topic's concurrency limit
+// counts a message until its outcome is written, so the claim that carries
+// the acks sees their slots free, and a claim that comes back short while
+// outcomes are being written is retried as soon as one of those writes
+// returns, not after the idle interval. A heartbeat goroutine keeps the
+// worker's row fresh.
 //
 // Delivery is at least once. A worker whose claim was taken from it (the
 // reaper requeued the message, an operator forced it) learns so from

@@ -85,9 +85,9 @@ const (
 	lockErrorRetryDelay = time.Second
 	// maxAckBatch bounds one broker.Ack call.
 	maxAckBatch = 256
-	// collectors is how many outcome writes may be in flight at once: one
-	// batch is written while the next gathers, and the broker commits
-	// them together.
+	// collectors is how many goroutines write outcomes the dispatcher does
+	// not take (nacks, and acks once it has stopped), so one slow write
+	// does not hold up the rest.
 	collectors = 2
 	// Broker errors are retried after 100ms, doubling up to 5s.
 	retryMin = 100 * time.Millisecond
@@ -572,22 +572,20 @@ func (p *Pool) exchange(acks []completion, max int) ([]broker.Message, error) {
 		msgs []broker.Message
 		err  error
 	)
-	if ac, ok := p.b.(broker.AckClaimer); ok && max > 0 {
+	ac, both := p.b.(broker.AckClaimer)
+	if both && max > 0 {
 		errs, msgs, err = ac.AckAndClaim(ctx, outcomes, req)
 	} else {
 		errs, err = p.b.Ack(ctx, outcomes)
 	}
 	if err != nil && !permanent(err) {
 		p.requeueAcks(acks)
-		return msgs, err
+		return nil, err
 	}
 	p.acked(acks, errs, err)
 	p.finish(acks, false)
-	if err != nil || msgs != nil || max == 0 {
+	if err != nil || both || max == 0 {
 		return msgs, err
-	}
-	if _, ok := p.b.(broker.AckClaimer); ok {
-		return nil, nil
 	}
 	return p.b.Claim(ctx, req)
 }

@@ -274,13 +274,10 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 
 	var claims []claimResult
 	if cfg.claimLatency {
-		fmt.Fprintln(out, "== claim latency (Claim of 1 message, topic limit applied)")
-		for _, depth := range []int{1_000, 1_000_000} {
-			cr, err := bn.claimLatency(ctx, depth)
-			if err != nil {
-				return fmt.Errorf("claim latency at %d queued: %w", depth, err)
-			}
-			claims = append(claims, cr...)
+		fmt.Fprintln(out, "== claim latency (Claim of 1 message, topic limit applied; the depths take turns claim by claim)")
+		var err error
+		if claims, err = bn.claimLatency(ctx); err != nil {
+			return fmt.Errorf("claim latency: %w", err)
 		}
 	}
 
@@ -842,62 +839,146 @@ func (bn *bench) steady(ctx context.Context, topic string, r *benchResult) error
 	return bn.checkEmpty(ctx, topic)
 }
 
-// claimLatency seeds depth queued messages on a topic with the bench's
-// limit and times Claim of one message, -claim-samples times per run.
-func (bn *bench) claimLatency(ctx context.Context, depth int) ([]claimResult, error) {
+// claimDepths are the queue depths the claim-latency phase compares.
+var claimDepths = []int{1_000, 1_000_000}
+
+// claimLatency seeds each of claimDepths queued messages in a schema of its
+// own (the bench's schema for the first, "<schema>_q<depth>" for the
+// others, dropped at the end unless -keep), on a topic with the bench's
+// limit, and times Claim of one message, -claim-samples times per depth
+// and run. The depths take turns claim by claim, so a change in the
+// machine's load weighs on all of them alike.
+func (bn *bench) claimLatency(ctx context.Context) ([]claimResult, error) {
 	cfg := bn.cfg
 	if err := bn.reset(ctx); err != nil {
 		return nil, err
 	}
-	topic := bn.topic("claim", depth)
-	if err := bn.setLimit(ctx, topic); err != nil {
-		return nil, err
+	type queue struct {
+		depth int
+		b     broker.Broker
+		admin *pgx.Conn
+		topic string
+		lat   []float64
 	}
-	start := time.Now()
-	if _, err := bn.admin.Exec(ctx, `
-		INSERT INTO tw_messages (topic, task, payload, available_at)
-		SELECT $1, $2, jsonb_build_object('seq', i), now() - interval '1 hour' + i * interval '1 microsecond'
-		FROM generate_series(1, $3::int) i`, topic, benchTask, depth); err != nil {
-		return nil, err
-	}
-	if err := bn.settle(ctx); err != nil {
-		return nil, err
-	}
-	fmt.Fprintf(bn.out, "  seeded %d queued messages in %.1fs (INSERT ... generate_series, ANALYZE, CHECKPOINT)\n", depth, time.Since(start).Seconds())
-
-	// Warm the connections' statement caches.
-	for range 20 {
-		if _, err := bn.claimOnce(ctx, topic); err != nil {
+	var queues []*queue
+	for i, depth := range claimDepths {
+		q := &queue{depth: depth, b: bn.b, admin: bn.admin, topic: bn.topic("claim", depth)}
+		if i > 0 {
+			schema := fmt.Sprintf("%s_q%d", bn.schema, depth)
+			b, admin, undo, err := bn.openSchema(ctx, schema)
+			if err != nil {
+				return nil, err
+			}
+			defer undo()
+			q.b, q.admin = b, admin
+		}
+		limit := cfg.limit
+		if _, err := q.b.SetTopic(ctx, q.topic, broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
 			return nil, err
+		}
+		start := time.Now()
+		if _, err := q.admin.Exec(ctx, `
+			INSERT INTO tw_messages (topic, task, payload, available_at)
+			SELECT $1, $2, jsonb_build_object('seq', i), now() - interval '1 hour' + i * interval '1 microsecond'
+			FROM generate_series(1, $3::int) i`, q.topic, benchTask, depth); err != nil {
+			return nil, err
+		}
+		if _, err := q.admin.Exec(ctx, `ANALYZE tw_messages`); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(bn.out, "  seeded %d queued messages in %.1fs (INSERT ... generate_series, ANALYZE)\n", depth, time.Since(start).Seconds())
+		queues = append(queues, q)
+	}
+	_, _ = bn.admin.Exec(ctx, `CHECKPOINT`)
+	// Warm the connections' statement caches.
+	for _, q := range queues {
+		for range 20 {
+			if _, err := claimOnce(ctx, q.b, q.topic); err != nil {
+				return nil, err
+			}
 		}
 	}
 	var out []claimResult
 	for run := 1; run <= cfg.runs; run++ {
-		lat := make([]float64, 0, cfg.claimSamples)
-		for range cfg.claimSamples {
-			d, err := bn.claimOnce(ctx, topic)
-			if err != nil {
-				return nil, err
+		for _, q := range queues {
+			q.lat = q.lat[:0]
+		}
+		for i := range cfg.claimSamples {
+			for j := range queues {
+				q := queues[(i+j)%len(queues)]
+				d, err := claimOnce(ctx, q.b, q.topic)
+				if err != nil {
+					return nil, fmt.Errorf("%d queued: %w", q.depth, err)
+				}
+				q.lat = append(q.lat, ms(d))
 			}
-			lat = append(lat, ms(d))
 		}
-		var sum float64
-		for _, v := range lat {
-			sum += v
+		for _, q := range queues {
+			var sum float64
+			for _, v := range q.lat {
+				sum += v
+			}
+			slices.Sort(q.lat)
+			cr := claimResult{Depth: q.depth, Run: run, P50: quantile(q.lat, 0.5), P95: quantile(q.lat, 0.95), P99: quantile(q.lat, 0.99), Mean: sum / float64(len(q.lat))}
+			fmt.Fprintf(bn.out, "  run %d  %8d queued: claim p50 %s  p95 %s  p99 %s  mean %s ms\n", run, q.depth, fmtNum(cr.P50), fmtNum(cr.P95), fmtNum(cr.P99), fmtNum(cr.Mean))
+			out = append(out, cr)
 		}
-		slices.Sort(lat)
-		cr := claimResult{Depth: depth, Run: run, P50: quantile(lat, 0.5), P95: quantile(lat, 0.95), P99: quantile(lat, 0.99), Mean: sum / float64(len(lat))}
-		fmt.Fprintf(bn.out, "  run %d  %8d queued: claim p50 %s  p95 %s  p99 %s  mean %s ms\n", run, depth, fmtNum(cr.P50), fmtNum(cr.P95), fmtNum(cr.P99), fmtNum(cr.Mean))
-		out = append(out, cr)
 	}
 	return out, nil
 }
 
-// claimOnce times one Claim of one message and puts the message back
-// (outside the timer).
-func (bn *bench) claimOnce(ctx context.Context, topic string) (time.Duration, error) {
+// openSchema opens a second PostgreSQL broker on a fresh schema, with a
+// connection of its own pointed at it, and returns what undoes both.
+func (bn *bench) openSchema(ctx context.Context, schema string) (broker.Broker, *pgx.Conn, func(), error) {
+	cfg := bn.cfg
+	var exists bool
+	if err := bn.admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists); err != nil {
+		return nil, nil, nil, err
+	}
+	if exists && !strings.HasPrefix(schema, "tw_bench_") {
+		return nil, nil, nil, fmt.Errorf("schema %s exists: the bench empties and drops its schemas, so give -schema a new name", schema)
+	}
+	b, err := postgres.New(ctx, postgres.Options{DSN: cfg.dsn, Schema: schema, Logger: bn.log.Named("postgres")})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	drop := func() {
+		_ = b.Close()
+		if cfg.keep {
+			fmt.Fprintf(bn.out, "kept schema %s\n", schema)
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := bn.admin.Exec(cctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`); err != nil {
+			fmt.Fprintf(os.Stderr, "host bench: dropping schema %s: %v\n", schema, err)
+		}
+	}
+	admin, err := pgx.Connect(ctx, cfg.dsn)
+	if err != nil {
+		drop()
+		return nil, nil, nil, err
+	}
+	undo := func() {
+		_ = admin.Close(context.Background())
+		drop()
+	}
+	if _, err := admin.Exec(ctx, `SET search_path TO `+pgx.Identifier{schema}.Sanitize()); err != nil {
+		undo()
+		return nil, nil, nil, err
+	}
+	if _, err := admin.Exec(ctx, `TRUNCATE tw_messages, tw_locks`); err != nil {
+		undo()
+		return nil, nil, nil, err
+	}
+	return b, admin, undo, nil
+}
+
+// claimOnce times one Claim of one message of topic and puts the message
+// back (outside the timer).
+func claimOnce(ctx context.Context, b broker.Broker, topic string) (time.Duration, error) {
 	start := time.Now()
-	msgs, err := bn.b.Claim(ctx, broker.ClaimRequest{WorkerID: "bench-claimer", Topics: []string{topic}, Max: 1})
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "bench-claimer", Topics: []string{topic}, Max: 1})
 	d := time.Since(start)
 	if err != nil {
 		return 0, err
@@ -905,7 +986,7 @@ func (bn *bench) claimOnce(ctx context.Context, topic string) (time.Duration, er
 	if len(msgs) != 1 {
 		return 0, fmt.Errorf("claimed %d messages, want 1", len(msgs))
 	}
-	return d, bn.b.Nack(ctx, broker.NackRequest{Claim: msgs[0].ClaimOf(), Requeue: true})
+	return d, b.Nack(ctx, broker.NackRequest{Claim: msgs[0].ClaimOf(), Requeue: true})
 }
 
 // machineFacts describes the machine the bench runs on.
