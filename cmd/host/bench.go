@@ -1041,7 +1041,7 @@ func procField(path, key string) string {
 	return ""
 }
 
-var pgSettings = []string{"synchronous_commit", "shared_buffers", "max_connections", "fsync", "wal_level", "work_mem"}
+var pgSettings = []string{"synchronous_commit", "shared_buffers", "max_connections", "fsync", "wal_level", "work_mem", "autovacuum", "full_page_writes"}
 
 func postgresFacts(ctx context.Context, c *pgx.Conn) (map[string]string, error) {
 	m := map[string]string{}
