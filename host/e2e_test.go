@@ -110,7 +110,7 @@ type hostProc struct {
 	err    error
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -123,7 +123,7 @@ func freeAddr(t *testing.T) string {
 
 // startHost writes config (with LISTEN and PLUGINS replaced) and runs the
 // host on it until the test ends.
-func startHost(t *testing.T, config string) *hostProc {
+func startHost(t testing.TB, config string) *hostProc {
 	t.Helper()
 	addr := freeAddr(t)
 	config = strings.ReplaceAll(config, "LISTEN", addr)
@@ -169,7 +169,7 @@ func startHost(t *testing.T, config string) *hostProc {
 	return p
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {

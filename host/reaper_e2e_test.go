@@ -12,11 +12,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -873,44 +870,6 @@ func TestReaperBeatLeaderFailover(t *testing.T) {
 
 // ---- benchmark ----
 
-// startHostTB is startHost for benchmarks.
-func startHostTB(tb testing.TB, config string) *hostProc {
-	tb.Helper()
-	addr := freeAddrTB(tb)
-	config = strings.ReplaceAll(config, "LISTEN", addr)
-	config = strings.ReplaceAll(config, "PLUGINS", pluginsDir)
-	path := filepath.Join(tb.TempDir(), "taskhost.yaml")
-	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	p := &hostProc{base: "http://" + addr, log: &syncBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(filepath.Join(binDir, "host"), "-config", path)
-	p.cmd.Stdout = p.log
-	p.cmd.Stderr = p.log
-	if err := p.cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.exited)
-	}()
-	tb.Cleanup(func() {
-		stopHost(p)
-		if tb.Failed() {
-			tb.Logf("host log:\n%s", p.log.String())
-		}
-	})
-	waitForTB(tb, 20*time.Second, "host answers /healthz", func() bool {
-		resp, err := http.Get(p.base + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
-	return p
-}
-
 func stopHost(p *hostProc) {
 	select {
 	case <-p.exited:
@@ -926,27 +885,6 @@ func stopHost(p *hostProc) {
 	}
 }
 
-func freeAddrTB(tb testing.TB) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-func waitForTB(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %s waiting until %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // BenchmarkKillToRequeue: SIGKILL the worker running a message, and time
 // until the message is requeued (or already running again under the
 // restarted worker). Each iteration runs a fresh host on a fresh schema,
@@ -957,9 +895,9 @@ func BenchmarkKillToRequeue(b *testing.B) {
 	b.StopTimer()
 	for range b.N {
 		schema := pgSchema(b)
-		h := startHostTB(b, twConfig(schema, twOpts{grace: "0.5"}))
+		h := startHost(b, twConfig(schema, twOpts{grace: "0.5"}))
 		var st pluginStatus
-		waitForTB(b, 60*time.Second, "tasks_worker runs", func() bool {
+		waitFor(b, 60*time.Second, "tasks_worker runs", func() bool {
 			st = h.worker(b)
 			if st.State != "running" {
 				return false
@@ -968,13 +906,13 @@ func BenchmarkKillToRequeue(b *testing.B) {
 			return err == nil
 		})
 		var id string
-		waitForTB(b, 30*time.Second, "the submit is accepted", func() bool {
+		waitFor(b, 30*time.Second, "the submit is accepted", func() bool {
 			var err error
 			id, err = h.submit("demo.sleep", "default", map[string]any{"seconds": 60})
 			return err == nil
 		})
 		var first twTask
-		waitForTB(b, 30*time.Second, "the message runs", func() bool {
+		waitFor(b, 30*time.Second, "the message runs", func() bool {
 			var err error
 			first, err = h.task(id)
 			return err == nil && first.State == "running"
