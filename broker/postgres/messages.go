@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
@@ -213,8 +215,15 @@ const claimLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 AND concurrency_li
 // for worker $3: none when the topic is paused or unknown, at most
 // limit - running when it is limited. The inner SELECT walks the partial
 // queued index in (available_at, id) order; the outer UPDATE finds the
-// rows by primary key.
-const claimSQL = `
+// rows by primary key. claimFromSQL is the same, starting the walk at the
+// key ($4 available_at, $5 id) (see claimFloors).
+var (
+	claimSQL     = claimStatement("")
+	claimFromSQL = claimStatement("AND (q.available_at, q.id) >= ($4::timestamptz, $5::bigint)")
+)
+
+func claimStatement(from string) string {
+	return `
 	WITH gate AS (
 		SELECT CASE
 			WHEN t.paused THEN 0
@@ -230,12 +239,84 @@ const claimSQL = `
 		token = gen_random_uuid()
 	WHERE m.id = ANY (ARRAY (
 			SELECT q.id FROM tw_messages q
-			WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now()
+			WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now() ` + from + `
 			ORDER BY q.available_at, q.id
 			LIMIT greatest(coalesce((SELECT n FROM gate), 0), 0)
 			FOR UPDATE SKIP LOCKED))
 		AND m.state = 'queued'
 	RETURNING ` + msgCols + `, token::text`
+}
+
+// fullScanEvery is how often Claim walks a topic's queued index from its
+// start even when it has a floor for the topic (see claimFloors).
+const fullScanEvery = time.Second
+
+// claimFloors remembers, per topic, where the last claim of this process
+// started in the topic's queued index, so the next one starts there
+// instead of at the beginning.
+//
+// Why: every claimed message leaves a dead entry at the head of the queued
+// index (its key is the oldest), and nothing but VACUUM removes those
+// entries, since btree only cleans a page when an insert fills it and
+// inserts land at the tail. A claim that starts at the head walks all of
+// them: with autovacuum off or behind, after a few hundred thousand
+// messages each claim reads a thousand index pages. Starting at the first
+// key the previous claim took skips them.
+//
+// A floor is a hint and never decides what may be claimed: a message that
+// became available behind it (a transaction that committed late with an
+// older now(), a row another claimer held and let go) is found by the
+// next walk from the start, which comes when a claim from the floor
+// returns short, and at least every fullScanEvery. Order stays
+// oldest-first but for those stragglers, which wait at most that long.
+type claimFloors struct {
+	mu sync.Mutex
+	m  map[string]claimFloor
+}
+
+type claimFloor struct {
+	at       time.Time // available_at of the first message the last claim took
+	id       int64     // and its id
+	set      bool      // at and id hold a key
+	fullScan time.Time // when the last walk from the start ran
+}
+
+// get returns the floor to claim topic from, or ok false when this claim
+// walks from the start (no floor yet, or the last walk is too old).
+func (f *claimFloors) get(topic string, now time.Time) (at time.Time, id int64, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fl, found := f.m[topic]
+	if !found || !fl.set || now.Sub(fl.fullScan) >= fullScanEvery {
+		return time.Time{}, 0, false
+	}
+	return fl.at, fl.id, true
+}
+
+// claimed records a claim of topic that asked for want messages and got
+// msgs (sorted by key), walking from the start when full is set. A short
+// claim clears the floor: what is left may be behind it.
+func (f *claimFloors) claimed(topic string, full bool, now time.Time, want int, msgs []broker.Message) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = make(map[string]claimFloor)
+	}
+	fl := f.m[topic]
+	if full {
+		fl.fullScan = now
+	}
+	if len(msgs) < want || len(msgs) == 0 {
+		fl.set = false
+	} else {
+		fl.at, fl.id, fl.set = msgs[0].AvailableAt, msgs[0].ID, true
+	}
+	if !fl.set && fl.fullScan.IsZero() {
+		delete(f.m, topic)
+		return
+	}
+	f.m[topic] = fl
+}
 
 // Claim takes up to req.Max available messages of req.Topics for
 // req.WorkerID. The topics are served round-robin from a starting topic
@@ -363,7 +444,49 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 // topic lock and the claim go as one batch (one round trip), which pgx runs
 // as one implicit transaction. With a, the acks go first in the same
 // batch, and their errors come back.
+//
+// The claim starts at the topic's floor when it has one (claimFloors);
+// when that comes back short, a second transaction claims the rest walking
+// from the start, so a message behind the floor is never left waiting
+// while the queue looks empty.
 func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch) ([]broker.Message, []error, error) {
+	started := time.Now()
+	at, id, hinted := b.floors.get(topic, started)
+	out, errs, err := b.claimFrom(ctx, topic, n, worker, a, hinted, at, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	b.floors.claimed(topic, !hinted, started, n, out)
+	if !hinted || len(out) == n {
+		return out, errs, nil
+	}
+	more, _, err := b.claimFrom(ctx, topic, n-len(out), worker, nil, false, time.Time{}, 0)
+	if err != nil {
+		// The first claims are running and must reach the caller; the
+		// error shows again on the next claim.
+		b.log.Warn("claim: walking the queue from its start failed", "topic", topic, "error", err)
+		return out, errs, nil
+	}
+	b.floors.claimed(topic, true, started, n-len(out), more)
+	out = append(out, more...)
+	sortByKey(out)
+	return out, errs, nil
+}
+
+// sortByKey sorts msgs oldest (available_at, id) first.
+func sortByKey(msgs []broker.Message) {
+	sort.Slice(msgs, func(i, j int) bool {
+		if !msgs[i].AvailableAt.Equal(msgs[j].AvailableAt) {
+			return msgs[i].AvailableAt.Before(msgs[j].AvailableAt)
+		}
+		return msgs[i].ID < msgs[j].ID
+	})
+}
+
+// claimFrom is one claim transaction of claimTopic, from the key (at, id)
+// when hinted.
+func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker string, a *ackBatch,
+	hinted bool, floorAt time.Time, floorID int64) ([]broker.Message, []error, error) {
 	var (
 		out  []broker.Message
 		errs []error
@@ -375,7 +498,11 @@ func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker str
 			a.queue(batch)
 		}
 		batch.Queue(claimLockSQL, topic)
-		batch.Queue(claimSQL, topic, n, worker)
+		if hinted {
+			batch.Queue(claimFromSQL, topic, n, worker, floorAt, floorID)
+		} else {
+			batch.Queue(claimSQL, topic, n, worker)
+		}
 		br := c.SendBatch(ctx, batch)
 		if a != nil {
 			var err error
@@ -412,12 +539,7 @@ func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker str
 	if err != nil {
 		return nil, nil, err
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if !out[i].AvailableAt.Equal(out[j].AvailableAt) {
-			return out[i].AvailableAt.Before(out[j].AvailableAt)
-		}
-		return out[i].ID < out[j].ID
-	})
+	sortByKey(out)
 	return out, errs, nil
 }
 
@@ -738,7 +860,7 @@ func listSQL(f broker.MessageFilter, limit int) (string, []any) {
 	if f.Topic != "" && f.State == "" {
 		// A topic's messages: those not running from
 		// tw_messages_topic_idle, the running ones from
-		// tw_messages_running, each newest first, merged.
+		// tw_messages_running_token, each newest first, merged.
 		w := strings.Join(where, " AND ")
 		return `SELECT ` + msgCols + ` FROM (
 			(SELECT * FROM tw_messages WHERE ` + w + ` AND state <> 'running' ORDER BY id DESC LIMIT ` + limitArg + `)

@@ -125,6 +125,7 @@ type Broker struct {
 	pool   *pool
 	closed atomic.Bool
 	rr     atomic.Uint64 // rotates the topic Claim serves first
+	floors claimFloors
 }
 
 // New connects, brings the schema up to date (see Migrate) and returns the

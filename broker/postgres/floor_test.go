@@ -1,0 +1,63 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// A claim starts from where the previous one did (claimFloors), but a
+// message that becomes available behind that point is still claimed: the
+// claim that comes back short walks the queue from its start.
+func TestClaimFindsMessagesBehindTheFloor(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := context.Background()
+	for i := range 6 {
+		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "t", Task: "x", Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 2}
+	first, err := b.Claim(ctx, req)
+	if err != nil || len(first) != 2 {
+		t.Fatalf("first claim: %d messages, %v", len(first), err)
+	}
+	if _, _, ok := b.floors.get("t", time.Now()); !ok {
+		t.Fatal("no floor after a claim that got all it asked for: the test would not test the floor")
+	}
+
+	// A message committed now with a key older than every queued one, as a
+	// transaction that took its now() long ago and committed late leaves.
+	c := schemaConn(t, b)
+	var straggler int64
+	if err := c.QueryRow(ctx, `INSERT INTO tw_messages (topic, task, available_at)
+		VALUES ('t', 'x', now() - interval '1 hour') RETURNING id`).Scan(&straggler); err != nil {
+		t.Fatal(err)
+	}
+
+	got := map[int64]bool{}
+	for range 10 {
+		msgs, err := b.Claim(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if got[m.ID] {
+				t.Fatalf("message %d claimed twice", m.ID)
+			}
+			got[m.ID] = true
+		}
+		if len(msgs) < req.Max {
+			break
+		}
+	}
+	if !got[straggler] {
+		t.Fatalf("the message behind the floor (%d) was not claimed; claimed %v", straggler, got)
+	}
+	if len(got) != 5 {
+		t.Fatalf("claimed %d messages after the first claim, want the 4 left and the straggler", len(got))
+	}
+}
