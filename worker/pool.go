@@ -159,7 +159,7 @@ type Pool struct {
 	acksReady   chan struct{} // a collector left acks to the dispatcher
 	acks        ackQueue
 	jobs        chan broker.Message
-	completions chan completion
+	completions chan *completion
 	abandon     chan struct{} // closed: stop waiting on handlers
 
 	claimCtx  context.Context // cancelled: stop claiming
@@ -307,7 +307,7 @@ func (p *Pool) Start(ctx context.Context) error {
 	p.acksReady = make(chan struct{}, 1)
 	p.acks = ackQueue{open: true}
 	p.jobs = make(chan broker.Message, n)
-	p.completions = make(chan completion, 2*n)
+	p.completions = make(chan *completion, 2*n)
 	p.abandon = make(chan struct{})
 	p.claimCtx, p.stopClaim = context.WithCancel(context.Background())
 	p.runCtx, p.cancelRun = context.WithCancel(context.Background())
@@ -556,7 +556,7 @@ func (p *Pool) dispatch() {
 // Ack and a Claim. The acks are finished (reported) once written; when they
 // could not be written for a reason that may pass, they go back to the
 // queue for the next call.
-func (p *Pool) exchange(acks []completion, max int) ([]broker.Message, error) {
+func (p *Pool) exchange(acks []*completion, max int) ([]broker.Message, error) {
 	ctx, cancel := context.WithTimeout(p.claimCtx, brokerCallTimeout)
 	defer cancel()
 	req := broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.topics, Max: max}
@@ -593,13 +593,13 @@ func (p *Pool) exchange(acks []completion, max int) ([]broker.Message, error) {
 // ackQueue holds the acks the collectors leave to the dispatcher.
 type ackQueue struct {
 	mu    sync.Mutex
-	items []completion
+	items []*completion
 	open  bool // the dispatcher runs and takes acks
 }
 
 // leaveAcks gives acks to the dispatcher; false when it has stopped (the
 // caller writes them).
-func (p *Pool) leaveAcks(acks []completion) bool {
+func (p *Pool) leaveAcks(acks []*completion) bool {
 	p.acks.mu.Lock()
 	if !p.acks.open {
 		p.acks.mu.Unlock()
@@ -614,7 +614,7 @@ func (p *Pool) leaveAcks(acks []completion) bool {
 	return true
 }
 
-func (p *Pool) takeAcks() []completion {
+func (p *Pool) takeAcks() []*completion {
 	p.acks.mu.Lock()
 	defer p.acks.mu.Unlock()
 	acks := p.acks.items
@@ -622,7 +622,7 @@ func (p *Pool) takeAcks() []completion {
 	return acks
 }
 
-func (p *Pool) requeueAcks(acks []completion) {
+func (p *Pool) requeueAcks(acks []*completion) {
 	p.acks.mu.Lock()
 	p.acks.items = append(acks, p.acks.items...)
 	p.acks.mu.Unlock()
@@ -679,16 +679,42 @@ type completion struct {
 	timedOut bool
 }
 
+// msgLogger logs about one message, with its id, task, topic and attempt;
+// it builds the logger that carries them on first use, as most attempts
+// log nothing.
+type msgLogger struct {
+	base hclog.Logger
+	m    *broker.Message
+	l    hclog.Logger
+	once sync.Once
+}
+
+func (ml *msgLogger) get() hclog.Logger {
+	ml.once.Do(func() {
+		ml.l = ml.base.With("message_id", ml.m.ID, "task", ml.m.Task, "topic", ml.m.Topic, "attempt", ml.m.Attempts)
+	})
+	return ml.l
+}
+
+func (ml *msgLogger) Debug(msg string, args ...any) {
+	if ml.base.IsDebug() {
+		ml.get().Debug(msg, args...)
+	}
+}
+func (ml *msgLogger) Info(msg string, args ...any)  { ml.get().Info(msg, args...) }
+func (ml *msgLogger) Warn(msg string, args ...any)  { ml.get().Warn(msg, args...) }
+func (ml *msgLogger) Error(msg string, args ...any) { ml.get().Error(msg, args...) }
+
 type handlerResult struct {
 	value any
 	err   error
 }
 
 // handle runs one message and says how it ended.
-func (p *Pool) handle(m broker.Message) completion {
+func (p *Pool) handle(m broker.Message) *completion {
 	p.obs.TaskStarted(m.Topic)
-	c := completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, started: time.Now(), msg: m}
-	log := p.log.With("message_id", m.ID, "task", m.Task, "topic", m.Topic, "attempt", m.Attempts)
+	c := &completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, started: time.Now(), msg: m}
+	log := &msgLogger{base: p.log, m: &c.msg}
 
 	if p.draining.Load() {
 		return c.requeueNow("worker stopped", StatusStopped)
@@ -768,7 +794,7 @@ func (p *Pool) handle(m broker.Message) completion {
 
 // run calls the handler in its own goroutine, so a handler that ignores
 // cancellation can be abandoned, and turns a panic into an error.
-func (p *Pool) run(t Task, tc *TaskContext, log hclog.Logger) (res handlerResult, abandoned, timedOut bool) {
+func (p *Pool) run(t Task, tc *TaskContext, log *msgLogger) (res handlerResult, abandoned, timedOut bool) {
 	ctx, cancel := context.WithCancel(p.runCtx)
 	if t.Timeout > 0 {
 		ctx, cancel = context.WithTimeout(p.runCtx, t.Timeout)
@@ -813,16 +839,16 @@ func marshalResult(v any) (json.RawMessage, error) {
 	return json.Marshal(v)
 }
 
-func (c completion) requeueNow(reason, status string) completion {
+func (c *completion) requeueNow(reason, status string) *completion {
 	return c.requeueAfter(0, reason, status)
 }
 
-func (c completion) requeueAfter(d time.Duration, reason, status string) completion {
+func (c *completion) requeueAfter(d time.Duration, reason, status string) *completion {
 	c.requeue, c.delay, c.errText, c.status = true, d, reason, status
 	return c
 }
 
-func (c completion) fail(reason string, requeue bool, d time.Duration) completion {
+func (c *completion) fail(reason string, requeue bool, d time.Duration) *completion {
 	c.requeue, c.delay, c.errText, c.status = requeue, d, reason, StatusFailed
 	return c
 }
@@ -832,7 +858,7 @@ func (c completion) fail(reason string, requeue bool, d time.Duration) completio
 // run, so one batch gathers while another is written.
 func (p *Pool) collect() {
 	for c := range p.completions {
-		batch := []completion{c}
+		batch := []*completion{c}
 	more:
 		for len(batch) < maxAckBatch {
 			select {
@@ -851,8 +877,8 @@ func (p *Pool) collect() {
 
 // flush writes a batch of outcomes: nacks one by one, acks in one call,
 // or, while the dispatcher runs, by handing them to it for its next claim.
-func (p *Pool) flush(batch []completion) {
-	var acks, rest []completion
+func (p *Pool) flush(batch []*completion) {
+	var acks, rest []*completion
 	for _, c := range batch {
 		switch {
 		case c.lost:
@@ -860,7 +886,7 @@ func (p *Pool) flush(batch []completion) {
 			acks = append(acks, c)
 			continue
 		default:
-			p.nack(&c)
+			p.nack(c)
 		}
 		rest = append(rest, c)
 	}
@@ -875,7 +901,7 @@ func (p *Pool) flush(batch []completion) {
 
 // finish reports attempts whose outcomes were written (or given up on).
 // signal tells the dispatcher: a write it did not see returned.
-func (p *Pool) finish(batch []completion, signal bool) {
+func (p *Pool) finish(batch []*completion, signal bool) {
 	p.pending.Add(-int64(len(batch)))
 	if signal {
 		select {
@@ -905,7 +931,7 @@ type Reporter interface {
 
 // report builds the attempt's report; false when there is nothing to
 // report (the handler never ran: lock deferred, stopped before start).
-func (p *Pool) report(c completion) (broker.Report, bool) {
+func (p *Pool) report(c *completion) (broker.Report, bool) {
 	r := broker.Report{
 		MessageID: c.msg.ID, Task: c.task, Topic: c.topic, Schedule: c.msg.Headers["schedule"],
 		Attempt: max(c.msg.Attempts, 1), Worker: p.opts.WorkerID,
@@ -948,7 +974,7 @@ func (p *Pool) report(c completion) (broker.Report, bool) {
 }
 
 // ackAll writes acks in one Ack call, retrying as retry does.
-func (p *Pool) ackAll(acks []completion) {
+func (p *Pool) ackAll(acks []*completion) {
 	outcomes := make([]broker.Outcome, len(acks))
 	for i, c := range acks {
 		outcomes[i] = broker.Outcome{Claim: c.claim, Result: c.result}
@@ -963,14 +989,14 @@ func (p *Pool) ackAll(acks []completion) {
 }
 
 // acked records the answer of an Ack: err for all, or errs one by one.
-func (p *Pool) acked(acks []completion, errs []error, err error) {
+func (p *Pool) acked(acks []*completion, errs []error, err error) {
 	for i := range acks {
 		e := err
 		if e == nil && i < len(errs) {
 			e = errs[i]
 		}
 		if e != nil {
-			p.lose(&acks[i], "ack", e)
+			p.lose(acks[i], "ack", e)
 		}
 	}
 }

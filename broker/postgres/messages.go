@@ -487,10 +487,8 @@ func sortByKey(msgs []broker.Message) {
 // when hinted.
 func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker string, a *ackBatch,
 	hinted bool, floorAt time.Time, floorID int64) ([]broker.Message, []error, error) {
-	var (
-		out  []broker.Message
-		errs []error
-	)
+	var errs []error
+	out := make([]broker.Message, 0, n)
 	err := b.run(ctx, "claim", func(c *pgx.Conn) error {
 		out = out[:0]
 		batch := &pgx.Batch{}
