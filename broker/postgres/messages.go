@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/taskhost/taskhost/broker"
 )
 
@@ -25,39 +26,27 @@ const msgCols = `id, topic, task, payload::text, headers::text, state, attempts,
 // scanMessage reads one row of msgCols (and the token when tok is set).
 func scanMessage(row pgx.Row, tok bool) (broker.Message, error) {
 	var (
-		m                                      broker.Message
-		payload                                string
-		headers, claimedBy, lastErr, result, t *string
+		m                       broker.Message
+		headers                 []byte
+		claimedBy, lastErr, tkn pgtype.Text
 	)
-	dest := []any{&m.ID, &m.Topic, &m.Task, &payload, &headers, &m.State, &m.Attempts, &m.MaxAttempts,
-		&claimedBy, &m.ClaimedAt, &m.AvailableAt, &m.CreatedAt, &m.FinishedAt, &lastErr, &result}
+	dest := append(make([]any, 0, 16), &m.ID, &m.Topic, &m.Task, (*[]byte)(&m.Payload), &headers, &m.State, &m.Attempts, &m.MaxAttempts,
+		&claimedBy, &m.ClaimedAt, &m.AvailableAt, &m.CreatedAt, &m.FinishedAt, &lastErr, (*[]byte)(&m.Result))
 	if tok {
-		dest = append(dest, &t)
+		dest = append(dest, &tkn)
 	}
 	if err := row.Scan(dest...); err != nil {
 		return broker.Message{}, err
 	}
-	m.Payload = json.RawMessage(payload)
 	if headers != nil {
-		if err := json.Unmarshal([]byte(*headers), &m.Headers); err != nil {
+		if err := json.Unmarshal(headers, &m.Headers); err != nil {
 			return broker.Message{}, fmt.Errorf("message %d: headers: %w", m.ID, err)
 		}
 		if len(m.Headers) == 0 {
 			m.Headers = nil
 		}
 	}
-	if claimedBy != nil {
-		m.ClaimedBy = *claimedBy
-	}
-	if lastErr != nil {
-		m.LastError = *lastErr
-	}
-	if result != nil {
-		m.Result = json.RawMessage(*result)
-	}
-	if t != nil {
-		m.Token = *t
-	}
+	m.ClaimedBy, m.LastError, m.Token = claimedBy.String, lastErr.String, tkn.String
 	return m, nil
 }
 
@@ -429,7 +418,11 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 			if a != nil {
 				ackErrs, a = errs, nil
 			}
-			out = append(out, msgs...)
+			if out == nil {
+				out = msgs
+			} else {
+				out = append(out, msgs...)
+			}
 			remaining -= len(msgs)
 			if len(msgs) == share {
 				next = append(next, topic)
