@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -75,7 +74,6 @@ func seed(tb testing.TB, br *Broker, topic string, n int) {
 	c := schemaConn(tb, br)
 	for _, sql := range []string{
 		`INSERT INTO tw_topics (name) VALUES ('` + topic + `') ON CONFLICT DO NOTHING`,
-		`ALTER TABLE tw_messages SET (fillfactor = ` + os.Getenv("FF") + `)`,
 		fmt.Sprintf(`INSERT INTO tw_messages (topic, task, payload, available_at)
 			SELECT '%s', 'send', jsonb_build_object('n', i), now() - interval '1 hour' + i * interval '1 microsecond'
 			FROM generate_series(1, %d) i`, topic, n),
@@ -244,91 +242,4 @@ func BenchmarkAckAndClaim(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*half), "ns/msg")
-}
-
-func BenchmarkAckAndClaimPar(b *testing.B) {
-	for _, par := range []int{1, 2, 3, -1, -2} {
-		b.Run(fmt.Sprint(par), func(b *testing.B) {
-			limit := 100
-			if par < 0 {
-				par, limit = -par, 0
-			}
-			half := 100 / par / 2
-			br := newTestBroker(b, Options{})
-			ctx := context.Background()
-			if _, err := br.SetTopic(ctx, "bench", broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
-				b.Fatal(err)
-			}
-			seed(b, br, "bench", (b.N+4)*100)
-			req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"bench"}, Max: half}
-			var wg sync.WaitGroup
-			var total int64
-			var mu sync.Mutex
-			b.ResetTimer()
-			for g := 0; g < par*2; g++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					held, err := br.Claim(ctx, req)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					n := 0
-					for i := 0; i < b.N/(par*2)+1; i++ {
-						outcomes := make([]broker.Outcome, 0, len(held))
-						for _, m := range held {
-							outcomes = append(outcomes, broker.Outcome{Claim: m.ClaimOf()})
-						}
-						_, msgs, err := br.AckAndClaim(ctx, outcomes, req)
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						n += len(held)
-						held = msgs
-					}
-					mu.Lock()
-					total += int64(n)
-					mu.Unlock()
-				}()
-			}
-			wg.Wait()
-			b.StopTimer()
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(total), "ns/msg")
-			b.ReportMetric(float64(total)/b.Elapsed().Seconds(), "msg/s")
-		})
-	}
-}
-
-func BenchmarkSplit(b *testing.B) {
-	br := newTestBroker(b, Options{})
-	ctx := context.Background()
-	limit := 100
-	if _, err := br.SetTopic(ctx, "bench", broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
-		b.Fatal(err)
-	}
-	seed(b, br, "bench", (b.N+4)*50)
-	req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"bench"}, Max: 50}
-	var tc, ta time.Duration
-	b.ResetTimer()
-	for range b.N {
-		t0 := time.Now()
-		held, err := br.Claim(ctx, req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		outcomes := make([]broker.Outcome, 0, len(held))
-		for _, m := range held {
-			outcomes = append(outcomes, broker.Outcome{Claim: m.ClaimOf()})
-		}
-		if _, err := br.Ack(ctx, outcomes); err != nil {
-			b.Fatal(err)
-		}
-		tc += t1.Sub(t0)
-		ta += time.Since(t1)
-	}
-	b.ReportMetric(float64(tc.Microseconds())/float64(b.N), "claim-us")
-	b.ReportMetric(float64(ta.Microseconds())/float64(b.N), "ack-us")
 }

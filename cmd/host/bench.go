@@ -199,12 +199,28 @@ type claimResult struct {
 	Mean  float64 `json:"mean_ms"`
 }
 
+// gcNote describes the garbage collector target gc (as worker.TuneGC
+// returns it).
+func gcNote(gc int) string {
+	switch {
+	case gc < 0:
+		return "off (from the environment)"
+	case gc == worker.GCPercent && os.Getenv("GOGC") == "":
+		return fmt.Sprintf("%d (the worker process's default, as in the tasks_worker plugin; GOGC overrides)", gc)
+	default:
+		return fmt.Sprintf("%d (from the environment)", gc)
+	}
+}
+
 func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 	bn := &bench{cfg: cfg, out: out, log: hclog.NewNullLogger(), runTag: randomHex(3)}
 	if cfg.verbose {
 		bn.log = hclog.New(&hclog.LoggerOptions{Name: "bench", Level: hclog.Warn, Output: os.Stderr})
 	}
 	summary := map[string]any{"broker": cfg.kind}
+	// The pool runs in this process: give it the garbage collector target
+	// the tasks_worker plugin process runs with.
+	gc := worker.TuneGC()
 
 	fmt.Fprintln(out, "== machine")
 	mach := machineFacts()
@@ -237,6 +253,7 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 		"broker": cfg.kind, "jobs": cfg.jobs, "workers": cfg.workers, "limit": cfg.limit,
 		"rate": cfg.rate, "duration_s": cfg.duration.Seconds(), "runs": cfg.runs,
 		"claim_latency": cfg.claimLatency, "submitters": cfg.submitters, "submit_batch": cfg.submitBatch,
+		"gogc": gc,
 	}
 	_, batched := bn.b.(broker.BatchSubmitter)
 	submitVia := "Submit"
@@ -253,6 +270,7 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 	}
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "  pool: worker.Pool, default options but Concurrency %d; a no-op task; topic concurrency limit %d\n", cfg.workers, cfg.limit)
+	fmt.Fprintf(out, "  go gc: GOGC %s\n", gcNote(gc))
 	fmt.Fprintf(out, "  bulk submit: %d messages via %s, %d goroutines\n", cfg.jobs, submitVia, cfg.submitters)
 	fmt.Fprintf(out, "  burn-down: %d no-op tasks; steady: %g/s for %s (Submit then Pool.Wake, as the submit API does)\n", cfg.jobs, cfg.rate, cfg.duration)
 	fmt.Fprintf(out, "  runs: %d", cfg.runs)

@@ -6,9 +6,11 @@ package main
 import (
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/plugins/tasksworker"
+	"github.com/taskhost/taskhost/worker"
 )
 
 func main() {
+	worker.TuneGC()
 	log := capability.NewLogger(tasksworker.Name)
 	capability.Serve(tasksworker.New(log), capability.WithLogger(log))
 }
