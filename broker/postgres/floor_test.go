@@ -61,3 +61,43 @@ func TestClaimFindsMessagesBehindTheFloor(t *testing.T) {
 		t.Fatalf("claimed %d messages after the first claim, want the 4 left and the straggler", len(got))
 	}
 }
+
+// A claim the topic's limit cuts short has not run out of queue: the floor
+// stays, and the next claim starts there.
+func TestClaimKeepsTheFloorWhenTheLimitBinds(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := context.Background()
+	limit := 2
+	if _, err := b.SetTopic(ctx, "t", broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "t", Task: "x", Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 5}
+	first, err := b.Claim(ctx, req)
+	if err != nil || len(first) != 2 {
+		t.Fatalf("first claim: %d messages, %v; want the limit's 2", len(first), err)
+	}
+	at, id, ok := b.floors.get("t", time.Now())
+	if !ok || id != first[0].ID || !at.Equal(first[0].AvailableAt) {
+		t.Fatalf("floor after a claim the limit cut short: %v %d %v, want the first message claimed (%d)", at, id, ok, first[0].ID)
+	}
+	none, err := b.Claim(ctx, req)
+	if err != nil || len(none) != 0 {
+		t.Fatalf("claim at the limit: %d messages, %v", len(none), err)
+	}
+	if _, _, ok := b.floors.get("t", time.Now()); !ok {
+		t.Fatal("a claim the limit allowed nothing cleared the floor")
+	}
+	outcomes := []broker.Outcome{{Claim: first[0].ClaimOf()}, {Claim: first[1].ClaimOf()}}
+	if errs, err := b.Ack(ctx, outcomes); err != nil || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("ack: %v %v", errs, err)
+	}
+	next, err := b.Claim(ctx, req)
+	if err != nil || len(next) != 2 || next[0].ID <= first[1].ID {
+		t.Fatalf("claim after the acks: %d messages, %v; want the next 2 in line", len(next), err)
+	}
+}

@@ -23,8 +23,9 @@ import (
 const msgCols = `id, topic, task, payload::text, headers::text, state, attempts, max_attempts,
 	claimed_by, claimed_at, available_at, created_at, finished_at, last_error, result::text`
 
-// scanMessage reads one row of msgCols (and the token when tok is set).
-func scanMessage(row pgx.Row, tok bool) (broker.Message, error) {
+// scanMessage reads one row of msgCols (and the token when tok is set),
+// then any extra columns into extra.
+func scanMessage(row pgx.Row, tok bool, extra ...any) (broker.Message, error) {
 	var (
 		m                       broker.Message
 		headers                 []byte
@@ -35,6 +36,7 @@ func scanMessage(row pgx.Row, tok bool) (broker.Message, error) {
 	if tok {
 		dest = append(dest, &tkn)
 	}
+	dest = append(dest, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return broker.Message{}, err
 	}
@@ -206,6 +208,10 @@ const claimLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 AND concurrency_li
 // queued index in (available_at, id) order; the outer UPDATE finds the
 // rows by primary key. claimFromSQL is the same, starting the walk at the
 // key ($4 available_at, $5 id) (see claimFloors).
+//
+// Each row is a claimed message (msgCols and its token) followed by the
+// number the gate allowed; when nothing was claimed one row of NULLs
+// carries that number alone. (A LIMIT of 0 reads nothing.)
 var (
 	claimSQL     = claimStatement("")
 	claimFromSQL = claimStatement("AND (q.available_at, q.id) >= ($4::timestamptz, $5::bigint)")
@@ -213,27 +219,30 @@ var (
 
 func claimStatement(from string) string {
 	return `
-	WITH gate AS (
-		SELECT CASE
-			WHEN t.paused THEN 0
-			WHEN t.concurrency_limit = 0 THEN $2::int
-			ELSE least($2::int, t.concurrency_limit - (
-				SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running')::int)
-		END AS n
-		FROM tw_topics t
-		WHERE t.name = $1
+	WITH gate AS MATERIALIZED (
+		SELECT greatest(coalesce((
+			SELECT CASE
+				WHEN t.paused THEN 0
+				WHEN t.concurrency_limit = 0 THEN $2::int
+				ELSE least($2::int, t.concurrency_limit - (
+					SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running')::int)
+			END
+			FROM tw_topics t
+			WHERE t.name = $1), 0), 0) AS n
+	), claimed AS (
+		UPDATE tw_messages m
+		SET state = 'running', claimed_by = $3, claimed_at = now(), attempts = m.attempts + 1,
+			token = gen_random_uuid()
+		WHERE m.id = ANY (ARRAY (
+				SELECT q.id FROM tw_messages q
+				WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now() ` + from + `
+				ORDER BY q.available_at, q.id
+				LIMIT (SELECT n FROM gate)
+				FOR UPDATE SKIP LOCKED))
+			AND m.state = 'queued'
+		RETURNING ` + msgCols + `, token::text
 	)
-	UPDATE tw_messages m
-	SET state = 'running', claimed_by = $3, claimed_at = now(), attempts = m.attempts + 1,
-		token = gen_random_uuid()
-	WHERE m.id = ANY (ARRAY (
-			SELECT q.id FROM tw_messages q
-			WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now() ` + from + `
-			ORDER BY q.available_at, q.id
-			LIMIT greatest(coalesce((SELECT n FROM gate), 0), 0)
-			FOR UPDATE SKIP LOCKED))
-		AND m.state = 'queued'
-	RETURNING ` + msgCols + `, token::text`
+	SELECT c.*, gate.n FROM gate LEFT JOIN claimed c ON true`
 }
 
 // fullScanEvery is how often Claim walks a topic's queued index from its
@@ -282,10 +291,11 @@ func (f *claimFloors) get(topic string, now time.Time) (at time.Time, id int64, 
 	return fl.at, fl.id, true
 }
 
-// claimed records a claim of topic that asked for want messages and got
-// msgs (sorted by key), walking from the start when full is set. A short
-// claim clears the floor: what is left may be behind it.
-func (f *claimFloors) claimed(topic string, full bool, now time.Time, want int, msgs []broker.Message) {
+// claimed records a claim of topic that the gate allowed to take allowed
+// messages and that got msgs (sorted by key), walking from the start when
+// full is set. A claim that got fewer than the gate allowed ran out of
+// queue: what is left may be behind the floor, which it clears.
+func (f *claimFloors) claimed(topic string, full bool, now time.Time, allowed int, msgs []broker.Message) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.m == nil {
@@ -295,9 +305,10 @@ func (f *claimFloors) claimed(topic string, full bool, now time.Time, want int, 
 	if full {
 		fl.fullScan = now
 	}
-	if len(msgs) < want || len(msgs) == 0 {
+	switch {
+	case len(msgs) < allowed:
 		fl.set = false
-	} else {
+	case len(msgs) > 0:
 		fl.at, fl.id, fl.set = msgs[0].AvailableAt, msgs[0].ID, true
 	}
 	if !fl.set && fl.fullScan.IsZero() {
@@ -445,22 +456,22 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch) ([]broker.Message, []error, error) {
 	started := time.Now()
 	at, id, hinted := b.floors.get(topic, started)
-	out, errs, err := b.claimFrom(ctx, topic, n, worker, a, hinted, at, id)
+	out, allowed, errs, err := b.claimFrom(ctx, topic, n, worker, a, hinted, at, id)
 	if err != nil {
 		return nil, nil, err
 	}
-	b.floors.claimed(topic, !hinted, started, n, out)
-	if !hinted || len(out) == n {
+	b.floors.claimed(topic, !hinted, started, allowed, out)
+	if !hinted || len(out) >= allowed {
 		return out, errs, nil
 	}
-	more, _, err := b.claimFrom(ctx, topic, n-len(out), worker, nil, false, time.Time{}, 0)
+	more, allowed, _, err := b.claimFrom(ctx, topic, n-len(out), worker, nil, false, time.Time{}, 0)
 	if err != nil {
 		// The first claims are running and must reach the caller; the
 		// error shows again on the next claim.
 		b.log.Warn("claim: walking the queue from its start failed", "topic", topic, "error", err)
 		return out, errs, nil
 	}
-	b.floors.claimed(topic, true, started, n-len(out), more)
+	b.floors.claimed(topic, true, started, allowed, more)
 	out = append(out, more...)
 	sortByKey(out)
 	return out, errs, nil
@@ -477,10 +488,14 @@ func sortByKey(msgs []broker.Message) {
 }
 
 // claimFrom is one claim transaction of claimTopic, from the key (at, id)
-// when hinted.
+// when hinted. It returns the messages claimed and how many the gate
+// allowed.
 func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker string, a *ackBatch,
-	hinted bool, floorAt time.Time, floorID int64) ([]broker.Message, []error, error) {
-	var errs []error
+	hinted bool, floorAt time.Time, floorID int64) ([]broker.Message, int, []error, error) {
+	var (
+		errs    []error
+		allowed int32
+	)
 	out := make([]broker.Message, 0, n)
 	err := b.run(ctx, "claim", func(c *pgx.Conn) error {
 		out = out[:0]
@@ -512,7 +527,15 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 			return err
 		}
 		for rows.Next() {
-			m, err := scanMessage(rows, true)
+			if rows.RawValues()[0] == nil { // nothing claimed: the gate alone
+				if err := rows.Scan(gateOnly(len(rows.FieldDescriptions()), &allowed)...); err != nil {
+					rows.Close()
+					br.Close()
+					return err
+				}
+				continue
+			}
+			m, err := scanMessage(rows, true, &allowed)
 			if err != nil {
 				rows.Close()
 				br.Close()
@@ -528,10 +551,18 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		return br.Close()
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, nil, err
 	}
 	sortByKey(out)
-	return out, errs, nil
+	return out, int(allowed), errs, nil
+}
+
+// gateOnly is the scan destinations of a claim row that claimed nothing:
+// the last of its n columns into gate, the others skipped.
+func gateOnly(n int, gate *int32) []any {
+	dest := make([]any, n)
+	dest[n-1] = gate
+	return dest
 }
 
 // releaseLocksSQL deletes the locks held under the claims ($1 ids, $2
