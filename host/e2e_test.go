@@ -514,8 +514,14 @@ func TestHostEndToEnd(t *testing.T) {
 			}
 			return sawDown
 		})
-		after := h.waitState(t, "tasks_worker", "running", 30*time.Second)
-		if after.PID == before.PID || after.Restarts < 1 {
+		// The scrape can see the death before the supervisor does: wait
+		// for a new process, not only for the state.
+		var after pluginStatus
+		waitFor(t, 30*time.Second, "tasks_worker runs again as a new process", func() bool {
+			after = h.plugins(t)["tasks_worker"]
+			return after.State == "running" && after.PID != 0 && after.PID != before.PID
+		})
+		if after.Restarts < 1 {
 			t.Errorf("after restart: pid %d (was %d), restarts %d", after.PID, before.PID, after.Restarts)
 		}
 		waitFor(t, 10*time.Second, "tasks_worker series are back", func() bool {
