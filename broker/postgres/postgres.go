@@ -14,7 +14,12 @@
 //     limit-running of the oldest available queued rows (FOR UPDATE SKIP
 //     LOCKED). The count of running rows is the concurrency gate, as the
 //     specification says, and the row lock makes count-then-claim race-free
-//     across processes. Unlimited topics take no lock.
+//     across processes. Unlimited topics take no lock. A claim starts its
+//     walk of the queued index where the previous claim of the topic
+//     started (claimFloors), past the dead entries claimed messages leave
+//     at the head until VACUUM; the running index is keyed by the random
+//     claim token, so btree reclaims its dead entries as it goes and the
+//     count stays cheap.
 //   - AckAndClaim (broker.AckClaimer), the worker pool's way to write
 //     acks, puts them at the head of the transaction of its next claim:
 //     they lock their rows (in id order) before the transaction waits for
