@@ -349,6 +349,18 @@ type ReclaimResult struct {
 	WithinGrace int `json:"within_grace"`
 }
 
+// FinishedPurger is implemented by brokers that keep finished messages
+// until told to drop them (postgres; memory and local keep a fixed number,
+// see their Retain option).
+type FinishedPurger interface {
+	// PurgeFinished deletes the done messages that finished before the
+	// cutoff, and the record of schedule fires older than it; dead and
+	// failed messages stay for an operator. It returns how many messages
+	// it deleted (with the error, after one, the count of those deleted
+	// before it).
+	PurgeFinished(ctx context.Context, before time.Time) (int, error)
+}
+
 // OrphanReclaimer is implemented by brokers whose running messages can
 // outlive the worker that claimed them (local and postgres). The memory
 // broker does not implement it: its messages die with the process.

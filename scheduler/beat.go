@@ -20,9 +20,10 @@ type Beat struct {
 	// Schedules, if set, fires due schedules every TickEvery (default 1s).
 	Schedules *Ticker
 	TickEvery time.Duration
-	// PurgeReports, if set, runs once per term start and then hourly.
-	PurgeReports func(ctx context.Context)
-	Logger       hclog.Logger
+	// Purge, if set, runs once per term start and then hourly: it drops
+	// old task reports and old finished messages.
+	Purge  func(ctx context.Context)
+	Logger hclog.Logger
 	// OnPass, if set, sees every reaper pass's result (tests).
 	OnPass func(reaper.Result)
 }
@@ -42,8 +43,8 @@ func (b *Beat) Run(ctx context.Context, fence broker.Fence) {
 	if b.Schedules != nil {
 		wg.Go(func() { b.tickLoop(ctx, fence, cancel, log) })
 	}
-	if b.PurgeReports != nil {
-		wg.Go(func() { every(ctx, time.Hour, func() bool { b.PurgeReports(ctx); return true }) })
+	if b.Purge != nil {
+		wg.Go(func() { every(ctx, time.Hour, func() bool { b.Purge(ctx); return true }) })
 	}
 	if b.Settings.Enabled && b.Reaper != nil {
 		wg.Go(func() { b.reaperLoop(ctx, fence, cancel) })

@@ -62,6 +62,11 @@ type Config struct {
 	Schedules []scheduleBody
 	// ReportRetention: task reports older than this are purged.
 	ReportRetention time.Duration
+	// MessageRetention: with the postgres broker, done messages that
+	// finished longer ago than this, and schedule fires as old, are
+	// purged; 0 keeps them. (The memory and local brokers keep a fixed
+	// number of finished messages instead.)
+	MessageRetention time.Duration
 }
 
 // The config keys, in the order the error messages list them.
@@ -71,6 +76,7 @@ var configKeys = []string{
 	"orphan_reclaim_enabled", "orphan_reclaim_interval_seconds", "orphan_reclaim_after_seconds",
 	"orphan_claim_grace_seconds", "orphan_max_attempts", "postgres_worker_ttl_seconds",
 	"beat", "beat_lease_ttl_seconds", "beat_tick_seconds", "schedules", "report_retention_hours",
+	"message_retention_hours",
 }
 
 var topicKeys = []string{"concurrency_limit", "dead_letter_enabled", "paused"}
@@ -91,6 +97,7 @@ func defaultConfig() Config {
 		BeatLeaseTTL:      15 * time.Second,
 		BeatTick:          time.Second,
 		ReportRetention:   7 * 24 * time.Hour,
+		MessageRetention:  7 * 24 * time.Hour,
 	}
 }
 
@@ -160,6 +167,10 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 			var h int
 			h, err = intSetting(key, v, 1, 24*366)
 			cfg.ReportRetention = time.Duration(h) * time.Hour
+		case "message_retention_hours":
+			var h int
+			h, err = intSetting(key, v, 0, 24*3660)
+			cfg.MessageRetention = time.Duration(h) * time.Hour
 		case "schedules":
 			cfg.Schedules, err = schedulesSetting(v)
 		case "postgres_worker_ttl_seconds":

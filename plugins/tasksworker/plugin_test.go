@@ -394,6 +394,8 @@ func TestInvalidConfig(t *testing.T) {
 		{"topic negative limit", `{"topics": {"a": {"concurrency_limit": -1}}}`, "topics.a.concurrency_limit", "0 for unlimited"},
 		{"topic unknown key", `{"topics": {"a": {"limit": 1}}}`, "topics.a.limit", "unknown topic setting"},
 		{"topic bad paused", `{"topics": {"a": {"paused": 1}}}`, "topics.a.paused", "true or false"},
+		{"negative message retention", `{"message_retention_hours": -1}`, "message_retention_hours", "from 0"},
+		{"message retention not a number", `{"message_retention_hours": "week"}`, "message_retention_hours", "whole number"},
 		{"not an object", `[1]`, "", "not a JSON object"},
 	}
 	for _, tc := range cases {
@@ -526,4 +528,19 @@ func TestConfigureAgainReplacesTheRuntime(t *testing.T) {
 	}
 	id := f.submit(`{"task": "demo.echo", "payload": 1}`)
 	f.waitState(id, "done")
+}
+
+func TestMessageRetentionSetting(t *testing.T) {
+	cfg, err := ParseConfig(json.RawMessage(`{}`))
+	if err != nil || cfg.MessageRetention != 7*24*time.Hour {
+		t.Fatalf("default message retention = %v, %v; want 168h", cfg.MessageRetention, err)
+	}
+	cfg, err = ParseConfig(json.RawMessage(`{"message_retention_hours": 0}`))
+	if err != nil || cfg.MessageRetention != 0 {
+		t.Fatalf("message_retention_hours 0 = %v, %v; want 0 (keep)", cfg.MessageRetention, err)
+	}
+	cfg, err = ParseConfig(json.RawMessage(`{"message_retention_hours": 24}`))
+	if err != nil || cfg.MessageRetention != 24*time.Hour {
+		t.Fatalf("message_retention_hours 24 = %v, %v", cfg.MessageRetention, err)
+	}
 }
