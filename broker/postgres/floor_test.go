@@ -15,11 +15,7 @@ import (
 func TestClaimFindsMessagesBehindTheFloor(t *testing.T) {
 	b := newTestBroker(t, Options{})
 	ctx := context.Background()
-	for i := range 6 {
-		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "t", Task: "x", Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	submitN(t, b, "t", 6)
 	req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 2}
 	first, err := b.Claim(ctx, req)
 	if err != nil || len(first) != 2 {
@@ -71,11 +67,7 @@ func TestClaimKeepsTheFloorWhenTheLimitBinds(t *testing.T) {
 	if _, err := b.SetTopic(ctx, "t", broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 6 {
-		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "t", Task: "x", Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	submitN(t, b, "t", 6)
 	req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 5}
 	first, err := b.Claim(ctx, req)
 	if err != nil || len(first) != 2 {
@@ -99,5 +91,15 @@ func TestClaimKeepsTheFloorWhenTheLimitBinds(t *testing.T) {
 	next, err := b.Claim(ctx, req)
 	if err != nil || len(next) != 2 || next[0].ID <= first[1].ID {
 		t.Fatalf("claim after the acks: %d messages, %v; want the next 2 in line", len(next), err)
+	}
+}
+
+// submitN submits n messages of task x to topic.
+func submitN(t *testing.T, b *Broker, topic string, n int) {
+	t.Helper()
+	for i := range n {
+		if _, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: topic, Task: "x", Payload: []byte(fmt.Sprintf(`{"n":%d}`, i))}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -105,6 +105,16 @@ func schemaConn(t testing.TB, b *Broker) *pgx.Conn {
 	return c
 }
 
+// execAll runs each statement on c, failing the test at the first error.
+func execAll(t testing.TB, c *pgx.Conn, sqls ...string) {
+	t.Helper()
+	for _, sql := range sqls {
+		if _, err := c.Exec(context.Background(), sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+}
+
 // benchSchemas are the schemas benchmarks keep for the whole run (seeded
 // once), dropped by TestMain.
 var benchSchemas struct {

@@ -16,7 +16,7 @@ func TestListPlansUseIndexes(t *testing.T) {
 	b := newTestBroker(t, Options{})
 	ctx := t.Context()
 	c := schemaConn(t, b)
-	for _, sql := range []string{
+	execAll(t, c,
 		`INSERT INTO tw_topics (name) VALUES ('big'), ('rare')`,
 		`INSERT INTO tw_messages (topic, task, state, token, claimed_by, claimed_at)
 			SELECT CASE WHEN i % 500 = 0 THEN 'rare' ELSE 'big' END, 'x', s,
@@ -28,11 +28,7 @@ func TestListPlansUseIndexes(t *testing.T) {
 				WHEN i % 1000 = 3 THEN 'running' WHEN i % 10 = 4 THEN 'queued' ELSE 'done' END AS s) st`,
 		`ANALYZE tw_messages`,
 		`SET plan_cache_mode = force_generic_plan`,
-	} {
-		if _, err := c.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	)
 	// Each filter's statement, as ListMessages builds it (listing through
 	// the broker first: it must work).
 	for _, f := range []broker.MessageFilter{

@@ -14,7 +14,7 @@ func TestPurgeFinished(t *testing.T) {
 	b := newTestBroker(t, Options{})
 	ctx := context.Background()
 	c := schemaConn(t, b)
-	for _, sql := range []string{
+	execAll(t, c,
 		`INSERT INTO tw_topics (name) VALUES ('t')`,
 		// purgeChunk + 7 old done messages, then one of each other kind.
 		`INSERT INTO tw_messages (topic, task, state, finished_at)
@@ -30,11 +30,7 @@ func TestPurgeFinished(t *testing.T) {
 		`INSERT INTO tw_schedule_fires (name, slot, fired_at) VALUES
 			('s', now() - interval '10 days', now() - interval '10 days'),
 			('s', now() - interval '1 hour', now() - interval '1 hour')`,
-	} {
-		if _, err := c.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	)
 	n, err := b.PurgeFinished(ctx, time.Now().Add(-7*24*time.Hour))
 	if err != nil || n != purgeChunk+7 {
 		t.Fatalf("PurgeFinished = %d, %v; want %d", n, err, purgeChunk+7)
