@@ -516,11 +516,7 @@ func TestHostEndToEnd(t *testing.T) {
 		})
 		// The scrape can see the death before the supervisor does: wait
 		// for a new process, not only for the state.
-		var after pluginStatus
-		waitFor(t, 30*time.Second, "tasks_worker runs again as a new process", func() bool {
-			after = h.plugins(t)["tasks_worker"]
-			return after.State == "running" && after.PID != 0 && after.PID != before.PID
-		})
+		after, _ := h.waitWorker(t, before.PID)
 		if after.Restarts < 1 {
 			t.Errorf("after restart: pid %d (was %d), restarts %d", after.PID, before.PID, after.Restarts)
 		}

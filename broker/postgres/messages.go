@@ -274,8 +274,7 @@ type claimFloors struct {
 
 type claimFloor struct {
 	at       time.Time // available_at of the first message the last claim took
-	id       int64     // and its id
-	set      bool      // at and id hold a key
+	id       int64     // and its id; 0 when there is no floor (ids start at 1)
 	fullScan time.Time // when the last walk from the start ran
 }
 
@@ -285,7 +284,7 @@ func (f *claimFloors) get(topic string, now time.Time) (at time.Time, id int64, 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fl, found := f.m[topic]
-	if !found || !fl.set || now.Sub(fl.fullScan) >= fullScanEvery {
+	if !found || fl.id == 0 || now.Sub(fl.fullScan) >= fullScanEvery {
 		return time.Time{}, 0, false
 	}
 	return fl.at, fl.id, true
@@ -307,11 +306,11 @@ func (f *claimFloors) claimed(topic string, full bool, now time.Time, allowed in
 	}
 	switch {
 	case len(msgs) < allowed:
-		fl.set = false
+		fl.at, fl.id = time.Time{}, 0
 	case len(msgs) > 0:
-		fl.at, fl.id, fl.set = msgs[0].AvailableAt, msgs[0].ID, true
+		fl.at, fl.id = msgs[0].AvailableAt, msgs[0].ID
 	}
-	if !fl.set && fl.fullScan.IsZero() {
+	if fl.id == 0 && fl.fullScan.IsZero() {
 		delete(f.m, topic)
 		return
 	}
