@@ -203,10 +203,16 @@ func BenchmarkStatsWithQueued1M(b *testing.B) {
 }
 
 // BenchmarkAckAndClaim: the worker pool's steady cycle on a topic with a
-// limit of 100: one op acks the 50 messages claimed by the op before and
-// claims 50 more, in one AckAndClaim.
+// limit of 2*size: one op acks the size messages claimed by the op before
+// and claims size more, in one AckAndClaim. The sizes show what an
+// exchange costs whatever it carries (size 1) and per message.
 func BenchmarkAckAndClaim(b *testing.B) {
-	const half = 50
+	for _, size := range []int{1, 10, 50, 100} {
+		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) { benchAckAndClaim(b, size) })
+	}
+}
+
+func benchAckAndClaim(b *testing.B, half int) {
 	br := newTestBroker(b, Options{})
 	ctx := context.Background()
 	limit := 2 * half
