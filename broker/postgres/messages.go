@@ -200,24 +200,47 @@ func (b *Broker) SubmitMany(ctx context.Context, reqs []broker.SubmitRequest) ([
 // same statement as the count would count from a snapshot taken before the
 // lock was granted, and admit too many.) Unlimited topics match nothing and
 // lock nothing.
-const claimLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 AND concurrency_limit > 0 FOR UPDATE`
-
-// claimSQL claims up to $2 of topic $1's oldest available queued messages
-// for worker $3: none when the topic is paused or unknown, at most
-// limit - running when it is limited. The inner SELECT walks the partial
-// queued index in (available_at, id) order; the outer UPDATE finds the
-// rows by primary key. claimFromSQL is the same, starting the walk at the
-// key ($4 available_at, $5 id) (see claimFloors).
 //
-// Each row is a claimed message (msgCols and its token) followed by the
-// number the gate allowed; when nothing was claimed one row of NULLs
-// carries that number alone. (A LIMIT of 0 reads nothing.)
-var (
-	claimSQL     = claimStatement("")
-	claimFromSQL = claimStatement("AND (q.available_at, q.id) >= ($4::timestamptz, $5::bigint)")
+// serialLockSQL takes the same lock whatever the topic's limit: it goes
+// with the claim statements that lock no rows (see claimStatement).
+const (
+	claimLockSQL  = `SELECT 1 FROM tw_topics WHERE name = $1 AND concurrency_limit > 0 FOR UPDATE`
+	serialLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 FOR UPDATE`
 )
 
-func claimStatement(from string) string {
+// The claim statements claim up to $2 of topic $1's oldest available
+// queued messages for worker $3: none when the topic is paused or unknown,
+// at most limit - running when it is limited. The inner SELECT walks the
+// partial queued index in (available_at, id) order; the outer UPDATE finds
+// the rows by primary key. The From variants start the walk at the key
+// ($4 available_at, $5 id) (see claimFloors).
+//
+// claimSQL and claimFromSQL lock the rows they pick FOR UPDATE SKIP
+// LOCKED, so claimers of an unlimited topic, which run side by side, pass
+// each other's rows by. serialClaimSQL and serialClaimFromSQL lock nothing
+// before the UPDATE: they run only after serialLockSQL, so no other claim
+// of the topic runs at the same time, and the UPDATE's own check that the
+// row is still queued (which PostgreSQL evaluates again on the newest
+// version of a row that changed since the statement's snapshot) keeps a
+// message from being claimed twice whatever else happens. The only other
+// writer of queued rows, Purge, takes the topic lock too, so a serial
+// claim never waits for a row lock held by a transaction waiting for it.
+// Not locking saves a row lock and its WAL record per claimed message.
+//
+// Each row is a claimed message (msgCols and its token) followed by the
+// number the gate allowed and whether the topic is limited; when nothing
+// was claimed one row of NULLs carries those alone. (A LIMIT of 0 reads
+// nothing.)
+var (
+	claimSQL           = claimStatement("", "FOR UPDATE SKIP LOCKED")
+	claimFromSQL       = claimStatement(claimFrom, "FOR UPDATE SKIP LOCKED")
+	serialClaimSQL     = claimStatement("", "")
+	serialClaimFromSQL = claimStatement(claimFrom, "")
+)
+
+const claimFrom = "AND (q.available_at, q.id) >= ($4::timestamptz, $5::bigint)"
+
+func claimStatement(from, lock string) string {
 	return `
 	WITH gate AS MATERIALIZED (
 		SELECT greatest(coalesce((
@@ -228,7 +251,8 @@ func claimStatement(from string) string {
 					SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running')::int)
 			END
 			FROM tw_topics t
-			WHERE t.name = $1), 0), 0) AS n
+			WHERE t.name = $1), 0), 0) AS n,
+			coalesce((SELECT t.concurrency_limit > 0 FROM tw_topics t WHERE t.name = $1), false) AS limited
 	), claimed AS (
 		UPDATE tw_messages m
 		SET state = 'running', claimed_by = $3, claimed_at = now(), attempts = m.attempts + 1,
@@ -238,11 +262,11 @@ func claimStatement(from string) string {
 				WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now() ` + from + `
 				ORDER BY q.available_at, q.id
 				LIMIT (SELECT n FROM gate)
-				FOR UPDATE SKIP LOCKED))
+				` + lock + `))
 			AND m.state = 'queued'
 		RETURNING ` + msgCols + `, token::text
 	)
-	SELECT c.*, gate.n FROM gate LEFT JOIN claimed c ON true`
+	SELECT c.*, gate.n, gate.limited FROM gate LEFT JOIN claimed c ON true`
 }
 
 // fullScanEvery is how often Claim walks a topic's queued index from its
@@ -276,31 +300,36 @@ type claimFloor struct {
 	at       time.Time // available_at of the first message the last claim took
 	id       int64     // and its id; 0 when there is no floor (ids start at 1)
 	fullScan time.Time // when the last walk from the start ran
+	limited  bool      // the last claim found the topic limited
 }
 
 // get returns the floor to claim topic from, or ok false when this claim
-// walks from the start (no floor yet, or the last walk is too old).
-func (f *claimFloors) get(topic string, now time.Time) (at time.Time, id int64, ok bool) {
+// walks from the start (no floor yet, or the last walk is too old), and
+// whether the last claim found the topic limited (then the next one
+// serialises on the topic lock and locks no rows: see claimStatement).
+func (f *claimFloors) get(topic string, now time.Time) (at time.Time, id int64, ok, limited bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fl, found := f.m[topic]
 	if !found || fl.id == 0 || now.Sub(fl.fullScan) >= fullScanEvery {
-		return time.Time{}, 0, false
+		return time.Time{}, 0, false, fl.limited
 	}
-	return fl.at, fl.id, true
+	return fl.at, fl.id, true, fl.limited
 }
 
 // claimed records a claim of topic that the gate allowed to take allowed
 // messages and that got msgs (sorted by key), walking from the start when
-// full is set. A claim that got fewer than the gate allowed ran out of
-// queue: what is left may be behind the floor, which it clears.
-func (f *claimFloors) claimed(topic string, full bool, now time.Time, allowed int, msgs []broker.Message) {
+// full is set, and that found the topic limited or not. A claim that got
+// fewer than the gate allowed ran out of queue: what is left may be behind
+// the floor, which it clears.
+func (f *claimFloors) claimed(topic string, full bool, now time.Time, allowed int, limited bool, msgs []broker.Message) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.m == nil {
 		f.m = make(map[string]claimFloor)
 	}
 	fl := f.m[topic]
+	fl.limited = limited
 	if full {
 		fl.fullScan = now
 	}
@@ -310,7 +339,7 @@ func (f *claimFloors) claimed(topic string, full bool, now time.Time, allowed in
 	case len(msgs) > 0:
 		fl.at, fl.id = msgs[0].AvailableAt, msgs[0].ID
 	}
-	if fl.id == 0 && fl.fullScan.IsZero() {
+	if fl.id == 0 && fl.fullScan.IsZero() && !fl.limited {
 		delete(f.m, topic)
 		return
 	}
@@ -344,7 +373,9 @@ var _ broker.AckClaimer = (*Broker)(nil)
 //
 // The transaction locks the acked rows (in id order) before it waits for
 // the topic lock. That cannot deadlock: a transaction holding a topic lock
-// only ever waits for queued rows, and those it takes with SKIP LOCKED.
+// only ever waits for queued rows (the acked ones are running), and the
+// only writer that holds queued rows and waits for anything, Purge, takes
+// the topic lock first.
 func (b *Broker) AckAndClaim(ctx context.Context, outcomes []broker.Outcome, req broker.ClaimRequest) ([]error, []broker.Message, error) {
 	a, err := newAckBatch(outcomes)
 	if err != nil {
@@ -454,23 +485,23 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 // while the queue looks empty.
 func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch) ([]broker.Message, []error, error) {
 	started := time.Now()
-	at, id, hinted := b.floors.get(topic, started)
-	out, allowed, errs, err := b.claimFrom(ctx, topic, n, worker, a, hinted, at, id)
+	at, id, hinted, serial := b.floors.get(topic, started)
+	out, allowed, limited, errs, err := b.claimFrom(ctx, topic, n, worker, a, serial, hinted, at, id)
 	if err != nil {
 		return nil, nil, err
 	}
-	b.floors.claimed(topic, !hinted, started, allowed, out)
+	b.floors.claimed(topic, !hinted, started, allowed, limited, out)
 	if !hinted || len(out) >= allowed {
 		return out, errs, nil
 	}
-	more, allowed, _, err := b.claimFrom(ctx, topic, n-len(out), worker, nil, false, time.Time{}, 0)
+	more, allowed, limited, _, err := b.claimFrom(ctx, topic, n-len(out), worker, nil, limited, false, time.Time{}, 0)
 	if err != nil {
 		// The first claims are running and must reach the caller; the
 		// error shows again on the next claim.
 		b.log.Warn("claim: walking the queue from its start failed", "topic", topic, "error", err)
 		return out, errs, nil
 	}
-	b.floors.claimed(topic, true, started, allowed, more)
+	b.floors.claimed(topic, true, started, allowed, limited, more)
 	out = append(out, more...)
 	sortByKey(out)
 	return out, errs, nil
@@ -487,14 +518,20 @@ func sortByKey(msgs []broker.Message) {
 }
 
 // claimFrom is one claim transaction of claimTopic, from the key (at, id)
-// when hinted. It returns the messages claimed and how many the gate
-// allowed.
+// when hinted, serialised on the topic lock without locking rows when
+// serial is set (see claimStatement). It returns the messages claimed, how
+// many the gate allowed and whether the topic is limited.
 func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker string, a *ackBatch,
-	hinted bool, floorAt time.Time, floorID int64) ([]broker.Message, int, []error, error) {
+	serial, hinted bool, floorAt time.Time, floorID int64) ([]broker.Message, int, bool, []error, error) {
 	var (
 		errs    []error
 		allowed int32
+		limited bool
 	)
+	lockSQL, fullSQL, fromSQL := claimLockSQL, claimSQL, claimFromSQL
+	if serial {
+		lockSQL, fullSQL, fromSQL = serialLockSQL, serialClaimSQL, serialClaimFromSQL
+	}
 	out := make([]broker.Message, 0, n)
 	err := b.run(ctx, "claim", func(c *pgx.Conn) error {
 		out = out[:0]
@@ -502,11 +539,11 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		if a != nil {
 			a.queue(batch)
 		}
-		batch.Queue(claimLockSQL, topic)
+		batch.Queue(lockSQL, topic)
 		if hinted {
-			batch.Queue(claimFromSQL, topic, n, worker, floorAt, floorID)
+			batch.Queue(fromSQL, topic, n, worker, floorAt, floorID)
 		} else {
-			batch.Queue(claimSQL, topic, n, worker)
+			batch.Queue(fullSQL, topic, n, worker)
 		}
 		br := c.SendBatch(ctx, batch)
 		if a != nil {
@@ -527,14 +564,14 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		}
 		for rows.Next() {
 			if rows.RawValues()[0] == nil { // nothing claimed: the gate alone
-				if err := rows.Scan(gateOnly(len(rows.FieldDescriptions()), &allowed)...); err != nil {
+				if err := rows.Scan(gateOnly(len(rows.FieldDescriptions()), &allowed, &limited)...); err != nil {
 					rows.Close()
 					br.Close()
 					return err
 				}
 				continue
 			}
-			m, err := scanMessage(rows, true, &allowed)
+			m, err := scanMessage(rows, true, &allowed, &limited)
 			if err != nil {
 				rows.Close()
 				br.Close()
@@ -550,17 +587,17 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		return br.Close()
 	})
 	if err != nil {
-		return nil, 0, nil, err
+		return nil, 0, false, nil, err
 	}
 	sortByKey(out)
-	return out, int(allowed), errs, nil
+	return out, int(allowed), limited, errs, nil
 }
 
 // gateOnly is the scan destinations of a claim row that claimed nothing:
-// the last of its n columns into gate, the others skipped.
-func gateOnly(n int, gate *int32) []any {
+// the last two of its n columns into gate and limited, the others skipped.
+func gateOnly(n int, gate *int32, limited *bool) []any {
 	dest := make([]any, n)
-	dest[n-1] = gate
+	dest[n-2], dest[n-1] = gate, limited
 	return dest
 }
 
@@ -929,20 +966,34 @@ func (b *Broker) Requeue(ctx context.Context, id int64) error {
 
 // Purge deletes the topic's queued messages (delayed ones too) and, when
 // deadLetters is set, its dead ones. Running messages are never touched;
-// an unknown topic purges nothing.
+// an unknown topic purges nothing. It holds the topic lock while it
+// deletes, as a claim does (see claimStatement): a claim of the topic
+// waits for it, or it for the claim, never both for each other.
 func (b *Broker) Purge(ctx context.Context, topic string, deadLetters bool) (broker.PurgeResult, error) {
 	if err := broker.ValidateTopicName(topic); err != nil {
 		return broker.PurgeResult{}, err
 	}
 	var res broker.PurgeResult
 	err := b.run(ctx, "purge", func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, `
+		batch := &pgx.Batch{}
+		batch.Queue(serialLockSQL, topic)
+		batch.Queue(`
 			WITH q AS (
 				DELETE FROM tw_messages WHERE topic = $1 AND state = 'queued' RETURNING 1
 			), d AS (
 				DELETE FROM tw_messages WHERE $2 AND topic = $1 AND state = 'dead' RETURNING 1
 			)
-			SELECT (SELECT count(*) FROM q), (SELECT count(*) FROM d)`, topic, deadLetters).Scan(&res.Queued, &res.DeadLetter)
+			SELECT (SELECT count(*) FROM q), (SELECT count(*) FROM d)`, topic, deadLetters)
+		br := c.SendBatch(ctx, batch)
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+		if err := br.QueryRow().Scan(&res.Queued, &res.DeadLetter); err != nil {
+			br.Close()
+			return err
+		}
+		return br.Close()
 	})
 	return res, err
 }

@@ -11,10 +11,14 @@
 //     tw_topics row (SELECT ... FOR UPDATE, a statement of its own), and only
 //     then, in the next statement and so with a snapshot taken after the
 //     lock was granted, counts the topic's running rows and takes up to
-//     limit-running of the oldest available queued rows (FOR UPDATE SKIP
-//     LOCKED). The count of running rows is the concurrency gate, as the
-//     specification says, and the row lock makes count-then-claim race-free
-//     across processes. Unlimited topics take no lock. A claim starts its
+//     limit-running of the oldest available queued rows. The count of
+//     running rows is the concurrency gate, as the specification says, and
+//     the row lock makes count-then-claim race-free across processes.
+//     Unlimited topics take no lock, and their claims lock the rows they
+//     pick FOR UPDATE SKIP LOCKED so that claimers pass each other by. A
+//     claim of a topic the broker last found limited takes the topic lock
+//     whatever the limit and locks no rows: it runs alone, and the UPDATE's
+//     own "still queued" check is enough (claimStatement). A claim starts its
 //     walk of the queued index where the previous claim of the topic
 //     started (claimFloors), past the dead entries claimed messages leave
 //     at the head until VACUUM; the running index is keyed by the random
@@ -24,7 +28,8 @@
 //     acks, puts them at the head of the transaction of its next claim:
 //     they lock their rows (in id order) before the transaction waits for
 //     the topic lock, which cannot deadlock since a transaction holding a
-//     topic lock only ever waits for queued rows, taken SKIP LOCKED; and
+//     topic lock only ever waits for queued rows, and the only other writer
+//     of queued rows (Purge) takes the topic lock before it writes; and
 //     the count that gates the claim sees their slots free. One round trip
 //     and one commit serve both.
 //   - SubmitMany (broker.BatchSubmitter) queues many messages with one
