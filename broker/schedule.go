@@ -122,6 +122,10 @@ type ScheduleStore interface {
 	// message submitted by a schedule also stamps that schedule's
 	// LastSuccess = EndedAt, in the same transaction.
 	AddReport(ctx context.Context, r Report) (int64, error)
+	// AddReports stores reports as AddReport does, all in one
+	// transaction, and returns their ids in order. When one is invalid
+	// nothing is stored (ErrInvalid, naming it).
+	AddReports(ctx context.Context, rs []Report) ([]int64, error)
 	ListReports(ctx context.Context, f ReportFilter) ([]Report, error)
 	GetReport(ctx context.Context, id int64) (Report, error)
 	// PurgeReports deletes reports that ended before the cutoff.

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -141,6 +142,20 @@ func ValidateReport(r Report) error {
 	}
 	if len(r.Result) > 0 && !json.Valid(r.Result) {
 		return Invalid("report result is not valid JSON")
+	}
+	return nil
+}
+
+// ValidateReports checks reports as ValidateReport does; the error of the
+// first invalid one says which it is.
+func ValidateReports(rs []Report) error {
+	for i, r := range rs {
+		if err := ValidateReport(r); err != nil {
+			if len(rs) == 1 {
+				return err
+			}
+			return fmt.Errorf("report %d of %d (message %d): %w", i+1, len(rs), r.MessageID, err)
+		}
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package brokertest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -41,6 +42,11 @@ import (
 //     up to EndedAt (never back). The status decides: a success whose
 //     result says {"skipped": ...} is a success, a failed or skipped
 //     report is not.
+//   - AddReports stores several reports as AddReport does, in one
+//     transaction, and returns their ids in order; the latest success of a
+//     schedule among them sets its LastSuccess. One invalid report fails
+//     the call with ErrInvalid and stores none of them; no reports store
+//     nothing.
 //   - ListReports is newest first with filters on message, task, status and
 //     schedule, Limit 50 by default, Before pages; GetReport of a missing
 //     id is ErrNotFound; PurgeReports deletes the reports that ended before
@@ -58,6 +64,7 @@ func RunSchedules(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"FireFenced", testFireFenced},
 		{"FireMissingOrDeleted", testFireMissing},
 		{"ReportsStampLastSuccess", testReportsLastSuccess},
+		{"AddReports", testAddReports},
 		{"ListReports", testListReports},
 		{"PurgeReports", testPurgeReports},
 	}
@@ -794,5 +801,65 @@ func testPurgeReports(t *testing.T, b broker.Broker) {
 	// Ids are not reused after a purge.
 	if id := addReport(t, b, broker.Report{MessageID: 5, Task: "a", Topic: "q", Status: broker.ReportSuccess}); id <= recent {
 		t.Fatalf("report id %d after a purge, want above %d", id, recent)
+	}
+}
+
+func testAddReports(t *testing.T, b broker.Broker) {
+	ctx := ctxOf(t)
+	putSchedule(t, b, every("a", 60))
+	putSchedule(t, b, every("b", 60))
+	base := baseTime()
+	report := func(msg int64, schedule, status string, end time.Time) broker.Report {
+		return broker.Report{MessageID: msg, Task: "t", Topic: "q", Schedule: schedule, Attempt: 1, Worker: "w",
+			Status: status, StartedAt: end.Add(-time.Second), EndedAt: end, Duration: 1, Logs: []string{fmt.Sprint("m", msg)}}
+	}
+	rs := []broker.Report{
+		report(1, "b", broker.ReportSuccess, base.Add(2*time.Second)),
+		report(2, "a", broker.ReportSuccess, base.Add(5*time.Second)),
+		report(3, "", broker.ReportFailed, base.Add(6*time.Second)),
+		report(4, "a", broker.ReportSuccess, base.Add(3*time.Second)),
+		report(5, "b", broker.ReportFailed, base.Add(9*time.Second)),
+	}
+	ids, err := b.AddReports(ctx, rs)
+	if err != nil {
+		t.Fatalf("AddReports: %v", err)
+	}
+	if len(ids) != len(rs) {
+		t.Fatalf("AddReports returned %d ids for %d reports", len(ids), len(rs))
+	}
+	seen := map[int64]bool{}
+	for i, id := range ids {
+		if id <= 0 || seen[id] {
+			t.Fatalf("ids %v: not positive and distinct", ids)
+		}
+		seen[id] = true
+		got, err := b.GetReport(ctx, id)
+		if err != nil {
+			t.Fatalf("GetReport(%d): %v", id, err)
+		}
+		if got.MessageID != rs[i].MessageID || got.Status != rs[i].Status || !got.EndedAt.Equal(rs[i].EndedAt) ||
+			!reflect.DeepEqual(got.Logs, rs[i].Logs) {
+			t.Fatalf("report %d (id %d) = %+v, want %+v", i, id, got, rs[i])
+		}
+	}
+	if p, want := getSchedule(t, b, "a").LastSuccess, base.Add(5*time.Second); !sameTime(p, &want) {
+		t.Fatalf("schedule a LastSuccess = %s, want %s (the later of its two successes)", fmtTime(p), want)
+	}
+	if p, want := getSchedule(t, b, "b").LastSuccess, base.Add(2*time.Second); !sameTime(p, &want) {
+		t.Fatalf("schedule b LastSuccess = %s, want %s (its success; the failure does not count)", fmtTime(p), want)
+	}
+
+	before := len(listReports(t, b, broker.ReportFilter{Limit: broker.MaxReportLimit}))
+	bad := []broker.Report{report(6, "", broker.ReportSuccess, base), report(7, "", "fine", base)}
+	if _, err := b.AddReports(ctx, bad); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("AddReports with an unknown status: %v, want ErrInvalid", err)
+	} else if !strings.Contains(err.Error(), "message 7") {
+		t.Fatalf("AddReports error %q does not say which report is invalid", err)
+	}
+	if after := len(listReports(t, b, broker.ReportFilter{Limit: broker.MaxReportLimit})); after != before {
+		t.Fatalf("a refused AddReports stored %d reports", after-before)
+	}
+	if ids, err := b.AddReports(ctx, nil); err != nil || len(ids) != 0 {
+		t.Fatalf("AddReports(nil) = %v, %v; want nothing", ids, err)
 	}
 }

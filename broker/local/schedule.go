@@ -269,46 +269,66 @@ func scanReport(s scanner) (broker.Report, error) {
 // schedule's last_success to the later of it and EndedAt; a schedule that
 // no longer exists is not an error.
 func (b *Broker) AddReport(ctx context.Context, r broker.Report) (int64, error) {
-	if err := broker.ValidateReport(r); err != nil {
-		return 0, err
-	}
-	logs := []byte("[]")
-	if len(r.Logs) > 0 {
-		var err error
-		if logs, err = json.Marshal(r.Logs); err != nil {
-			return 0, broker.Invalid("report logs: %v", err)
-		}
-	}
-	schedule := sql.NullString{String: r.Schedule, Valid: r.Schedule != ""}
-	result := sql.NullString{String: string(r.Result), Valid: len(r.Result) > 0}
-	var id int64
-	err := b.write(ctx, "add report", func(tx *txn, now time.Time) error {
-		ended, started := r.EndedAt, r.StartedAt
-		if ended.IsZero() {
-			ended = now
-		}
-		if started.IsZero() {
-			started = ended
-		}
-		err := tx.QueryRow(`INSERT INTO tw_reports (message_id, task, topic, schedule, attempt, worker, status,
-			started_at, ended_at, duration_seconds, error, result, progress, logs)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-			r.MessageID, r.Task, r.Topic, schedule, r.Attempt, r.Worker, r.Status,
-			ns(started), ns(ended), r.Duration, r.Error, result, r.Progress, string(logs)).Scan(&id)
-		if err != nil {
-			return err
-		}
-		if r.Schedule == "" || r.Status != broker.ReportSuccess {
-			return nil
-		}
-		_, err = tx.Exec(`UPDATE tw_schedules SET last_success = max(coalesce(last_success, ?1), ?1) WHERE name = ?2`,
-			ns(ended), r.Schedule)
-		return err
-	})
+	ids, err := b.AddReports(ctx, []broker.Report{r})
 	if err != nil {
 		return 0, err
 	}
-	return id, nil
+	return ids[0], nil
+}
+
+// AddReports stores reports as AddReport does, all in one transaction.
+func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
+	if err := broker.ValidateReports(rs); err != nil {
+		return nil, err
+	}
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	logs := make([]string, len(rs))
+	for i, r := range rs {
+		logs[i] = "[]"
+		if len(r.Logs) > 0 {
+			js, err := json.Marshal(r.Logs)
+			if err != nil {
+				return nil, broker.Invalid("report of message %d: logs: %v", r.MessageID, err)
+			}
+			logs[i] = string(js)
+		}
+	}
+	ids := make([]int64, len(rs))
+	err := b.write(ctx, "add report", func(tx *txn, now time.Time) error {
+		for i, r := range rs {
+			ended, started := r.EndedAt, r.StartedAt
+			if ended.IsZero() {
+				ended = now
+			}
+			if started.IsZero() {
+				started = ended
+			}
+			schedule := sql.NullString{String: r.Schedule, Valid: r.Schedule != ""}
+			result := sql.NullString{String: string(r.Result), Valid: len(r.Result) > 0}
+			err := tx.QueryRow(`INSERT INTO tw_reports (message_id, task, topic, schedule, attempt, worker, status,
+				started_at, ended_at, duration_seconds, error, result, progress, logs)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+				r.MessageID, r.Task, r.Topic, schedule, r.Attempt, r.Worker, r.Status,
+				ns(started), ns(ended), r.Duration, r.Error, result, r.Progress, logs[i]).Scan(&ids[i])
+			if err != nil {
+				return err
+			}
+			if r.Schedule == "" || r.Status != broker.ReportSuccess {
+				continue
+			}
+			if _, err := tx.Exec(`UPDATE tw_schedules SET last_success = max(coalesce(last_success, ?1), ?1) WHERE name = ?2`,
+				ns(ended), r.Schedule); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
 }
 
 // ListReports returns the reports matching f, newest (highest id) first:

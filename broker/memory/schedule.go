@@ -187,38 +187,54 @@ func (b *Broker) FireSchedule(ctx context.Context, req broker.FireRequest) (brok
 // the later of it and EndedAt; a schedule that no longer exists is not an
 // error. Past DefaultReportRetain reports the oldest are dropped.
 func (b *Broker) AddReport(ctx context.Context, r broker.Report) (int64, error) {
-	if err := broker.ValidateReport(r); err != nil {
+	ids, err := b.AddReports(ctx, []broker.Report{r})
+	if err != nil {
 		return 0, err
 	}
+	return ids[0], nil
+}
+
+// AddReports stores reports as AddReport does, all at once.
+func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
+	if err := broker.ValidateReports(rs); err != nil {
+		return nil, err
+	}
+	if len(rs) == 0 {
+		return nil, nil
+	}
 	if err := b.begin(ctx); err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer b.mu.Unlock()
 
 	st := b.st()
-	if r.EndedAt.IsZero() {
-		r.EndedAt = b.now()
+	ids := make([]int64, len(rs))
+	for i, r := range rs {
+		if r.EndedAt.IsZero() {
+			r.EndedAt = b.now()
+		}
+		if r.StartedAt.IsZero() {
+			r.StartedAt = r.EndedAt
+		}
+		st.reportID++
+		r.ID = st.reportID
+		ids[i] = r.ID
+		r = copyReport(&r)
+		st.reports = append(st.reports, r)
+		if s := st.schedules[r.Schedule]; r.Schedule != "" && r.Status == broker.ReportSuccess && s != nil {
+			if s.LastSuccess == nil || r.EndedAt.After(*s.LastSuccess) {
+				t := r.EndedAt
+				s.LastSuccess = &t
+			}
+		}
 	}
-	if r.StartedAt.IsZero() {
-		r.StartedAt = r.EndedAt
-	}
-	st.reportID++
-	r.ID = st.reportID
-	r = copyReport(&r)
-	st.reports = append(st.reports, r)
 	if n := len(st.reports) - DefaultReportRetain; n > 0 {
 		// Reslicing is O(1); append copies the survivors to a new array
 		// now and then, and the dropped ones are zeroed for the GC.
 		clear(st.reports[:n])
 		st.reports = st.reports[n:]
 	}
-	if s := st.schedules[r.Schedule]; r.Schedule != "" && r.Status == broker.ReportSuccess && s != nil {
-		if s.LastSuccess == nil || r.EndedAt.After(*s.LastSuccess) {
-			t := r.EndedAt
-			s.LastSuccess = &t
-		}
-	}
-	return r.ID, nil
+	return ids, nil
 }
 
 // ListReports returns the reports matching f, newest (highest id) first:

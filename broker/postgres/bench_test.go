@@ -249,3 +249,47 @@ func benchAckAndClaim(b *testing.B, half int) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*half), "ns/msg")
 }
+
+// BenchmarkAddReport: one task report per call, as the report writer of
+// the tasks_worker plugin stores them.
+func BenchmarkAddReport(b *testing.B) {
+	br := newTestBroker(b, Options{})
+	ctx := context.Background()
+	r := benchReport()
+	b.ResetTimer()
+	for i := range b.N {
+		r.MessageID = int64(i + 1)
+		if _, err := br.AddReport(ctx, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchReport is a success report like a no-op task's.
+func benchReport() broker.Report {
+	now := time.Now()
+	return broker.Report{Task: "noop", Topic: "bench", Attempt: 1, Worker: "w", Status: broker.ReportSuccess,
+		StartedAt: now, EndedAt: now, Progress: 1}
+}
+
+// BenchmarkAddReports: task reports stored 500 per call, as the report
+// writer of the tasks_worker plugin stores a backlog; ns/op is per report.
+func BenchmarkAddReports(b *testing.B) {
+	br := newTestBroker(b, Options{})
+	ctx := context.Background()
+	const batch = 500
+	rs := make([]broker.Report, batch)
+	for i := range rs {
+		rs[i] = benchReport()
+	}
+	b.ResetTimer()
+	for done := 0; done < b.N; done += batch {
+		n := min(batch, b.N-done)
+		for i := range n {
+			rs[i].MessageID = int64(done + i + 1)
+		}
+		if _, err := br.AddReports(ctx, rs[:n]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

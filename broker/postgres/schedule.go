@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -327,35 +328,69 @@ const addReportSQL = `
 // schedule's last_success to the later of it and EndedAt; a schedule that
 // no longer exists is not an error.
 func (b *Broker) AddReport(ctx context.Context, r broker.Report) (int64, error) {
-	if err := broker.ValidateReport(r); err != nil {
-		return 0, err
-	}
-	logs := "[]"
-	if len(r.Logs) > 0 {
-		js, err := json.Marshal(r.Logs)
-		if err != nil {
-			return 0, broker.Invalid("report logs: %v", err)
-		}
-		logs = string(js)
-	}
-	var schedule, result *string
-	if r.Schedule != "" {
-		schedule = &r.Schedule
-	}
-	if len(r.Result) > 0 {
-		s := string(r.Result)
-		result = &s
-	}
-	var id int64
-	err := b.run(ctx, "add report", func(c *pgx.Conn) error {
-		return c.QueryRow(ctx, addReportSQL,
-			r.MessageID, r.Task, r.Topic, schedule, r.Attempt, r.Worker, r.Status,
-			nullTime(r.StartedAt), nullTime(r.EndedAt), r.Duration, r.Error, result, r.Progress, logs).Scan(&id)
-	})
+	ids, err := b.AddReports(ctx, []broker.Report{r})
 	if err != nil {
 		return 0, err
 	}
-	return id, nil
+	return ids[0], nil
+}
+
+// AddReports stores reports as AddReport does, one statement each, all
+// sent in one round trip and committed in one transaction. The statements
+// go in order of schedule name, so that writers storing reports of the
+// same schedules at once lock those schedules' rows in the same order.
+func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
+	if err := broker.ValidateReports(rs); err != nil {
+		return nil, err
+	}
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	args := make([][]any, len(rs))
+	for i, r := range rs {
+		logs := "[]"
+		if len(r.Logs) > 0 {
+			js, err := json.Marshal(r.Logs)
+			if err != nil {
+				return nil, broker.Invalid("report of message %d: logs: %v", r.MessageID, err)
+			}
+			logs = string(js)
+		}
+		var schedule, result *string
+		if r.Schedule != "" {
+			schedule = &r.Schedule
+		}
+		if len(r.Result) > 0 {
+			s := string(r.Result)
+			result = &s
+		}
+		args[i] = []any{r.MessageID, r.Task, r.Topic, schedule, r.Attempt, r.Worker, r.Status,
+			nullTime(r.StartedAt), nullTime(r.EndedAt), r.Duration, r.Error, result, r.Progress, logs}
+	}
+	order := make([]int, len(rs))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(i, j int) bool { return rs[order[i]].Schedule < rs[order[j]].Schedule })
+	ids := make([]int64, len(rs))
+	err := b.run(ctx, "add report", func(c *pgx.Conn) error {
+		batch := &pgx.Batch{}
+		for _, i := range order {
+			batch.Queue(addReportSQL, args[i]...)
+		}
+		br := c.SendBatch(ctx, batch)
+		for _, i := range order {
+			if err := br.QueryRow().Scan(&ids[i]); err != nil {
+				br.Close()
+				return err
+			}
+		}
+		return br.Close()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
 }
 
 // ListReports returns the reports matching f, newest (highest id) first:

@@ -29,6 +29,7 @@ type telemetry struct {
 	submittedPer, completedPer, failedPer *prometheus.CounterVec
 	running                               prometheus.Gauge
 	duration                              *prometheus.HistogramVec
+	reportsDropped                        prometheus.Counter
 }
 
 var _ worker.Observer = (*telemetry)(nil)
@@ -72,11 +73,15 @@ func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), l
 			Help:    "Run time of the task attempts that succeeded or failed in this process, by topic.",
 			Buckets: durationBuckets,
 		}, []string{"topic"}),
+		reportsDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fastpluggy_tasks_reports_dropped_total",
+			Help: "Task reports this process did not store (its writer's queue was full, or the database refused them after retries), since it started. Schedule health reads reports: any increase can make a healthy schedule look late.",
+		}),
 	}
 	t.reg.MustRegister(
 		t.submitted, t.completed, t.failed,
 		t.submittedPer, t.completedPer, t.failedPer,
-		t.running, t.duration,
+		t.running, t.duration, t.reportsDropped,
 		&brokerCollector{stats: stats, log: log},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -185,7 +185,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	if drain == 0 {
 		drain = -1 // the pool's "cancel at once"
 	}
-	reports := newReportWriter(b, p.log.Named("reports"))
+	reports := newReportWriter(b, p.log.Named("reports"), func(n int) { p.metrics.reportsDropped.Add(float64(n)) })
 	roles := []string{broker.RoleWorker}
 	leaser, canLead := b.(broker.Leaser)
 	if cfg.Beat && canLead {
