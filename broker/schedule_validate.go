@@ -160,6 +160,15 @@ func ValidateReports(rs []Report) error {
 	return nil
 }
 
+// OneReport is AddReport made of AddReports: the id of the one report
+// stored by a call of AddReports with just it, or that call's error.
+func OneReport(ids []int64, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
 // ValidateReportFilter checks a report filter (a status, when set, must be
 // known) and returns the limit to apply.
 func ValidateReportFilter(f ReportFilter) (int, error) {

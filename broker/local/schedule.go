@@ -269,20 +269,13 @@ func scanReport(s scanner) (broker.Report, error) {
 // schedule's last_success to the later of it and EndedAt; a schedule that
 // no longer exists is not an error.
 func (b *Broker) AddReport(ctx context.Context, r broker.Report) (int64, error) {
-	ids, err := b.AddReports(ctx, []broker.Report{r})
-	if err != nil {
-		return 0, err
-	}
-	return ids[0], nil
+	return broker.OneReport(b.AddReports(ctx, []broker.Report{r}))
 }
 
 // AddReports stores reports as AddReport does, all in one transaction.
 func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
-	if err := broker.ValidateReports(rs); err != nil {
+	if err := broker.ValidateReports(rs); err != nil || len(rs) == 0 {
 		return nil, err
-	}
-	if len(rs) == 0 {
-		return nil, nil
 	}
 	logs := make([]string, len(rs))
 	for i, r := range rs {

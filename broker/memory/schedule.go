@@ -187,20 +187,13 @@ func (b *Broker) FireSchedule(ctx context.Context, req broker.FireRequest) (brok
 // the later of it and EndedAt; a schedule that no longer exists is not an
 // error. Past DefaultReportRetain reports the oldest are dropped.
 func (b *Broker) AddReport(ctx context.Context, r broker.Report) (int64, error) {
-	ids, err := b.AddReports(ctx, []broker.Report{r})
-	if err != nil {
-		return 0, err
-	}
-	return ids[0], nil
+	return broker.OneReport(b.AddReports(ctx, []broker.Report{r}))
 }
 
 // AddReports stores reports as AddReport does, all at once.
 func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
-	if err := broker.ValidateReports(rs); err != nil {
+	if err := broker.ValidateReports(rs); err != nil || len(rs) == 0 {
 		return nil, err
-	}
-	if len(rs) == 0 {
-		return nil, nil
 	}
 	if err := b.begin(ctx); err != nil {
 		return nil, err

@@ -328,11 +328,7 @@ const addReportSQL = `
 // schedule's last_success to the later of it and EndedAt; a schedule that
 // no longer exists is not an error.
 func (b *Broker) AddReport(ctx context.Context, r broker.Report) (int64, error) {
-	ids, err := b.AddReports(ctx, []broker.Report{r})
-	if err != nil {
-		return 0, err
-	}
-	return ids[0], nil
+	return broker.OneReport(b.AddReports(ctx, []broker.Report{r}))
 }
 
 // AddReports stores reports as AddReport does, one statement each, all
@@ -340,11 +336,8 @@ func (b *Broker) AddReport(ctx context.Context, r broker.Report) (int64, error) 
 // go in order of schedule name, so that writers storing reports of the
 // same schedules at once lock those schedules' rows in the same order.
 func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
-	if err := broker.ValidateReports(rs); err != nil {
+	if err := broker.ValidateReports(rs); err != nil || len(rs) == 0 {
 		return nil, err
-	}
-	if len(rs) == 0 {
-		return nil, nil
 	}
 	args := make([][]any, len(rs))
 	for i, r := range rs {
