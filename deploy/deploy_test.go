@@ -3,6 +3,7 @@ package deploy
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -58,6 +59,7 @@ var publicNames = []string{
 	"fp_tasks_worker_fastpluggy_tasks_failed_per_topic_total",
 	"fp_tasks_worker_fastpluggy_tasks_running",
 	"fp_tasks_worker_fastpluggy_tasks_duration_seconds",
+	"fp_tasks_worker_fastpluggy_tasks_reports_dropped_total",
 	// The aggregator's own series, prefixed fp_metrics_ already.
 	"fp_metrics_source_up",
 	"fp_metrics_source_scrape_duration_seconds",
@@ -163,10 +165,14 @@ func promtool(t *testing.T, args ...string) string {
 	return string(out)
 }
 
+// ruleCount is how many alert rules the rules file holds: the five the
+// specification names and FastpluggyTaskReportsDropped.
+const ruleCount = 6
+
 func TestAlertRules(t *testing.T) {
 	out := promtool(t, "check", "rules", rulesFile)
-	if !strings.Contains(out, "SUCCESS: 5 rules found") {
-		t.Errorf("promtool check rules: want 5 rules\n%s", out)
+	if !strings.Contains(out, fmt.Sprintf("SUCCESS: %d rules found", ruleCount)) {
+		t.Errorf("promtool check rules: want %d rules\n%s", ruleCount, out)
 	}
 	promtool(t, "test", "rules", ruleTestsFile)
 }
@@ -211,8 +217,8 @@ func TestRuleSeriesArePublic(t *testing.T) {
 		t.Fatal(err)
 	}
 	exprs := ruleExprs(string(rules))
-	if len(exprs) != 5 {
-		t.Fatalf("found %d rule expressions in %s, want 5: %q", len(exprs), rulesFile, exprs)
+	if len(exprs) != ruleCount {
+		t.Fatalf("found %d rule expressions in %s, want %d: %q", len(exprs), rulesFile, ruleCount, exprs)
 	}
 	for _, e := range exprs {
 		checkExpr(t, rulesFile, e)

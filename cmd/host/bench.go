@@ -77,6 +77,7 @@ type benchConfig struct {
 	runs         int
 	claimLatency bool
 	claimSamples int
+	reports      bool
 	submitters   int
 	submitBatch  int
 	timeout      time.Duration
@@ -110,6 +111,7 @@ func benchCmd(args []string) int {
 	fs.BoolVar(&c.claimLatency, "claim-latency", false, "postgres: also time Claim with 1,000 and 1,000,000 queued messages (seeding takes about 20 s)")
 	fs.IntVar(&c.claimSamples, "claim-samples", 1000, "claims timed per run of the claim-latency phase")
 	fs.IntVar(&c.submitters, "submitters", 8, "goroutines submitting in the bulk submit phase")
+	fs.BoolVar(&c.reports, "reports", false, "store a task report per attempt, as the tasks_worker plugin does (worker.ReportWriter); the burn-down then ends when the last report is stored")
 	fs.IntVar(&c.submitBatch, "submit-batch", 1000, "messages per SubmitMany call when the broker has one (0 or 1: Submit one by one)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up on a phase after this long")
 	fs.BoolVar(&c.verbose, "v", false, "log the pool's and broker's warnings to stderr")
@@ -171,6 +173,9 @@ type bench struct {
 	schema string
 	runTag string          // keeps topic names unique across sessions sharing a -schema
 	calls  *countingBroker // the last pool's broker calls
+
+	reports *worker.ReportWriter // the last pool's, with -reports
+	dropped atomic.Int64         // reports it did not store
 }
 
 // benchResult is one run of the three main phases.
@@ -253,7 +258,8 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 		"broker": cfg.kind, "jobs": cfg.jobs, "workers": cfg.workers, "limit": cfg.limit,
 		"rate": cfg.rate, "duration_s": cfg.duration.Seconds(), "runs": cfg.runs,
 		"claim_latency": cfg.claimLatency, "submitters": cfg.submitters, "submit_batch": cfg.submitBatch,
-		"gogc": gc,
+		"reports": cfg.reports,
+		"gogc":    gc,
 	}
 	_, batched := bn.b.(broker.BatchSubmitter)
 	submitVia := "Submit"
@@ -270,6 +276,11 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 	}
 	fmt.Fprintln(out)
 	fmt.Fprintf(out, "  pool: worker.Pool, default options but Concurrency %d; a no-op task; topic concurrency limit %d\n", cfg.workers, cfg.limit)
+	if cfg.reports {
+		fmt.Fprintln(out, "  task reports: one per attempt, stored by worker.ReportWriter (as the tasks_worker plugin does)")
+	} else {
+		fmt.Fprintln(out, "  task reports: none (-reports stores them as the tasks_worker plugin does)")
+	}
 	fmt.Fprintf(out, "  go gc: GOGC %s\n", gcNote(gc))
 	fmt.Fprintf(out, "  bulk submit: %d messages via %s, %d goroutines\n", cfg.jobs, submitVia, cfg.submitters)
 	fmt.Fprintf(out, "  burn-down: %d no-op tasks; steady: %g/s for %s (Submit then Pool.Wake, as the submit API does)\n", cfg.jobs, cfg.rate, cfg.duration)
@@ -697,17 +708,34 @@ func (bn *bench) newPool(topic string, obs worker.Observer) *worker.Pool {
 	if ac, ok := bn.b.(broker.AckClaimer); ok {
 		b = countingAckClaimer{countingBroker: bn.calls, ac: ac}
 	}
-	return worker.NewPool(b, reg, worker.Options{
+	opts := worker.Options{
 		Concurrency: bn.cfg.workers,
 		Observer:    obs,
 		Logger:      bn.log.Named("pool"),
-	})
+	}
+	bn.reports = nil
+	bn.dropped.Store(0)
+	if bn.cfg.reports {
+		bn.reports = worker.NewReportWriter(bn.b, bn.log.Named("reports"), func(n int) { bn.dropped.Add(int64(n)) })
+		opts.Reporter = bn.reports
+	}
+	return worker.NewPool(b, reg, opts)
 }
 
+// stopPool stops p and then the report writer, if any, once it stored
+// what it holds; reports it dropped are an error.
 func (bn *bench) stopPool(p *worker.Pool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	return p.Stop(ctx)
+	err := p.Stop(ctx)
+	if bn.reports != nil {
+		bn.reports.Close()
+		bn.reports = nil
+		if d := bn.dropped.Load(); d > 0 && err == nil {
+			err = fmt.Errorf("%d task reports were not stored", d)
+		}
+	}
+	return err
 }
 
 // checkEmpty verifies that topic has nothing queued or running left.
@@ -726,7 +754,8 @@ func (bn *bench) checkEmpty(ctx context.Context, topic string) error {
 
 // burnDown starts a pool on topic, which holds n queued messages, and
 // returns the time from just before Pool.Start until all n were reported
-// done.
+// done (with -reports, until the pool stopped and their reports were
+// stored).
 func (bn *bench) burnDown(ctx context.Context, topic string, n int) (time.Duration, error) {
 	obs := newBenchObserver(n, false)
 	p := bn.newPool(topic, obs)
@@ -747,6 +776,9 @@ func (bn *bench) burnDown(ctx context.Context, topic string, n int) (time.Durati
 	d := time.Since(start)
 	if serr := bn.stopPool(p); err == nil && serr != nil {
 		err = serr
+	}
+	if bn.cfg.reports {
+		d = time.Since(start) // until the last report was stored
 	}
 	if err != nil {
 		return 0, err

@@ -51,7 +51,7 @@ type runtime struct {
 	reaper *reaper.Reaper
 	leader *scheduler.Leader // nil when this process is no beat candidate
 	// reports stores task reports off the workers' path.
-	reports *reportWriter
+	reports *worker.ReportWriter
 	// cancel stops the runtime's own goroutines; wg waits for them.
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -185,7 +185,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	if drain == 0 {
 		drain = -1 // the pool's "cancel at once"
 	}
-	reports := newReportWriter(b, p.log.Named("reports"), func(n int) { p.metrics.reportsDropped.Add(float64(n)) })
+	reports := worker.NewReportWriter(b, p.log.Named("reports"), func(n int) { p.metrics.reportsDropped.Add(float64(n)) })
 	roles := []string{broker.RoleWorker}
 	leaser, canLead := b.(broker.Leaser)
 	if cfg.Beat && canLead {
@@ -221,7 +221,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp, reports: reports}
 	if err := applyConfigSchedules(ctx, rt); err != nil {
 		_ = pool.Stop(ctx)
-		reports.close()
+		reports.Close()
 		return nil, err
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -283,7 +283,7 @@ func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
 		rt.leader.Stop(ctx)
 	}
 	err := rt.pool.Stop(ctx)
-	rt.reports.close()
+	rt.reports.Close()
 	if cerr := rt.broker.Close(); cerr != nil {
 		log.Warn("closing the broker", "error", cerr)
 	}

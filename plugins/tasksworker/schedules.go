@@ -4,17 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/hashicorp/go-hclog"
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/scheduler"
@@ -233,101 +230,4 @@ func getReport(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		return
 	}
 	writeJSON(w, http.StatusOK, rep)
-}
-
-// reportWriter stores task reports off the workers' path: the pool hands
-// reports over without blocking, and one goroutine writes them, everything
-// queued at once (up to reportBatch) in one AddReports call, so the writer
-// keeps up with workers that finish thousands of tasks a second. When the
-// database falls far behind anyway, reports are dropped and counted rather
-// than slowing the tasks down.
-type reportWriter struct {
-	store   broker.ScheduleStore
-	log     hclog.Logger
-	dropped func(n int) // counts reports not stored; may be nil
-	ch      chan broker.Report
-	done    chan struct{}
-	once    sync.Once
-	mu      sync.Mutex
-	full    int // reports dropped because the queue was full
-}
-
-// reportBatch bounds the reports one AddReports call stores.
-const reportBatch = 500
-
-func newReportWriter(store broker.ScheduleStore, log hclog.Logger, dropped func(n int)) *reportWriter {
-	if dropped == nil {
-		dropped = func(int) {}
-	}
-	w := &reportWriter{store: store, log: log, dropped: dropped, ch: make(chan broker.Report, 10000), done: make(chan struct{})}
-	go w.run()
-	return w
-}
-
-// Report implements worker.Reporter.
-func (w *reportWriter) Report(r broker.Report) {
-	select {
-	case w.ch <- r:
-	default:
-		w.dropped(1)
-		w.mu.Lock()
-		w.full++
-		n := w.full
-		w.mu.Unlock()
-		if n == 1 || n%1000 == 0 {
-			w.log.Warn("task reports are being dropped: the database cannot keep up", "dropped", n)
-		}
-	}
-}
-
-func (w *reportWriter) run() {
-	defer close(w.done)
-	batch := make([]broker.Report, 0, reportBatch)
-	for r := range w.ch {
-		batch = append(batch[:0], r)
-	more:
-		for len(batch) < reportBatch {
-			select {
-			case r, ok := <-w.ch:
-				if !ok {
-					break more
-				}
-				batch = append(batch, r)
-			default:
-				break more
-			}
-		}
-		w.write(batch)
-	}
-}
-
-// write stores a batch, retrying a failure that may pass a few times.
-// When the batch is refused as invalid, each report is stored on its own,
-// so one bad report costs only itself.
-func (w *reportWriter) write(batch []broker.Report) {
-	for attempt := 0; ; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err := w.store.AddReports(ctx, batch)
-		cancel()
-		switch {
-		case err == nil:
-			return
-		case errors.Is(err, broker.ErrInvalid) && len(batch) > 1:
-			for _, r := range batch {
-				w.write([]broker.Report{r})
-			}
-			return
-		case errors.Is(err, broker.ErrInvalid) || errors.Is(err, broker.ErrClosed) || attempt >= 3:
-			w.log.Warn("task reports not stored", "reports", len(batch), "first_message_id", batch[0].MessageID, "error", err)
-			w.dropped(len(batch))
-			return
-		}
-		time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
-	}
-}
-
-// close stores what is queued and stops; call after the pool stopped.
-func (w *reportWriter) close() {
-	w.once.Do(func() { close(w.ch) })
-	<-w.done
 }

@@ -3,12 +3,9 @@ package tasksworker
 import (
 	"context"
 	"encoding/json"
-	"github.com/hashicorp/go-hclog"
-	"github.com/taskhost/taskhost/broker/memory"
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,88 +177,5 @@ func TestScheduleThatStopsProducing(t *testing.T) {
 		if l.Holder == "dead-worker" {
 			t.Fatalf("the dead worker still holds %s", l.Name)
 		}
-	}
-}
-
-// countingStore counts the AddReports calls that reach the store.
-type countingStore struct {
-	broker.ScheduleStore
-	calls atomic.Int64
-}
-
-func (c *countingStore) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
-	c.calls.Add(1)
-	return c.ScheduleStore.AddReports(ctx, rs)
-}
-
-func writerReport(msg int64, status string) broker.Report {
-	return broker.Report{MessageID: msg, Task: "t", Topic: "q", Attempt: 1, Worker: "w", Status: status}
-}
-
-// The report writer stores reports in batches, so it keeps up with a burst
-// of them (one call per report would not), and stores every one.
-func TestReportWriterBatches(t *testing.T) {
-	b := memory.New()
-	store := &countingStore{ScheduleStore: b}
-	var dropped atomic.Int64
-	w := newReportWriter(store, hclog.NewNullLogger(), func(n int) { dropped.Add(int64(n)) })
-	const n = 5000
-	for i := range n {
-		w.Report(writerReport(int64(i+1), broker.ReportSuccess))
-	}
-	w.close()
-	if d := dropped.Load(); d != 0 {
-		t.Fatalf("%d reports dropped", d)
-	}
-	seen := map[int64]bool{}
-	for before := int64(0); ; {
-		rs, err := b.ListReports(context.Background(), broker.ReportFilter{Limit: broker.MaxReportLimit, Before: before})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(rs) == 0 {
-			break
-		}
-		for _, r := range rs {
-			seen[r.MessageID] = true
-			before = r.ID
-		}
-	}
-	if len(seen) != n {
-		t.Fatalf("%d of %d reports stored", len(seen), n)
-	}
-	if calls := store.calls.Load(); calls < n/reportBatch || calls >= n/2 {
-		t.Fatalf("%d AddReports calls for %d reports: want them batched (at most %d each)", calls, n, reportBatch)
-	}
-}
-
-// A report the store refuses costs only itself: the rest of its batch is
-// stored, and the refused one is counted as dropped.
-func TestReportWriterIsolatesABadReport(t *testing.T) {
-	b := memory.New()
-	var dropped atomic.Int64
-	w := newReportWriter(b, hclog.NewNullLogger(), func(n int) { dropped.Add(int64(n)) })
-	for i := range 10 {
-		status := broker.ReportSuccess
-		if i == 4 {
-			status = "bogus"
-		}
-		w.Report(writerReport(int64(i+1), status))
-	}
-	w.close()
-	rs, err := b.ListReports(context.Background(), broker.ReportFilter{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rs) != 9 {
-		t.Fatalf("%d reports stored, want the 9 valid ones", len(rs))
-	}
-	for _, r := range rs {
-		if r.MessageID == 5 {
-			t.Fatal("the invalid report was stored")
-		}
-	}
-	if d := dropped.Load(); d != 1 {
-		t.Fatalf("dropped = %d, want 1", d)
 	}
 }
