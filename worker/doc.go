@@ -30,4 +30,9 @@
 // Go cannot kill a goroutine: a handler that ignores its context is
 // abandoned (its message requeued, its result ignored) and keeps running
 // until it returns or the process exits.
+//
+// Options.Reporter gets one report per attempt once its outcome is written.
+// ReportWriter is the one the tasks_worker plugin uses: it stores reports in
+// the broker's ScheduleStore off the workers' path, many per transaction,
+// and counts what it cannot store rather than slow the tasks down.
 package worker
