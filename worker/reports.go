@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -21,12 +22,11 @@ import (
 type ReportWriter struct {
 	store   broker.ScheduleStore
 	log     hclog.Logger
-	dropped func(n int) // counts reports not stored; may be nil
+	dropped func(n int) // counts reports not stored
 	ch      chan broker.Report
 	done    chan struct{}
 	once    sync.Once
-	mu      sync.Mutex
-	full    int // reports dropped because the queue was full
+	full    atomic.Int64 // reports dropped because the queue was full
 }
 
 // ReportBatch bounds the reports one AddReports call of a ReportWriter
@@ -34,7 +34,8 @@ type ReportWriter struct {
 const ReportBatch = 500
 
 // NewReportWriter starts a writer into store; dropped, when not nil, is
-// told of every report not stored. Close it after the pool stopped.
+// told of every report not stored, from several goroutines at once. Close
+// it after the pool stopped.
 func NewReportWriter(store broker.ScheduleStore, log hclog.Logger, dropped func(n int)) *ReportWriter {
 	if dropped == nil {
 		dropped = func(int) {}
@@ -50,11 +51,7 @@ func (w *ReportWriter) Report(r broker.Report) {
 	case w.ch <- r:
 	default:
 		w.dropped(1)
-		w.mu.Lock()
-		w.full++
-		n := w.full
-		w.mu.Unlock()
-		if n == 1 || n%1000 == 0 {
+		if n := w.full.Add(1); n == 1 || n%1000 == 0 {
 			w.log.Warn("task reports are being dropped: the database cannot keep up", "dropped", n)
 		}
 	}

@@ -243,16 +243,16 @@ const claimFrom = "AND (q.available_at, q.id) >= ($4::timestamptz, $5::bigint)"
 func claimStatement(from, lock string) string {
 	return `
 	WITH gate AS MATERIALIZED (
-		SELECT greatest(coalesce((
+		SELECT greatest(coalesce(t.n, 0), 0) AS n, coalesce(t.limited, false) AS limited
+		FROM (SELECT 1) one LEFT JOIN LATERAL (
 			SELECT CASE
 				WHEN t.paused THEN 0
 				WHEN t.concurrency_limit = 0 THEN $2::int
 				ELSE least($2::int, t.concurrency_limit - (
 					SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running')::int)
-			END
+			END AS n, t.concurrency_limit > 0 AS limited
 			FROM tw_topics t
-			WHERE t.name = $1), 0), 0) AS n,
-			coalesce((SELECT t.concurrency_limit > 0 FROM tw_topics t WHERE t.name = $1), false) AS limited
+			WHERE t.name = $1) t ON true
 	), claimed AS (
 		UPDATE tw_messages m
 		SET state = 'running', claimed_by = $3, claimed_at = now(), attempts = m.attempts + 1,
@@ -275,7 +275,9 @@ const fullScanEvery = time.Second
 
 // claimFloors remembers, per topic, where the last claim of this process
 // started in the topic's queued index, so the next one starts there
-// instead of at the beginning.
+// instead of at the beginning, and whether that claim found the topic
+// limited (the next one then takes the serial statements: see
+// claimStatement).
 //
 // Why: every claimed message leaves a dead entry at the head of the queued
 // index (its key is the oldest), and nothing but VACUUM removes those

@@ -41,7 +41,7 @@ func claimAll(t *testing.T, bs []*Broker, topic string, perBroker, max int, subm
 			go func() {
 				defer wg.Done()
 				ctx := context.Background()
-				req := broker.ClaimRequest{WorkerID: "w" + string(rune('a'+i)) + string(rune('a'+w)), Topics: []string{topic}, Max: max}
+				req := broker.ClaimRequest{WorkerID: fmt.Sprintf("w%d-%d", i, w), Topics: []string{topic}, Max: max}
 				for empty := 0; empty < 3; {
 					msgs, err := b.Claim(ctx, req)
 					if err != nil {
