@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -302,81 +303,138 @@ func scanReport(row pgx.Row) (broker.Report, error) {
 	return r, nil
 }
 
-// addReportSQL inserts a report and, for a success naming a schedule,
-// moves that schedule's last_success up to the report's end, in one
-// statement. A zero end ($9 NULL) is now() and a zero start ($8 NULL) the
-// end.
-const addReportSQL = `
-	WITH r AS (
-		INSERT INTO tw_reports (message_id, task, topic, schedule, attempt, worker, status,
+// addReportsSQL inserts the reports given as arrays, one element per
+// report ($1 message ids ... $14 logs), in one statement, and returns
+// their ids in the arrays' order. A NULL end is now() and a NULL start the
+// end. The ids are taken from the sequence before the insert, so each is
+// known to belong to its element whatever order the rows are written in.
+// For each schedule named by a success report, the schedule's last_success
+// moves up to the latest end among them (a schedule that no longer exists
+// is not an error); the rows are locked beforehand by lockSchedulesSQL.
+const addReportsSQL = `
+	WITH u AS MATERIALIZED (
+		SELECT nextval('tw_reports_id_seq') AS id, x.ord, x.mid, x.task, x.topic,
+			x.sched, x.att, x.worker, x.status, coalesce(x.st, x.en, now()) AS st, coalesce(x.en, now()) AS en,
+			x.dur, x.err, x.res, x.prog, x.logs
+		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
+			$8::timestamptz[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[], $13::float8[], $14::text[])
+			WITH ORDINALITY AS x(mid, task, topic, sched, att, worker, status, st, en, dur, err, res, prog, logs, ord)
+		ORDER BY x.ord
+	), r AS (
+		INSERT INTO tw_reports (id, message_id, task, topic, schedule, attempt, worker, status,
 			started_at, ended_at, duration_seconds, error, result, progress, logs)
-		VALUES ($1, $2, $3, $4::text, $5, $6, $7::text,
-			coalesce($8::timestamptz, $9::timestamptz, now()), coalesce($9::timestamptz, now()),
-			$10, $11, $12::text::jsonb, $13, $14::text::jsonb)
-		RETURNING id, ended_at
+		SELECT id, mid, task, topic, sched, att, worker, status, st, en, dur, err, res::jsonb, prog, logs::jsonb
+		FROM u ORDER BY ord
 	), s AS (
-		UPDATE tw_schedules SET last_success = greatest(tw_schedules.last_success, r.ended_at)
-		FROM r
-		WHERE tw_schedules.name = $4::text AND $7::text = 'success'
+		UPDATE tw_schedules SET last_success = greatest(tw_schedules.last_success, w.en)
+		FROM (SELECT sched, max(en) AS en FROM u
+			WHERE status = 'success' AND sched IS NOT NULL GROUP BY sched) w
+		WHERE tw_schedules.name = w.sched
 	)
-	SELECT id FROM r`
+	SELECT id FROM u ORDER BY ord`
+
+// lockSchedulesSQL locks the schedules named in $1 in name order, before
+// addReportsSQL updates them, so that writers storing reports of the same
+// schedules at once take their row locks in one order and never deadlock.
+const lockSchedulesSQL = `SELECT 1 FROM tw_schedules WHERE name = ANY ($1::text[]) ORDER BY name FOR UPDATE`
 
 // AddReport validates r (broker.ValidateReport) and stores it, returning
 // its id. A zero EndedAt is now() and a zero StartedAt is EndedAt; Logs is
 // stored as a JSON array (nil as [], read back as nil). A success report
-// naming a schedule (r.Schedule) also sets, in the same statement, that
+// naming a schedule (r.Schedule) also sets, in the same transaction, that
 // schedule's last_success to the later of it and EndedAt; a schedule that
 // no longer exists is not an error.
 func (b *Broker) AddReport(ctx context.Context, r broker.Report) (int64, error) {
 	return broker.OneReport(b.AddReports(ctx, []broker.Report{r}))
 }
 
-// AddReports stores reports as AddReport does, one statement each, all
-// sent in one round trip and committed in one transaction. The statements
-// go in order of schedule name, so that writers storing reports of the
-// same schedules at once lock those schedules' rows in the same order.
+// AddReports stores reports as AddReport does, all in one statement (and
+// one transaction), returning their ids in the order of rs.
 func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
 	if err := broker.ValidateReports(rs); err != nil || len(rs) == 0 {
 		return nil, err
 	}
-	args := make([][]any, len(rs))
+	var (
+		n       = len(rs)
+		mids    = make([]int64, n)
+		tasks   = make([]string, n)
+		topics  = make([]string, n)
+		scheds  = make([]*string, n)
+		atts    = make([]int32, n)
+		workers = make([]string, n)
+		stats   = make([]string, n)
+		starts  = make([]*time.Time, n)
+		ends    = make([]*time.Time, n)
+		durs    = make([]float64, n)
+		errs    = make([]string, n)
+		results = make([]*string, n)
+		progs   = make([]float64, n)
+		logs    = make([]string, n)
+		locks   []string // the schedules of success reports, sorted, once each
+	)
 	for i, r := range rs {
-		logs := "[]"
+		logs[i] = "[]"
 		if len(r.Logs) > 0 {
 			js, err := json.Marshal(r.Logs)
 			if err != nil {
 				return nil, broker.Invalid("report of message %d: logs: %v", r.MessageID, err)
 			}
-			logs = string(js)
+			logs[i] = string(js)
 		}
-		var schedule, result *string
 		if r.Schedule != "" {
-			schedule = &r.Schedule
+			scheds[i] = &r.Schedule
+			if r.Status == broker.ReportSuccess {
+				locks = append(locks, r.Schedule)
+			}
 		}
 		if len(r.Result) > 0 {
 			s := string(r.Result)
-			result = &s
+			results[i] = &s
 		}
-		args[i] = []any{r.MessageID, r.Task, r.Topic, schedule, r.Attempt, r.Worker, r.Status,
-			nullTime(r.StartedAt), nullTime(r.EndedAt), r.Duration, r.Error, result, r.Progress, logs}
+		starts[i], ends[i] = nullTime(r.StartedAt), nullTime(r.EndedAt)
+		mids[i], tasks[i], topics[i], atts[i], workers[i], stats[i] = r.MessageID, r.Task, r.Topic, int32(r.Attempt), r.Worker, r.Status
+		durs[i], errs[i], progs[i] = r.Duration, r.Error, r.Progress
 	}
-	order := make([]int, len(rs))
-	for i := range order {
-		order[i] = i
-	}
-	sort.SliceStable(order, func(i, j int) bool { return rs[order[i]].Schedule < rs[order[j]].Schedule })
-	ids := make([]int64, len(rs))
-	err := b.run(ctx, "add report", func(c *pgx.Conn) error {
+	sort.Strings(locks)
+	locks = slices.Compact(locks)
+	ids := make([]int64, 0, n)
+	err := b.run(ctx, "add reports", func(c *pgx.Conn) error {
+		ids = ids[:0]
 		batch := &pgx.Batch{}
-		for _, i := range order {
-			batch.Queue(addReportSQL, args[i]...)
+		if len(locks) > 0 {
+			batch.Queue(lockSchedulesSQL, locks)
 		}
+		batch.Queue(addReportsSQL, mids, tasks, topics, scheds, atts, workers, stats,
+			starts, ends, durs, errs, results, progs, logs)
 		br := c.SendBatch(ctx, batch)
-		for _, i := range order {
-			if err := br.QueryRow().Scan(&ids[i]); err != nil {
+		if len(locks) > 0 {
+			if _, err := br.Exec(); err != nil {
 				br.Close()
 				return err
 			}
+		}
+		rows, err := br.Query()
+		if err != nil {
+			br.Close()
+			return err
+		}
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				br.Close()
+				return err
+			}
+			ids = append(ids, id)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			br.Close()
+			return err
+		}
+		if len(ids) != n {
+			br.Close()
+			return fmt.Errorf("add reports: %d ids back for %d reports", len(ids), n)
 		}
 		return br.Close()
 	})

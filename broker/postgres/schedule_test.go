@@ -94,3 +94,74 @@ func TestFireScheduleAcrossBrokers(t *testing.T) {
 		t.Fatalf("ExpectedNextRun = %v, want %v", s.ExpectedNextRun, want)
 	}
 }
+
+// TestAddReportsConcurrently stores success reports of the same schedules
+// from two brokers at once, each batch naming them in a different order:
+// no batch fails, every report is stored and every schedule ends with the
+// latest end reported.
+func TestAddReportsConcurrently(t *testing.T) {
+	ctx := t.Context()
+	b1 := newTestBroker(t, Options{MaxConns: 4})
+	b2, err := New(ctx, Options{DSN: testDSN(), Schema: b1.Schema(), MaxConns: 4})
+	if err != nil {
+		t.Fatalf("New (second broker): %v", err)
+	}
+	t.Cleanup(func() { _ = b2.Close() })
+	names := []string{"a", "b", "c", "d"}
+	for _, n := range names {
+		if _, err := b1.PutSchedule(ctx, broker.Schedule{Name: n, Task: "t", Topic: "q", IntervalSeconds: 60, Enabled: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := time.Now().Add(-time.Hour).Truncate(time.Second)
+	const writers, batches = 6, 20
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*batches)
+	for w := range writers {
+		b := b1
+		if w%2 == 1 {
+			b = b2
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range batches {
+				var rs []broker.Report
+				for k := range names {
+					n := names[k]
+					if (w+i)%2 == 1 {
+						n = names[len(names)-1-k]
+					}
+					end := base.Add(time.Duration(w*batches+i) * time.Second)
+					rs = append(rs, broker.Report{MessageID: int64(w*1000 + i), Task: "t", Topic: "q", Schedule: n,
+						Attempt: 1, Worker: "w", Status: broker.ReportSuccess, StartedAt: end, EndedAt: end})
+				}
+				if _, err := b.AddReports(ctx, rs); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("AddReports: %v", err)
+	}
+	want := base.Add(time.Duration(writers*batches-1) * time.Second)
+	for _, n := range names {
+		s, err := b1.GetSchedule(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.LastSuccess == nil || !s.LastSuccess.Equal(want) {
+			t.Errorf("schedule %s LastSuccess = %v, want %s", n, s.LastSuccess, want)
+		}
+	}
+	got, err := b1.ListReports(ctx, broker.ReportFilter{Limit: broker.MaxReportLimit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != writers*batches*len(names) {
+		t.Errorf("%d reports stored, want %d", len(got), writers*batches*len(names))
+	}
+}
