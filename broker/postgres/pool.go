@@ -16,10 +16,13 @@ const pingAfter = time.Second
 
 // pool is a small connection pool over pgx.Conn.
 //
-// pgxpool would do, but it needs github.com/jackc/puddle/v2, which the
-// module's go.sum does not list; this is the part of it the broker uses:
-// at most max connections, idle ones reused newest first, broken ones (or
-// ones left inside a transaction) discarded, Close waits for nobody.
+// It does what the broker needs of pgxpool and one thing pgxpool does
+// not: at most max connections, idle ones reused newest first and pinged
+// when they sat idle (pingAfter), broken ones (or ones left inside a
+// transaction) discarded, and close returns at once. pgxpool's Close
+// blocks until every acquired connection is back, so a broker closing
+// while a claim waits on a server that stopped answering would hang with
+// it; here the connections in use are closed as they come back.
 type pool struct {
 	cfg *pgx.ConnConfig
 	sem chan struct{} // one token per connection in use or being dialled
