@@ -238,6 +238,12 @@ type Broker interface {
 	Heartbeat(ctx context.Context, workerID string) error
 	UnregisterWorker(ctx context.Context, workerID string) error
 	Workers(ctx context.Context) ([]WorkerInfo, error)
+	// RunningClaims returns the claims of the messages running under
+	// workerID, by message id. A worker compares them with the claims it
+	// holds: one it does not hold was claimed for it but never reached it
+	// (the claim committed and its answer was lost), and only that worker
+	// can tell.
+	RunningClaims(ctx context.Context, workerID string) ([]Claim, error)
 
 	SetTopic(ctx context.Context, name string, patch TopicPatch) (TopicConfig, error)
 	Topics(ctx context.Context) ([]TopicConfig, error)

@@ -29,6 +29,7 @@
 package brokertest
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -72,6 +73,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"LocksUnderContention", testLocks},
 		{"LocksReleasedWhenClaimEnds", testLocksAutoRelease},
 		{"WorkersAndStats", testWorkersStats},
+		{"RunningClaims", testRunningClaims},
 		{"Topics", testTopics},
 		{"ListMessages", testListMessages},
 		{"Closed", testClosed},
@@ -967,6 +969,56 @@ func testLocksAutoRelease(t *testing.T, b broker.Broker) {
 	}
 	if _, err := b.AcquireLock(ctxOf(t), "late", "w", msgs[0].ClaimOf()); !errors.Is(err, broker.ErrClaimLost) {
 		t.Fatalf("AcquireLock under an acked claim: %v, want ErrClaimLost", err)
+	}
+}
+
+// testRunningClaims: RunningClaims lists exactly the claims (id and token)
+// a worker's running messages are held under, by id; ended attempts leave
+// the list, and an unknown worker has none.
+func testRunningClaims(t *testing.T, b broker.Broker) {
+	ctx := ctxOf(t)
+	running := func(worker string) []broker.Claim {
+		t.Helper()
+		cs, err := b.RunningClaims(ctx, worker)
+		if err != nil {
+			t.Fatalf("RunningClaims(%s): %v", worker, err)
+		}
+		return cs
+	}
+	submitN(t, b, "rc", 4)
+	a := claim(t, b, "w1", 3, "rc")
+	if len(a) != 3 {
+		t.Fatalf("claimed %d, want 3", len(a))
+	}
+	other := claimOne(t, b, "w2", "rc")
+	want := []broker.Claim{a[0].ClaimOf(), a[1].ClaimOf(), a[2].ClaimOf()}
+	slices.SortFunc(want, func(x, y broker.Claim) int { return cmp.Compare(x.ID, y.ID) })
+	if got := running("w1"); !slices.Equal(got, want) {
+		t.Fatalf("RunningClaims(w1) = %v, want %v", got, want)
+	}
+	if got := running("w2"); !slices.Equal(got, []broker.Claim{other.ClaimOf()}) {
+		t.Fatalf("RunningClaims(w2) = %v, want %v", got, []broker.Claim{other.ClaimOf()})
+	}
+	if got := running("nobody"); len(got) != 0 {
+		t.Fatalf("RunningClaims(nobody) = %v, want none", got)
+	}
+	if errs, err := b.Ack(ctx, []broker.Outcome{{Claim: want[0]}}); err != nil || errs[0] != nil {
+		t.Fatalf("Ack: %v %v", errs, err)
+	}
+	if err := b.Nack(ctx, broker.NackRequest{Claim: want[1], Requeue: true}); err != nil {
+		t.Fatalf("Nack: %v", err)
+	}
+	if got := running("w1"); !slices.Equal(got, want[2:]) {
+		t.Fatalf("RunningClaims(w1) after an ack and a nack = %v, want %v", got, want[2:])
+	}
+	// The requeued message, claimed again by w1, comes back under its new
+	// token only.
+	again := claimOne(t, b, "w1", "rc")
+	if again.ID != want[1].ID || again.Token == want[1].Token {
+		t.Fatalf("claimed again %d (token %q), want %d under a new token", again.ID, again.Token, want[1].ID)
+	}
+	if got := running("w1"); !slices.Equal(got, []broker.Claim{again.ClaimOf(), want[2]}) {
+		t.Fatalf("RunningClaims(w1) after the claim again = %v, want %v", got, []broker.Claim{again.ClaimOf(), want[2]})
 	}
 }
 

@@ -70,6 +70,33 @@ func (b *Broker) UnregisterWorker(ctx context.Context, workerID string) error {
 	})
 }
 
+// RunningClaims returns the claims of the messages running under
+// workerID, by message id.
+func (b *Broker) RunningClaims(ctx context.Context, workerID string) ([]broker.Claim, error) {
+	out := []broker.Claim{}
+	err := b.read(ctx, "running claims", func(tx *txn, _ time.Time) error {
+		out = out[:0]
+		rows, err := tx.Query(`SELECT id, token FROM tw_messages
+			WHERE state = 'running' AND claimed_by = ? ORDER BY id`, workerID)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var cl broker.Claim
+			if err := rows.Scan(&cl.ID, &cl.Token); err != nil {
+				return err
+			}
+			out = append(out, cl)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // Workers lists every registered worker (live or not) by id, with Running
 // counted from the running messages it claimed.
 func (b *Broker) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {

@@ -545,6 +545,24 @@ func (b *Broker) UnregisterWorker(ctx context.Context, workerID string) error {
 	return nil
 }
 
+// RunningClaims returns the claims of the messages running under
+// workerID, by message id.
+func (b *Broker) RunningClaims(ctx context.Context, workerID string) ([]broker.Claim, error) {
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer b.mu.Unlock()
+
+	out := []broker.Claim{}
+	for _, e := range b.running {
+		if e.m.ClaimedBy == workerID {
+			out = append(out, e.m.ClaimOf())
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
 // Workers lists every registered worker (live or not) by id, with Running
 // counted from the running messages it claimed.
 func (b *Broker) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {

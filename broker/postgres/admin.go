@@ -67,6 +67,33 @@ func (b *Broker) UnregisterWorker(ctx context.Context, workerID string) error {
 	})
 }
 
+// RunningClaims returns the claims of the messages running under
+// workerID, by message id.
+func (b *Broker) RunningClaims(ctx context.Context, workerID string) ([]broker.Claim, error) {
+	var out []broker.Claim
+	err := b.run(ctx, "running claims", func(c *pgx.Conn) error {
+		out = []broker.Claim{}
+		rows, err := c.Query(ctx, `SELECT id, token::text FROM tw_messages
+			WHERE state = 'running' AND claimed_by = $1 ORDER BY id`, workerID)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var cl broker.Claim
+			if err := rows.Scan(&cl.ID, &cl.Token); err != nil {
+				return err
+			}
+			out = append(out, cl)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // Workers lists every registered worker (live or not) by id, with Running
 // counted from the running messages it claimed.
 func (b *Broker) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {
