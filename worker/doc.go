@@ -16,7 +16,8 @@
 // the acks sees their slots free, and a claim that comes back short while
 // outcomes are being written is retried as soon as one of those writes
 // returns, not after the idle interval. A heartbeat goroutine keeps the
-// worker's row fresh.
+// worker's row fresh, and a stray check requeues messages claimed for this
+// worker whose claim's answer never reached it (see checkStrays).
 //
 // Delivery is at least once. A worker whose claim was taken from it (the
 // reaper requeued the message, an operator forced it) learns so from

@@ -127,6 +127,19 @@ type Options struct {
 	Observer Observer
 	// Reporter, if set, gets one report per attempt (task reports).
 	Reporter Reporter
+	// StrayCheckInterval is how often the pool looks for strays: messages
+	// running in the broker under its worker id that it does not hold,
+	// because their claim's answer was lost (see checkStrays). Default
+	// 30s; negative turns the check off. The check assumes that this pool
+	// is the only one claiming under its worker id.
+	StrayCheckInterval time.Duration
+	// StrayAfter is how long a running message the pool does not hold must
+	// stay so before the pool requeues it; default 60s. Shorter than the
+	// time a claim's answer may take (30s), it would requeue messages on
+	// their way to the pool.
+	StrayAfter time.Duration
+	// Strays, if set, is told how many strays each check requeued.
+	Strays func(n int)
 }
 
 type poolState int
@@ -174,7 +187,11 @@ type Pool struct {
 	dispatcherDone chan struct{}
 	collectorDone  chan struct{}
 	heartbeatDone  chan struct{}
+	strayDone      chan struct{}
 	workers        sync.WaitGroup
+
+	heldMu sync.Mutex
+	held   map[broker.Claim]struct{} // claimed, outcome not yet written (see hold)
 
 	inflight atomic.Int64 // claimed and not yet handed to the collector
 	pending  atomic.Int64 // handed to the collector, outcome not yet written
@@ -220,6 +237,12 @@ func NewPool(b broker.Broker, reg *Registry, opts Options) *Pool {
 	}
 	if opts.AbandonAfter <= 0 {
 		opts.AbandonAfter = DefaultAbandonAfter
+	}
+	if opts.StrayCheckInterval == 0 {
+		opts.StrayCheckInterval = DefaultStrayCheckInterval
+	}
+	if opts.StrayAfter <= 0 {
+		opts.StrayAfter = DefaultStrayAfter
 	}
 	obs := opts.Observer
 	if obs == nil {
@@ -316,8 +339,11 @@ func (p *Pool) Start(ctx context.Context) error {
 	p.dispatcherDone = make(chan struct{})
 	p.collectorDone = make(chan struct{})
 	p.heartbeatDone = make(chan struct{})
+	p.strayDone = make(chan struct{})
+	p.held = make(map[broker.Claim]struct{}, 2*n)
 
 	go p.heartbeat()
+	go p.checkStrays()
 	var collecting sync.WaitGroup
 	for range collectors {
 		collecting.Go(p.collect)
@@ -425,6 +451,7 @@ func (p *Pool) Stop(ctx context.Context) error {
 
 	p.stopHB()
 	<-p.heartbeatDone
+	<-p.strayDone
 	p.cancelRun()
 	p.giveUp()
 
@@ -508,6 +535,7 @@ func (p *Pool) dispatch() {
 		msgs, err := p.exchange(acks, free)
 		// Whatever was claimed is ours to finish, even if we are stopping:
 		// the workers requeue it.
+		p.hold(msgs)
 		for _, m := range msgs {
 			p.inflight.Add(1)
 			p.jobs <- m
@@ -902,6 +930,7 @@ func (p *Pool) flush(batch []*completion) {
 // finish reports attempts whose outcomes were written (or given up on).
 // signal tells the dispatcher: a write it did not see returned.
 func (p *Pool) finish(batch []*completion, signal bool) {
+	p.unhold(batch)
 	p.pending.Add(-int64(len(batch)))
 	if signal {
 		select {

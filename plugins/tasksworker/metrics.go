@@ -30,6 +30,7 @@ type telemetry struct {
 	running                               prometheus.Gauge
 	duration                              *prometheus.HistogramVec
 	reportsDropped                        prometheus.Counter
+	straysRequeued                        prometheus.Counter
 }
 
 var _ worker.Observer = (*telemetry)(nil)
@@ -77,11 +78,15 @@ func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), l
 			Name: "fastpluggy_tasks_reports_dropped_total",
 			Help: "Task reports this process did not store (its writer's queue was full, or the database refused them after retries), since it started. Schedule health reads reports: any increase can make a healthy schedule look late.",
 		}),
+		straysRequeued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fastpluggy_tasks_strays_requeued_total",
+			Help: "Messages this process's worker found running under its id without holding them (their claim committed and its answer was lost) and requeued, since it started.",
+		}),
 	}
 	t.reg.MustRegister(
 		t.submitted, t.completed, t.failed,
 		t.submittedPer, t.completedPer, t.failedPer,
-		t.running, t.duration, t.reportsDropped,
+		t.running, t.duration, t.reportsDropped, t.straysRequeued,
 		&brokerCollector{stats: stats, log: log},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -1,0 +1,134 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// Defaults of the stray check (Options.StrayCheckInterval, StrayAfter).
+const (
+	DefaultStrayCheckInterval = 30 * time.Second
+	// DefaultStrayAfter is twice the longest a claim's answer can take to
+	// reach the pool (brokerCallTimeout): a claim still unknown to the
+	// pool that long after it was first seen running never will be.
+	DefaultStrayAfter = 2 * brokerCallTimeout
+)
+
+// strayError is the last error a requeued stray is given.
+const strayError = "claimed for this worker but never delivered to it (the claim committed and its answer was lost); requeued"
+
+// A stray is a message running in the broker under this pool's worker id
+// that the pool does not hold: its claim committed, but the answer never
+// reached the pool (the connection broke after the commit, or the call
+// timed out while the commit went through). Nothing else would ever end
+// it: the worker is alive and heartbeating, so the reaper leaves its
+// claims alone, and the pool does not know the message exists. On a
+// limited topic a few strays hold every slot and wedge the topic for as
+// long as the process lives.
+//
+// checkStrays compares, every StrayCheckInterval, the claims the broker
+// lists as running under the worker id with those the pool holds (claimed,
+// outcome not yet written). A claim the pool does not hold, seen again at
+// least StrayAfter after it was first seen and still not held, is a
+// stray: any answer of its claim would have reached the pool by then. It
+// is requeued under its token (broker.Nack), so a claim that ended in the
+// meantime is left as it is. The attempt the lost claim counted stays
+// counted.
+func (p *Pool) checkStrays() {
+	defer close(p.strayDone)
+	if p.opts.StrayCheckInterval <= 0 {
+		return
+	}
+	t := time.NewTicker(p.opts.StrayCheckInterval)
+	defer t.Stop()
+	var seen map[broker.Claim]time.Time
+	for {
+		select {
+		case <-t.C:
+		case <-p.hbCtx.Done():
+			return
+		}
+		seen = p.strayPass(seen)
+	}
+}
+
+// strayPass is one comparison of checkStrays. seen holds when each claim
+// not held was first seen; it returns the same for the next pass.
+func (p *Pool) strayPass(seen map[broker.Claim]time.Time) map[broker.Claim]time.Time {
+	ctx, cancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
+	defer cancel()
+	claims, err := p.b.RunningClaims(ctx, p.opts.WorkerID)
+	if err != nil {
+		if p.hbCtx.Err() == nil {
+			p.log.Warn("could not list this worker's running messages to look for strays", "error", err)
+		}
+		return seen
+	}
+	// Compared after the listing: a claim listed as running that the pool
+	// holds by now is no stray, whenever its answer came.
+	now := time.Now()
+	next := make(map[broker.Claim]time.Time)
+	requeued := 0
+	for _, c := range claims {
+		if p.holds(c) {
+			continue
+		}
+		first, ok := seen[c]
+		if !ok {
+			next[c] = now
+			continue
+		}
+		if now.Sub(first) < p.opts.StrayAfter {
+			next[c] = first
+			continue
+		}
+		err := p.b.Nack(ctx, broker.NackRequest{Claim: c, Requeue: true, Error: strayError})
+		switch {
+		case err == nil:
+			requeued++
+			p.log.Warn("requeued a message claimed for this worker that never reached it (the claim's answer was lost)",
+				"message_id", c.ID, "not_held_for", now.Sub(first).Round(time.Millisecond).String())
+		case errors.Is(err, broker.ErrClaimLost) || errors.Is(err, broker.ErrNotFound):
+			// It ended meanwhile (reclaimed, purged): nothing to do.
+		default:
+			p.log.Warn("could not requeue a stray message; trying again at the next check", "message_id", c.ID, "error", err)
+			next[c] = first
+		}
+	}
+	if requeued > 0 && p.opts.Strays != nil {
+		p.opts.Strays(requeued)
+	}
+	return next
+}
+
+// hold records the claims of msgs as the pool's until finish.
+func (p *Pool) hold(msgs []broker.Message) {
+	if len(msgs) == 0 {
+		return
+	}
+	p.heldMu.Lock()
+	for i := range msgs {
+		p.held[msgs[i].ClaimOf()] = struct{}{}
+	}
+	p.heldMu.Unlock()
+}
+
+// unhold forgets the claims of batch, whose outcomes were written (or
+// given up on).
+func (p *Pool) unhold(batch []*completion) {
+	p.heldMu.Lock()
+	for _, c := range batch {
+		delete(p.held, c.claim)
+	}
+	p.heldMu.Unlock()
+}
+
+func (p *Pool) holds(c broker.Claim) bool {
+	p.heldMu.Lock()
+	defer p.heldMu.Unlock()
+	_, ok := p.held[c]
+	return ok
+}

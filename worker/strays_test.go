@@ -1,0 +1,177 @@
+package worker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/memory"
+	"github.com/taskhost/taskhost/broker/postgres"
+)
+
+// lostAnswers passes calls to the broker it wraps, but while lose is above
+// zero a Claim that took messages returns an error instead of them, as
+// when the connection breaks after the claim committed: the messages run
+// under the worker in the broker, and the pool never sees them.
+type lostAnswers struct {
+	broker.Broker
+	lose atomic.Int32
+	lost atomic.Int32 // messages whose claim's answer was dropped
+}
+
+func (l *lostAnswers) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
+	msgs, err := l.Broker.Claim(ctx, req)
+	if err == nil && len(msgs) > 0 && l.lose.Add(-1) >= 0 {
+		l.lost.Add(int32(len(msgs)))
+		return nil, errors.New("read tcp 127.0.0.1:5432: connection reset by peer")
+	}
+	return msgs, err
+}
+
+// strayBrokers are the brokers the stray tests run on: memory, and the
+// PostgreSQL test database (TEST_DATABASE_URL, default the local one) in
+// a schema of its own.
+func strayBrokers(t *testing.T) map[string]func(t *testing.T) broker.Broker {
+	return map[string]func(t *testing.T) broker.Broker{
+		"memory":   func(*testing.T) broker.Broker { return memory.New() },
+		"postgres": pgBroker,
+	}
+}
+
+func pgBroker(t *testing.T) broker.Broker {
+	t.Helper()
+	dsn := os.Getenv("TEST_DATABASE_URL")
+	if dsn == "" {
+		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	var suffix [6]byte
+	_, _ = rand.Read(suffix[:])
+	schema := "tw_worker_" + hex.EncodeToString(suffix[:])
+	ctx := context.Background()
+	b, err := postgres.New(ctx, postgres.Options{DSN: dsn, Schema: schema, MaxConns: 8})
+	if err != nil {
+		t.Fatalf("PostgreSQL broker: %v\nstart PostgreSQL with: pg_ctlcluster 15 main start, or set TEST_DATABASE_URL "+
+			"to a database the tests may create schemas in", err)
+	}
+	t.Cleanup(func() {
+		_ = b.Close()
+		if c, err := pgx.Connect(ctx, dsn); err == nil {
+			_, _ = c.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
+			_ = c.Close(ctx)
+		}
+	})
+	return b
+}
+
+// wedgeSetup fills a topic limited to 2 with two messages whose claim's
+// answer is lost, then queues three more; it returns the wrapped broker,
+// the registry (one no-op task) and the ids of all five.
+func wedgeSetup(t *testing.T, inner broker.Broker) (*lostAnswers, *Registry, []int64) {
+	t.Helper()
+	ctx := context.Background()
+	limit := 2
+	if _, err := inner.SetTopic(ctx, DefaultTopic, broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
+		t.Fatal(err)
+	}
+	b := &lostAnswers{Broker: inner}
+	b.lose.Store(1)
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) { return "ok", nil }})
+	var ids []int64
+	for range 2 {
+		ids = append(ids, submit(t, b, "x", `{}`))
+	}
+	return b, reg, ids
+}
+
+// TestStraysAreRequeued: two messages claimed for the pool whose claim's
+// answer was lost hold both slots of their topic; the pool finds them
+// running under its id without holding them, requeues them, and then runs
+// them and everything queued behind them.
+func TestStraysAreRequeued(t *testing.T) {
+	for name, newBroker := range strayBrokers(t) {
+		t.Run(name, func(t *testing.T) {
+			b, reg, ids := wedgeSetup(t, newBroker(t))
+			var strays atomic.Int32
+			startPool(t, b, reg, Options{StrayCheckInterval: 20 * time.Millisecond, StrayAfter: 200 * time.Millisecond,
+				Strays: func(n int) { strays.Add(int32(n)) }})
+			eventually(t, "the claim whose answer is lost", func() bool { return b.lost.Load() == 2 })
+			for range 3 {
+				ids = append(ids, submit(t, b, "x", `{}`))
+			}
+			for i, id := range ids {
+				m := waitState(t, b, id, broker.StateDone)
+				if want := 1 + btoi(i < 2); m.Attempts != want {
+					t.Errorf("message %d: %d attempts, want %d", id, m.Attempts, want)
+				}
+			}
+			if n := strays.Load(); n != 2 {
+				t.Errorf("Strays told of %d requeued, want 2", n)
+			}
+		})
+	}
+}
+
+// TestStraysWedgeWithoutTheCheck is the control of TestStraysAreRequeued:
+// with the check off, the two strays hold the topic and nothing else runs.
+func TestStraysWedgeWithoutTheCheck(t *testing.T) {
+	b, reg, _ := wedgeSetup(t, memory.New())
+	startPool(t, b, reg, Options{StrayCheckInterval: -1})
+	eventually(t, "the claim whose answer is lost", func() bool { return b.lost.Load() == 2 })
+	later := submit(t, b, "x", `{}`)
+	time.Sleep(500 * time.Millisecond)
+	if m, err := b.GetMessage(context.Background(), later); err != nil || m.State != broker.StateQueued {
+		t.Fatalf("message behind the strays: %+v, %v; want it still queued", m, err)
+	}
+}
+
+// TestHeldClaimsAreNotStrays: messages the pool holds (running, and
+// written back while the check runs) are never requeued, however long
+// they run past StrayAfter.
+func TestHeldClaimsAreNotStrays(t *testing.T) {
+	for name, newBroker := range strayBrokers(t) {
+		t.Run(name, func(t *testing.T) {
+			b := newBroker(t)
+			reg := NewRegistry()
+			reg.MustRegister(Task{Name: "slow", Handler: func(ctx context.Context, _ *TaskContext) (any, error) {
+				time.Sleep(300 * time.Millisecond)
+				return nil, nil
+			}})
+			reg.MustRegister(Task{Name: "fast", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
+			var strays atomic.Int32
+			startPool(t, b, reg, Options{Concurrency: 4, StrayCheckInterval: 5 * time.Millisecond, StrayAfter: 50 * time.Millisecond,
+				Strays: func(n int) { strays.Add(int32(n)) }})
+			var ids []int64
+			for i := range 200 {
+				task := "fast"
+				if i%50 == 0 {
+					task = "slow"
+				}
+				ids = append(ids, submit(t, b, task, `{}`))
+			}
+			for _, id := range ids {
+				if m := waitState(t, b, id, broker.StateDone); m.Attempts != 1 {
+					t.Errorf("message %d (%s): %d attempts, want 1", id, m.Task, m.Attempts)
+				}
+			}
+			if n := strays.Load(); n != 0 {
+				t.Errorf("%d held messages requeued as strays", n)
+			}
+		})
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
