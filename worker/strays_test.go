@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"net/url"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -47,6 +48,13 @@ func strayBrokers(t *testing.T) map[string]func(t *testing.T) broker.Broker {
 }
 
 func pgBroker(t *testing.T) broker.Broker {
+	b, _ := pgBrokerNamed(t)
+	return b
+}
+
+// pgBrokerNamed returns a PostgreSQL broker in a schema of its own whose
+// connections carry an application_name of their own, returned too.
+func pgBrokerNamed(t *testing.T) (*postgres.Broker, string) {
 	t.Helper()
 	dsn := os.Getenv("TEST_DATABASE_URL")
 	if dsn == "" {
@@ -55,8 +63,15 @@ func pgBroker(t *testing.T) broker.Broker {
 	var suffix [6]byte
 	_, _ = rand.Read(suffix[:])
 	schema := "tw_worker_" + hex.EncodeToString(suffix[:])
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("TEST_DATABASE_URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("application_name", schema)
+	u.RawQuery = q.Encode()
 	ctx := context.Background()
-	b, err := postgres.New(ctx, postgres.Options{DSN: dsn, Schema: schema, MaxConns: 8})
+	b, err := postgres.New(ctx, postgres.Options{DSN: u.String(), Schema: schema, MaxConns: 8})
 	if err != nil {
 		t.Fatalf("PostgreSQL broker: %v\nstart PostgreSQL with: pg_ctlcluster 15 main start, or set TEST_DATABASE_URL "+
 			"to a database the tests may create schemas in", err)
@@ -68,7 +83,7 @@ func pgBroker(t *testing.T) broker.Broker {
 			_ = c.Close(ctx)
 		}
 	})
-	return b
+	return b, schema
 }
 
 // wedgeSetup fills a topic limited to 2 with two messages whose claim's
