@@ -72,6 +72,7 @@ func (p *Pool) strayPass(seen map[broker.Claim]time.Time) map[broker.Claim]time.
 	now := time.Now()
 	next := make(map[broker.Claim]time.Time)
 	requeued := 0
+scan:
 	for _, c := range claims {
 		if p.holds(c) {
 			continue
@@ -93,6 +94,8 @@ func (p *Pool) strayPass(seen map[broker.Claim]time.Time) map[broker.Claim]time.
 				"message_id", c.ID, "not_held_for", now.Sub(first).Round(time.Millisecond).String())
 		case errors.Is(err, broker.ErrClaimLost) || errors.Is(err, broker.ErrNotFound):
 			// It ended meanwhile (reclaimed, purged): nothing to do.
+		case p.hbCtx.Err() != nil:
+			break scan // stopping
 		default:
 			p.log.Warn("could not requeue a stray message; trying again at the next check", "message_id", c.ID, "error", err)
 			next[c] = first
