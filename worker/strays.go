@@ -59,8 +59,8 @@ func (p *Pool) checkStrays() {
 // not held was first seen; it returns the same for the next pass.
 func (p *Pool) strayPass(seen map[broker.Claim]time.Time) map[broker.Claim]time.Time {
 	ctx, cancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
-	defer cancel()
 	claims, err := p.b.RunningClaims(ctx, p.opts.WorkerID)
+	cancel()
 	if err != nil {
 		if p.hbCtx.Err() == nil {
 			p.log.Warn("could not list this worker's running messages to look for strays", "error", err)
@@ -86,7 +86,9 @@ scan:
 			next[c] = first
 			continue
 		}
-		err := p.b.Nack(ctx, broker.NackRequest{Claim: c, Requeue: true, Error: strayError})
+		nctx, ncancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
+		err := p.b.Nack(nctx, broker.NackRequest{Claim: c, Requeue: true, Error: strayError})
+		ncancel()
 		switch {
 		case err == nil:
 			requeued++

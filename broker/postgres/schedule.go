@@ -336,7 +336,7 @@ const addReportsSQL = `
 // lockSchedulesSQL locks the schedules named in $1 in name order, before
 // addReportsSQL updates them, so that writers storing reports of the same
 // schedules at once take their row locks in one order and never deadlock.
-const lockSchedulesSQL = `SELECT 1 FROM tw_schedules WHERE name = ANY ($1::text[]) ORDER BY name FOR UPDATE`
+const lockSchedulesSQL = `SELECT 1 FROM tw_schedules WHERE name = ANY ($1::text[]) ORDER BY name FOR NO KEY UPDATE`
 
 // AddReport validates r (broker.ValidateReport) and stores it, returning
 // its id. A zero EndedAt is now() and a zero StartedAt is EndedAt; Logs is
