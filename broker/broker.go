@@ -307,8 +307,10 @@ func ValidateSubmit(req SubmitRequest, maxPayload int) error {
 	if len(req.Payload) > maxPayload {
 		return Invalid("payload is %d bytes, the limit is %d", len(req.Payload), maxPayload)
 	}
-	if len(req.Payload) > 0 && !json.Valid(req.Payload) {
-		return Invalid("payload is not valid JSON")
+	if len(req.Payload) > 0 {
+		if err := CheckJSON(req.Payload); err != nil {
+			return Invalid("payload: %v", err)
+		}
 	}
 	if req.Delay < 0 {
 		return Invalid("delay is negative")

@@ -72,8 +72,8 @@ func NormalizeSchedule(s Schedule) (Schedule, error) {
 		if len(s.Payload) > MaxPayloadSize {
 			return Schedule{}, Invalid("schedule %q: payload is %d bytes, the limit is %d", s.Name, len(s.Payload), MaxPayloadSize)
 		}
-		if !json.Valid(s.Payload) {
-			return Schedule{}, Invalid("schedule %q: payload is not valid JSON", s.Name)
+		if err := CheckJSON(s.Payload); err != nil {
+			return Schedule{}, Invalid("schedule %q: payload: %v", s.Name, err)
 		}
 		s.Payload = slices.Clone(s.Payload)
 	}
@@ -140,8 +140,10 @@ func ValidateReport(r Report) error {
 	if !slices.Contains(ReportStatuses, r.Status) {
 		return Invalid("report status %q is unknown (want one of %v)", r.Status, ReportStatuses)
 	}
-	if len(r.Result) > 0 && !json.Valid(r.Result) {
-		return Invalid("report result is not valid JSON")
+	if len(r.Result) > 0 {
+		if err := CheckJSON(r.Result); err != nil {
+			return Invalid("report result: %v", err)
+		}
 	}
 	return nil
 }

@@ -610,6 +610,19 @@ func (p *Pool) exchange(acks []*completion, max int) ([]broker.Message, error) {
 		p.requeueAcks(acks)
 		return nil, err
 	}
+	if errors.Is(err, broker.ErrInvalid) && len(acks) > 1 {
+		// The broker refused one outcome, and the whole call with it:
+		// write them one by one, so that only that one is lost.
+		p.log.Warn("the broker refused a batch of outcomes; writing them one by one", "error", err)
+		for _, c := range acks {
+			p.ackAll([]*completion{c})
+		}
+		p.finish(acks, false)
+		if max == 0 {
+			return nil, nil
+		}
+		return p.b.Claim(ctx, req)
+	}
 	p.acked(acks, errs, err)
 	p.finish(acks, false)
 	if err != nil || both || max == 0 {
@@ -859,12 +872,19 @@ func marshalResult(v any) (json.RawMessage, error) {
 		if len(r) == 0 {
 			return nil, nil
 		}
-		if !json.Valid(r) {
-			return nil, errors.New("it is not valid JSON")
+		if err := broker.CheckJSON(r); err != nil {
+			return nil, err
 		}
 		return r, nil
 	}
-	return json.Marshal(v)
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	if err := broker.CheckJSON(body); err != nil {
+		return nil, err
+	}
+	return body, nil
 }
 
 func (c *completion) requeueNow(reason, status string) *completion {
@@ -872,12 +892,12 @@ func (c *completion) requeueNow(reason, status string) *completion {
 }
 
 func (c *completion) requeueAfter(d time.Duration, reason, status string) *completion {
-	c.requeue, c.delay, c.errText, c.status = true, d, reason, status
+	c.requeue, c.delay, c.errText, c.status = true, d, broker.CleanText(reason), status
 	return c
 }
 
 func (c *completion) fail(reason string, requeue bool, d time.Duration) *completion {
-	c.requeue, c.delay, c.errText, c.status = requeue, d, reason, StatusFailed
+	c.requeue, c.delay, c.errText, c.status = requeue, d, broker.CleanText(reason), StatusFailed
 	return c
 }
 
@@ -991,6 +1011,9 @@ func (p *Pool) report(c *completion) (broker.Report, bool) {
 	}
 	if c.tc != nil {
 		logs, dropped := c.tc.Logs()
+		for i, l := range logs {
+			logs[i] = broker.CleanText(l)
+		}
 		if dropped > 0 {
 			logs = append(logs, fmt.Sprintf("(%d more lines dropped)", dropped))
 		}

@@ -58,10 +58,10 @@ func (l lostAnswersAC) AckAndClaim(ctx context.Context, outcomes []broker.Outcom
 	return errs, msgs, nil
 }
 
-// strayBrokers are the brokers the stray tests run on: memory, and the
+// testBrokers are the brokers the pool tests on real brokers run on: memory, and the
 // PostgreSQL test database (TEST_DATABASE_URL, default the local one) in
 // a schema of its own.
-func strayBrokers(t *testing.T) map[string]func(t *testing.T) broker.Broker {
+func testBrokers(t *testing.T) map[string]func(t *testing.T) broker.Broker {
 	return map[string]func(t *testing.T) broker.Broker{
 		"memory":   func(*testing.T) broker.Broker { return memory.New() },
 		"postgres": pgBroker,
@@ -139,7 +139,7 @@ func wedgeSetup(t *testing.T, inner broker.Broker) (broker.Broker, *atomic.Int32
 // running under its id without holding them, requeues them, and then runs
 // them and everything queued behind them.
 func TestStraysAreRequeued(t *testing.T) {
-	for name, newBroker := range strayBrokers(t) {
+	for name, newBroker := range testBrokers(t) {
 		t.Run(name, func(t *testing.T) {
 			b, lost, reg, ids := wedgeSetup(t, newBroker(t))
 			if _, ok := b.(broker.AckClaimer); !ok && name == "postgres" {
@@ -186,7 +186,7 @@ func TestStraysWedgeWithoutTheCheck(t *testing.T) {
 // written back while the check runs) are never requeued, however long
 // they run past StrayAfter.
 func TestHeldClaimsAreNotStrays(t *testing.T) {
-	for name, newBroker := range strayBrokers(t) {
+	for name, newBroker := range testBrokers(t) {
 		t.Run(name, func(t *testing.T) {
 			b := newBroker(t)
 			reg := NewRegistry()

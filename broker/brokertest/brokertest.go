@@ -65,6 +65,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"ClaimEdgeCases", testClaimEdgeCases},
 		{"ConcurrencyLimitUnderContention", testConcurrencyLimit},
 		{"StaleTokenChangesNothing", testStaleToken},
+		{"UnstorableOutcomes", testUnstorableOutcomes},
 		{"NackRequeueRedelivers", testNackRequeue},
 		{"NackWithoutRequeue", testNackNoRequeue},
 		{"DrainAndResume", testDrain},
@@ -345,6 +346,9 @@ func testInvalidSubmit(t *testing.T, b broker.Broker) {
 		{"payload over 1 MiB", broker.SubmitRequest{Topic: "t4", Task: "x", Payload: json.RawMessage(big)}},
 		{"negative delay", broker.SubmitRequest{Topic: "t5", Task: "x", Delay: -time.Second}},
 		{"negative max attempts", broker.SubmitRequest{Topic: "t6", Task: "x", MaxAttempts: -1}},
+		{"payload with a NUL character", broker.SubmitRequest{Topic: "t7", Task: "x", Payload: json.RawMessage(`{"s":"a\u0000b"}`)}},
+		{"payload with a lone surrogate", broker.SubmitRequest{Topic: "t8", Task: "x", Payload: json.RawMessage(`["\ud800"]`)}},
+		{"payload not UTF-8", broker.SubmitRequest{Topic: "t9", Task: "x", Payload: json.RawMessage("\"\xff\"")}},
 	}
 	for _, c := range cases {
 		id, err := b.Submit(ctxOf(t), c.req)
@@ -361,6 +365,41 @@ func testInvalidSubmit(t *testing.T, b broker.Broker) {
 	}
 	if len(topics) != 0 {
 		t.Fatalf("invalid submits created topics %+v", topics)
+	}
+}
+
+// testUnstorableOutcomes: a result no broker can store (a NUL character)
+// refuses the whole Ack with ErrInvalid, naming it, and changes nothing;
+// error texts with a NUL character or bytes that are not UTF-8 are stored
+// with those replaced, never refused.
+func testUnstorableOutcomes(t *testing.T, b broker.Broker) {
+	ctx := ctxOf(t)
+	submitN(t, b, "u", 3)
+	ms := claim(t, b, "w", 3, "u")
+	if len(ms) != 3 {
+		t.Fatalf("claimed %d, want 3", len(ms))
+	}
+	_, err := b.Ack(ctx, []broker.Outcome{{Claim: ms[0].ClaimOf(), Result: json.RawMessage(`{"ok":1}`)},
+		{Claim: ms[1].ClaimOf(), Result: json.RawMessage(`{"s":"a\u0000"}`)}})
+	if !errors.Is(err, broker.ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprint("message ", ms[1].ID)) {
+		t.Fatalf("Ack with a NUL in a result: %v, want ErrInvalid naming message %d", err, ms[1].ID)
+	}
+	for _, m := range ms[:2] {
+		if got := get(t, b, m.ID); got.State != broker.StateRunning {
+			t.Fatalf("message %d is %s after a refused Ack, want running", m.ID, got.State)
+		}
+	}
+	if err := b.Nack(ctx, broker.NackRequest{Claim: ms[0].ClaimOf(), Requeue: true, Error: "bad \x00 byte \xff"}); err != nil {
+		t.Fatalf("Nack with a NUL and a stray byte in its error: %v", err)
+	}
+	if got := get(t, b, ms[0].ID); got.LastError != "bad \uFFFD byte \uFFFD" {
+		t.Fatalf("last error %q, want the NUL and the stray byte replaced", got.LastError)
+	}
+	if err := b.DeadLetter(ctx, ms[1].ClaimOf(), "dead \x00"); err != nil {
+		t.Fatalf("DeadLetter with a NUL in its reason: %v", err)
+	}
+	if got := get(t, b, ms[1].ID); got.State != broker.StateDead || got.LastError != "dead \uFFFD" {
+		t.Fatalf("dead-lettered message: %s %q", got.State, got.LastError)
 	}
 }
 

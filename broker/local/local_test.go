@@ -482,15 +482,16 @@ func TestHousekeeping(t *testing.T) {
 }
 
 // Payloads and results keep their bytes (the JSON is not reformatted), on
-// the batch ack path and on the one-by-one path alike.
+// the batch ack path and on the one-by-one path (taken when an Ack names a
+// message twice) alike.
 func TestBytesKept(t *testing.T) {
 	ctx := context.Background()
 	b := openTest(t, Options{})
-	payload := json.RawMessage("{ \"html\": \"<b>&amp;</b>\",\n  \"u\": \"\u00e9\\u2028\", \"bad\": \"\xff\" }")
+	payload := json.RawMessage("{ \"html\": \"<b>&amp;</b>\",\n  \"u\": \"\u00e9\\u2028\" }")
 	results := []json.RawMessage{
 		json.RawMessage("{ \"ok\" : true, \"s\": \"<&>\\\"\" }"),
 		json.RawMessage("[1, 2,\t3]"),
-		json.RawMessage("\"\xfe not utf-8\""),
+		json.RawMessage("\"\\ud83d\\ude00 \u00e9\""),
 	}
 	for i, rs := range [][]json.RawMessage{results[:2], results} {
 		topic := fmt.Sprintf("bytes-%d", i)
@@ -514,9 +515,15 @@ func TestBytesKept(t *testing.T) {
 			}
 			oc = append(oc, broker.Outcome{Claim: m.ClaimOf(), Result: rs[j]})
 		}
+		if i == 1 { // the one-by-one path
+			oc = append(oc, broker.Outcome{Claim: msgs[0].ClaimOf(), Result: json.RawMessage(`"second"`)})
+		}
 		errs, err := b.Ack(ctx, oc)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if i == 1 && !errors.Is(errs[len(rs)], broker.ErrClaimLost) {
+			t.Fatalf("second outcome of message %d: %v, want ErrClaimLost", msgs[0].ID, errs[len(rs)])
 		}
 		for j, id := range ids {
 			if errs[j] != nil {

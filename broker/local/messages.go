@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/taskhost/taskhost/broker"
 )
@@ -288,10 +287,8 @@ func claimable(tx *txn, topic string, want int, now time.Time) ([]int64, error) 
 // is not JSON makes the whole call fail with broker.ErrInvalid before
 // anything changes.
 func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
-	for i, o := range outcomes {
-		if len(o.Result) > 0 && !json.Valid(o.Result) {
-			return nil, broker.Invalid("result of outcome %d (message %d) is not valid JSON", i, o.Claim.ID)
-		}
+	if err := broker.CheckOutcomes(outcomes); err != nil {
+		return nil, err
 	}
 	if len(outcomes) == 0 {
 		leave, err := b.enter(ctx)
@@ -309,11 +306,12 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 		R *string `json:"r,omitempty"`
 	}
 	args := make([]ackArg, len(outcomes))
-	// One message named twice, or a result that is not UTF-8 (the JSON
-	// array would not carry its bytes as they are), take the slow path.
+	// One message named twice takes the slow path. (Results are valid
+	// UTF-8, checked above, so the JSON array carries their bytes as they
+	// are.)
 	oneByOne := false
 	for i, o := range outcomes {
-		oneByOne = oneByOne || seen[o.Claim.ID] || !utf8.Valid(o.Result)
+		oneByOne = oneByOne || seen[o.Claim.ID]
 		seen[o.Claim.ID] = true
 		args[i] = ackArg{I: o.Claim.ID, T: o.Claim.Token}
 		if len(o.Result) > 0 {
@@ -426,6 +424,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	if req.Delay < 0 {
 		return broker.Invalid("delay is negative")
 	}
+	req.Error = broker.CleanText(req.Error)
 	return b.write(ctx, "nack", func(tx *txn, now time.Time) error {
 		topic, err := heldTopic(tx, req.Claim)
 		if err != nil {
@@ -463,6 +462,7 @@ func finish(tx *txn, id int64, state, lastError string, now time.Time) error {
 // DeadLetter ends an attempt dead with reason as its last error, whatever
 // the topic's dead-letter setting.
 func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+	reason = broker.CleanText(reason)
 	return b.write(ctx, "dead letter", func(tx *txn, now time.Time) error {
 		if _, err := heldTopic(tx, c); err != nil {
 			return err

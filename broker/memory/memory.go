@@ -411,10 +411,8 @@ func (b *Broker) remove(e *entry) {
 // A result that is not JSON makes the whole call fail with
 // broker.ErrInvalid before anything changes.
 func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
-	for i, o := range outcomes {
-		if len(o.Result) > 0 && !json.Valid(o.Result) {
-			return nil, broker.Invalid("result of outcome %d (message %d) is not valid JSON", i, o.Claim.ID)
-		}
+	if err := broker.CheckOutcomes(outcomes); err != nil {
+		return nil, err
 	}
 	if err := b.begin(ctx); err != nil {
 		return nil, err
@@ -443,6 +441,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	if req.Delay < 0 {
 		return broker.Invalid("delay is negative")
 	}
+	req.Error = broker.CleanText(req.Error)
 	if err := b.begin(ctx); err != nil {
 		return err
 	}
@@ -482,6 +481,7 @@ func (b *Broker) requeue(e *entry, at time.Time) {
 // DeadLetter ends an attempt dead with reason as its last error, whatever
 // the topic's dead-letter setting.
 func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+	reason = broker.CleanText(reason)
 	if err := b.begin(ctx); err != nil {
 		return err
 	}

@@ -639,10 +639,8 @@ type ackBatch struct {
 // newAckBatch checks outcomes (a result that is not JSON is
 // broker.ErrInvalid) and arranges them for ackSQL.
 func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
-	for i, o := range outcomes {
-		if len(o.Result) > 0 && !json.Valid(o.Result) {
-			return nil, broker.Invalid("result of outcome %d (message %d) is not valid JSON", i, o.Claim.ID)
-		}
+	if err := broker.CheckOutcomes(outcomes); err != nil {
+		return nil, err
 	}
 	type entry struct {
 		ord int32
@@ -802,6 +800,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	if req.Delay < 0 {
 		return broker.Invalid("delay is negative")
 	}
+	req.Error = broker.CleanText(req.Error)
 	if req.Requeue {
 		return b.endClaim(ctx, "nack", req.Claim, `
 			UPDATE tw_messages
@@ -823,6 +822,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 // DeadLetter ends an attempt dead with reason as its last error, whatever
 // the topic's dead-letter setting.
 func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+	reason = broker.CleanText(reason)
 	return b.endClaim(ctx, "dead letter", c, `
 		UPDATE tw_messages
 		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3

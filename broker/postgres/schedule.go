@@ -375,7 +375,11 @@ func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 	for i, r := range rs {
 		logs[i] = "[]"
 		if len(r.Logs) > 0 {
-			js, err := json.Marshal(r.Logs)
+			lines := make([]string, len(r.Logs))
+			for k, l := range r.Logs {
+				lines[k] = broker.CleanText(l)
+			}
+			js, err := json.Marshal(lines)
 			if err != nil {
 				return nil, broker.Invalid("report of message %d: logs: %v", r.MessageID, err)
 			}
@@ -393,7 +397,7 @@ func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 		}
 		starts[i], ends[i] = nullTime(r.StartedAt), nullTime(r.EndedAt)
 		mids[i], tasks[i], topics[i], atts[i], workers[i], stats[i] = r.MessageID, r.Task, r.Topic, int32(r.Attempt), r.Worker, r.Status
-		durs[i], errs[i], progs[i] = r.Duration, r.Error, r.Progress
+		durs[i], errs[i], progs[i] = r.Duration, broker.CleanText(r.Error), r.Progress
 	}
 	sort.Strings(locks)
 	locks = slices.Compact(locks)

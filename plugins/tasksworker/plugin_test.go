@@ -218,6 +218,7 @@ func TestBadRequestsAre400AndStoreNothing(t *testing.T) {
 		{"wrong type", "POST", "/api/tasks", `{"task": "demo.echo", "delay_seconds": "soon"}`, `"delay_seconds" must be a JSON number`},
 		{"two values", "POST", "/api/tasks", `{"task": "demo.echo"} {}`, "more than one JSON value"},
 		{"payload too big", "POST", "/api/tasks", big, "the limit is 100"},
+		{"NUL in the payload", "POST", "/api/tasks", `{"task": "demo.echo", "payload": {"s": "a\u0000"}}`, "NUL"},
 		{"body over the limit", "POST", "/api/tasks", `{"task": "demo.echo", "payload": "` + strings.Repeat("a", 70<<10) + `"}`, "over"},
 		{"negative delay", "POST", "/api/tasks", `{"task": "demo.echo", "delay_seconds": -1}`, "delay_seconds"},
 		{"negative max attempts", "POST", "/api/tasks", `{"task": "demo.echo", "max_attempts": -1}`, "max_attempts"},
