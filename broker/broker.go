@@ -131,6 +131,11 @@ type NackRequest struct {
 	Requeue bool
 	Delay   time.Duration
 	Error   string
+	// NotRun, with Requeue, says the attempt never ran the task (a lock
+	// was held, the worker was stopping, the task is not known to it yet,
+	// the claim never reached it): the claim's count in the message's
+	// attempts is taken back, so waiting does not use up its retries.
+	NotRun bool
 }
 
 // WorkerInfo describes a worker process.

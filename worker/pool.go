@@ -83,6 +83,9 @@ const (
 	// lockErrorRetryDelay is the requeue delay when a lock could not be
 	// taken because the broker failed.
 	lockErrorRetryDelay = time.Second
+	// unknownTaskRetry is the longest requeue delay of a message whose task
+	// is not registered yet (Options.UnknownTaskGrace).
+	unknownTaskRetry = 5 * time.Second
 	// maxAckBatch bounds one broker.Ack call.
 	maxAckBatch = 256
 	// collectors is how many goroutines write outcomes the dispatcher does
@@ -140,6 +143,12 @@ type Options struct {
 	StrayAfter time.Duration
 	// Strays, if set, is told how many strays each check requeued.
 	Strays func(n int)
+	// UnknownTaskGrace: for this long after Start, a message of a task the
+	// registry does not know is requeued (every few seconds, its attempt
+	// given back) instead of failed, for tasks registered after Start
+	// (tasks of other plugins, found by polling) to show up. Default 0:
+	// such a message fails at once.
+	UnknownTaskGrace time.Duration
 }
 
 type poolState int
@@ -189,6 +198,8 @@ type Pool struct {
 	heartbeatDone  chan struct{}
 	strayDone      chan struct{}
 	workers        sync.WaitGroup
+
+	startedAt time.Time // when Start ran
 
 	heldMu sync.Mutex
 	held   map[broker.Claim]struct{} // claimed, outcome not yet written (see hold)
@@ -340,6 +351,7 @@ func (p *Pool) Start(ctx context.Context) error {
 	p.collectorDone = make(chan struct{})
 	p.heartbeatDone = make(chan struct{})
 	p.strayDone = make(chan struct{})
+	p.startedAt = time.Now()
 	p.held = make(map[broker.Claim]struct{}, 2*n)
 
 	go p.heartbeat()
@@ -709,6 +721,7 @@ type completion struct {
 	result  json.RawMessage
 	lost    bool
 	requeue bool
+	notRan  bool // with requeue: the task never ran (NackRequest.NotRun)
 	delay   time.Duration
 	errText string
 	started time.Time
@@ -758,10 +771,15 @@ func (p *Pool) handle(m broker.Message) *completion {
 	log := &msgLogger{base: p.log, m: &c.msg}
 
 	if p.draining.Load() {
-		return c.requeueNow("worker stopped", StatusStopped)
+		return c.notRun(0, "worker stopped", StatusStopped)
 	}
 	t, ok := p.reg.Lookup(m.Task)
 	if !ok {
+		if wait := p.opts.UnknownTaskGrace - time.Since(p.startedAt); wait > 0 {
+			wait = min(wait, unknownTaskRetry)
+			log.Info("claimed a message of a task not registered yet; requeueing it", "retry_in", wait.String())
+			return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID), StatusDeferred)
+		}
 		log.Warn("claimed a message of an unknown task; ending it")
 		return c.fail(fmt.Sprintf("unknown task %q: no task of that name is registered in worker %s", m.Task, p.opts.WorkerID), false, 0)
 	}
@@ -782,10 +800,10 @@ func (p *Pool) handle(m broker.Message) *completion {
 			return c
 		case err != nil:
 			log.Warn("could not take the task's lock; requeueing", "lock", name, "error", err)
-			return c.requeueAfter(lockErrorRetryDelay, fmt.Sprintf("could not take lock %q: %v", name, err), StatusDeferred)
+			return c.notRun(lockErrorRetryDelay, fmt.Sprintf("could not take lock %q: %v", name, err), StatusDeferred)
 		case !got && t.OnLockConflict == LockRequeue:
 			log.Debug("lock held; requeueing", "lock", name, "retry_in", t.LockRetryDelay.String())
-			return c.requeueAfter(t.LockRetryDelay, fmt.Sprintf("lock %q is held by another message; retrying in %s", name, t.LockRetryDelay), StatusDeferred)
+			return c.notRun(t.LockRetryDelay, fmt.Sprintf("lock %q is held by another message; retrying in %s", name, t.LockRetryDelay), StatusDeferred)
 		case !got:
 			log.Info("lock held; skipping the message", "lock", name)
 			c.ack, c.result, c.status = true, json.RawMessage(`{"skipped":"lock held"}`), StatusSkipped
@@ -889,6 +907,13 @@ func marshalResult(v any) (json.RawMessage, error) {
 
 func (c *completion) requeueNow(reason, status string) *completion {
 	return c.requeueAfter(0, reason, status)
+}
+
+// notRun requeues a message whose task never ran, giving its attempt back
+// (broker.NackRequest.NotRun).
+func (c *completion) notRun(d time.Duration, reason, status string) *completion {
+	c.notRan = true
+	return c.requeueAfter(d, reason, status)
 }
 
 func (c *completion) requeueAfter(d time.Duration, reason, status string) *completion {
@@ -1054,7 +1079,7 @@ func (p *Pool) acked(acks []*completion, errs []error, err error) {
 }
 
 func (p *Pool) nack(c *completion) {
-	req := broker.NackRequest{Claim: c.claim, Requeue: c.requeue, Delay: c.delay, Error: c.errText}
+	req := broker.NackRequest{Claim: c.claim, Requeue: c.requeue, Delay: c.delay, Error: c.errText, NotRun: c.notRan}
 	if err := p.retry("nack", func(ctx context.Context) error { return p.b.Nack(ctx, req) }); err != nil {
 		p.lose(c, "nack", err)
 	}

@@ -35,8 +35,8 @@ const strayError = "claimed for this worker but never delivered to it (the claim
 // least StrayAfter after it was first seen and still not held, is a
 // stray: any answer of its claim would have reached the pool by then. It
 // is requeued under its token (broker.Nack), so a claim that ended in the
-// meantime is left as it is. The attempt the lost claim counted stays
-// counted.
+// meantime is left as it is. The attempt the lost claim counted is given
+// back (broker.NackRequest.NotRun): the task never ran.
 func (p *Pool) checkStrays() {
 	defer close(p.strayDone)
 	if p.opts.StrayCheckInterval <= 0 {
@@ -87,7 +87,7 @@ scan:
 			continue
 		}
 		nctx, ncancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
-		err := p.b.Nack(nctx, broker.NackRequest{Claim: c, Requeue: true, Error: strayError})
+		err := p.b.Nack(nctx, broker.NackRequest{Claim: c, Requeue: true, NotRun: true, Error: strayError})
 		ncancel()
 		switch {
 		case err == nil:

@@ -67,6 +67,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"StaleTokenChangesNothing", testStaleToken},
 		{"UnstorableOutcomes", testUnstorableOutcomes},
 		{"NackRequeueRedelivers", testNackRequeue},
+		{"NackNotRunGivesTheAttemptBack", testNackNotRun},
 		{"NackWithoutRequeue", testNackNoRequeue},
 		{"DrainAndResume", testDrain},
 		{"Purge", testPurge},
@@ -400,6 +401,30 @@ func testUnstorableOutcomes(t *testing.T, b broker.Broker) {
 	}
 	if got := get(t, b, ms[1].ID); got.State != broker.StateDead || got.LastError != "dead \uFFFD" {
 		t.Fatalf("dead-lettered message: %s %q", got.State, got.LastError)
+	}
+}
+
+// testNackNotRun: a requeue that says the attempt never ran takes the
+// claim's count back from the message's attempts; a plain requeue keeps it.
+func testNackNotRun(t *testing.T, b broker.Broker) {
+	ctx := ctxOf(t)
+	id := submitN(t, b, "nr", 1)[0]
+	attempts := func(wantAttempts int, notRun bool) {
+		t.Helper()
+		m := claimOne(t, b, "w", "nr")
+		if m.ID != id || m.Attempts != wantAttempts {
+			t.Fatalf("claimed %d with %d attempts, want %d with %d", m.ID, m.Attempts, id, wantAttempts)
+		}
+		if err := b.Nack(ctx, broker.NackRequest{Claim: m.ClaimOf(), Requeue: true, NotRun: notRun, Error: "x"}); err != nil {
+			t.Fatalf("Nack: %v", err)
+		}
+	}
+	attempts(1, true)  // not run: back to 0
+	attempts(1, true)  // and again
+	attempts(1, false) // ran: stays 1
+	attempts(2, true)  // back to 1
+	if m := get(t, b, id); m.Attempts != 1 || m.State != broker.StateQueued {
+		t.Fatalf("message after the nacks: %s with %d attempts, want queued with 1", m.State, m.Attempts)
 	}
 }
 

@@ -433,8 +433,9 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		if req.Requeue {
 			_, err := tx.Exec(`UPDATE tw_messages
 				SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
-					finished_at = NULL, available_at = ?, last_error = ?
-				WHERE id = ?`, addNS(now, req.Delay), req.Error, req.Claim.ID)
+					finished_at = NULL, available_at = ?, last_error = ?,
+					attempts = CASE WHEN ? THEN max(attempts - 1, 0) ELSE attempts END
+				WHERE id = ?`, addNS(now, req.Delay), req.Error, req.NotRun, req.Claim.ID)
 			return err
 		}
 		deadLetter := true

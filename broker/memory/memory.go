@@ -455,6 +455,9 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	b.release(e)
 	e.m.LastError = req.Error
 	if req.Requeue {
+		if req.NotRun && e.m.Attempts > 0 {
+			e.m.Attempts--
+		}
 		b.requeue(e, now.Add(req.Delay))
 		return nil
 	}

@@ -805,9 +805,10 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		return b.endClaim(ctx, "nack", req.Claim, `
 			UPDATE tw_messages
 			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL, finished_at = NULL,
-				available_at = now() + $3::bigint * interval '1 microsecond', last_error = $4
+				available_at = now() + $3::bigint * interval '1 microsecond', last_error = $4,
+				attempts = CASE WHEN $5 THEN greatest(attempts - 1, 0) ELSE attempts END
 			WHERE id = $1 AND token::text = $2`,
-			micros(req.Delay), req.Error)
+			micros(req.Delay), req.Error, req.NotRun)
 	}
 	return b.endClaim(ctx, "nack", req.Claim, `
 		UPDATE tw_messages m

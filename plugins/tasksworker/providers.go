@@ -17,6 +17,12 @@ import (
 // provide tasks; a provider that starts later is picked up within it.
 const providerRefresh = 5 * time.Second
 
+// unknownTaskGrace is how long after tasks_worker starts a message of a
+// task it does not know yet waits (requeued, its attempt given back)
+// instead of failing: a provider plugin may start after tasks_worker, or
+// restart, and its tasks are registered only when a refresh finds it.
+const unknownTaskGrace = 12 * providerRefresh
+
 // watchProviders registers the tasks of every plugin with the TaskProvider
 // capability, now and whenever one appears. A task stays registered when
 // its provider goes down: its messages are still accepted, and an attempt
