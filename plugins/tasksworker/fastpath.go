@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"syscall"
 	"time"
 
@@ -25,11 +26,19 @@ func pidGone(pid int) bool {
 
 // reclaimDeadNeighbours is the fast path after a crash: workers registered
 // from this machine whose process no longer exists cannot come back, so
-// they are marked dead at once and a pass runs, instead of waiting
+// they are marked dead and a pass runs, instead of waiting
 // orphan_reclaim_after_seconds for their heartbeats to go stale. The
 // reaper's guards still apply, including the grace: if claims younger than
 // the grace were left, one more pass runs once the grace is over.
-func reclaimDeadNeighbours(ctx context.Context, b broker.Broker, rp *reaper.Reaper, self string, grace time.Duration, log hclog.Logger) {
+//
+// A missing pid is not proof enough on its own: processes in other PID
+// namespaces (containers given the same hostname, say) share the name and
+// their pids are not seen here. So a worker is marked dead only once it
+// has also missed two heartbeats (heartbeat is this process's interval,
+// the one every worker is configured with): one that goes on heartbeating
+// runs elsewhere and is left alone. A crashed worker has stopped, so this
+// costs the fast path at most two heartbeat intervals.
+func reclaimDeadNeighbours(ctx context.Context, b broker.Broker, rp *reaper.Reaper, self string, grace, heartbeat time.Duration, log hclog.Logger) {
 	rec, ok := b.(broker.OrphanReclaimer)
 	if !ok {
 		return
@@ -38,22 +47,50 @@ func reclaimDeadNeighbours(ctx context.Context, b broker.Broker, rp *reaper.Reap
 	if err != nil {
 		return
 	}
-	workers, err := b.Workers(ctx)
-	if err != nil {
-		log.Warn("fast reclaim: cannot list workers", "error", err)
-		return
-	}
+	stale := 2 * heartbeat
 	expired := 0
-	for _, w := range workers {
-		if w.ID == self || w.Host != host || !pidGone(w.PID) {
-			continue
+	waited := false
+	for {
+		workers, err := b.Workers(ctx)
+		if err != nil {
+			log.Warn("fast reclaim: cannot list workers", "error", err)
+			return
 		}
-		if err := rec.ExpireWorker(ctx, w.ID); err != nil && !errors.Is(err, broker.ErrNotFound) {
-			log.Warn("fast reclaim: cannot mark a dead worker", "worker", w.ID, "error", err)
-			continue
+		live, err := rec.LiveWorkers(ctx, stale)
+		if err != nil {
+			log.Warn("fast reclaim: cannot read the live workers", "error", err)
+			return
 		}
-		log.Warn("previous worker on this machine is gone; reclaiming its work now", "worker", w.ID, "pid", w.PID)
-		expired++
+		heartbeating := 0
+		for _, w := range workers {
+			if w.ID == self || w.Host != host || !pidGone(w.PID) {
+				continue
+			}
+			if slices.Contains(live, w.ID) {
+				if waited {
+					log.Info("a worker with this machine's name and a pid not seen here goes on heartbeating: it runs elsewhere (another PID namespace); left to the reaper",
+						"worker", w.ID, "pid", w.PID)
+				}
+				heartbeating++
+				continue
+			}
+			if err := rec.ExpireWorker(ctx, w.ID); err != nil && !errors.Is(err, broker.ErrNotFound) {
+				log.Warn("fast reclaim: cannot mark a dead worker", "worker", w.ID, "error", err)
+				continue
+			}
+			log.Warn("previous worker on this machine is gone; reclaiming its work now", "worker", w.ID, "pid", w.PID)
+			expired++
+		}
+		if heartbeating == 0 || waited {
+			break
+		}
+		// Give the candidates time to miss two heartbeats, then look again.
+		waited = true
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(stale + heartbeat/2):
+		}
 	}
 	if expired == 0 {
 		return
