@@ -12,6 +12,16 @@ import (
 	"github.com/taskhost/taskhost/reaper"
 )
 
+// Bounds of the beat's database work, so that a connection that hangs
+// (a half-open TCP connection can take the kernel a quarter of an hour to
+// give up) stops one round of it, logged and counted as failed, rather
+// than the beat.
+const (
+	tickTimeout  = 30 * time.Second
+	passTimeout  = time.Minute
+	purgeTimeout = 10 * time.Minute
+)
+
 // Beat is the work the leader does: it fires due schedules every tick and
 // drives the reaper every reaper interval.
 type Beat struct {
@@ -44,7 +54,14 @@ func (b *Beat) Run(ctx context.Context, fence broker.Fence) {
 		wg.Go(func() { b.tickLoop(ctx, fence, cancel, log) })
 	}
 	if b.Purge != nil {
-		wg.Go(func() { every(ctx, time.Hour, func() bool { b.Purge(ctx); return true }) })
+		wg.Go(func() {
+			every(ctx, time.Hour, func() bool {
+				pctx, pcancel := context.WithTimeout(ctx, purgeTimeout)
+				defer pcancel()
+				b.Purge(pctx)
+				return true
+			})
+		})
 	}
 	if b.Settings.Enabled && b.Reaper != nil {
 		wg.Go(func() { b.reaperLoop(ctx, fence, cancel) })
@@ -56,7 +73,9 @@ func (b *Beat) Run(ctx context.Context, fence broker.Fence) {
 
 func (b *Beat) reaperLoop(ctx context.Context, fence broker.Fence, lost context.CancelFunc) {
 	every(ctx, b.Settings.Interval, func() bool {
-		res := b.Reaper.PassAsLeader(ctx, fence)
+		pctx, pcancel := context.WithTimeout(ctx, passTimeout)
+		res := b.Reaper.PassAsLeader(pctx, fence)
+		pcancel()
 		if b.OnPass != nil && ctx.Err() == nil {
 			b.OnPass(res)
 		}
@@ -74,7 +93,9 @@ func (b *Beat) tickLoop(ctx context.Context, fence broker.Fence, lost context.Ca
 		d = time.Second
 	}
 	every(ctx, d, func() bool {
-		err := b.Schedules.Tick(ctx, fence)
+		tctx, tcancel := context.WithTimeout(ctx, tickTimeout)
+		err := b.Schedules.Tick(tctx, fence)
+		tcancel()
 		switch {
 		case errors.Is(err, broker.ErrNotLeader):
 			log.Warn("schedule tick refused: this process no longer leads")

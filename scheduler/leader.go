@@ -150,7 +150,12 @@ func (l *Leader) run(ctx context.Context) {
 	lastRenew := time.Time{}
 	for {
 		sent := time.Now()
-		lease, held, err := l.leaser.TryLease(ctx, l.opts.Name, l.opts.Holder, l.opts.TTL)
+		// A renewal that has not answered within the renewal interval is
+		// given up (a connection that hangs must not hold the campaign):
+		// the next one goes out on a fresh connection.
+		tctx, tcancel := context.WithTimeout(ctx, l.opts.Renew)
+		lease, held, err := l.leaser.TryLease(tctx, l.opts.Name, l.opts.Holder, l.opts.TTL)
+		tcancel()
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return
