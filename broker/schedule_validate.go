@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -105,9 +106,12 @@ func NormalizeSchedule(s Schedule) (Schedule, error) {
 }
 
 // ValidateFire checks a fire request: a schedule name and a slot, and the
-// message to submit, if any, as Submit would (maxPayload 0 means
-// MaxPayloadSize).
-func ValidateFire(req FireRequest, maxPayload int) error {
+// message to submit, if any, as Submit would, but for the payload's size:
+// that was checked when the schedule was stored (CheckSchedulePayload),
+// and the store may give the payload back a little larger than it was
+// given (PostgreSQL's jsonb adds spaces): a schedule must not stop firing
+// over that.
+func ValidateFire(req FireRequest) error {
 	if req.Name == "" {
 		return Invalid("schedule name is empty")
 	}
@@ -115,9 +119,20 @@ func ValidateFire(req FireRequest, maxPayload int) error {
 		return Invalid("schedule %q: the slot to fire is not set", req.Name)
 	}
 	if req.Submit != nil {
-		if err := ValidateSubmit(*req.Submit, maxPayload); err != nil {
+		if err := ValidateSubmit(*req.Submit, math.MaxInt); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// CheckSchedulePayload refuses a schedule whose payload is larger than
+// maxPayload, the largest payload the store's Submit takes (0 means
+// MaxPayloadSize, which NormalizeSchedule checks already): what a
+// schedule fires must be what could be submitted.
+func CheckSchedulePayload(s Schedule, maxPayload int) error {
+	if maxPayload > 0 && len(s.Payload) > maxPayload {
+		return Invalid("schedule %q: payload is %d bytes, the limit is %d", s.Name, len(s.Payload), maxPayload)
 	}
 	return nil
 }

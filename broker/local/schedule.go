@@ -75,6 +75,9 @@ func (b *Broker) PutSchedule(ctx context.Context, s broker.Schedule) (broker.Sch
 	if err != nil {
 		return broker.Schedule{}, err
 	}
+	if err := broker.CheckSchedulePayload(s, b.opts.MaxPayload); err != nil {
+		return broker.Schedule{}, err
+	}
 	interval := sql.NullInt64{Int64: int64(s.IntervalSeconds), Valid: s.IntervalSeconds > 0}
 	cron := sql.NullString{String: s.Cron, Valid: s.Cron != ""}
 	var out broker.Schedule
@@ -180,7 +183,7 @@ func (b *Broker) DeleteSchedule(ctx context.Context, name string) error {
 //
 // Slots are compared at nanosecond resolution.
 func (b *Broker) FireSchedule(ctx context.Context, req broker.FireRequest) (broker.FireResult, error) {
-	if err := broker.ValidateFire(req, b.opts.MaxPayload); err != nil {
+	if err := broker.ValidateFire(req); err != nil {
 		return broker.FireResult{}, err
 	}
 	var sub *broker.SubmitRequest

@@ -136,7 +136,7 @@ func (b *Broker) DeleteSchedule(ctx context.Context, name string) error {
 //     the name (broker.FireSubmit); its id is recorded with the slot and
 //     returned.
 func (b *Broker) FireSchedule(ctx context.Context, req broker.FireRequest) (broker.FireResult, error) {
-	if err := broker.ValidateFire(req, 0); err != nil {
+	if err := broker.ValidateFire(req); err != nil {
 		return broker.FireResult{}, err
 	}
 	if err := b.begin(ctx); err != nil {

@@ -85,6 +85,9 @@ func (b *Broker) PutSchedule(ctx context.Context, s broker.Schedule) (broker.Sch
 	if err != nil {
 		return broker.Schedule{}, err
 	}
+	if err := broker.CheckSchedulePayload(s, b.maxPayload); err != nil {
+		return broker.Schedule{}, err
+	}
 	var interval *int32
 	if s.IntervalSeconds > 0 {
 		v := int32(s.IntervalSeconds) // at most broker.MaxIntervalSeconds
@@ -220,7 +223,7 @@ func insertMessage(ctx context.Context, tx pgx.Tx, req broker.SubmitRequest) (in
 //     (broker.FireSubmit); its id is recorded in the fire row and
 //     returned.
 func (b *Broker) FireSchedule(ctx context.Context, req broker.FireRequest) (broker.FireResult, error) {
-	if err := broker.ValidateFire(req, b.maxPayload); err != nil {
+	if err := broker.ValidateFire(req); err != nil {
 		return broker.FireResult{}, err
 	}
 	var sub *broker.SubmitRequest

@@ -2,6 +2,9 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -163,5 +166,34 @@ func TestAddReportsConcurrently(t *testing.T) {
 	}
 	if len(got) != writers*batches*len(names) {
 		t.Errorf("%d reports stored, want %d", len(got), writers*batches*len(names))
+	}
+}
+
+// TestScheduleNearThePayloadLimitFires: a schedule whose payload is within
+// the broker's limit as given fires, although jsonb gives it back with
+// spaces that take it over the limit; one over the limit as given is
+// refused when it is stored, with a clear error, not on every fire.
+func TestScheduleNearThePayloadLimitFires(t *testing.T) {
+	ctx := t.Context()
+	b := newTestBroker(t, Options{MaxPayload: 36})
+	payload := json.RawMessage(`{"a":1,"b":2,"c":3,"d":4,"e":5}`) // 31 bytes; jsonb gives back 40
+	if _, err := b.PutSchedule(ctx, broker.Schedule{Name: "s", Task: "t", Topic: "q", Payload: payload, IntervalSeconds: 60, Enabled: true}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := b.GetSchedule(ctx, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Payload) <= 36 {
+		t.Fatalf("stored payload %s is %d bytes: the test needs one that comes back over the limit", s.Payload, len(s.Payload))
+	}
+	res, err := b.FireSchedule(ctx, broker.FireRequest{Name: "s", Slot: time.Now().Truncate(time.Minute),
+		Submit: &broker.SubmitRequest{Topic: "q", Task: "t", Payload: s.Payload}})
+	if err != nil || !res.Fired || res.MessageID == 0 {
+		t.Fatalf("FireSchedule = %+v, %v; want it fired with a message", res, err)
+	}
+	big := json.RawMessage(`{"a":"` + strings.Repeat("x", 36) + `"}`)
+	if _, err := b.PutSchedule(ctx, broker.Schedule{Name: "big", Task: "t", Topic: "q", Payload: big, IntervalSeconds: 60, Enabled: true}); !errors.Is(err, broker.ErrInvalid) || !strings.Contains(err.Error(), "the limit is 36") {
+		t.Fatalf("PutSchedule over the limit: %v, want ErrInvalid naming the limit", err)
 	}
 }
