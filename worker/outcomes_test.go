@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/taskhost/taskhost/broker"
 )
@@ -42,6 +44,74 @@ func TestUnstorableOutcomesDoNotStopThePool(t *testing.T) {
 			}
 			if m := waitState(t, b, badErr, broker.StateDead); m.LastError != "bad \uFFFD byte \uFFFD" {
 				t.Errorf("message whose error holds a NUL: last error %q", m.LastError)
+			}
+		})
+	}
+}
+
+// lostAckAnswers commits the first Ack (or AckAndClaim) that carries
+// outcomes, then answers with an error, as when the connection breaks
+// after the commit.
+type lostAckAnswers struct {
+	broker.Broker
+	lose atomic.Int32
+	lost atomic.Int32 // outcomes whose answer was lost
+}
+
+func (l *lostAckAnswers) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
+	errs, err := l.Broker.Ack(ctx, outcomes)
+	if err == nil && len(outcomes) > 0 && l.lose.Add(-1) >= 0 {
+		l.lost.Add(int32(len(outcomes)))
+		return nil, errors.New("read tcp 127.0.0.1:5432: connection reset by peer")
+	}
+	return errs, err
+}
+
+type lostAckAnswersAC struct {
+	*lostAckAnswers
+	ac broker.AckClaimer
+}
+
+func (l lostAckAnswersAC) AckAndClaim(ctx context.Context, outcomes []broker.Outcome, req broker.ClaimRequest) ([]error, []broker.Message, error) {
+	errs, msgs, err := l.ac.AckAndClaim(ctx, outcomes, req)
+	if err == nil && len(outcomes) > 0 && l.lose.Add(-1) >= 0 {
+		l.lost.Add(int32(len(outcomes)))
+		return nil, nil, errors.New("read tcp 127.0.0.1:5432: connection reset by peer")
+	}
+	return errs, msgs, err
+}
+
+// TestAckWhoseAnswerWasLostIsDone: the pool's acks commit but their answer
+// is lost; written again, they are refused as stale, and the pool finds
+// that its own ack went through: the attempts are done, not lost. (The
+// messages the same call claimed are strays, which the stray check takes
+// back.)
+func TestAckWhoseAnswerWasLostIsDone(t *testing.T) {
+	for name, newBroker := range testBrokers(t) {
+		t.Run(name, func(t *testing.T) {
+			inner := newBroker(t)
+			la := &lostAckAnswers{Broker: inner}
+			la.lose.Store(1)
+			var b broker.Broker = la
+			if ac, ok := inner.(broker.AckClaimer); ok {
+				b = lostAckAnswersAC{lostAckAnswers: la, ac: ac}
+			}
+			reg := NewRegistry()
+			reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) { return "ok", nil }})
+			rec := newRecorder()
+			startPool(t, b, reg, Options{Observer: rec, StrayCheckInterval: 20 * time.Millisecond, StrayAfter: 200 * time.Millisecond})
+			var ids []int64
+			for range 30 {
+				ids = append(ids, submit(t, b, "x", `{}`))
+			}
+			for _, id := range ids {
+				waitState(t, b, id, broker.StateDone)
+			}
+			if la.lost.Load() == 0 {
+				t.Fatal("no ack's answer was lost: the test tested nothing")
+			}
+			if n := rec.count(StatusLost); n != 0 {
+				t.Errorf("%d attempts recorded as lost after %d acks whose answer was lost; want none", n, la.lost.Load())
 			}
 		})
 	}

@@ -619,6 +619,11 @@ func (p *Pool) exchange(acks []*completion, max int) ([]broker.Message, error) {
 		errs, err = p.b.Ack(ctx, outcomes)
 	}
 	if err != nil && !permanent(err) {
+		// The call may have committed all the same: when the acks come
+		// back refused as stale, acked checks whether they went through.
+		for _, c := range acks {
+			c.resent = true
+		}
 		p.requeueAcks(acks)
 		return nil, err
 	}
@@ -722,6 +727,7 @@ type completion struct {
 	lost    bool
 	requeue bool
 	notRan  bool // with requeue: the task never ran (NackRequest.NotRun)
+	resent  bool // ack: written again after a call whose answer was lost
 	delay   time.Duration
 	errText string
 	started time.Time
@@ -1057,7 +1063,13 @@ func (p *Pool) ackAll(acks []*completion) {
 		outcomes[i] = broker.Outcome{Claim: c.claim, Result: c.result}
 	}
 	var errs []error
+	tries := 0
 	err := p.retry("ack", func(ctx context.Context) error {
+		if tries++; tries == 2 { // the first call may have committed
+			for _, c := range acks {
+				c.resent = true
+			}
+		}
 		var err error
 		errs, err = p.b.Ack(ctx, outcomes)
 		return err
@@ -1072,10 +1084,26 @@ func (p *Pool) acked(acks []*completion, errs []error, err error) {
 		if e == nil && i < len(errs) {
 			e = errs[i]
 		}
+		if e != nil && acks[i].resent && errors.Is(e, broker.ErrClaimLost) && p.ackedEarlier(acks[i]) {
+			continue
+		}
 		if e != nil {
 			p.lose(acks[i], "ack", e)
 		}
 	}
+}
+
+// ackedEarlier reports whether c's message is done under c's own claim:
+// an earlier write of the ack, whose answer was lost, committed after all,
+// so the attempt is done rather than lost. A done message keeps who
+// claimed it and when, and a claim of the same message by anyone since,
+// this worker included, would show another claim time.
+func (p *Pool) ackedEarlier(c *completion) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
+	defer cancel()
+	m, err := p.b.GetMessage(ctx, c.claim.ID)
+	return err == nil && m.State == broker.StateDone && m.ClaimedBy == p.opts.WorkerID &&
+		m.ClaimedAt != nil && c.msg.ClaimedAt != nil && m.ClaimedAt.Equal(*c.msg.ClaimedAt)
 }
 
 func (p *Pool) nack(c *completion) {

@@ -305,6 +305,11 @@ func testSubmitThenClaim(t *testing.T, b broker.Broker) {
 	if d.FinishedAt == nil || !jsonEqual(d.Result, []byte(`{"sent":true}`)) || d.Attempts != 1 {
 		t.Fatalf("done message = %+v, want finished_at and the result", d)
 	}
+	// A done message keeps who claimed it and when: a worker whose ack's
+	// answer was lost tells from them that its ack went through.
+	if d.ClaimedBy != "w1" || d.ClaimedAt == nil || !d.ClaimedAt.Equal(*c.ClaimedAt) {
+		t.Fatalf("done message claimed by %q at %v, want the claim's %q at %v", d.ClaimedBy, d.ClaimedAt, "w1", c.ClaimedAt)
+	}
 	if _, err := b.GetMessage(ctxOf(t), id+1000); !errors.Is(err, broker.ErrNotFound) {
 		t.Fatalf("GetMessage(unknown): %v, want ErrNotFound", err)
 	}
