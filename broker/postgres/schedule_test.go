@@ -17,17 +17,25 @@ func TestSchedules(t *testing.T) {
 	brokertest.RunSchedules(t, func(t *testing.T) broker.Broker { return newTestBroker(t, Options{}) })
 }
 
+// twoBrokers returns two brokers on one fresh schema, each with a
+// connection pool of its own, as two processes would have.
+func twoBrokers(t *testing.T) (*Broker, *Broker) {
+	t.Helper()
+	b1 := newTestBroker(t, Options{MaxConns: 4})
+	b2, err := New(t.Context(), Options{DSN: testDSN(), Schema: b1.Schema(), MaxConns: 4})
+	if err != nil {
+		t.Fatalf("New (second broker): %v", err)
+	}
+	t.Cleanup(func() { _ = b2.Close() })
+	return b1, b2
+}
+
 // TestFireScheduleAcrossBrokers fires the same slots from two brokers (two
 // connection pools, as two processes would) at once: each slot fires
 // exactly once and submits exactly one message.
 func TestFireScheduleAcrossBrokers(t *testing.T) {
 	ctx := t.Context()
-	b1 := newTestBroker(t, Options{MaxConns: 4})
-	b2, err := New(ctx, Options{DSN: testDSN(), Schema: b1.Schema(), MaxConns: 4})
-	if err != nil {
-		t.Fatalf("New (second broker): %v", err)
-	}
-	t.Cleanup(func() { _ = b2.Close() })
+	b1, b2 := twoBrokers(t)
 
 	if _, err := b1.PutSchedule(ctx, broker.Schedule{Name: "s", Task: "t.s", Topic: "race", IntervalSeconds: 1, Enabled: true}); err != nil {
 		t.Fatal(err)
@@ -104,12 +112,7 @@ func TestFireScheduleAcrossBrokers(t *testing.T) {
 // latest end reported.
 func TestAddReportsConcurrently(t *testing.T) {
 	ctx := t.Context()
-	b1 := newTestBroker(t, Options{MaxConns: 4})
-	b2, err := New(ctx, Options{DSN: testDSN(), Schema: b1.Schema(), MaxConns: 4})
-	if err != nil {
-		t.Fatalf("New (second broker): %v", err)
-	}
-	t.Cleanup(func() { _ = b2.Close() })
+	b1, b2 := twoBrokers(t)
 	names := []string{"a", "b", "c", "d"}
 	for _, n := range names {
 		if _, err := b1.PutSchedule(ctx, broker.Schedule{Name: n, Task: "t", Topic: "q", IntervalSeconds: 60, Enabled: true}); err != nil {
