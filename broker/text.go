@@ -10,8 +10,10 @@ import (
 // CheckJSON checks that raw is JSON that every broker stores as it is:
 // valid JSON in valid UTF-8, with no \u0000 escape (the NUL character) and
 // no UTF-16 surrogate escape out of its pair. PostgreSQL's jsonb refuses
-// both, so the memory and local brokers refuse them too: what one broker
-// takes, all take. The error says what is wrong, for the caller to wrap.
+// both, so the memory and local brokers refuse them too. (It does not
+// check numbers against jsonb's range, 1e1000000 say: PostgreSQL alone
+// refuses those, as ErrInvalid.) The error says what is wrong, for the
+// caller to wrap.
 func CheckJSON(raw []byte) error {
 	if !utf8.Valid(raw) {
 		return errors.New("it is not valid UTF-8")

@@ -150,10 +150,13 @@ func (l *Leader) run(ctx context.Context) {
 	lastRenew := time.Time{}
 	for {
 		sent := time.Now()
-		// A renewal that has not answered within the renewal interval is
-		// given up (a connection that hangs must not hold the campaign):
-		// the next one goes out on a fresh connection.
-		tctx, tcancel := context.WithTimeout(ctx, l.opts.Renew)
+		// A renewal that has not answered within a lease's length is given
+		// up (a connection that hangs must not hold the campaign; the
+		// lease would be over anyway), and the next goes out on a fresh
+		// connection. Not shorter: a renewal waits, rightly, for this
+		// leader's own fenced transaction (a reaper pass, a schedule
+		// fire) that holds the lease row, and must not depose it.
+		tctx, tcancel := context.WithTimeout(ctx, l.opts.TTL)
 		lease, held, err := l.leaser.TryLease(tctx, l.opts.Name, l.opts.Holder, l.opts.TTL)
 		tcancel()
 		switch {

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync/atomic"
@@ -114,5 +115,42 @@ func TestAckWhoseAnswerWasLostIsDone(t *testing.T) {
 				t.Errorf("%d attempts recorded as lost after %d acks whose answer was lost; want none", n, la.lost.Load())
 			}
 		})
+	}
+}
+
+// TestResultThePostgreSQLBrokerRefusesFailsTheAttempt: a result CheckJSON
+// lets through but PostgreSQL refuses (a number out of jsonb's range)
+// fails its attempt for good with the reason, and the pool goes on. Left
+// running, the message would be taken back and run again for ever.
+func TestResultThePostgreSQLBrokerRefusesFailsTheAttempt(t *testing.T) {
+	b := pgBroker(t)
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "huge", MaxAttempts: 3, Handler: func(context.Context, *TaskContext) (any, error) {
+		return json.RawMessage(`1e1000000`), nil
+	}})
+	reg.MustRegister(Task{Name: "ok", Handler: func(context.Context, *TaskContext) (any, error) { return "fine", nil }})
+	var runs atomic.Int32
+	reg.MustRegister(Task{Name: "huge-counted", MaxAttempts: 3, Handler: func(context.Context, *TaskContext) (any, error) {
+		runs.Add(1)
+		return json.RawMessage(`[1e1000000]`), nil
+	}})
+	startPool(t, b, reg, Options{StrayCheckInterval: 20 * time.Millisecond, StrayAfter: 100 * time.Millisecond})
+	bad := submit(t, b, "huge", `{}`)
+	var good []int64
+	for range 10 {
+		good = append(good, submit(t, b, "ok", `{}`))
+	}
+	counted := submit(t, b, "huge-counted", `{}`)
+	for _, id := range good {
+		waitState(t, b, id, broker.StateDone)
+	}
+	for _, id := range []int64{bad, counted} {
+		if m := waitState(t, b, id, broker.StateDead); !strings.Contains(m.LastError, "cannot be stored") {
+			t.Errorf("message %d: last error %q, want it to say the result cannot be stored", id, m.LastError)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // a few stray checks
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the task whose result is refused ran %d times, want 1", n)
 	}
 }

@@ -203,6 +203,9 @@ type Pool struct {
 
 	heldMu sync.Mutex
 	held   map[broker.Claim]struct{} // claimed, outcome not yet written (see hold)
+	// ranLost: claims whose task ran but whose outcome could not be
+	// written; the stray check requeues them keeping the attempt.
+	ranLost map[broker.Claim]struct{}
 
 	inflight atomic.Int64 // claimed and not yet handed to the collector
 	pending  atomic.Int64 // handed to the collector, outcome not yet written
@@ -353,6 +356,7 @@ func (p *Pool) Start(ctx context.Context) error {
 	p.strayDone = make(chan struct{})
 	p.startedAt = time.Now()
 	p.held = make(map[broker.Claim]struct{}, 2*n)
+	p.ranLost = make(map[broker.Claim]struct{})
 
 	go p.heartbeat()
 	go p.checkStrays()
@@ -627,18 +631,24 @@ func (p *Pool) exchange(acks []*completion, max int) ([]broker.Message, error) {
 		p.requeueAcks(acks)
 		return nil, err
 	}
-	if errors.Is(err, broker.ErrInvalid) && len(acks) > 1 {
-		// The broker refused one outcome, and the whole call with it:
-		// write them one by one, so that only that one is lost.
-		p.log.Warn("the broker refused a batch of outcomes; writing them one by one", "error", err)
-		for _, c := range acks {
-			p.ackAll([]*completion{c})
+	if errors.Is(err, broker.ErrInvalid) {
+		// The broker refused an outcome, and the whole call with it:
+		// write them one by one, so that only that one fails (acked).
+		if len(acks) > 1 {
+			p.log.Warn("the broker refused a batch of outcomes; writing them one by one", "error", err)
+			for _, c := range acks {
+				p.ackAll([]*completion{c})
+			}
+		} else {
+			p.acked(acks, nil, err)
 		}
 		p.finish(acks, false)
 		if max == 0 {
 			return nil, nil
 		}
-		return p.b.Claim(ctx, req)
+		cctx, ccancel := context.WithTimeout(p.claimCtx, brokerCallTimeout)
+		defer ccancel()
+		return p.b.Claim(cctx, req)
 	}
 	p.acked(acks, errs, err)
 	p.finish(acks, false)
@@ -1087,10 +1097,25 @@ func (p *Pool) acked(acks []*completion, errs []error, err error) {
 		if e != nil && acks[i].resent && errors.Is(e, broker.ErrClaimLost) && p.ackedEarlier(acks[i]) {
 			continue
 		}
+		if errors.Is(e, broker.ErrInvalid) {
+			p.refuseResult(acks[i], e)
+			continue
+		}
 		if e != nil {
 			p.lose(acks[i], "ack", e)
 		}
 	}
+}
+
+// refuseResult ends c failed, for good, when the broker refused its
+// result (a value out of the store's range, say, that CheckJSON cannot
+// see): left running, the message would be taken back and run again for
+// ever.
+func (p *Pool) refuseResult(c *completion, err error) {
+	p.log.Warn("the broker refused a task's result; the attempt fails", "message_id", c.claim.ID, "task", c.task, "error", err)
+	c.ack, c.result = false, nil
+	c.fail(fmt.Sprintf("the task's result cannot be stored: %v", err), false, 0)
+	p.nack(c)
 }
 
 // ackedEarlier reports whether c's message is done under c's own claim:
@@ -1120,6 +1145,13 @@ func (p *Pool) lose(c *completion, op string, err error) {
 		p.log.Warn("claim lost: the message was taken back from this worker; its outcome is discarded",
 			"op", op, "message_id", c.claim.ID, "task", c.task, "topic", c.topic)
 		return
+	}
+	if !c.notRan {
+		// It ran: when the stray check takes the message back, the
+		// attempt stays counted.
+		p.heldMu.Lock()
+		p.ranLost[c.claim] = struct{}{}
+		p.heldMu.Unlock()
 	}
 	p.log.Error("could not record a task's outcome; the message stays running until it is reclaimed",
 		"op", op, "message_id", c.claim.ID, "task", c.task, "topic", c.topic, "error", err)

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
@@ -17,8 +18,13 @@ const (
 	DefaultStrayAfter = 2 * brokerCallTimeout
 )
 
-// strayError is the last error a requeued stray is given.
-const strayError = "claimed for this worker but never delivered to it (the claim committed and its answer was lost); requeued"
+// strayError is the last error a requeued stray is given; ranLostError
+// that of a message whose task ran here but whose outcome could not be
+// written.
+const (
+	strayError   = "claimed for this worker but never delivered to it (the claim committed and its answer was lost); requeued"
+	ranLostError = "its task ran on this worker but the outcome could not be written; requeued"
+)
 
 // A stray is a message running in the broker under this pool's worker id
 // that the pool does not hold: its claim committed, but the answer never
@@ -36,7 +42,9 @@ const strayError = "claimed for this worker but never delivered to it (the claim
 // stray: any answer of its claim would have reached the pool by then. It
 // is requeued under its token (broker.Nack), so a claim that ended in the
 // meantime is left as it is. The attempt the lost claim counted is given
-// back (broker.NackRequest.NotRun): the task never ran.
+// back (broker.NackRequest.NotRun): the task never ran. (A message whose
+// task did run here, but whose outcome could not be written, is requeued
+// the same way once the pool has given up on it, keeping its attempt.)
 func (p *Pool) checkStrays() {
 	defer close(p.strayDone)
 	if p.opts.StrayCheckInterval <= 0 {
@@ -72,9 +80,11 @@ func (p *Pool) strayPass(seen map[broker.Claim]time.Time) map[broker.Claim]time.
 	now := time.Now()
 	next := make(map[broker.Claim]time.Time)
 	requeued := 0
+	p.forgetRanLost(claims)
 scan:
 	for _, c := range claims {
-		if p.holds(c) {
+		held, ran := p.holds(c)
+		if held {
 			continue
 		}
 		first, ok := seen[c]
@@ -87,7 +97,11 @@ scan:
 			continue
 		}
 		nctx, ncancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
-		err := p.b.Nack(nctx, broker.NackRequest{Claim: c, Requeue: true, NotRun: true, Error: strayError})
+		msg := strayError
+		if ran {
+			msg = ranLostError
+		}
+		err := p.b.Nack(nctx, broker.NackRequest{Claim: c, Requeue: true, NotRun: !ran, Error: msg})
 		ncancel()
 		switch {
 		case err == nil:
@@ -131,9 +145,24 @@ func (p *Pool) unhold(batch []*completion) {
 	p.heldMu.Unlock()
 }
 
-func (p *Pool) holds(c broker.Claim) bool {
+// holds reports whether the pool holds c, and whether c's task ran and
+// its outcome could not be written (lose).
+func (p *Pool) holds(c broker.Claim) (held, ranLost bool) {
 	p.heldMu.Lock()
 	defer p.heldMu.Unlock()
-	_, ok := p.held[c]
-	return ok
+	_, held = p.held[c]
+	_, ranLost = p.ranLost[c]
+	return held, ranLost
+}
+
+// forgetRanLost drops the ran-and-lost claims no longer running (claims is
+// every claim running under the worker id).
+func (p *Pool) forgetRanLost(claims []broker.Claim) {
+	p.heldMu.Lock()
+	defer p.heldMu.Unlock()
+	for c := range p.ranLost {
+		if !slices.Contains(claims, c) {
+			delete(p.ranLost, c)
+		}
+	}
 }
