@@ -167,8 +167,9 @@ func promtool(t *testing.T, args ...string) string {
 }
 
 // ruleCount is how many alert rules the rules file holds: the five the
-// specification names and FastpluggyTaskReportsDropped.
-const ruleCount = 6
+// specification names, FastpluggyTaskReportsDropped and
+// FastpluggyTopicUnserved.
+const ruleCount = 7
 
 func TestAlertRules(t *testing.T) {
 	out := promtool(t, "check", "rules", rulesFile)
