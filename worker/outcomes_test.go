@@ -100,7 +100,7 @@ func TestAckWhoseAnswerWasLostIsDone(t *testing.T) {
 			reg := NewRegistry()
 			reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) { return "ok", nil }})
 			rec := newRecorder()
-			startPool(t, b, reg, Options{Observer: rec, StrayCheckInterval: 20 * time.Millisecond, StrayAfter: 200 * time.Millisecond})
+			startPool(t, b, reg, Options{Observer: rec, StrayCheckInterval: 20 * time.Millisecond, StrayAfter: time.Second})
 			var ids []int64
 			for range 30 {
 				ids = append(ids, submit(t, b, "x", `{}`))
@@ -134,7 +134,7 @@ func TestResultThePostgreSQLBrokerRefusesFailsTheAttempt(t *testing.T) {
 		runs.Add(1)
 		return json.RawMessage(`[1e1000000]`), nil
 	}})
-	startPool(t, b, reg, Options{StrayCheckInterval: 20 * time.Millisecond, StrayAfter: 100 * time.Millisecond})
+	startPool(t, b, reg, Options{StrayCheckInterval: 20 * time.Millisecond, StrayAfter: 300 * time.Millisecond})
 	bad := submit(t, b, "huge", `{}`)
 	var good []int64
 	for range 10 {
@@ -149,7 +149,7 @@ func TestResultThePostgreSQLBrokerRefusesFailsTheAttempt(t *testing.T) {
 			t.Errorf("message %d: last error %q, want it to say the result cannot be stored", id, m.LastError)
 		}
 	}
-	time.Sleep(300 * time.Millisecond) // a few stray checks
+	time.Sleep(time.Second) // long enough for the stray check to take a message left running back
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the task whose result is refused ran %d times, want 1", n)
 	}

@@ -192,12 +192,14 @@ func TestHeldClaimsAreNotStrays(t *testing.T) {
 			b := newBroker(t)
 			reg := NewRegistry()
 			reg.MustRegister(Task{Name: "slow", Handler: func(ctx context.Context, _ *TaskContext) (any, error) {
-				time.Sleep(300 * time.Millisecond)
+				time.Sleep(time.Second)
 				return nil, nil
 			}})
 			reg.MustRegister(Task{Name: "fast", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
 			var strays atomic.Int32
-			startPool(t, b, reg, Options{Concurrency: 4, StrayCheckInterval: 5 * time.Millisecond, StrayAfter: 50 * time.Millisecond,
+			// StrayAfter well below the slow tasks' run time, and well above
+			// the time a claim's answer takes even on a loaded machine.
+			startPool(t, b, reg, Options{Concurrency: 4, StrayCheckInterval: 10 * time.Millisecond, StrayAfter: 300 * time.Millisecond,
 				Strays: func(n int) { strays.Add(int32(n)) }})
 			var ids []int64
 			for i := range 200 {
