@@ -140,12 +140,14 @@ type NackRequest struct {
 
 // WorkerInfo describes a worker process.
 type WorkerInfo struct {
-	ID          string    `json:"id"`
-	Host        string    `json:"host"`
-	PID         int       `json:"pid"`
-	Roles       []string  `json:"roles"`
-	Topics      []string  `json:"topics"`
-	Capacity    int       `json:"capacity"`
+	ID       string   `json:"id"`
+	Host     string   `json:"host"`
+	PID      int      `json:"pid"`
+	Roles    []string `json:"roles"`
+	Topics   []string `json:"topics"`
+	Capacity int      `json:"capacity"`
+	// Tasks are the names of the tasks the worker can run.
+	Tasks       []string  `json:"tasks"`
 	StartedAt   time.Time `json:"started_at"`
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 	// Running is computed by the broker from running rows.
@@ -239,6 +241,9 @@ type Broker interface {
 	Nack(ctx context.Context, req NackRequest) error
 	DeadLetter(ctx context.Context, c Claim, reason string) error
 
+	// RegisterWorker records w, replacing a worker with the same id; a
+	// registration again from the same host and pid (a worker whose tasks
+	// changed) keeps its StartedAt.
 	RegisterWorker(ctx context.Context, w WorkerInfo) error
 	Heartbeat(ctx context.Context, workerID string) error
 	UnregisterWorker(ctx context.Context, workerID string) error

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,8 +85,16 @@ const (
 	// taken because the broker failed.
 	lockErrorRetryDelay = time.Second
 	// unknownTaskRetry is the longest requeue delay of a message whose task
-	// is not registered yet (Options.UnknownTaskGrace).
+	// is not registered here yet (Options.UnknownTaskGrace).
 	unknownTaskRetry = 5 * time.Second
+	// elsewhereRetry is the requeue delay of a message whose task another
+	// live worker runs and this one does not: short, as the message may
+	// come back to a worker that does not run it a few times before one
+	// that does claims it.
+	elsewhereRetry = time.Second
+	// elsewhereTTL is how long the pool keeps its view of which tasks other
+	// live workers run.
+	elsewhereTTL = 5 * time.Second
 	// maxAckBatch bounds one broker.Ack call.
 	maxAckBatch = 256
 	// collectors is how many goroutines write outcomes the dispatcher does
@@ -199,7 +208,12 @@ type Pool struct {
 	strayDone      chan struct{}
 	workers        sync.WaitGroup
 
-	startedAt time.Time // when Start ran
+	elseMu    sync.Mutex
+	elseTasks map[string]bool // tasks live workers elsewhere run (see elsewhere)
+	elseAt    time.Time
+
+	startedAt  time.Time // when Start ran
+	startTasks []string  // the tasks Start registered the worker with
 
 	heldMu sync.Mutex
 	held   map[broker.Claim]struct{} // claimed, outcome not yet written (see hold)
@@ -334,9 +348,11 @@ func (p *Pool) Start(ctx context.Context) error {
 	}
 	p.topics = sortedKeys(topics)
 
-	if err := p.b.RegisterWorker(ctx, p.info()); err != nil {
+	info := p.info()
+	if err := p.b.RegisterWorker(ctx, info); err != nil {
 		return fmt.Errorf("start worker pool: register worker %s: %w", p.opts.WorkerID, err)
 	}
+	p.startTasks = info.Tasks
 
 	n := p.opts.Concurrency
 	p.slotFreed = make(chan struct{}, 1)
@@ -386,6 +402,7 @@ func (p *Pool) info() broker.WorkerInfo {
 		Roles:    append([]string(nil), p.opts.Roles...),
 		Topics:   append([]string(nil), p.topics...),
 		Capacity: p.opts.Concurrency,
+		Tasks:    p.reg.Names(),
 	}
 }
 
@@ -796,6 +813,11 @@ func (p *Pool) handle(m broker.Message) *completion {
 			log.Info("claimed a message of a task not registered yet; requeueing it", "retry_in", wait.String())
 			return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID), StatusDeferred)
 		}
+		if p.elsewhere(m.Task) {
+			log.Info("claimed a message of a task this worker does not run but another live worker does; requeueing it for that one",
+				"retry_in", elsewhereRetry.String())
+			return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s; another live worker runs it; requeued", m.Task, p.opts.WorkerID), StatusDeferred)
+		}
 		log.Warn("claimed a message of an unknown task; ending it")
 		return c.fail(fmt.Sprintf("unknown task %q: no task of that name is registered in worker %s", m.Task, p.opts.WorkerID), false, 0)
 	}
@@ -923,6 +945,54 @@ func marshalResult(v any) (json.RawMessage, error) {
 
 func (c *completion) requeueNow(reason, status string) *completion {
 	return c.requeueAfter(0, reason, status)
+}
+
+// elsewhere reports whether a live worker other than this one has
+// registered task, so that a message of it that this worker does not know
+// waits for that one instead of failing as unknown (several hosts on one
+// broker need not run the same plugins). Live is a heartbeat within three
+// heartbeat intervals (at least 15s), by the broker's clock; every
+// registered worker counts when the broker cannot tell (memory). The
+// answer is kept for a few seconds. When the broker cannot answer, the
+// message waits too: failing it over a passing error would lose it.
+func (p *Pool) elsewhere(task string) bool {
+	p.elseMu.Lock()
+	defer p.elseMu.Unlock()
+	if p.elseTasks == nil || time.Since(p.elseAt) >= elsewhereTTL {
+		tasks, err := p.tasksElsewhere()
+		if err != nil {
+			p.log.Warn("could not read which tasks other workers run; requeueing the message", "task", task, "error", err)
+			return true
+		}
+		p.elseTasks, p.elseAt = tasks, time.Now()
+	}
+	return p.elseTasks[task]
+}
+
+func (p *Pool) tasksElsewhere() (map[string]bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
+	defer cancel()
+	ws, err := p.b.Workers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var live []string
+	r, canTell := p.b.(broker.OrphanReclaimer)
+	if canTell {
+		if live, err = r.LiveWorkers(ctx, max(3*p.opts.HeartbeatInterval, 15*time.Second)); err != nil {
+			return nil, err
+		}
+	}
+	tasks := map[string]bool{}
+	for _, w := range ws {
+		if w.ID == p.opts.WorkerID || (canTell && !slices.Contains(live, w.ID)) {
+			continue
+		}
+		for _, t := range w.Tasks {
+			tasks[t] = true
+		}
+	}
+	return tasks, nil
 }
 
 // notRun requeues a message whose task never ran, giving its attempt back
@@ -1196,6 +1266,7 @@ func (p *Pool) heartbeat() {
 	defer close(p.heartbeatDone)
 	bo := &backoff{min: retryMin, max: min(retryMax, p.opts.HeartbeatInterval)}
 	wait := p.opts.HeartbeatInterval
+	registered := p.startTasks
 	t := time.NewTimer(wait)
 	defer t.Stop()
 	for {
@@ -1205,10 +1276,19 @@ func (p *Pool) heartbeat() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
-		err := p.b.Heartbeat(ctx, p.opts.WorkerID)
-		if errors.Is(err, broker.ErrNotFound) {
-			p.log.Warn("worker row is gone; registering again")
-			err = p.b.RegisterWorker(ctx, p.info())
+		var err error
+		if info := p.info(); !slices.Equal(info.Tasks, registered) {
+			// Tasks were registered since (other plugins' tasks, found
+			// by polling): say so, so that other workers know.
+			if err = p.b.RegisterWorker(ctx, info); err == nil {
+				registered = info.Tasks
+			}
+		} else {
+			err = p.b.Heartbeat(ctx, p.opts.WorkerID)
+			if errors.Is(err, broker.ErrNotFound) {
+				p.log.Warn("worker row is gone; registering again")
+				err = p.b.RegisterWorker(ctx, info)
+			}
 		}
 		cancel()
 		if err != nil {

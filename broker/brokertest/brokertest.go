@@ -1093,7 +1093,8 @@ func testRunningClaims(t *testing.T, b broker.Broker) {
 
 func testWorkersStats(t *testing.T, b broker.Broker) {
 	ctx := ctxOf(t)
-	w1 := broker.WorkerInfo{ID: "w1", Host: "h1", PID: 11, Roles: []string{broker.RoleWorker}, Topics: []string{"a"}, Capacity: 4}
+	w1 := broker.WorkerInfo{ID: "w1", Host: "h1", PID: 11, Roles: []string{broker.RoleWorker}, Topics: []string{"a"}, Capacity: 4,
+		Tasks: []string{"a.x", "a.y"}}
 	w2 := broker.WorkerInfo{ID: "w2", Host: "h2", PID: 22, Roles: []string{broker.RoleWorker, broker.RoleBeat}, Topics: []string{"*"}, Capacity: 2}
 	for _, w := range []broker.WorkerInfo{w2, w1} {
 		if err := b.RegisterWorker(ctx, w); err != nil {
@@ -1111,8 +1112,21 @@ func testWorkersStats(t *testing.T, b broker.Broker) {
 		t.Fatalf("Workers = %+v, want w1, w2", ws)
 	}
 	if w := ws[0]; w.Host != "h1" || w.PID != 11 || w.Capacity != 4 || !slices.Equal(w.Topics, []string{"a"}) ||
-		!slices.Equal(w.Roles, []string{broker.RoleWorker}) || w.StartedAt.IsZero() || w.HeartbeatAt.IsZero() {
+		!slices.Equal(w.Roles, []string{broker.RoleWorker}) || w.StartedAt.IsZero() || w.HeartbeatAt.IsZero() ||
+		!slices.Equal(w.Tasks, []string{"a.x", "a.y"}) {
 		t.Fatalf("w1 = %+v", w)
+	}
+	if len(ws[1].Tasks) != 0 {
+		t.Fatalf("w2 registered no task, has %v", ws[1].Tasks)
+	}
+	// The same process registers again with one more task: the tasks
+	// change, its start does not.
+	w1.Tasks = append(w1.Tasks, "a.z")
+	if err := b.RegisterWorker(ctx, w1); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := b.Workers(ctx); err != nil || !slices.Equal(again[0].Tasks, w1.Tasks) || !again[0].StartedAt.Equal(ws[0].StartedAt) {
+		t.Fatalf("w1 registered again = %+v, %v; want tasks %v and the start %v kept", again[0], err, w1.Tasks, ws[0].StartedAt)
 	}
 	before := ws[0].HeartbeatAt
 	if err := b.Heartbeat(ctx, "w1"); err != nil {

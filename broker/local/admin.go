@@ -28,14 +28,25 @@ func (b *Broker) RegisterWorker(ctx context.Context, w broker.WorkerInfo) error 
 	if err != nil {
 		return broker.Invalid("topics: %v", err)
 	}
+	tasks := w.Tasks
+	if tasks == nil {
+		tasks = []string{}
+	}
+	tasksJSON, err := json.Marshal(tasks)
+	if err != nil {
+		return broker.Invalid("tasks: %v", err)
+	}
 	return b.write(ctx, "register worker", func(tx *txn, now time.Time) error {
 		_, err := tx.Exec(`INSERT INTO tw_workers
-			(id, host, pid, roles, topics, capacity, started_at, heartbeat_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+			(id, host, pid, roles, topics, capacity, tasks, started_at, heartbeat_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
 				roles = excluded.roles, topics = excluded.topics, capacity = excluded.capacity,
-				started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at`,
-			w.ID, w.Host, w.PID, string(roles), string(topics), w.Capacity, ns(now), ns(now))
+				tasks = excluded.tasks,
+				started_at = CASE WHEN tw_workers.host = excluded.host AND tw_workers.pid = excluded.pid
+					THEN tw_workers.started_at ELSE excluded.started_at END,
+				heartbeat_at = excluded.heartbeat_at`,
+			w.ID, w.Host, w.PID, string(roles), string(topics), w.Capacity, string(tasksJSON), ns(now), ns(now))
 		return err
 	})
 }
@@ -108,7 +119,7 @@ func (b *Broker) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {
 			`SELECT claimed_by, count(*), 0 FROM tw_messages WHERE state = 'running' GROUP BY claimed_by`); err != nil {
 			return err
 		}
-		rows, err := tx.Query(`SELECT id, host, pid, roles, topics, capacity, started_at, heartbeat_at
+		rows, err := tx.Query(`SELECT id, host, pid, roles, topics, capacity, tasks, started_at, heartbeat_at
 			FROM tw_workers ORDER BY id`)
 		if err != nil {
 			return err
@@ -116,13 +127,16 @@ func (b *Broker) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {
 		defer rows.Close()
 		for rows.Next() {
 			var w broker.WorkerInfo
-			var roles, topics string
+			var roles, topics, tasks string
 			var started, heartbeat int64
-			if err := rows.Scan(&w.ID, &w.Host, &w.PID, &roles, &topics, &w.Capacity, &started, &heartbeat); err != nil {
+			if err := rows.Scan(&w.ID, &w.Host, &w.PID, &roles, &topics, &w.Capacity, &tasks, &started, &heartbeat); err != nil {
 				return err
 			}
 			if err := unmarshalWorker(&w, roles, topics); err != nil {
 				return err
+			}
+			if err := json.Unmarshal([]byte(tasks), &w.Tasks); err != nil {
+				return fmt.Errorf("worker %q: tasks: %w", w.ID, err)
 			}
 			w.StartedAt = fromNS(started)
 			w.HeartbeatAt = fromNS(heartbeat)

@@ -208,6 +208,7 @@ func TestMigrationUpgrade(t *testing.T) {
 		execSQL(t, b, `DROP TABLE `+table)
 	}
 	execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN orphaned`)
+	execSQL(t, b, `ALTER TABLE tw_workers DROP COLUMN tasks`)
 	execSQL(t, b, `DELETE FROM tw_schema_migrations WHERE version > 1`)
 	if err := b.Close(); err != nil {
 		t.Fatal(err)

@@ -514,7 +514,14 @@ func (b *Broker) RegisterWorker(ctx context.Context, w broker.WorkerInfo) error 
 	now := b.now()
 	w.Roles = slices.Clone(w.Roles)
 	w.Topics = slices.Clone(w.Topics)
+	w.Tasks = slices.Clone(w.Tasks)
+	if w.Tasks == nil {
+		w.Tasks = []string{}
+	}
 	w.StartedAt = now
+	if old, ok := b.workers[w.ID]; ok && old.Host == w.Host && old.PID == w.PID {
+		w.StartedAt = old.StartedAt // the same process, registering again
+	}
 	w.HeartbeatAt = now
 	w.Running = 0
 	b.workers[w.ID] = &w
@@ -583,6 +590,7 @@ func (b *Broker) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {
 		c := *w
 		c.Roles = slices.Clone(w.Roles)
 		c.Topics = slices.Clone(w.Topics)
+		c.Tasks = slices.Clone(w.Tasks)
 		c.Running = running[w.ID]
 		out = append(out, c)
 	}

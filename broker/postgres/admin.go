@@ -21,22 +21,28 @@ func (b *Broker) RegisterWorker(ctx context.Context, w broker.WorkerInfo) error 
 	if w.ID == "" {
 		return broker.Invalid("worker id is empty")
 	}
-	roles, topics := w.Roles, w.Topics
+	roles, topics, tasks := w.Roles, w.Topics, w.Tasks
 	if roles == nil {
 		roles = []string{}
 	}
 	if topics == nil {
 		topics = []string{}
 	}
+	if tasks == nil {
+		tasks = []string{}
+	}
 	return b.run(ctx, "register worker", func(c *pgx.Conn) error {
 		batch := &pgx.Batch{}
 		batch.Queue(`
-			INSERT INTO tw_workers (id, host, pid, roles, topics, capacity, started_at, heartbeat_at)
-			VALUES ($1, $2, $3, $4, $5, $6, now(), now())
+			INSERT INTO tw_workers (id, host, pid, roles, topics, capacity, tasks, started_at, heartbeat_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, now(), now())
 			ON CONFLICT (id) DO UPDATE SET
 				host = excluded.host, pid = excluded.pid, roles = excluded.roles, topics = excluded.topics,
-				capacity = excluded.capacity, started_at = now(), heartbeat_at = now()`,
-			w.ID, w.Host, w.PID, roles, topics, w.Capacity)
+				capacity = excluded.capacity, tasks = excluded.tasks,
+				started_at = CASE WHEN tw_workers.host = excluded.host AND tw_workers.pid = excluded.pid
+					THEN tw_workers.started_at ELSE now() END,
+				heartbeat_at = now()`,
+			w.ID, w.Host, w.PID, roles, topics, w.Capacity, tasks)
 		batch.Queue(`DELETE FROM tw_workers WHERE heartbeat_at < now() - $1::bigint * interval '1 microsecond' AND id <> $2`,
 			micros(b.workerTTL), w.ID)
 		return c.SendBatch(ctx, batch).Close()
@@ -101,7 +107,7 @@ func (b *Broker) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {
 	err := b.run(ctx, "workers", func(c *pgx.Conn) error {
 		out = []broker.WorkerInfo{}
 		rows, err := c.Query(ctx, `
-			SELECT w.id, w.host, w.pid, w.roles, w.topics, w.capacity, w.started_at, w.heartbeat_at,
+			SELECT w.id, w.host, w.pid, w.roles, w.topics, w.capacity, w.tasks, w.started_at, w.heartbeat_at,
 				(SELECT count(*) FROM tw_messages m WHERE m.claimed_by = w.id AND m.state = 'running')
 			FROM tw_workers w
 			ORDER BY w.id`)
@@ -111,7 +117,7 @@ func (b *Broker) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {
 		defer rows.Close()
 		for rows.Next() {
 			var w broker.WorkerInfo
-			if err := rows.Scan(&w.ID, &w.Host, &w.PID, &w.Roles, &w.Topics, &w.Capacity,
+			if err := rows.Scan(&w.ID, &w.Host, &w.PID, &w.Roles, &w.Topics, &w.Capacity, &w.Tasks,
 				&w.StartedAt, &w.HeartbeatAt, &w.Running); err != nil {
 				return err
 			}

@@ -1,0 +1,84 @@
+package worker
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/postgres"
+)
+
+// TestTaskRunByAnotherWorkerWaitsForIt: two workers share a PostgreSQL
+// broker and a topic, and only A runs task "x"; B, which does not, claims
+// messages of "x" too. B requeues them for A (its attempt given back)
+// instead of failing them as unknown: every one ends done, once. A task
+// that B registers after it started ("late") is announced at its next
+// heartbeat and waits for B the same way. A task no live worker runs
+// still fails at once.
+func TestTaskRunByAnotherWorkerWaitsForIt(t *testing.T) {
+	a, schema := pgBrokerNamed(t)
+	dsn := os.Getenv("TEST_DATABASE_URL")
+	if dsn == "" {
+		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	b, err := postgres.New(t.Context(), postgres.Options{DSN: dsn, Schema: schema, MaxConns: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+
+	noop := func(context.Context, *TaskContext) (any, error) { return "ran", nil }
+	regA, regB := NewRegistry(), NewRegistry()
+	regA.MustRegister(Task{Name: "x", Handler: noop})
+	regB.MustRegister(Task{Name: "other", Handler: noop})
+	recA, recB := newRecorder(), newRecorder()
+	startPool(t, a, regA, Options{Concurrency: 2, Observer: recA, HeartbeatInterval: 100 * time.Millisecond})
+	pb := startPool(t, b, regB, Options{Concurrency: 2, Observer: recB, HeartbeatInterval: 100 * time.Millisecond})
+
+	var ids []int64
+	for range 20 {
+		ids = append(ids, submit(t, a, "x", `{}`))
+	}
+	for _, id := range ids {
+		if m := waitState(t, a, id, broker.StateDone); m.Attempts != 1 || m.ClaimedBy == pb.WorkerID() {
+			t.Errorf("message %d: %d attempts, done by %s; want 1 attempt, done by A", id, m.Attempts, m.ClaimedBy)
+		}
+	}
+	if recB.count(StatusDeferred) == 0 {
+		t.Error("B deferred no message of x: the test did not make B claim one")
+	}
+
+	regB.MustRegister(Task{Name: "late", Handler: noop})
+	eventually(t, "B to announce its new task", func() bool {
+		ws, err := a.Workers(context.Background())
+		if err != nil {
+			return false
+		}
+		for _, w := range ws {
+			if w.ID == pb.WorkerID() {
+				for _, task := range w.Tasks {
+					if task == "late" {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	})
+	var late []int64
+	for range 6 {
+		late = append(late, submit(t, a, "late", `{}`))
+	}
+	for _, id := range late {
+		if m := waitState(t, a, id, broker.StateDone); m.Attempts != 1 || m.ClaimedBy != pb.WorkerID() {
+			t.Errorf("message %d of late: %d attempts, done by %s; want 1 attempt, done by B", id, m.Attempts, m.ClaimedBy)
+		}
+	}
+
+	nobody := submit(t, a, "nobody.runs.this", `{}`)
+	if m := waitState(t, a, nobody, broker.StateDead); m.Attempts != 1 {
+		t.Errorf("message of a task no worker runs: %d attempts, want 1", m.Attempts)
+	}
+}
