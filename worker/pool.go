@@ -1003,12 +1003,12 @@ func (c *completion) notRun(d time.Duration, reason, status string) *completion 
 }
 
 func (c *completion) requeueAfter(d time.Duration, reason, status string) *completion {
-	c.requeue, c.delay, c.errText, c.status = true, d, broker.CleanText(reason), status
+	c.requeue, c.delay, c.errText, c.status = true, d, reason, status
 	return c
 }
 
 func (c *completion) fail(reason string, requeue bool, d time.Duration) *completion {
-	c.requeue, c.delay, c.errText, c.status = requeue, d, broker.CleanText(reason), StatusFailed
+	c.requeue, c.delay, c.errText, c.status = requeue, d, reason, StatusFailed
 	return c
 }
 
@@ -1122,9 +1122,6 @@ func (p *Pool) report(c *completion) (broker.Report, bool) {
 	}
 	if c.tc != nil {
 		logs, dropped := c.tc.Logs()
-		for i, l := range logs {
-			logs[i] = broker.CleanText(l)
-		}
 		if dropped > 0 {
 			logs = append(logs, fmt.Sprintf("(%d more lines dropped)", dropped))
 		}

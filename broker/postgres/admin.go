@@ -78,21 +78,13 @@ func (b *Broker) UnregisterWorker(ctx context.Context, workerID string) error {
 func (b *Broker) RunningClaims(ctx context.Context, workerID string) ([]broker.Claim, error) {
 	var out []broker.Claim
 	err := b.run(ctx, "running claims", func(c *pgx.Conn) error {
-		out = []broker.Claim{}
 		rows, err := c.Query(ctx, `SELECT id, token::text FROM tw_messages
 			WHERE state = 'running' AND claimed_by = $1 ORDER BY id`, workerID)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var cl broker.Claim
-			if err := rows.Scan(&cl.ID, &cl.Token); err != nil {
-				return err
-			}
-			out = append(out, cl)
-		}
-		return rows.Err()
+		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[broker.Claim])
+		return err
 	})
 	if err != nil {
 		return nil, err

@@ -404,9 +404,8 @@ func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 	}
 	sort.Strings(locks)
 	locks = slices.Compact(locks)
-	ids := make([]int64, 0, n)
+	var ids []int64
 	err := b.run(ctx, "add reports", func(c *pgx.Conn) error {
-		ids = ids[:0]
 		batch := &pgx.Batch{}
 		if len(locks) > 0 {
 			batch.Queue(lockSchedulesSQL, locks)
@@ -425,17 +424,7 @@ func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 			br.Close()
 			return err
 		}
-		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
-				br.Close()
-				return err
-			}
-			ids = append(ids, id)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
 			br.Close()
 			return err
 		}
