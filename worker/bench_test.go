@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,10 +29,7 @@ func BenchmarkBurnDown(b *testing.B) {
 		tasks   = 10_000
 		workers = 100
 	)
-	dsn := os.Getenv("TEST_DATABASE_URL")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
+	dsn := testDSN()
 	ctx := context.Background()
 	var suffix [6]byte
 	_, _ = rand.Read(suffix[:])

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -19,10 +18,7 @@ import (
 // still fails at once.
 func TestTaskRunByAnotherWorkerWaitsForIt(t *testing.T) {
 	a, schema := pgBrokerNamed(t)
-	dsn := os.Getenv("TEST_DATABASE_URL")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
+	dsn := testDSN()
 	b, err := postgres.New(t.Context(), postgres.Options{DSN: dsn, Schema: schema, MaxConns: 8})
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -48,10 +47,7 @@ func TestDatabaseConnectionsKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dsn := os.Getenv("TEST_DATABASE_URL")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
+	dsn := testDSN()
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatalf("PostgreSQL: %v", err)

@@ -69,6 +69,15 @@ func testBrokers(t *testing.T) map[string]func(t *testing.T) broker.Broker {
 	}
 }
 
+// testDSN is the PostgreSQL the tests use: TEST_DATABASE_URL, default the
+// local test database.
+func testDSN() string {
+	if dsn := os.Getenv("TEST_DATABASE_URL"); dsn != "" {
+		return dsn
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
 func pgBroker(t *testing.T) broker.Broker {
 	b, _ := pgBrokerNamed(t)
 	return b
@@ -78,10 +87,7 @@ func pgBroker(t *testing.T) broker.Broker {
 // connections carry an application_name of their own, returned too.
 func pgBrokerNamed(t *testing.T) (*postgres.Broker, string) {
 	t.Helper()
-	dsn := os.Getenv("TEST_DATABASE_URL")
-	if dsn == "" {
-		dsn = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-	}
+	dsn := testDSN()
 	var suffix [6]byte
 	_, _ = rand.Read(suffix[:])
 	schema := "tw_worker_" + hex.EncodeToString(suffix[:])
