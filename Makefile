@@ -37,12 +37,16 @@ run: build ## build, then run the host with both plugins (examples/taskhost.yaml
 	@echo
 	$(BIN)/host -config $(CONFIG)
 
+.PHONY: test/setup
+test/setup: ## install or start what the tests need (PostgreSQL, promtool, Chromium); TASKHOST_TEST_SETUP=0 skips
+	@if [ "$${TASKHOST_TEST_SETUP:-1}" != 0 ]; then bash scripts/test-setup.sh; fi
+
 .PHONY: test
-test: ## run the whole test suite (needs PostgreSQL, see README)
+test: test/setup ## run the whole test suite (starts PostgreSQL and installs its tools when missing)
 	$(GO) test -count=1 -timeout 30m ./...
 
 .PHONY: test/race
-test/race: ## run the tests of the concurrent packages with the race detector
+test/race: test/setup ## run the tests of the concurrent packages with the race detector
 	$(GO) test -count=1 -race -timeout 30m ./capability/... ./host/... ./broker/... ./worker/... ./plugins/... ./reaper/... ./scheduler/...
 
 .PHONY: bench

@@ -157,7 +157,7 @@ func promtool(t *testing.T, args ...string) string {
 	t.Helper()
 	path, err := exec.LookPath("promtool")
 	if err != nil {
-		t.Fatalf("promtool is not installed (%v): install Debian's prometheus package (apt-get install -y prometheus)", err)
+		t.Fatalf("promtool is not installed (%v): install Debian's prometheus package (apt-get install -y prometheus); make test does this: scripts/test-setup.sh", err)
 	}
 	out, err := exec.CommandContext(t.Context(), path, args...).CombinedOutput()
 	if err != nil {

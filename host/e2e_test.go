@@ -571,7 +571,7 @@ func promtoolCheck(t *testing.T, body string) {
 	t.Helper()
 	path, err := exec.LookPath("promtool")
 	if err != nil {
-		t.Fatal("promtool not found: install Debian's prometheus package (apt-get install -y prometheus); .ci/run does this")
+		t.Fatal("promtool not found: install Debian's prometheus package (apt-get install -y prometheus); make test does this: scripts/test-setup.sh")
 	}
 	cmd := exec.Command(path, "check", "metrics")
 	cmd.Stdin = strings.NewReader(body)

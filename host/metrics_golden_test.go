@@ -144,7 +144,7 @@ func metricSurface(t *testing.T, body string) []string {
 func TestRealPrometheusScrapesEverySeries(t *testing.T) {
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
-		t.Fatal("prometheus not found: install Debian's prometheus package (apt-get install -y prometheus); .ci/run does this")
+		t.Fatal("prometheus not found: install Debian's prometheus package (apt-get install -y prometheus); make test does this: scripts/test-setup.sh")
 	}
 	h := startHost(t, goldenConfig)
 	h.waitState(t, "tasks_worker", "running", 30*time.Second)

@@ -41,7 +41,7 @@ plugins:
 func browser(t *testing.T) context.Context {
 	t.Helper()
 	if _, err := os.Stat(chromiumPath); err != nil {
-		t.Fatalf("no browser at %s (%v): install Debian's chromium (apt-get install -y chromium); .ci/run does this", chromiumPath, err)
+		t.Fatalf("no browser at %s (%v): install Debian's chromium (apt-get install -y chromium); make test does this: scripts/test-setup.sh", chromiumPath, err)
 	}
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
 		chromedp.ExecPath(chromiumPath),
@@ -65,7 +65,7 @@ func browser(t *testing.T) context.Context {
 	})
 	// The first call starts the browser; it must not run under a timeout.
 	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("start %s: %v (install Debian's chromium (apt-get install -y chromium); .ci/run does this)", chromiumPath, err)
+		t.Fatalf("start %s: %v (install Debian's chromium (apt-get install -y chromium); make test does this: scripts/test-setup.sh)", chromiumPath, err)
 	}
 	return ctx
 }
