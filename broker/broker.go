@@ -45,7 +45,23 @@ const (
 	MaxTopicLen    = 200
 	MaxTaskLen     = 200
 	MaxPayloadSize = 1 << 20 // default, see SubmitRequest
+	// MaxResultSize bounds a task's result (JSON bytes): a larger one
+	// fails the attempt in the worker instead of being written.
+	MaxResultSize = 1 << 20
+	// MaxDelay bounds a submit's or a requeue's delay.
+	MaxDelay = 10 * 365 * 24 * time.Hour
 )
+
+// CheckDelay refuses a delay that is negative or over MaxDelay.
+func CheckDelay(d time.Duration) error {
+	if d < 0 {
+		return Invalid("delay is negative")
+	}
+	if d > MaxDelay {
+		return Invalid("delay is %s, the limit is %s (10 years)", d, MaxDelay)
+	}
+	return nil
+}
 
 // Errors. Test with errors.Is.
 var (
@@ -322,8 +338,8 @@ func ValidateSubmit(req SubmitRequest, maxPayload int) error {
 			return Invalid("payload: %v", err)
 		}
 	}
-	if req.Delay < 0 {
-		return Invalid("delay is negative")
+	if err := CheckDelay(req.Delay); err != nil {
+		return err
 	}
 	if req.MaxAttempts < 0 {
 		return Invalid("max_attempts is negative")

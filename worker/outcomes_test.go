@@ -29,10 +29,18 @@ func TestUnstorableOutcomesDoNotStopThePool(t *testing.T) {
 			reg.MustRegister(Task{Name: "nul-error", MaxAttempts: 1, Handler: func(context.Context, *TaskContext) (any, error) {
 				return nil, errors.New("bad \x00 byte \xff")
 			}})
+			reg.MustRegister(Task{Name: "big-result", MaxAttempts: 1, Handler: func(context.Context, *TaskContext) (any, error) {
+				return strings.Repeat("a", broker.MaxResultSize), nil // two quotes more than the limit
+			}})
+			reg.MustRegister(Task{Name: "big-raw-result", MaxAttempts: 1, Handler: func(context.Context, *TaskContext) (any, error) {
+				return json.RawMessage(`"` + strings.Repeat("a", broker.MaxResultSize) + `"`), nil
+			}})
 			reg.MustRegister(Task{Name: "ok", Handler: func(context.Context, *TaskContext) (any, error) { return "fine", nil }})
 			startPool(t, b, reg, Options{})
 			bad := submit(t, b, "nul-result", `{}`)
 			badErr := submit(t, b, "nul-error", `{}`)
+			big := submit(t, b, "big-result", `{}`)
+			bigRaw := submit(t, b, "big-raw-result", `{}`)
 			var good []int64
 			for range 20 {
 				good = append(good, submit(t, b, "ok", `{}`))
@@ -45,6 +53,11 @@ func TestUnstorableOutcomesDoNotStopThePool(t *testing.T) {
 			}
 			if m := waitState(t, b, badErr, broker.StateDead); m.LastError != "bad \uFFFD byte \uFFFD" {
 				t.Errorf("message whose error holds a NUL: last error %q", m.LastError)
+			}
+			for _, id := range []int64{big, bigRaw} {
+				if m := waitState(t, b, id, broker.StateDead); !strings.Contains(m.LastError, "the limit is 1048576") {
+					t.Errorf("message %d with a result over the limit: last error %q, want it to name the limit", id, m.LastError)
+				}
 			}
 		})
 	}
@@ -152,5 +165,44 @@ func TestResultThePostgreSQLBrokerRefusesFailsTheAttempt(t *testing.T) {
 	time.Sleep(time.Second) // long enough for the stray check to take a message left running back
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the task whose result is refused ran %d times, want 1", n)
+	}
+}
+
+type panickyResult struct{}
+
+func (panickyResult) MarshalJSON() ([]byte, error) { panic("cannot encode") }
+
+// TestPanicsOutsideTheHandlerFailTheAttempt: a panic in the task's code
+// that runs outside its handler (the result's MarshalJSON, the lock key,
+// the backoff) fails the attempt with a clear error instead of ending the
+// worker process, and the pool goes on with the messages behind it.
+func TestPanicsOutsideTheHandlerFailTheAttempt(t *testing.T) {
+	b := testBrokers(t)["memory"](t)
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "panic-result", MaxAttempts: 3, Handler: func(context.Context, *TaskContext) (any, error) {
+		return panickyResult{}, nil
+	}})
+	reg.MustRegister(Task{Name: "panic-lock", LockKey: func(json.RawMessage) string { panic("no key") },
+		Handler: func(context.Context, *TaskContext) (any, error) { return "ran", nil }})
+	reg.MustRegister(Task{Name: "panic-backoff", MaxAttempts: 3, Backoff: func(int) time.Duration { panic("no backoff") },
+		Handler: func(context.Context, *TaskContext) (any, error) { return nil, errors.New("try again") }})
+	reg.MustRegister(Task{Name: "ok", Handler: func(context.Context, *TaskContext) (any, error) { return "fine", nil }})
+	startPool(t, b, reg, Options{})
+	ids := map[string]int64{}
+	for _, task := range []string{"panic-result", "panic-lock", "panic-backoff"} {
+		ids[task] = submit(t, b, task, `{}`)
+	}
+	var good []int64
+	for range 10 {
+		good = append(good, submit(t, b, "ok", `{}`))
+	}
+	for _, id := range good {
+		waitState(t, b, id, broker.StateDone)
+	}
+	for task, id := range ids {
+		m := waitState(t, b, id, broker.StateDead)
+		if !strings.Contains(m.LastError, "panic in the task's code outside its handler") || m.Attempts != 1 {
+			t.Errorf("%s: attempts %d, last error %q; want one attempt, failed for good, naming the panic", task, m.Attempts, m.LastError)
+		}
 	}
 }

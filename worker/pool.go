@@ -798,10 +798,24 @@ type handlerResult struct {
 }
 
 // handle runs one message and says how it ended.
-func (p *Pool) handle(m broker.Message) *completion {
+func (p *Pool) handle(m broker.Message) (out *completion) {
 	p.obs.TaskStarted(m.Topic)
 	c := &completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, started: time.Now(), msg: m}
 	log := &msgLogger{base: p.log, m: &c.msg}
+	// The handler's panics are caught where it runs (run); this catches
+	// those of the task's other code: its lock key, its backoff, its
+	// result's MarshalJSON. Left alone, one would end the process and
+	// orphan every message it runs, on every worker that claims it.
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("task code panicked outside its handler", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			if c.dur == 0 {
+				c.dur = time.Since(c.started)
+			}
+			c.ack, c.result, c.lost = false, nil, false
+			out = c.fail(fmt.Sprintf("panic in the task's code outside its handler (lock key, backoff or result encoding): %v", r), false, 0)
+		}
+	}()
 
 	if p.draining.Load() {
 		return c.notRun(0, "worker stopped", StatusStopped)
@@ -892,9 +906,14 @@ func (p *Pool) handle(m broker.Message) *completion {
 // run calls the handler in its own goroutine, so a handler that ignores
 // cancellation can be abandoned, and turns a panic into an error.
 func (p *Pool) run(t Task, tc *TaskContext, log *msgLogger) (res handlerResult, abandoned, timedOut bool) {
-	ctx, cancel := context.WithCancel(p.runCtx)
+	var (
+		ctx    context.Context
+		cancel context.CancelFunc
+	)
 	if t.Timeout > 0 {
 		ctx, cancel = context.WithTimeout(p.runCtx, t.Timeout)
+	} else {
+		ctx, cancel = context.WithCancel(p.runCtx)
 	}
 	defer cancel()
 	p.running.Add(1)
@@ -928,7 +947,7 @@ func marshalResult(v any) (json.RawMessage, error) {
 		if len(r) == 0 {
 			return nil, nil
 		}
-		if err := broker.CheckJSON(r); err != nil {
+		if err := checkResult(r); err != nil {
 			return nil, err
 		}
 		return r, nil
@@ -937,10 +956,17 @@ func marshalResult(v any) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := broker.CheckJSON(body); err != nil {
-		return nil, err
+	return body, checkResult(body)
+}
+
+// checkResult refuses a result the brokers would refuse, or that is too
+// large to write with the other outcomes of a batch (broker.MaxResultSize).
+func checkResult(body []byte) error {
+	if len(body) > broker.MaxResultSize {
+		return fmt.Errorf("the result is %d bytes of JSON, the limit is %d: store large data elsewhere and return a reference to it",
+			len(body), broker.MaxResultSize)
 	}
-	return body, nil
+	return broker.CheckJSON(body)
 }
 
 func (c *completion) requeueNow(reason, status string) *completion {
@@ -1003,12 +1029,12 @@ func (c *completion) notRun(d time.Duration, reason, status string) *completion 
 }
 
 func (c *completion) requeueAfter(d time.Duration, reason, status string) *completion {
-	c.requeue, c.delay, c.errText, c.status = true, d, reason, status
+	c.requeue, c.delay, c.errText, c.status = true, min(max(d, 0), broker.MaxDelay), reason, status
 	return c
 }
 
 func (c *completion) fail(reason string, requeue bool, d time.Duration) *completion {
-	c.requeue, c.delay, c.errText, c.status = requeue, d, reason, StatusFailed
+	c.requeue, c.delay, c.errText, c.status = requeue, min(max(d, 0), broker.MaxDelay), reason, StatusFailed
 	return c
 }
 

@@ -421,8 +421,8 @@ func heldTopic(tx *txn, c broker.Claim) (string, error) {
 // Nack ends an attempt without success; see the memory broker's package
 // documentation.
 func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
-	if req.Delay < 0 {
-		return broker.Invalid("delay is negative")
+	if err := broker.CheckDelay(req.Delay); err != nil {
+		return err
 	}
 	req.Error = broker.CleanText(req.Error)
 	return b.write(ctx, "nack", func(tx *txn, now time.Time) error {

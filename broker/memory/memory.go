@@ -438,8 +438,8 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 
 // Nack ends an attempt without success; see the package documentation.
 func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
-	if req.Delay < 0 {
-		return broker.Invalid("delay is negative")
+	if err := broker.CheckDelay(req.Delay); err != nil {
+		return err
 	}
 	req.Error = broker.CleanText(req.Error)
 	if err := b.begin(ctx); err != nil {

@@ -797,8 +797,8 @@ func (b *Broker) endClaim(ctx context.Context, op string, c broker.Claim, sql st
 // Delay, its claim fields cleared and its attempts kept; without, it ends
 // dead when its topic dead-letters and failed otherwise.
 func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
-	if req.Delay < 0 {
-		return broker.Invalid("delay is negative")
+	if err := broker.CheckDelay(req.Delay); err != nil {
+		return err
 	}
 	req.Error = broker.CleanText(req.Error)
 	if req.Requeue {

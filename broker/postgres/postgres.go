@@ -313,11 +313,12 @@ func (b *Broker) fail(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("postgres broker: %s: %w (is PostgreSQL running? check the dsn): %w", op, ErrUnavailable, err)
 	}
 	// A value the database refuses (class 22, data exception: bad
-	// encoding, a NUL character, a number out of range) is refused again
+	// encoding, a NUL character, a number out of range; class 54, program
+	// limit exceeded: a string too long for jsonb, say) is refused again
 	// on every try: the caller must not retry it as if the database were
 	// down.
 	var pe *pgconn.PgError
-	if errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22") {
+	if errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "54")) {
 		return fmt.Errorf("postgres broker: %s: %w: %w", op, broker.ErrInvalid, err)
 	}
 	return fmt.Errorf("postgres broker: %s: %w", op, err)
