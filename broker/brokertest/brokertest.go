@@ -34,6 +34,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -351,6 +352,7 @@ func testInvalidSubmit(t *testing.T, b broker.Broker) {
 		{"payload not JSON", broker.SubmitRequest{Topic: "t3", Task: "x", Payload: json.RawMessage(`{nope`)}},
 		{"payload over 1 MiB", broker.SubmitRequest{Topic: "t4", Task: "x", Payload: json.RawMessage(big)}},
 		{"negative delay", broker.SubmitRequest{Topic: "t5", Task: "x", Delay: -time.Second}},
+		{"delay over 10 years", broker.SubmitRequest{Topic: "t5", Task: "x", Delay: broker.MaxDelay + time.Second}},
 		{"negative max attempts", broker.SubmitRequest{Topic: "t6", Task: "x", MaxAttempts: -1}},
 		{"payload with a NUL character", broker.SubmitRequest{Topic: "t7", Task: "x", Payload: json.RawMessage(`{"s":"a\u0000b"}`)}},
 		{"payload with a lone surrogate", broker.SubmitRequest{Topic: "t8", Task: "x", Payload: json.RawMessage(`["\ud800"]`)}},
@@ -394,6 +396,15 @@ func testUnstorableOutcomes(t *testing.T, b broker.Broker) {
 		if got := get(t, b, m.ID); got.State != broker.StateRunning {
 			t.Fatalf("message %d is %s after a refused Ack, want running", m.ID, got.State)
 		}
+	}
+	for _, d := range []time.Duration{-time.Second, broker.MaxDelay + time.Second, math.MaxInt64} {
+		err := b.Nack(ctx, broker.NackRequest{Claim: ms[0].ClaimOf(), Requeue: true, Delay: d})
+		if !errors.Is(err, broker.ErrInvalid) {
+			t.Fatalf("Nack with a delay of %s: %v, want ErrInvalid", d, err)
+		}
+	}
+	if got := get(t, b, ms[0].ID); got.State != broker.StateRunning {
+		t.Fatalf("message %d is %s after a refused Nack, want running", ms[0].ID, got.State)
 	}
 	if err := b.Nack(ctx, broker.NackRequest{Claim: ms[0].ClaimOf(), Requeue: true, Error: "bad \x00 byte \xff"}); err != nil {
 		t.Fatalf("Nack with a NUL and a stray byte in its error: %v", err)

@@ -651,13 +651,13 @@ func (b *Broker) housekeeping(ctx context.Context) {
 	t := time.NewTicker(housekeepingInterval)
 	defer t.Stop()
 	for {
-		if err := b.housekeep(ctx); err != nil && ctx.Err() == nil {
-			b.log.Warn("housekeeping failed", "path", b.path, "error", err)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if err := b.housekeep(ctx); err != nil && ctx.Err() == nil {
+			b.log.Warn("housekeeping failed", "path", b.path, "error", err)
 		}
 	}
 }

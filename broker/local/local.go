@@ -200,6 +200,11 @@ func Open(ctx context.Context, opts Options) (*Broker, error) {
 		return nil, fmt.Errorf("local broker: %s: %w", path, err)
 	}
 
+	// The first pass runs before Open returns, so what it deletes is gone
+	// before anything reads; the next ones run every housekeepingInterval.
+	if err := b.housekeep(ctx); err != nil {
+		b.log.Warn("housekeeping failed", "path", path, "error", err)
+	}
 	hkCtx, stop := context.WithCancel(context.Background())
 	b.stop = stop
 	b.bg.Add(1)
