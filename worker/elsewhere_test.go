@@ -2,10 +2,13 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/memory"
 	"github.com/taskhost/taskhost/broker/postgres"
 )
 
@@ -76,5 +79,30 @@ func TestTaskRunByAnotherWorkerWaitsForIt(t *testing.T) {
 	nobody := submit(t, a, "nobody.runs.this", `{}`)
 	if m := waitState(t, a, nobody, broker.StateDead); m.Attempts != 1 {
 		t.Errorf("message of a task no worker runs: %d attempts, want 1", m.Attempts)
+	}
+}
+
+// TestTaskRunElsewhereButNotOnItsTopic: B runs task y but does not claim
+// topic bulk, where a message of y was submitted; A claims bulk but does
+// not run y. No worker will ever run that message, so A fails it as
+// unknown instead of handing it back every second for ever.
+func TestTaskRunElsewhereButNotOnItsTopic(t *testing.T) {
+	b := memory.New()
+	noop := func(context.Context, *TaskContext) (any, error) { return "ran", nil }
+	regA, regB := NewRegistry(), NewRegistry()
+	regA.MustRegister(Task{Name: "a", Topic: "a", Handler: noop})
+	regB.MustRegister(Task{Name: "y", Topic: "y", Handler: noop})
+	recA := newRecorder()
+	startPool(t, b, regA, Options{Topics: []string{"bulk"}, Observer: recA})
+	startPool(t, b, regB, Options{})
+	id, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: "bulk", Task: "y", Payload: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := waitState(t, b, id, broker.StateDead); m.Attempts != 1 || !strings.Contains(m.LastError, `unknown task "y"`) {
+		t.Errorf("message of y on bulk: %d attempts, last error %q; want 1 attempt, failed as unknown", m.Attempts, m.LastError)
+	}
+	if n := recA.count(StatusDeferred); n != 0 {
+		t.Errorf("A deferred the message %d times for a worker that does not claim its topic", n)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -204,5 +205,69 @@ func TestPanicsOutsideTheHandlerFailTheAttempt(t *testing.T) {
 		if !strings.Contains(m.LastError, "panic in the task's code outside its handler") || m.Attempts != 1 {
 			t.Errorf("%s: attempts %d, last error %q; want one attempt, failed for good, naming the panic", task, m.Attempts, m.LastError)
 		}
+	}
+}
+
+// hangingAcks is a broker whose outcome writes never answer: each waits
+// for its context to end, as with a database that stopped answering
+// without closing the connection.
+type hangingAcks struct {
+	broker.Broker
+	calls atomic.Int32
+}
+
+func (h *hangingAcks) Ack(ctx context.Context, _ []broker.Outcome) ([]error, error) {
+	h.calls.Add(1)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// TestStopIsBoundedWhenWritesHang: with outcome writes that never answer,
+// Stop returns: within a few seconds of its deadline, and without one
+// after its own flush bound. Before, the acks the dispatcher held at stop
+// were retried for ever, and a Stop without a deadline never returned.
+func TestStopIsBoundedWhenWritesHang(t *testing.T) {
+	for _, withDeadline := range []bool{true, false} {
+		t.Run(fmt.Sprintf("deadline=%v", withDeadline), func(t *testing.T) {
+			h := &hangingAcks{Broker: testBrokers(t)["memory"](t)}
+			reg := NewRegistry()
+			reg.MustRegister(Task{Name: "ok", Handler: func(context.Context, *TaskContext) (any, error) { return "fine", nil }})
+			p := NewPool(h, reg, Options{Logger: testLogger(t), ClaimIdleInterval: 5 * time.Millisecond})
+			if err := p.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			for range 5 {
+				submit(t, h, "ok", `{}`)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for h.calls.Load() == 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if h.calls.Load() == 0 {
+				t.Fatal("no outcome write was tried")
+			}
+			ctx, limit := context.Background(), flushTimeout+lastTryTimeout+5*time.Second
+			if withDeadline {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithTimeout(ctx, 3*time.Second)
+				defer cancel()
+				limit = 3*time.Second + lastTryTimeout + 3*time.Second
+			}
+			done := make(chan time.Duration, 1)
+			start := time.Now()
+			go func() {
+				_ = p.Stop(ctx)
+				done <- time.Since(start)
+			}()
+			select {
+			case took := <-done:
+				t.Logf("Stop returned after %s", took.Round(time.Millisecond))
+				if took > limit {
+					t.Errorf("Stop took %s, want at most %s", took.Round(time.Millisecond), limit)
+				}
+			case <-time.After(limit + 30*time.Second):
+				t.Fatalf("Stop has not returned after %s", limit+30*time.Second)
+			}
+		})
 	}
 }

@@ -81,6 +81,8 @@ const (
 	// flushTimeout bounds how long Stop keeps retrying outcome writes
 	// against a failing broker once the handlers are done.
 	flushTimeout = 10 * time.Second
+	// lastTryTimeout bounds a write once the pool has given up retrying.
+	lastTryTimeout = 2 * time.Second
 	// lockErrorRetryDelay is the requeue delay when a lock could not be
 	// taken because the broker failed.
 	lockErrorRetryDelay = time.Second
@@ -209,7 +211,7 @@ type Pool struct {
 	workers        sync.WaitGroup
 
 	elseMu    sync.Mutex
-	elseTasks map[string]bool // tasks live workers elsewhere run (see elsewhere)
+	elseTasks map[taskTopic]bool // what live workers elsewhere run (see elsewhere)
 	elseAt    time.Time
 
 	startedAt  time.Time // when Start ran
@@ -488,7 +490,11 @@ func (p *Pool) Stop(ctx context.Context) error {
 	p.cancelRun()
 	p.giveUp()
 
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), brokerCallTimeout)
+	unregister := brokerCallTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		unregister = min(unregister, max(time.Until(dl), lastTryTimeout))
+	}
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unregister)
 	defer cancel()
 	if err := p.b.UnregisterWorker(uctx, p.opts.WorkerID); err != nil && !errors.Is(err, broker.ErrNotFound) {
 		p.log.Error("could not unregister worker", "error", err)
@@ -722,7 +728,11 @@ func (p *Pool) closeAcks() {
 	p.acks.items = nil
 	p.acks.mu.Unlock()
 	if len(acks) > 0 {
-		p.ackAll(acks)
+		// Stop waits for this before its own bounds start: bound it here,
+		// or a broker that does not answer would hold Stop for ever.
+		stop, cancel := context.WithTimeout(p.giveUpCtx, flushTimeout)
+		defer cancel()
+		p.ackAllUntil(stop, acks)
 		p.finish(acks, true)
 	}
 }
@@ -827,7 +837,7 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 			log.Info("claimed a message of a task not registered yet; requeueing it", "retry_in", wait.String())
 			return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID), StatusDeferred)
 		}
-		if p.elsewhere(m.Task) {
+		if p.elsewhere(m.Task, m.Topic) {
 			log.Info("claimed a message of a task this worker does not run but another live worker does; requeueing it for that one",
 				"retry_in", elsewhereRetry.String())
 			return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s; another live worker runs it; requeued", m.Task, p.opts.WorkerID), StatusDeferred)
@@ -974,14 +984,16 @@ func (c *completion) requeueNow(reason, status string) *completion {
 }
 
 // elsewhere reports whether a live worker other than this one has
-// registered task, so that a message of it that this worker does not know
-// waits for that one instead of failing as unknown (several hosts on one
-// broker need not run the same plugins). Live is a heartbeat within three
-// heartbeat intervals (at least 15s), by the broker's clock; every
-// registered worker counts when the broker cannot tell (memory). The
-// answer is kept for a few seconds. When the broker cannot answer, the
-// message waits too: failing it over a passing error would lose it.
-func (p *Pool) elsewhere(task string) bool {
+// registered task and claims from topic, so that a message of it that this
+// worker does not know waits for that one instead of failing as unknown
+// (several hosts on one broker need not run the same plugins). A worker
+// that runs the task but does not claim the topic would never take the
+// message: that does not count. Live is a heartbeat within three heartbeat
+// intervals (at least 15s), by the broker's clock; every registered worker
+// counts when the broker cannot tell (memory). The answer is kept for a
+// few seconds. When the broker cannot answer, the message waits too:
+// failing it over a passing error would lose it.
+func (p *Pool) elsewhere(task, topic string) bool {
 	p.elseMu.Lock()
 	defer p.elseMu.Unlock()
 	if p.elseTasks == nil || time.Since(p.elseAt) >= elsewhereTTL {
@@ -992,10 +1004,13 @@ func (p *Pool) elsewhere(task string) bool {
 		}
 		p.elseTasks, p.elseAt = tasks, time.Now()
 	}
-	return p.elseTasks[task]
+	return p.elseTasks[taskTopic{task, topic}]
 }
 
-func (p *Pool) tasksElsewhere() (map[string]bool, error) {
+// taskTopic is a task a worker runs and a topic it claims from.
+type taskTopic struct{ task, topic string }
+
+func (p *Pool) tasksElsewhere() (map[taskTopic]bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
 	defer cancel()
 	ws, err := p.b.Workers(ctx)
@@ -1009,13 +1024,15 @@ func (p *Pool) tasksElsewhere() (map[string]bool, error) {
 			return nil, err
 		}
 	}
-	tasks := map[string]bool{}
+	tasks := map[taskTopic]bool{}
 	for _, w := range ws {
 		if w.ID == p.opts.WorkerID || (canTell && !slices.Contains(live, w.ID)) {
 			continue
 		}
 		for _, t := range w.Tasks {
-			tasks[t] = true
+			for _, topic := range w.Topics {
+				tasks[taskTopic{t, topic}] = true
+			}
 		}
 	}
 	return tasks, nil
@@ -1161,13 +1178,18 @@ func (p *Pool) report(c *completion) (broker.Report, bool) {
 
 // ackAll writes acks in one Ack call, retrying as retry does.
 func (p *Pool) ackAll(acks []*completion) {
+	p.ackAllUntil(p.giveUpCtx, acks)
+}
+
+// ackAllUntil is ackAll, giving up when stop is done too.
+func (p *Pool) ackAllUntil(stop context.Context, acks []*completion) {
 	outcomes := make([]broker.Outcome, len(acks))
 	for i, c := range acks {
 		outcomes[i] = broker.Outcome{Claim: c.claim, Result: c.result}
 	}
 	var errs []error
 	tries := 0
-	err := p.retry("ack", func(ctx context.Context) error {
+	err := p.retryUntil(stop, "ack", func(ctx context.Context) error {
 		if tries++; tries == 2 { // the first call may have committed
 			for _, c := range acks {
 				c.resent = true
@@ -1253,15 +1275,33 @@ func (p *Pool) lose(c *completion, op string, err error) {
 // retry calls f until it succeeds, fails for good (claim lost, not found,
 // invalid, broker closed) or the pool gives up. It backs off between tries.
 func (p *Pool) retry(op string, f func(ctx context.Context) error) error {
+	return p.retryUntil(p.giveUpCtx, op, f)
+}
+
+// retryUntil is retry, giving up when stop is done too. A try has
+// brokerCallTimeout; once stop is done, one more try is made and a try
+// still running gets lastTryTimeout more, so giving up takes that long at
+// most even when the broker does not answer.
+func (p *Pool) retryUntil(stop context.Context, op string, f func(ctx context.Context) error) error {
 	bo := retryBackoff()
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
+		var (
+			ctx    context.Context
+			cancel context.CancelFunc
+		)
+		if stop.Err() != nil {
+			ctx, cancel = context.WithTimeout(context.Background(), lastTryTimeout)
+		} else {
+			ctx, cancel = context.WithTimeout(context.Background(), brokerCallTimeout)
+		}
+		cut := context.AfterFunc(stop, func() { time.AfterFunc(lastTryTimeout, cancel) })
 		err := f(ctx)
+		cut()
 		cancel()
 		if err == nil || permanent(err) {
 			return err
 		}
-		if p.giveUpCtx.Err() != nil {
+		if stop.Err() != nil {
 			return fmt.Errorf("%w (gave up retrying: the pool is stopping)", err)
 		}
 		d := bo.next()
@@ -1269,7 +1309,7 @@ func (p *Pool) retry(op string, f func(ctx context.Context) error) error {
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
-		case <-p.giveUpCtx.Done():
+		case <-stop.Done():
 			t.Stop()
 		}
 	}

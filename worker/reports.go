@@ -26,6 +26,10 @@ type ReportWriter struct {
 	ch      chan broker.Report
 	done    chan struct{}
 	once    sync.Once
+	// stopCtx ends when Close gives up: the write under way is cut short
+	// and what is left is dropped and counted.
+	stopCtx context.Context
+	stop    context.CancelFunc
 	full    atomic.Int64 // reports dropped because the queue was full
 }
 
@@ -41,6 +45,7 @@ func NewReportWriter(store broker.ScheduleStore, log hclog.Logger, dropped func(
 		dropped = func(int) {}
 	}
 	w := &ReportWriter{store: store, log: log, dropped: dropped, ch: make(chan broker.Report, 10000), done: make(chan struct{})}
+	w.stopCtx, w.stop = context.WithCancel(context.Background())
 	go w.run()
 	return w
 }
@@ -83,11 +88,19 @@ func (w *ReportWriter) run() {
 // so one bad report costs only itself.
 func (w *ReportWriter) write(batch []broker.Report) {
 	for attempt := 0; ; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if w.stopCtx.Err() != nil {
+			w.dropped(len(batch))
+			return
+		}
+		ctx, cancel := context.WithTimeout(w.stopCtx, 30*time.Second)
 		_, err := w.store.AddReports(ctx, batch)
 		cancel()
 		switch {
 		case err == nil:
+			return
+		case w.stopCtx.Err() != nil:
+			w.log.Warn("task reports not stored: the writer was closed before the database answered", "reports", len(batch), "error", err)
+			w.dropped(len(batch))
 			return
 		case errors.Is(err, broker.ErrInvalid) && len(batch) > 1:
 			for _, r := range batch {
@@ -99,12 +112,23 @@ func (w *ReportWriter) write(batch []broker.Report) {
 			w.dropped(len(batch))
 			return
 		}
-		time.Sleep(time.Duration(attempt+1) * 200 * time.Millisecond)
+		select {
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		case <-w.stopCtx.Done():
+		}
 	}
 }
 
 // Close stores what is queued and stops; call it after the pool stopped.
-func (w *ReportWriter) Close() {
+// When ctx ends first, the write under way is cut short and the reports
+// not stored yet are dropped and counted.
+func (w *ReportWriter) Close(ctx context.Context) {
 	w.once.Do(func() { close(w.ch) })
-	<-w.done
+	select {
+	case <-w.done:
+	case <-ctx.Done():
+		w.stop()
+		<-w.done
+	}
+	w.stop()
 }

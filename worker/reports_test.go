@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -37,7 +38,7 @@ func TestReportWriterBatches(t *testing.T) {
 	for i := range n {
 		w.Report(writerReport(int64(i+1), broker.ReportSuccess))
 	}
-	w.Close()
+	w.Close(context.Background())
 	if d := dropped.Load(); d != 0 {
 		t.Fatalf("%d reports dropped", d)
 	}
@@ -76,7 +77,7 @@ func TestReportWriterIsolatesABadReport(t *testing.T) {
 		}
 		w.Report(writerReport(int64(i+1), status))
 	}
-	w.Close()
+	w.Close(context.Background())
 	rs, err := b.ListReports(context.Background(), broker.ReportFilter{})
 	if err != nil {
 		t.Fatal(err)
@@ -91,5 +92,42 @@ func TestReportWriterIsolatesABadReport(t *testing.T) {
 	}
 	if d := dropped.Load(); d != 1 {
 		t.Fatalf("dropped = %d, want 1", d)
+	}
+}
+
+// hangingStore never answers AddReports: each call waits for its context.
+type hangingStore struct {
+	broker.ScheduleStore
+	calls atomic.Int64
+}
+
+func (h *hangingStore) AddReports(ctx context.Context, _ []broker.Report) ([]int64, error) {
+	h.calls.Add(1)
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// Close gives up when its context ends: a database that does not answer
+// cannot hold a stopping worker, and every report not stored is counted.
+func TestReportWriterCloseIsBounded(t *testing.T) {
+	store := &hangingStore{ScheduleStore: memory.New()}
+	var dropped atomic.Int64
+	w := NewReportWriter(store, hclog.NewNullLogger(), func(n int) { dropped.Add(int64(n)) })
+	const n = 1200
+	for i := range n {
+		w.Report(writerReport(int64(i+1), broker.ReportSuccess))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	w.Close(ctx)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Close took %s with a 500ms context", took)
+	}
+	if store.calls.Load() == 0 {
+		t.Fatal("no write was tried")
+	}
+	if d := dropped.Load(); d != n {
+		t.Fatalf("%d reports counted as dropped, want all %d", d, n)
 	}
 }

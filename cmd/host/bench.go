@@ -729,7 +729,7 @@ func (bn *bench) stopPool(p *worker.Pool) error {
 	defer cancel()
 	err := p.Stop(ctx)
 	if bn.reports != nil {
-		bn.reports.Close()
+		bn.reports.Close(context.Background())
 		bn.reports = nil
 		if d := bn.dropped.Load(); d > 0 && err == nil {
 			err = fmt.Errorf("%d task reports were not stored", d)

@@ -223,7 +223,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp, reports: reports}
 	if err := applyConfigSchedules(ctx, rt); err != nil {
 		_ = pool.Stop(ctx)
-		reports.Close()
+		reports.Close(closeWithin(ctx))
 		return nil, err
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -285,11 +285,25 @@ func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
 		rt.leader.Stop(ctx)
 	}
 	err := rt.pool.Stop(ctx)
-	rt.reports.Close()
+	rt.reports.Close(closeWithin(ctx))
 	if cerr := rt.broker.Close(); cerr != nil {
 		log.Warn("closing the broker", "error", cerr)
 	}
 	return err
+}
+
+// closeWithin is the context for storing the last task reports at stop:
+// what is left of ctx's deadline, at least a second, and ten seconds when
+// ctx has none. The pool's Stop may have used ctx up; reports still get a
+// moment.
+func closeWithin(ctx context.Context) context.Context {
+	d := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		d = max(time.Until(dl), time.Second)
+	}
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	context.AfterFunc(c, cancel)
+	return c
 }
 
 // CheckHealth implements capability.Lifecycle.
