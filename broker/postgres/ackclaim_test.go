@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/taskhost/taskhost/broker"
 )
@@ -78,5 +79,65 @@ func TestAckAndClaim(t *testing.T) {
 	}
 	if _, _, err := b.AckAndClaim(ctx, nil, broker.ClaimRequest{Topics: []string{"ac"}}); !errors.Is(err, broker.ErrInvalid) {
 		t.Fatalf("AckAndClaim without a worker id: %v", err)
+	}
+}
+
+// TestClaimedAtIsWhenTheClaimRan: an AckAndClaim that waits for the topic
+// lock stamps its claims with the time the claim statement ran, not the
+// time its transaction began (before the wait): the reaper's grace and the
+// oldest-claim gauge read claimed_at.
+func TestClaimedAtIsWhenTheClaimRan(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	if _, err := b.SetTopic(ctx, "wait", broker.TopicPatch{ConcurrencyLimit: ptr(5)}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "wait", Task: "x"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"wait"}, Max: 1})
+	if err != nil || len(first) != 1 {
+		t.Fatalf("claim = %d messages, %v", len(first), err)
+	}
+
+	holder := schemaConn(t, b)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM tw_topics WHERE name = 'wait' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		msgs []broker.Message
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		_, msgs, err := b.AckAndClaim(ctx, []broker.Outcome{{Claim: first[0].ClaimOf()}},
+			broker.ClaimRequest{WorkerID: "w", Topics: []string{"wait"}, Max: 1})
+		done <- result{msgs, err}
+	}()
+	time.Sleep(time.Second) // the AckAndClaim waits for the topic lock
+	var released time.Time
+	if err := tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&released); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || len(r.msgs) != 1 {
+		t.Fatalf("AckAndClaim = %d messages, %v", len(r.msgs), r.err)
+	}
+	at := r.msgs[0].ClaimedAt
+	if at == nil {
+		t.Fatal("claimed message without claimed_at")
+	}
+	if at.Before(released) {
+		t.Fatalf("claimed_at %s is %s before the topic lock was released (%s): it is the transaction's start",
+			at.Format(time.RFC3339Nano), released.Sub(*at), released.Format(time.RFC3339Nano))
 	}
 }

@@ -227,6 +227,11 @@ const (
 // claim never waits for a row lock held by a transaction waiting for it.
 // Not locking saves a row lock and its WAL record per claimed message.
 //
+// claimed_at is the claim statement's start, not the transaction's: an
+// AckAndClaim waits for its acked rows and the topic lock first, and a
+// claim stamped with that earlier time would look older than it is to the
+// reaper's grace and the oldest-claim gauge.
+//
 // Each row is a claimed message (msgCols and its token) followed by the
 // number the gate allowed and whether the topic is limited; when nothing
 // was claimed one row of NULLs carries those alone. (A LIMIT of 0 reads
@@ -255,7 +260,7 @@ func claimStatement(from, lock string) string {
 			WHERE t.name = $1) t ON true
 	), claimed AS (
 		UPDATE tw_messages m
-		SET state = 'running', claimed_by = $3, claimed_at = now(), attempts = m.attempts + 1,
+		SET state = 'running', claimed_by = $3, claimed_at = statement_timestamp(), attempts = m.attempts + 1,
 			token = gen_random_uuid()
 		WHERE m.id = ANY (ARRAY (
 				SELECT q.id FROM tw_messages q
