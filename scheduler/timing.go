@@ -89,13 +89,31 @@ func (tm Timing) latestDue(slot, now time.Time) (time.Time, int) {
 		return slot.Add(time.Duration(n) * tm.interval), n
 	}
 	missed := 0
-	for i := 0; i < 100000; i++ {
-		next := tm.Next(slot)
-		if next.After(now) || next.IsZero() {
+	walk := func(steps int) bool { // true when slot is the latest due
+		for range steps {
+			next := tm.Next(slot)
+			if next.After(now) || next.IsZero() {
+				return true
+			}
+			slot = next
+			missed++
+		}
+		return false
+	}
+	if walk(1000) {
+		return slot, missed
+	}
+	// Far behind (a minutely schedule after a long outage): rather than
+	// walk every slot, find one close before now, looking back twice as
+	// far each time, and walk the few after it. missed then counts at
+	// least the slots walked.
+	for back := time.Minute; now.Add(-back).After(slot); back *= 2 {
+		if n := tm.Next(now.Add(-back)); !n.IsZero() && !n.After(now) {
+			slot = n
+			missed++
 			break
 		}
-		slot = next
-		missed++
 	}
+	walk(1 << 20)
 	return slot, missed
 }

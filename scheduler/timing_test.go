@@ -69,3 +69,30 @@ func TestLatestDue(t *testing.T) {
 		t.Fatalf("cron after downtime: %s %d", slot, missed)
 	}
 }
+
+// After an outage longer than a walk over every slot would take (a
+// minutely cron 100 days behind, 144,000 slots), latestDue still finds the
+// latest due slot, so a schedule fires once and not again at the next tick.
+func TestLatestDueFarBehind(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		cron      string
+		now, want time.Time
+	}{
+		{"* * * * *", start.Add(100*24*time.Hour + 30*time.Second), start.Add(100 * 24 * time.Hour)},
+		{"*/5 * * * *", start.Add(400*24*time.Hour + 7*time.Minute), start.Add(400*24*time.Hour + 5*time.Minute)},
+		{"0 9 * * 1-5", time.Date(2031, 3, 2, 12, 0, 0, 0, time.UTC), time.Date(2031, 2, 28, 9, 0, 0, 0, time.UTC)}, // a Sunday: the Friday before
+	} {
+		tm, err := ParseTiming(0, c.cron)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slot, missed := tm.latestDue(start, c.now)
+		if !slot.Equal(c.want) || missed < 1000 {
+			t.Errorf("%s from %s to %s: latest due %s (missed %d), want %s (and over 1000 missed)", c.cron, start, c.now, slot, missed, c.want)
+		}
+		if next := tm.Next(slot); !next.After(c.now) {
+			t.Errorf("%s: the slot after the latest due, %s, is not after now (%s)", c.cron, next, c.now)
+		}
+	}
+}

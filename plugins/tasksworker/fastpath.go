@@ -24,21 +24,31 @@ func pidGone(pid int) bool {
 	return errors.Is(err, syscall.ESRCH)
 }
 
+// fastReclaimWindow is how long a neighbour must stay silent before the
+// fast path takes its work: three heartbeats, at least 30 seconds (so a
+// live sibling that is late for a while, through a database blip or a
+// long pause, is not taken for dead), never longer than the reaper's own
+// threshold (after).
+func fastReclaimWindow(heartbeat, after time.Duration) time.Duration {
+	return min(max(3*heartbeat, 30*time.Second), after)
+}
+
 // reclaimDeadNeighbours is the fast path after a crash: workers registered
 // from this machine whose process no longer exists cannot come back, so
-// they are marked dead and a pass runs, instead of waiting
-// orphan_reclaim_after_seconds for their heartbeats to go stale. The
-// reaper's guards still apply, including the grace: if claims younger than
-// the grace were left, one more pass runs once the grace is over.
+// they are marked dead and a pass runs, instead of waiting for the beat's
+// next pass (orphan_reclaim_interval_seconds) and for their heartbeats to
+// be orphan_reclaim_after_seconds old. The reaper's guards still apply,
+// including the grace: if claims younger than the grace were left, one
+// more pass runs once the grace is over.
 //
 // A missing pid is not proof enough on its own: processes in other PID
 // namespaces (containers given the same hostname, say) share the name and
-// their pids are not seen here. So a worker is marked dead only once it
-// has also missed two heartbeats (heartbeat is this process's interval,
-// the one every worker is configured with): one that goes on heartbeating
-// runs elsewhere and is left alone. A crashed worker has stopped, so this
-// costs the fast path at most two heartbeat intervals.
-func reclaimDeadNeighbours(ctx context.Context, b broker.Broker, rp *reaper.Reaper, self string, grace, heartbeat time.Duration, log hclog.Logger) {
+// their pids are not seen here. So the candidates are looked at twice,
+// window apart, and a worker is marked dead only if it did not heartbeat
+// at all in between: one that heartbeats runs elsewhere and is left to the
+// reaper. A crashed worker has stopped, so this costs the fast path one
+// window.
+func reclaimDeadNeighbours(ctx context.Context, b broker.Broker, rp *reaper.Reaper, self string, grace, window time.Duration, log hclog.Logger) {
 	rec, ok := b.(broker.OrphanReclaimer)
 	if !ok {
 		return
@@ -47,50 +57,57 @@ func reclaimDeadNeighbours(ctx context.Context, b broker.Broker, rp *reaper.Reap
 	if err != nil {
 		return
 	}
-	stale := 2 * heartbeat
-	expired := 0
-	waited := false
-	for {
+	// candidates are the workers of this machine's name, other than this
+	// one, whose pid does not exist here.
+	candidates := func() (map[string]broker.WorkerInfo, bool) {
 		workers, err := b.Workers(ctx)
 		if err != nil {
 			log.Warn("fast reclaim: cannot list workers", "error", err)
-			return
+			return nil, false
 		}
-		live, err := rec.LiveWorkers(ctx, stale)
-		if err != nil {
-			log.Warn("fast reclaim: cannot read the live workers", "error", err)
-			return
-		}
-		heartbeating := 0
+		out := map[string]broker.WorkerInfo{}
 		for _, w := range workers {
-			if w.ID == self || w.Host != host || !pidGone(w.PID) {
-				continue
+			if w.ID != self && w.Host == host && pidGone(w.PID) {
+				out[w.ID] = w
 			}
-			if slices.Contains(live, w.ID) {
-				if waited {
-					log.Info("a worker with this machine's name and a pid not seen here goes on heartbeating: it runs elsewhere (another PID namespace); left to the reaper",
-						"worker", w.ID, "pid", w.PID)
-				}
-				heartbeating++
-				continue
-			}
-			if err := rec.ExpireWorker(ctx, w.ID); err != nil && !errors.Is(err, broker.ErrNotFound) {
-				log.Warn("fast reclaim: cannot mark a dead worker", "worker", w.ID, "error", err)
-				continue
-			}
-			log.Warn("previous worker on this machine is gone; reclaiming its work now", "worker", w.ID, "pid", w.PID)
-			expired++
 		}
-		if heartbeating == 0 || waited {
-			break
+		return out, true
+	}
+	first, ok := candidates()
+	if !ok || len(first) == 0 {
+		return
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(window):
+	}
+	second, ok := candidates()
+	if !ok {
+		return
+	}
+	live, err := rec.LiveWorkers(ctx, window)
+	if err != nil {
+		log.Warn("fast reclaim: cannot read the live workers", "error", err)
+		return
+	}
+	expired := 0
+	for id, w := range second {
+		if was, seen := first[id]; !seen || was.PID != w.PID {
+			continue
 		}
-		// Give the candidates time to miss two heartbeats, then look again.
-		waited = true
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(stale + heartbeat/2):
+		if slices.Contains(live, id) {
+			log.Info("a worker with this machine's name and a pid not seen here goes on heartbeating: it runs elsewhere (another PID namespace); left to the reaper",
+				"worker", id, "pid", w.PID)
+			continue
 		}
+		if err := rec.ExpireWorker(ctx, id); err != nil && !errors.Is(err, broker.ErrNotFound) {
+			log.Warn("fast reclaim: cannot mark a dead worker", "worker", id, "error", err)
+			continue
+		}
+		log.Warn("previous worker on this machine is gone; reclaiming its work now", "worker", id, "pid", w.PID,
+			"silent_for_at_least", window.String())
+		expired++
 	}
 	if expired == 0 {
 		return

@@ -30,12 +30,14 @@ func goneProcessPID(t *testing.T) int {
 	return cmd.Process.Pid
 }
 
-// TestFastReclaimLeavesHeartbeatingNeighbours: two workers registered from
-// this machine's name with pids that do not exist here. The one that stays
-// silent is the previous process, dead: the fast path marks it dead and its
-// message goes back to the queue. The one that goes on heartbeating runs in
-// another PID namespace (a container with the same hostname): it is left
-// alone, and so is its message.
+// TestFastReclaimLeavesHeartbeatingNeighbours: three workers registered
+// from this machine's name with pids that do not exist here. The one that
+// stays silent is the previous process, dead: the fast path marks it dead
+// and its message goes back to the queue. The one that goes on
+// heartbeating runs in another PID namespace (a container with the same
+// hostname): it is left alone, and so is its message. So is the one that
+// was silent when the fast path first looked but heartbeats before it
+// looks again: a live sibling that was late, not a dead process.
 func TestFastReclaimLeavesHeartbeatingNeighbours(t *testing.T) {
 	ctx := t.Context()
 	b, err := local.Open(ctx, local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
@@ -48,7 +50,8 @@ func TestFastReclaimLeavesHeartbeatingNeighbours(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := goneProcessPID(t)
-	for _, id := range []string{"self", "dead", "elsewhere"} {
+	workers := []string{"dead", "elsewhere", "late"}
+	for _, id := range append([]string{"self"}, workers...) {
 		p := pid
 		if id == "self" {
 			p = os.Getpid()
@@ -58,7 +61,7 @@ func TestFastReclaimLeavesHeartbeatingNeighbours(t *testing.T) {
 		}
 	}
 	claimed := map[string]int64{}
-	for _, id := range []string{"dead", "elsewhere"} {
+	for _, id := range workers {
 		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "q", Task: "t"}); err != nil {
 			t.Fatal(err)
 		}
@@ -68,35 +71,58 @@ func TestFastReclaimLeavesHeartbeatingNeighbours(t *testing.T) {
 		}
 		claimed[id] = ms[0].ID
 	}
-	const heartbeat = 200 * time.Millisecond
+	const window = 600 * time.Millisecond
 	hbCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() {
 		for hbCtx.Err() == nil {
 			_ = b.Heartbeat(hbCtx, "self")
 			_ = b.Heartbeat(hbCtx, "elsewhere")
-			time.Sleep(heartbeat / 4)
+			time.Sleep(window / 10)
 		}
 	}()
-	// "dead" stopped heartbeating a while ago.
-	time.Sleep(2*heartbeat + 50*time.Millisecond)
+	// "dead" and "late" have been silent a while when the fast path first
+	// looks; "late" heartbeats once while it waits.
+	time.Sleep(window)
+	go func() {
+		select {
+		case <-hbCtx.Done():
+		case <-time.After(window / 2):
+			_ = b.Heartbeat(hbCtx, "late")
+		}
+	}()
 
 	s := reaper.DefaultSettings()
 	s.Grace = 0
 	rp := reaper.New(b, "self", s, hclog.NewNullLogger(), reaper.NewMetrics(prometheus.NewRegistry()))
-	reclaimDeadNeighbours(ctx, b, rp, "self", 0, heartbeat, hclog.NewNullLogger())
+	reclaimDeadNeighbours(ctx, b, rp, "self", 0, window, hclog.NewNullLogger())
 
-	live, err := b.LiveWorkers(ctx, 2*heartbeat)
+	live, err := b.LiveWorkers(ctx, window)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(live, "elsewhere") || slices.Contains(live, "dead") {
-		t.Errorf("live workers after the fast path: %v; want elsewhere in, dead out", live)
+	if !slices.Contains(live, "elsewhere") || !slices.Contains(live, "late") || slices.Contains(live, "dead") {
+		t.Errorf("live workers after the fast path: %v; want elsewhere and late in, dead out", live)
 	}
 	if m, err := b.GetMessage(ctx, claimed["dead"]); err != nil || m.State != broker.StateQueued {
 		t.Errorf("the dead worker's message: %+v, %v; want it back in the queue", m, err)
 	}
-	if m, err := b.GetMessage(ctx, claimed["elsewhere"]); err != nil || m.State != broker.StateRunning || m.ClaimedBy != "elsewhere" {
-		t.Errorf("the heartbeating worker's message: %+v, %v; want it still running under elsewhere", m, err)
+	for _, id := range []string{"elsewhere", "late"} {
+		if m, err := b.GetMessage(ctx, claimed[id]); err != nil || m.State != broker.StateRunning || m.ClaimedBy != id {
+			t.Errorf("the message of %s, which heartbeats: %+v, %v; want it still running under %s", id, m, err, id)
+		}
+	}
+}
+
+func TestFastReclaimWindow(t *testing.T) {
+	for _, c := range []struct{ heartbeat, after, want time.Duration }{
+		{5 * time.Second, 120 * time.Second, 30 * time.Second},
+		{20 * time.Second, 120 * time.Second, 60 * time.Second},
+		{60 * time.Second, 120 * time.Second, 120 * time.Second},
+		{500 * time.Millisecond, 2 * time.Second, 2 * time.Second},
+	} {
+		if got := fastReclaimWindow(c.heartbeat, c.after); got != c.want {
+			t.Errorf("fastReclaimWindow(%s, %s) = %s, want %s", c.heartbeat, c.after, got, c.want)
+		}
 	}
 }

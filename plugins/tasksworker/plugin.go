@@ -231,7 +231,8 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	rt.wg.Go(func() { watchProviders(bg, host, reg, p.log.Named("providers")) })
 	if cfg.Reaper.Enabled {
 		rt.wg.Go(func() {
-			reclaimDeadNeighbours(bg, b, rp, pool.WorkerID(), cfg.Reaper.Grace, cfg.HeartbeatInterval, p.log.Named("reaper"))
+			reclaimDeadNeighbours(bg, b, rp, pool.WorkerID(), cfg.Reaper.Grace,
+				fastReclaimWindow(cfg.HeartbeatInterval, cfg.Reaper.After), p.log.Named("reaper"))
 		})
 	}
 	if cfg.Beat && canLead {
