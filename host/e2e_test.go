@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -529,6 +530,28 @@ func TestHostEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("a frozen plugin fails its health checks and is restarted", func(t *testing.T) {
+		before := h.plugins(t)["echo"]
+		if before.State != "running" || before.PID == 0 {
+			t.Fatalf("echo: %+v, want running", before)
+		}
+		// SIGSTOP: the process lives and its connection stays open, but
+		// nothing answers.
+		if err := syscall.Kill(before.PID, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = syscall.Kill(before.PID, syscall.SIGCONT) })
+		waitFor(t, 60*time.Second, "the frozen echo plugin is replaced by a new process", func() bool {
+			st := h.plugins(t)["echo"]
+			return st.State == "running" && st.PID != 0 && st.PID != before.PID
+		})
+		if after := h.plugins(t)["echo"]; after.Restarts <= before.Restarts || !strings.Contains(after.LastError, "health checks failed") {
+			t.Errorf("echo after the freeze: restarts %d (was %d), last error %q; want a restart for failed health checks",
+				after.Restarts, before.Restarts, after.LastError)
+		}
+		waitFor(t, 10*time.Second, "the frozen process is gone", func() bool { return !pidAlive(before.PID) })
+	})
+
 	t.Run("SIGTERM stops every plugin and the host exits cleanly", func(t *testing.T) {
 		pids := []int{}
 		for _, st := range h.plugins(t) {
@@ -714,4 +737,28 @@ plugins:
 	if resp.StatusCode != 200 || !strings.Contains(string(page), `id="plugin-echo"`) {
 		t.Errorf("after login: %d, page lacks the plugin list", resp.StatusCode)
 	}
+}
+
+// TestPluginChildrenDieWithIt: a plugin binary that starts a child process
+// and then fails its handshake. The host kills the plugin's whole process
+// group, so the child does not live on, reparented to init.
+func TestPluginChildrenDieWithIt(t *testing.T) {
+	dir := t.TempDir()
+	pidFile := filepath.Join(dir, "child.pid")
+	script := "#!/bin/sh\nsleep 300 &\necho $! > " + pidFile + ".tmp\nmv " + pidFile + ".tmp " + pidFile + "\necho 'not a handshake'\nsleep 300\n"
+	if err := os.WriteFile(filepath.Join(dir, "fp-plugin-spawner"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	startHost(t, "listen: LISTEN\nplugins_dir: "+dir+"\nplugins:\n  spawner:\n    enabled: true\n")
+	var child int
+	waitFor(t, 15*time.Second, "the plugin started its child", func() bool {
+		b, err := os.ReadFile(pidFile)
+		if err != nil {
+			return false
+		}
+		child, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		return err == nil && child > 0
+	})
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	waitFor(t, 15*time.Second, "the child of the failed plugin is gone", func() bool { return !pidAlive(child) })
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -286,8 +287,27 @@ func (s *Supervisor) waitOperator(ctx context.Context) bool {
 
 type launched struct {
 	pc     *plugin.Client
+	cmd    *exec.Cmd
 	client *capability.Client
 	rpc    plugin.ClientProtocol
+}
+
+// killGroup sends SIGKILL to the plugin's process group: the plugin runs
+// as the leader of its own group, so this ends whatever it started too,
+// which would otherwise be left running when the plugin dies. A group
+// that is already gone is not an error.
+func killGroup(cmd *exec.Cmd) {
+	if cmd != nil && cmd.Process != nil && cmd.Process.Pid > 0 {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
+// kill ends a plugin that is dead, hung or failed its start: at once, with
+// its process group, then lets go-plugin clean up (its own Kill first asks
+// the plugin to exit and waits, which a frozen process never does).
+func (lp *launched) kill() {
+	killGroup(lp.cmd)
+	lp.pc.Kill()
 }
 
 func (s *Supervisor) env() []string {
@@ -325,6 +345,8 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	}
 	cmd := exec.Command(path)
 	cmd.Env = s.env()
+	// Its own process group, so that killing it ends what it started.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	pc := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  capability.Handshake,
 		VersionedPlugins: capability.VersionedPlugins(nil),
@@ -341,6 +363,7 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 		Managed:          false,
 	})
 	fail := func(err error) (*launched, error) {
+		killGroup(cmd)
 		pc.Kill()
 		return nil, err
 	}
@@ -403,7 +426,7 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	s.client = c
 	s.mu.Unlock()
 	s.log.Info("plugin running", "pid", desc.PID, "version", desc.Version, "capabilities", fmt.Sprint(desc.Capabilities))
-	return &launched{pc: pc, client: c, rpc: rpc}, nil
+	return &launched{pc: pc, cmd: cmd, client: c, rpc: rpc}, nil
 }
 
 func hasVersion(vs []int, v int) bool {
@@ -437,7 +460,7 @@ func (s *Supervisor) watch(ctx context.Context, lp *launched) (restart bool, err
 	for {
 		select {
 		case <-lp.client.Exited():
-			lp.pc.Kill()
+			lp.kill()
 			return false, fmt.Errorf("plugin process exited unexpectedly%s", s.stderrHint())
 		case <-ctx.Done():
 			s.stop(lp)
@@ -455,7 +478,7 @@ func (s *Supervisor) watch(ctx context.Context, lp *launched) (restart bool, err
 			failures++
 			s.log.Warn("health check failed", "error", err, "failures", failures)
 			if failures >= healthFailures {
-				lp.pc.Kill()
+				lp.kill()
 				return false, fmt.Errorf("plugin hung: %d health checks failed in a row, last: %w", failures, err)
 			}
 		}
@@ -464,12 +487,25 @@ func (s *Supervisor) watch(ctx context.Context, lp *launched) (restart bool, err
 
 // checkHealth pings the connection and asks the plugin. A plugin that
 // answers with a bad status is degraded, not dead.
+//
+// Both are bounded by healthTimeout: a plugin that is frozen (stopped,
+// deadlocked, swapped out) keeps its connection open and never answers,
+// and go-plugin's Ping has no deadline of its own. The goroutine of a ping
+// that timed out returns when the connection closes, which killing the
+// process does.
 func (s *Supervisor) checkHealth(ctx context.Context, lp *launched) error {
-	if err := lp.rpc.Ping(); err != nil {
-		return fmt.Errorf("ping: %w", err)
-	}
 	hctx, cancel := context.WithTimeout(ctx, healthTimeout)
 	defer cancel()
+	ping := make(chan error, 1)
+	go func() { ping <- lp.rpc.Ping() }()
+	select {
+	case err := <-ping:
+		if err != nil {
+			return fmt.Errorf("ping: %w", err)
+		}
+	case <-hctx.Done():
+		return fmt.Errorf("ping: no answer within %s", healthTimeout)
+	}
 	h, err := lp.client.CheckHealth(hctx)
 	if err != nil {
 		return err
@@ -498,8 +534,10 @@ func (s *Supervisor) stop(lp *launched) {
 	defer cancel()
 	if err := lp.client.Stop(ctx); err != nil {
 		s.log.Warn("graceful stop failed; killing", "error", err)
+		killGroup(lp.cmd)
 	}
 	lp.pc.Kill()
+	killGroup(lp.cmd) // what the plugin started and left behind
 	s.setState(StateStopped, func(st *Status) { st.PID = 0 })
 }
 
