@@ -26,6 +26,13 @@ type Host struct {
 	started bool
 	stopped bool
 	wg      sync.WaitGroup
+	running []runningSup // the supervisors Start started
+}
+
+// runningSup is a started supervisor and how to stop it.
+type runningSup struct {
+	s    *Supervisor
+	stop context.CancelFunc
 }
 
 // New builds a host for cfg. Nothing starts until Start.
@@ -70,18 +77,25 @@ func (h *Host) Start(ctx context.Context) error {
 			h.log.Info("plugin disabled in the config", "plugin", s.name)
 			continue
 		}
+		sctx, stop := context.WithCancel(runCtx)
+		h.running = append(h.running, runningSup{s: s, stop: stop})
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
-			s.run(runCtx)
+			s.run(sctx)
 		}()
 	}
 	return nil
 }
 
-// Stop stops every plugin in parallel (each gets its graceful Stop, then is
-// killed) and waits, at most until ctx is done. Safe to call twice and
-// before Start.
+// Stop stops the plugins (each gets its graceful Stop, then is killed)
+// and waits, at most until ctx is done. Safe to call twice and before
+// Start.
+//
+// It stops them in two waves, each in parallel: first every plugin that
+// provides no tasks, then the task providers. A worker plugin drains while
+// the plugins its tasks run in still answer, so a deploy does not fail the
+// tasks it was running.
 func (h *Host) Stop(ctx context.Context) error {
 	h.mu.Lock()
 	if !h.started || h.stopped {
@@ -89,8 +103,31 @@ func (h *Host) Stop(ctx context.Context) error {
 		return nil
 	}
 	h.stopped = true
-	h.cancel()
+	running := h.running
 	h.mu.Unlock()
+	defer h.cancel()
+
+	var first, second []runningSup
+	for _, r := range running {
+		if r.s.Status().Has(capability.Tasks) {
+			second = append(second, r)
+		} else {
+			first = append(first, r)
+		}
+	}
+	for _, wave := range [][]runningSup{first, second} {
+		for _, r := range wave {
+			r.stop()
+		}
+		for _, r := range wave {
+			select {
+			case <-r.s.done:
+			case <-ctx.Done():
+				h.cancel()
+				return fmt.Errorf("plugins still stopping: %w", ctx.Err())
+			}
+		}
+	}
 	done := make(chan struct{})
 	go func() {
 		h.wg.Wait()

@@ -3,10 +3,14 @@ package host_test
 import (
 	"encoding/json"
 	"net/http"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/taskhost/taskhost/broker/local"
 )
 
 type taskView struct {
@@ -119,5 +123,67 @@ plugins:
 	}
 	if !failed || !success {
 		t.Fatalf("reports do not show a failed attempt naming the provider and a successful one with its log: %s", body)
+	}
+}
+
+// TestSIGTERMDrainsProvidedTasks: a deploy (SIGTERM to the host) while a
+// task runs in another plugin. The host stops tasks_worker first and the
+// task providers after it, so the running task finishes in its provider
+// while tasks_worker drains: it ends done, in one attempt. Before, every
+// plugin was stopped at once and the task failed for good ("plugin not
+// running") with its only attempt.
+func TestSIGTERMDrainsProvidedTasks(t *testing.T) {
+	dataDir := t.TempDir()
+	h := startHost(t, `
+listen: LISTEN
+plugins_dir: PLUGINS
+shutdown_timeout_seconds: 30
+plugins:
+  tasks_worker:
+    enabled: true
+    config: {broker: local, data_dir: `+dataDir+`, workers: 2, drain_timeout_seconds: 20}
+  example:
+    enabled: true
+`)
+	h.waitState(t, "tasks_worker", "running", 30*time.Second)
+	h.waitState(t, "example", "running", 30*time.Second)
+	var id string
+	waitFor(t, 20*time.Second, "example.count is accepted", func() bool {
+		resp, err := http.Post(h.base+"/plugin-pkg/tasks_worker/api/tasks", "application/json",
+			strings.NewReader(`{"task": "example.count", "payload": {"to": 20, "step_ms": 100}, "max_attempts": 1}`))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var out struct {
+			ID string `json:"id"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		id = out.ID
+		return resp.StatusCode == http.StatusCreated
+	})
+	waitFor(t, 20*time.Second, "example.count runs", func() bool { return taskState(t, h, id).State == "running" })
+	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("host did not exit within 60s of SIGTERM")
+	}
+
+	b, err := local.Open(t.Context(), local.Options{Path: filepath.Join(dataDir, "taskhost.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	n, _ := strconv.ParseInt(id, 10, 64)
+	m, err := b.GetMessage(t.Context(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.State != "done" || m.Attempts != 1 || string(m.Result) != `{"counted":20}` {
+		t.Fatalf("the task running at SIGTERM: state %s, attempts %d, result %s, last error %q; want done in one attempt",
+			m.State, m.Attempts, m.Result, m.LastError)
 	}
 }
