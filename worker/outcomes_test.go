@@ -271,3 +271,26 @@ func TestStopIsBoundedWhenWritesHang(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryAfterSpacesTheRetry: a handler that fails with RetryAfter is
+// retried no sooner than it asked, even when the task's backoff is shorter.
+func TestRetryAfterSpacesTheRetry(t *testing.T) {
+	b := testBrokers(t)["memory"](t)
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "later", MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 },
+		Handler: func(context.Context, *TaskContext) (any, error) {
+			return nil, RetryAfter(errors.New("service restarting"), time.Hour)
+		}})
+	startPool(t, b, reg, Options{})
+	before := time.Now()
+	id := submit(t, b, "later", `{}`)
+	m := waitState(t, b, id, broker.StateQueued)
+	for m.Attempts == 0 {
+		time.Sleep(10 * time.Millisecond)
+		m = waitState(t, b, id, broker.StateQueued)
+	}
+	if m.LastError != "service restarting" || m.AvailableAt.Before(before.Add(time.Hour)) {
+		t.Fatalf("after a failure asking for an hour: last error %q, available at %s (in %s); want an hour from now",
+			m.LastError, m.AvailableAt, time.Until(m.AvailableAt).Round(time.Second))
+	}
+}

@@ -905,7 +905,7 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 		msg = "task failed"
 	}
 	if attempt < maxAttempts {
-		d := t.BackoffFor(attempt)
+		d := t.retryDelay(attempt, res.err)
 		log.Warn("task failed; retrying", "error", msg, "max_attempts", maxAttempts, "retry_in", d.String())
 		return c.fail(msg, true, d)
 	}

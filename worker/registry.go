@@ -81,6 +81,33 @@ func (t Task) BackoffFor(attempt int) time.Duration {
 	return DefaultBackoff(attempt)
 }
 
+// RetryAfter wraps err so that, when the attempt is retried, it waits at
+// least d, whatever the task's backoff says: a handler that knows its
+// failure needs time to pass (a service restarting, a rate limit) says so.
+func RetryAfter(err error, d time.Duration) error {
+	return &retryAfterError{err: err, after: d}
+}
+
+type retryAfterError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// retryDelay is the delay before retrying after failed attempt n that
+// ended with err: the task's backoff, or longer when err asks for it
+// (RetryAfter).
+func (t Task) retryDelay(attempt int, err error) time.Duration {
+	d := t.BackoffFor(attempt)
+	var ra *retryAfterError
+	if errors.As(err, &ra) {
+		d = max(d, ra.after)
+	}
+	return d
+}
+
 // DefaultBackoff is 1s*2^(attempt-1), capped at 5 minutes.
 func DefaultBackoff(attempt int) time.Duration {
 	const limit = 5 * time.Minute

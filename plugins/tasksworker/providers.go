@@ -83,6 +83,10 @@ func discoverProviders(ctx context.Context, host capability.HostServices, reg *w
 	}
 }
 
+// providerRetry is the least delay before retrying an attempt that failed
+// because its provider plugin was not running.
+const providerRetry = 20 * time.Second
+
 // providedTask runs a task in its provider plugin through the host,
 // forwarding its log lines and progress to the attempt.
 func providedTask(host capability.HostServices, plugin string, spec capability.TaskSpec) worker.Task {
@@ -102,7 +106,10 @@ func providedTask(host capability.HostServices, plugin string, spec capability.T
 			case errors.As(err, &te):
 				return nil, te
 			case errors.Is(err, capability.ErrUnavailable), errors.Is(err, capability.ErrNotFound):
-				return nil, fmt.Errorf("plugin %s, which provides %s, is not running; the attempt is retried by the task's rules: %w", plugin, spec.Name, err)
+				// The host restarts a crashed plugin with a backoff of up
+				// to a minute: spacing the retries gives it that time
+				// rather than spending every attempt in a few seconds.
+				return nil, worker.RetryAfter(fmt.Errorf("plugin %s, which provides %s, is not running (%w)", plugin, spec.Name, err), providerRetry)
 			}
 			return nil, fmt.Errorf("running %s in plugin %s: %w", spec.Name, plugin, err)
 		},
