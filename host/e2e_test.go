@@ -308,6 +308,10 @@ func TestHostEndToEnd(t *testing.T) {
 	h.waitState(t, "echo", "running", 30*time.Second)
 
 	t.Run("broken plugins are reported and the others keep running", func(t *testing.T) {
+		if st := h.waitState(t, "crasher", "failed", 30*time.Second); !strings.Contains(st.LastError, "did not answer with the plugin handshake") ||
+			!strings.Contains(st.LastError, "(exit status 3)") || !strings.Contains(st.LastError, "crasher: failing on purpose at start") {
+			t.Errorf("crasher: last error %q; want the missing handshake, the exit status and its stderr", st.LastError)
+		}
 		cases := map[string]string{
 			"crasher":   "gave up after 2 restarts",
 			"impostor":  `says its name is "somebody_else", but it is configured as "impostor"`,
@@ -415,6 +419,9 @@ func TestHostEndToEnd(t *testing.T) {
 		code, body := get(t, h.base+"/plugin-pkg/echo/echo?a=b")
 		if code != 200 || body != "GET /echo?a=b 0" {
 			t.Errorf("echo: %d %q", code, body)
+		}
+		if code, body := get(t, h.base+"/plugin-pkg/echo/echo%00x"); code != http.StatusBadRequest || !strings.Contains(body, "control character") {
+			t.Errorf("a path with %%00: %d %s; want 400 naming the control character", code, body)
 		}
 		resp, err = http.Post(h.base+"/plugin-pkg/echo/echo", "text/plain", bytes.NewReader(make([]byte, 9<<20)))
 		if err != nil {
@@ -525,8 +532,8 @@ func TestHostEndToEnd(t *testing.T) {
 			_, body := get(t, h.base+"/plugin-pkg/metrics/api/prometheus")
 			return hasSeries(body, "fp_tasks_worker_fastpluggy_broker_beats") && strings.Contains(body, `fp_metrics_source_up{plugin="tasks_worker"} 1`)
 		})
-		if !strings.Contains(h.log.String(), "plugin process exited unexpectedly") {
-			t.Error("the host did not log the crash")
+		if !strings.Contains(h.log.String(), "plugin process exited unexpectedly (signal: killed)") {
+			t.Error("the host did not log the crash with its cause")
 		}
 	})
 

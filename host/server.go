@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/hashicorp/go-hclog"
@@ -207,6 +208,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	}
 	if !st.Has(capability.HTTP) {
 		httpError(w, http.StatusNotFound, fmt.Sprintf("plugin %q serves no HTTP", name))
+		return
+	}
+	if path := chi.URLParam(r, "*"); strings.ContainsFunc(path, unicode.IsControl) {
+		httpError(w, http.StatusBadRequest, "the path holds a control character (such as %00): no plugin serves such a path")
 		return
 	}
 	limit := s.h.Config().MaxBodyBytes

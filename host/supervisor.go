@@ -302,6 +302,26 @@ func killGroup(cmd *exec.Cmd) {
 	}
 }
 
+// exitStatus describes how the plugin's process ended, as " (exit status
+// 3)" or " (signal: killed)", or "" while it runs. go-plugin sets exited
+// under its lock after its Wait returned, so ProcessState is set then.
+func exitStatus(pc *plugin.Client, cmd *exec.Cmd) string {
+	if !pc.Exited() || cmd.ProcessState == nil {
+		return ""
+	}
+	return " (" + cmd.ProcessState.String() + ")"
+}
+
+// handshakeHint shortens go-plugin's error for a process that wrote
+// something other than the handshake on stdout (or exited before writing
+// it): its text lists causes that do not apply here.
+func handshakeHint(err error) error {
+	if strings.Contains(err.Error(), "Unrecognized remote plugin message") {
+		return errors.New("it did not answer with the plugin handshake: a taskhost plugin calls capability.Serve and writes nothing else to stdout")
+	}
+	return err
+}
+
 // kill ends a plugin that is dead, hung or failed its start: at once, with
 // its process group, then lets go-plugin clean up (its own Kill first asks
 // the plugin to exit and waits, which a frozen process never does).
@@ -372,7 +392,14 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
 			return fail(&permanentError{fmt.Errorf("%s does not match its sha256 pin in the config: the binary changed; update plugins.%s.sha256 to the output of `sha256sum %s` if the change is intended", path, s.name, path)})
 		}
-		return fail(fmt.Errorf("start %s: %w%s", path, err, s.stderrHint()))
+		killGroup(cmd)
+		pc.Kill()
+		// How it ended, unless that was this kill.
+		ended := exitStatus(pc, cmd)
+		if ended == " (signal: killed)" {
+			ended = ""
+		}
+		return nil, fmt.Errorf("start %s: %w%s%s", path, handshakeHint(err), ended, s.stderrHint())
 	}
 	c, err := capability.FromRPC(rpc)
 	if err != nil {
@@ -460,8 +487,9 @@ func (s *Supervisor) watch(ctx context.Context, lp *launched) (restart bool, err
 	for {
 		select {
 		case <-lp.client.Exited():
+			ended := exitStatus(lp.pc, lp.cmd)
 			lp.kill()
-			return false, fmt.Errorf("plugin process exited unexpectedly%s", s.stderrHint())
+			return false, fmt.Errorf("plugin process exited unexpectedly%s%s", ended, s.stderrHint())
 		case <-ctx.Done():
 			s.stop(lp)
 			return false, nil
