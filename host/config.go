@@ -1,8 +1,12 @@
 package host
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"io"
+	"strconv"
 
 	"fmt"
 	"net"
@@ -175,8 +179,13 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 		MaxBodyBytes:    8 << 20,
 	}
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, &ConfigError{File: p.file, Problem: "not valid YAML: " + err.Error()}
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, &ConfigError{File: p.file, Problem: "more than one YAML document (a line of ---): put every setting in one"}
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 {
 		return nil, &ConfigError{File: p.file, Problem: "the file is empty; see README.md for an example"}
@@ -385,9 +394,16 @@ func (p *configParser) pluginConfig(key string, v *yaml.Node, dst *json.RawMessa
 }
 
 func (p *configParser) validate(cfg *Config, root *yaml.Node) error {
-	host, _, err := net.SplitHostPort(cfg.Listen)
+	host, port, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
 		return p.errf("listen", findKey(root, "listen"), "%q is not host:port (e.g. 127.0.0.1:8080): %v", cfg.Listen, err)
+	}
+	if n, err := strconv.Atoi(port); err == nil {
+		if n < 0 || n > 65535 {
+			return p.errf("listen", findKey(root, "listen"), "%q: the port must be a number from 0 to 65535", cfg.Listen)
+		}
+	} else if _, err := net.LookupPort("tcp", port); err != nil {
+		return p.errf("listen", findKey(root, "listen"), "%q: the port is neither a number from 0 to 65535 nor a service name", cfg.Listen)
 	}
 	if !IsLoopback(host) && cfg.AdminToken == "" {
 		return p.errf("admin_token", findKey(root, "listen"),

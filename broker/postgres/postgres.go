@@ -210,13 +210,30 @@ const cancelWait = 2 * time.Second
 
 var schemaName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
+// CheckSchema reports whether schema can name the broker's schema (empty
+// is the default, public).
+func CheckSchema(schema string) error {
+	if schema != "" && !schemaName.MatchString(schema) {
+		return broker.Invalid("postgres schema name %q: use letters, digits and underscores (at most 63, not starting with a digit)", schema)
+	}
+	return nil
+}
+
+// CheckDSN reports whether dsn parses, without connecting.
+func CheckDSN(dsn string) error {
+	if _, err := pgx.ParseConfig(dsn); err != nil {
+		return broker.Invalid("the dsn does not parse: %v", err)
+	}
+	return nil
+}
+
 // connConfig parses dsn and points the connections' search_path at schema.
 func connConfig(dsn, schema string) (*pgx.ConnConfig, string, error) {
 	if schema == "" {
 		schema = DefaultSchema
 	}
-	if !schemaName.MatchString(schema) {
-		return nil, "", broker.Invalid("postgres schema name %q: use letters, digits and underscores (at most 63, not starting with a digit)", schema)
+	if err := CheckSchema(schema); err != nil {
+		return nil, "", err
 	}
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {

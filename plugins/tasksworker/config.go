@@ -191,6 +191,17 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 	if cfg.Broker == "postgres" && cfg.DSN == "" {
 		return cfg, invalid("dsn", "the postgres broker needs a dsn: set dsn (e.g. ${%s}) or the %s environment variable, and pass it with env: [%s] in the host config", DSNEnv, DSNEnv, DSNEnv)
 	}
+	if cfg.Broker == "postgres" {
+		// Checked here, so that a value that can never work fails the
+		// plugin at once, naming the key, instead of being retried as if
+		// the database were down.
+		if err := postgres.CheckSchema(cfg.Schema); err != nil {
+			return cfg, invalid("schema", "%v", strings.TrimPrefix(err.Error(), broker.ErrInvalid.Error()+": "))
+		}
+		if err := postgres.CheckDSN(cfg.DSN); err != nil {
+			return cfg, invalid("dsn", "%v", strings.TrimPrefix(err.Error(), broker.ErrInvalid.Error()+": "))
+		}
+	}
 	if cfg.DataDir == "" {
 		cfg.DataDir = "var"
 	}
