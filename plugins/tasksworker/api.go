@@ -97,14 +97,26 @@ func writeBrokerError(w http.ResponseWriter, what string, err error) {
 // trailing data and an over-long body are errors with a message for a
 // person. example shows a good body.
 func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any, example string) bool {
-	body := http.MaxBytesReader(w, r.Body, limit)
-	dec := json.NewDecoder(body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err == nil {
-		if dec.Decode(&struct{}{}) != io.EOF {
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(v)
+		if err == nil && dec.Decode(&struct{}{}) != io.EOF {
 			writeError(w, http.StatusBadRequest, "the request body holds more than one JSON value; send one object, such as %s", example)
 			return false
+		}
+	}
+	if err == nil {
+		if k := duplicateKey(data); k != "" {
+			writeError(w, http.StatusBadRequest, "key %q appears twice in the request body; each key of an object must be unique", k)
+			return false
+		}
+		if names := jsonNames(v); names != nil {
+			if err := exactKeys(data, names); err != nil {
+				writeError(w, http.StatusBadRequest, "%v in the request body (keys are case-sensitive); the fields are those of %s", err, example)
+				return false
+			}
 		}
 		return true
 	}
