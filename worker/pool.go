@@ -894,7 +894,10 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 		res.err = fmt.Errorf("the task's result cannot be stored: %w", err)
 	case p.runCtx.Err() != nil:
 		// Hard stop: the failure is most likely the cancellation itself.
-		return c.requeueNow("worker stopped", StatusStopped)
+		// The worker's stop cut the attempt short, not the task: it gives
+		// the attempt back, so a deploy does not use up a message's
+		// max_attempts (nor show more attempts than it allows).
+		return c.notRun(0, "worker stopped before the task finished; requeued", StatusStopped)
 	}
 
 	msg := res.err.Error()

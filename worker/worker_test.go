@@ -407,8 +407,10 @@ func TestStopRequeuesTasksStillRunningAfterDrainTimeout(t *testing.T) {
 		t.Errorf("stop took %s", took)
 	}
 	m, _ := b.GetMessage(context.Background(), id)
-	if m.State != broker.StateQueued || m.LastError != "worker stopped" || m.ClaimedBy != "" {
-		t.Errorf("after stop: state %s, error %q, claimed by %q; want queued, %q, nobody", m.State, m.LastError, m.ClaimedBy, "worker stopped")
+	const stopped = "worker stopped before the task finished; requeued"
+	if m.State != broker.StateQueued || m.LastError != stopped || m.ClaimedBy != "" || m.Attempts != 0 {
+		t.Errorf("after stop: state %s, error %q, claimed by %q, attempts %d; want queued, %q, nobody, 0 (the stop gives the attempt back)",
+			m.State, m.LastError, m.ClaimedBy, m.Attempts, stopped)
 	}
 	if ws, _ := b.Workers(context.Background()); len(ws) != 0 {
 		t.Errorf("workers after stop = %+v, want none", ws)
