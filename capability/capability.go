@@ -114,6 +114,29 @@ type Lifecycle interface {
 	Stop(ctx context.Context) error
 }
 
+// ConfigChecker is optional: a plugin that can check its config block
+// without starting anything implements it, and `host check-config` then
+// checks that block too. The host runs the plugin binary as
+// `<binary> check-config` with the block (JSON) on stdin; Serve answers
+// (CheckConfigExit). Return an *InvalidConfigError naming the key.
+type ConfigChecker interface {
+	CheckConfig(raw json.RawMessage) error
+}
+
+// CheckConfigArg is the argument with which a plugin binary checks the
+// config block on its stdin and exits (see ConfigChecker).
+const CheckConfigArg = "check-config"
+
+// Exit statuses of `<binary> check-config`. On CheckConfigInvalid the
+// standard output holds the error as JSON: {"key": "...", "problem": "..."}.
+// (A binary that does not know the argument exits 1, go-plugin's status
+// for a plugin run by hand.)
+const (
+	CheckConfigOK          = 0
+	CheckConfigUnsupported = 3
+	CheckConfigInvalid     = 4
+)
+
 // MetricsPayload is a Prometheus exposition and its expfmt content type.
 type MetricsPayload struct {
 	Body   []byte

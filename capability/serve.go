@@ -1,7 +1,11 @@
 package capability
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"io"
 	"log"
 	"os"
 	"time"
@@ -80,6 +84,9 @@ func WithOrphanStopTimeout(d time.Duration) ServeOption {
 // changes), Serve calls impl.Stop and exits, so a SIGKILLed host leaves no
 // plugin running.
 func Serve(impl Lifecycle, opts ...ServeOption) {
+	if len(os.Args) == 2 && os.Args[1] == CheckConfigArg {
+		os.Exit(checkConfig(impl, os.Stdin, os.Stdout))
+	}
 	o := serveOptions{stopTimeout: 30 * time.Second}
 	for _, f := range opts {
 		f(&o)
@@ -122,4 +129,35 @@ func watchParent(logger hclog.Logger, impl Lifecycle, stopTimeout time.Duration)
 		cancel()
 		os.Exit(0)
 	}
+}
+
+// checkConfig answers `<binary> check-config`: it reads the config block
+// from in, checks it with the plugin's ConfigChecker and returns the exit
+// status, writing the error to out as JSON when the block is invalid.
+func checkConfig(impl Lifecycle, in io.Reader, out io.Writer) int {
+	cc, ok := impl.(ConfigChecker)
+	if !ok {
+		return CheckConfigUnsupported
+	}
+	raw, err := io.ReadAll(io.LimitReader(in, 64<<20))
+	if err != nil {
+		raw = nil
+	}
+	if len(bytes.TrimSpace(raw)) == 0 {
+		raw = json.RawMessage("{}")
+	}
+	err = cc.CheckConfig(raw)
+	if err == nil {
+		return CheckConfigOK
+	}
+	res := struct {
+		Key     string `json:"key"`
+		Problem string `json:"problem"`
+	}{Problem: err.Error()}
+	var ice *InvalidConfigError
+	if errors.As(err, &ice) {
+		res.Key, res.Problem = ice.Key, ice.Problem
+	}
+	_ = json.NewEncoder(out).Encode(res)
+	return CheckConfigInvalid
 }

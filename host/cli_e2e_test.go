@@ -1,6 +1,7 @@
 package host_test
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -67,5 +68,49 @@ plugins:
 	out, err := exec.Command(filepath.Join(binDir, "host"), "plugins", "-addr", "http://127.0.0.1:1").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "cannot reach the host") {
 		t.Fatalf("unreachable host: %v\n%s", err, out)
+	}
+}
+
+// TestCheckConfigChecksPluginBlocks: `host check-config` has each enabled
+// plugin binary check its own config block: a bad tasks_worker setting or
+// schedule fails the check naming the key, a good file passes, and a
+// plugin that cannot check offline (or has no binary) is reported as not
+// checked rather than as ok.
+func TestCheckConfigChecksPluginBlocks(t *testing.T) {
+	check := func(config string) (string, error) {
+		path := filepath.Join(t.TempDir(), "taskhost.yaml")
+		if err := os.WriteFile(path, []byte(strings.ReplaceAll(config, "PLUGINS", pluginsDir)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(filepath.Join(binDir, "host"), "check-config", "-config", path).CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	cases := []struct{ name, block, want string }{
+		{"unknown broker", "{broker: nosuch}", "plugins.tasks_worker.config.broker: unknown broker"},
+		{"negative workers", "{workers: -3}", "plugins.tasks_worker.config.workers: must be a whole number from 1 to 1000"},
+		{"unknown key", "{bogus_key: 1}", "plugins.tasks_worker.config.bogus_key: unknown setting"},
+		{"bad cron", `{schedules: [{name: n, task: demo.echo, cron: "bad cron"}]}`, "plugins.tasks_worker.config.schedules[0]:"},
+		{"bad dsn", `{broker: postgres, dsn: "not a dsn"}`, "plugins.tasks_worker.config.dsn: the dsn does not parse"},
+	}
+	for _, c := range cases {
+		out, err := check("plugins_dir: PLUGINS\nplugins:\n  tasks_worker:\n    enabled: true\n    config: " + c.block + "\n")
+		if err == nil || !strings.Contains(out, c.want) {
+			t.Errorf("%s: check-config = %v\n%s\nwant a failure saying %q", c.name, err, out, c.want)
+		}
+	}
+	out, err := check(`plugins_dir: PLUGINS
+plugins:
+  tasks_worker:
+    enabled: true
+    config: {broker: memory, schedules: [{name: n, task: demo.echo, cron: "0 3 * * *"}]}
+  metrics:
+    enabled: true
+  nobinary:
+    enabled: true
+`)
+	if err != nil || !strings.Contains(out, "plugins.tasks_worker.config: ok") ||
+		!strings.Contains(out, "plugins.metrics.config: not checked: the plugin checks its config only when it starts") ||
+		!strings.Contains(out, "plugins.nobinary.config: not checked: no executable") {
+		t.Errorf("a good file: check-config = %v\n%s", err, out)
 	}
 }

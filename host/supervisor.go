@@ -330,14 +330,18 @@ func (lp *launched) kill() {
 	lp.pc.Kill()
 }
 
-func (s *Supervisor) env() []string {
-	env := []string{"TASKHOST_LOG_LEVEL=" + s.host.LogLevel}
+func (s *Supervisor) env() []string { return pluginEnv(s.host, s.cfg) }
+
+// pluginEnv is a plugin process's environment: the log level, a few
+// basics and the host variables its config passes (env).
+func pluginEnv(host *Config, pc PluginConfig) []string {
+	env := []string{"TASKHOST_LOG_LEVEL=" + host.LogLevel}
 	for _, k := range []string{"PATH", "HOME", "TMPDIR", "TZ"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}
 	}
-	for _, k := range s.cfg.Env {
+	for _, k := range pc.Env {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}

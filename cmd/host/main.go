@@ -100,6 +100,21 @@ func checkConfig(args []string) int {
 		fmt.Fprintf(os.Stderr, "host: %v\n", err)
 		return 1
 	}
+	failed := false
+	for _, c := range host.CheckPluginConfigs(context.Background(), cfg) {
+		switch {
+		case c.Err != nil:
+			failed = true
+			fmt.Fprintf(os.Stderr, "host: %s: %v\n", *path, c.Err)
+		case c.Checked:
+			fmt.Printf("%s: plugins.%s.config: ok\n", *path, c.Plugin)
+		default:
+			fmt.Printf("%s: plugins.%s.config: %s\n", *path, c.Plugin, c.Note)
+		}
+	}
+	if failed {
+		return 1
+	}
 	fmt.Printf("%s: ok (%d plugins configured)\n", *path, len(cfg.Plugins))
 	return 0
 }

@@ -121,6 +121,24 @@ func (p *Plugin) Describe(context.Context) (capability.Description, error) {
 	}, nil
 }
 
+var _ capability.ConfigChecker = (*Plugin)(nil)
+
+// CheckConfig implements capability.ConfigChecker: every check of the
+// config block that needs neither the broker nor the task registry (a
+// schedule's task and topic are checked when the plugin starts).
+func (p *Plugin) CheckConfig(raw json.RawMessage) error {
+	cfg, err := ParseConfig(raw)
+	if err != nil {
+		return err
+	}
+	for i, b := range cfg.Schedules {
+		if _, err := b.check(); err != nil {
+			return invalid(fmt.Sprintf("schedules[%d]", i), "%v", err)
+		}
+	}
+	return nil
+}
+
 // Configure implements capability.Lifecycle: it parses the config, stops
 // what a previous Configure started, opens the broker, registers the
 // built-in tasks and starts the worker pool.

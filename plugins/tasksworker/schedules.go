@@ -35,12 +35,40 @@ var scheduleName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$`)
 
 // toSchedule checks a declared schedule against the registry and returns
 // it, or an error that says which field is wrong and why.
-func (b scheduleBody) toSchedule(rt *runtime, source string) (broker.Schedule, error) {
+// check makes the checks that need no running worker: name, timing,
+// missed policy and payload; it returns the payload to store.
+func (b scheduleBody) check() (json.RawMessage, error) {
 	if !scheduleName.MatchString(b.Name) {
-		return broker.Schedule{}, fmt.Errorf("name %q: use letters, digits and . _ : -, starting with a letter or digit, at most 200 characters", b.Name)
+		return nil, fmt.Errorf("name %q: use letters, digits and . _ : -, starting with a letter or digit, at most 200 characters", b.Name)
 	}
 	if b.Task == "" {
+		return nil, fmt.Errorf("task is required")
+	}
+	if _, err := scheduler.ParseTiming(b.IntervalSeconds, b.Cron); err != nil {
+		return nil, err
+	}
+	switch b.MissedPolicy {
+	case "", broker.MissedSkip, broker.MissedFireOnce:
+	default:
+		return nil, fmt.Errorf("missed_policy %q: use %q or %q", b.MissedPolicy, broker.MissedSkip, broker.MissedFireOnce)
+	}
+	payload := bytes.TrimSpace(b.Payload)
+	if len(payload) == 0 || string(payload) == "null" {
+		payload = []byte("{}")
+	}
+	if !json.Valid(payload) {
+		return nil, fmt.Errorf("payload is not valid JSON")
+	}
+	return payload, nil
+}
+
+func (b scheduleBody) toSchedule(rt *runtime, source string) (broker.Schedule, error) {
+	if b.Task == "" {
 		return broker.Schedule{}, fmt.Errorf("task is required; the tasks are %s", strings.Join(rt.reg.Names(), ", "))
+	}
+	payload, err := b.check()
+	if err != nil {
+		return broker.Schedule{}, err
 	}
 	task, ok := rt.reg.Lookup(b.Task)
 	if !ok {
@@ -52,21 +80,6 @@ func (b scheduleBody) toSchedule(rt *runtime, source string) (broker.Schedule, e
 	}
 	if served := rt.pool.Topics(); !contains(served, topic) {
 		return broker.Schedule{}, fmt.Errorf("topic %q is not served by this worker (it claims from %s)", topic, strings.Join(served, ", "))
-	}
-	if _, err := scheduler.ParseTiming(b.IntervalSeconds, b.Cron); err != nil {
-		return broker.Schedule{}, err
-	}
-	switch b.MissedPolicy {
-	case "", broker.MissedSkip, broker.MissedFireOnce:
-	default:
-		return broker.Schedule{}, fmt.Errorf("missed_policy %q: use %q or %q", b.MissedPolicy, broker.MissedSkip, broker.MissedFireOnce)
-	}
-	payload := bytes.TrimSpace(b.Payload)
-	if len(payload) == 0 || string(payload) == "null" {
-		payload = []byte("{}")
-	}
-	if !json.Valid(payload) {
-		return broker.Schedule{}, fmt.Errorf("payload is not valid JSON")
 	}
 	enabled := true
 	if b.Enabled != nil {
