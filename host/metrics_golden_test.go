@@ -103,7 +103,10 @@ func produceConditionalSeries(t *testing.T, h *hostProc) []string {
 	}
 	var surface []string
 	waitFor(t, 30*time.Second, "every conditional series is present", func() bool {
-		_, body := get(t, h.base+"/plugin-pkg/metrics/api/prometheus")
+		code, body := get(t, h.base+"/plugin-pkg/metrics/api/prometheus")
+		if code != http.StatusOK {
+			return false // the metrics plugin is still starting (503)
+		}
 		surface = metricSurface(t, body)
 		joined := strings.Join(surface, "\n")
 		return strings.Contains(joined, "fp_tasks_worker_fastpluggy_broker_oldest_running_claim_seconds ") &&
@@ -148,6 +151,7 @@ func TestRealPrometheusScrapesEverySeries(t *testing.T) {
 	}
 	h := startHost(t, goldenConfig)
 	h.waitState(t, "tasks_worker", "running", 30*time.Second)
+	h.waitState(t, "metrics", "running", 30*time.Second)
 	produceConditionalSeries(t, h)
 	dir := t.TempDir()
 	promAddr := freeAddr(t)
