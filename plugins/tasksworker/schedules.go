@@ -123,6 +123,9 @@ func scheduleView(s broker.Schedule) map[string]any {
 		v["timing"] = tm.String()
 		v["period_seconds"] = tm.Period(time.Now()).Seconds()
 	}
+	if next, ok := scheduler.NextRun(s); ok && s.Enabled {
+		v["next_run"] = next
+	}
 	return v
 }
 

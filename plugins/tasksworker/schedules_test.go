@@ -179,3 +179,21 @@ func TestScheduleThatStopsProducing(t *testing.T) {
 		}
 	}
 }
+
+// A cron schedule that has not fired yet shows when it will: its next
+// cron time (next_run), not nothing.
+func TestScheduleShowsItsNextRunBeforeItFires(t *testing.T) {
+	f := start(t, nil)
+	if res := f.do("POST", "/api/schedules", `{"name": "at-three", "task": "demo.echo", "cron": "0 3 * * *"}`); res.status != http.StatusCreated && res.status != http.StatusOK {
+		t.Fatalf("create: %d %s", res.status, res.body)
+	}
+	v := f.do("GET", "/api/schedules/at-three", "").json(t)
+	s, _ := v["next_run"].(string)
+	next, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		t.Fatalf("next_run %q: %v (view %v)", s, err, v)
+	}
+	if next.UTC().Hour() != 3 || next.Minute() != 0 || !next.After(time.Now()) || next.After(time.Now().Add(24*time.Hour)) {
+		t.Fatalf("next_run = %s, want the next 03:00 UTC", next)
+	}
+}
