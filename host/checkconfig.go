@@ -3,9 +3,12 @@ package host
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +52,20 @@ func checkPluginConfig(ctx context.Context, cfg *Config, pc PluginConfig) Plugin
 	if info, err := os.Stat(path); err != nil || info.IsDir() || info.Mode().Perm()&0o111 == 0 {
 		res.Note = fmt.Sprintf("not checked: no executable %s (build it, or drop it in %s)", path, cfg.PluginsDir)
 		return res
+	}
+	if pc.SHA256 != "" {
+		// Never run a binary the host would refuse to start: it would get
+		// the plugin's environment and config.
+		sum, err := fileSHA256(path)
+		if err != nil {
+			res.Note = fmt.Sprintf("not checked: reading %s: %v", path, err)
+			return res
+		}
+		if !strings.EqualFold(sum, pc.SHA256) {
+			res.Checked = true
+			res.Err = fmt.Errorf("plugins.%s.sha256: %s does not match its pin (its sha256 is %s); not run", pc.Name, path, sum)
+			return res
+		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, checkConfigTimeout)
 	defer cancel()
@@ -94,4 +111,17 @@ func checkPluginConfig(ctx context.Context, cfg *Config, pc PluginConfig) Plugin
 		res.Note = fmt.Sprintf("not checked: %s %s exited with status %d (a plugin built before config checks, or not a taskhost plugin)", path, capability.CheckConfigArg, code)
 	}
 	return res
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

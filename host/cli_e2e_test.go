@@ -98,7 +98,12 @@ func TestCheckConfigChecksPluginBlocks(t *testing.T) {
 			t.Errorf("%s: check-config = %v\n%s\nwant a failure saying %q", c.name, err, out, c.want)
 		}
 	}
-	out, err := check(`plugins_dir: PLUGINS
+	// A binary that does not match its pin is not run.
+	out, err := check("plugins_dir: PLUGINS\nplugins:\n  tasks_worker:\n    enabled: true\n    sha256: " + strings.Repeat("0", 64) + "\n")
+	if err == nil || !strings.Contains(out, "plugins.tasks_worker.sha256:") || !strings.Contains(out, "does not match its pin") {
+		t.Errorf("a pinned binary that does not match: check-config = %v\n%s", err, out)
+	}
+	out, err = check(`plugins_dir: PLUGINS
 plugins:
   tasks_worker:
     enabled: true

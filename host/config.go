@@ -183,9 +183,17 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, &ConfigError{File: p.file, Problem: "not valid YAML: " + err.Error()}
 	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		return nil, &ConfigError{File: p.file, Problem: "more than one YAML document (a line of ---): put every setting in one"}
+	for {
+		// Further documents are refused, but for empty ones (a trailing
+		// "---").
+		var more yaml.Node
+		err := dec.Decode(&more)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil || !emptyDocument(&more) {
+			return nil, &ConfigError{File: p.file, Problem: "more than one YAML document (a line of ---): put every setting in one"}
+		}
 	}
 	if doc.Kind == 0 || len(doc.Content) == 0 {
 		return nil, &ConfigError{File: p.file, Problem: "the file is empty; see README.md for an example"}
@@ -391,6 +399,15 @@ func (p *configParser) pluginConfig(key string, v *yaml.Node, dst *json.RawMessa
 	}
 	*dst = b
 	return nil
+}
+
+// emptyDocument reports whether n is a YAML document with nothing in it.
+func emptyDocument(n *yaml.Node) bool {
+	if n.Kind == 0 || len(n.Content) == 0 {
+		return true
+	}
+	c := n.Content[0]
+	return c.Kind == yaml.ScalarNode && c.Tag == "!!null" && (c.Value == "" || c.Value == "~" || c.Value == "null")
 }
 
 func (p *configParser) validate(cfg *Config, root *yaml.Node) error {

@@ -124,3 +124,12 @@ func TestIsLoopback(t *testing.T) {
 		}
 	}
 }
+
+// A trailing "---" (an empty second document) is not a second document.
+func TestParseConfigTrailingDocumentMarker(t *testing.T) {
+	for _, src := range []string{"log_level: debug\n---\n", "log_level: debug\n---\n...\n", "log_level: debug\n--- ~\n"} {
+		if cfg, err := ParseConfig("taskhost.yaml", []byte(src)); err != nil || cfg.LogLevel != "debug" {
+			t.Errorf("%q: %v", src, err)
+		}
+	}
+}

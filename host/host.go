@@ -123,6 +123,11 @@ func (h *Host) Stop(ctx context.Context) error {
 			select {
 			case <-r.s.done:
 			case <-ctx.Done():
+				// Out of time: kill what still runs, so no plugin (in
+				// its own process group) outlives the host.
+				for _, r := range running {
+					r.s.KillNow()
+				}
 				h.cancel()
 				return fmt.Errorf("plugins still stopping: %w", ctx.Err())
 			}
@@ -137,6 +142,9 @@ func (h *Host) Stop(ctx context.Context) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+		for _, r := range running {
+			r.s.KillNow()
+		}
 		return fmt.Errorf("plugins still stopping: %w", ctx.Err())
 	}
 }

@@ -103,6 +103,22 @@ type Supervisor struct {
 	st      Status
 	client  *capability.Client
 	crashes []time.Time
+	cur     *exec.Cmd // the plugin process being watched, for KillNow
+}
+
+// KillNow kills the plugin's process group at once, when one is being
+// watched: the host's last resort when its shutdown deadline passes.
+func (s *Supervisor) KillNow() {
+	s.mu.RLock()
+	cmd := s.cur
+	s.mu.RUnlock()
+	killGroup(cmd)
+}
+
+func (s *Supervisor) setCur(cmd *exec.Cmd) {
+	s.mu.Lock()
+	s.cur = cmd
+	s.mu.Unlock()
 }
 
 func newSupervisor(name string, cfg PluginConfig, hostCfg *Config, version string, log hclog.Logger, services capability.HostServices) *Supervisor {
@@ -316,7 +332,9 @@ func exitStatus(pc *plugin.Client, cmd *exec.Cmd) string {
 // something other than the handshake on stdout (or exited before writing
 // it): its text lists causes that do not apply here.
 func handshakeHint(err error) error {
-	if strings.Contains(err.Error(), "Unrecognized remote plugin message") {
+	// go-plugin says one or the other, depending on whether it saw the
+	// process end or its output close first.
+	if msg := err.Error(); strings.Contains(msg, "Unrecognized remote plugin message") || strings.Contains(msg, "plugin exited before we could connect") {
 		return errors.New("it did not answer with the plugin handshake: a taskhost plugin calls capability.Serve and writes nothing else to stdout")
 	}
 	return err
@@ -485,6 +503,8 @@ func (s *Supervisor) stderrHint() string {
 // restarted by an operator, or for shutdown. It returns why it stopped and
 // whether an operator asked for it.
 func (s *Supervisor) watch(ctx context.Context, lp *launched) (restart bool, err error) {
+	s.setCur(lp.cmd)
+	defer s.setCur(nil)
 	t := time.NewTicker(s.host.HealthInterval)
 	defer t.Stop()
 	failures := 0
@@ -566,10 +586,12 @@ func (s *Supervisor) stop(lp *launched) {
 	defer cancel()
 	if err := lp.client.Stop(ctx); err != nil {
 		s.log.Warn("graceful stop failed; killing", "error", err)
-		killGroup(lp.cmd)
 	}
+	// Drained (or given up on): end the process and what it started
+	// before go-plugin's Kill, which waits for every holder of the
+	// plugin's output pipes, a child among them.
+	killGroup(lp.cmd)
 	lp.pc.Kill()
-	killGroup(lp.cmd) // what the plugin started and left behind
 	s.setState(StateStopped, func(st *Status) { st.PID = 0 })
 }
 

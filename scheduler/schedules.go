@@ -26,9 +26,6 @@ type Ticker struct {
 	Now func() time.Time
 }
 
-// slotOf returns the schedule's due slot: the stored next run, or for a
-// schedule that never fired, a slot derived from its stored update time,
-// so that every leader computes the same slot.
 // NextRun is when the beat fires s next: its expected next run once it has
 // fired, else its first slot (its first cron time after it was stored, or
 // at once for an interval). false for a timing that does not parse.
@@ -40,6 +37,9 @@ func NextRun(s broker.Schedule) (time.Time, bool) {
 	return slotOf(s, tm), true
 }
 
+// slotOf returns the schedule's due slot: the stored next run, or for a
+// schedule that never fired, a slot derived from its stored update time,
+// so that every leader computes the same slot.
 func slotOf(s broker.Schedule, tm Timing) time.Time {
 	if s.ExpectedNextRun != nil {
 		return s.ExpectedNextRun.UTC()

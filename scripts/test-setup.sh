@@ -26,30 +26,70 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-# PostgreSQL: use the running server, start the packaged cluster, or run a
-# private one in a temporary directory.
+# PostgreSQL: the tests use TEST_DATABASE_URL (default: user postgres, no
+# password, database test on 127.0.0.1:5432). When it answers, nothing is
+# done. A database named by the caller is only checked. For the default,
+# the packaged cluster is started (and installed when missing), or else a
+# private one in a temporary directory; a cluster installed here is made
+# to trust user postgres on 127.0.0.1, as the default address needs.
+default_dsn="postgres://postgres@$PGHOST:$PGPORT/test?sslmode=disable"
+dsn="${TEST_DATABASE_URL:-$default_dsn}"
+db_ok() { psql "$dsn" -Atqc 'SELECT 1' >/dev/null 2>&1; }
 pg_up() { pg_isready -q -h "$PGHOST" -p "$PGPORT" 2>/dev/null; }
-if ! command -v pg_isready >/dev/null; then apt_install postgresql; fi
-if ! pg_up; then
-  echo "test setup: PostgreSQL is not answering on $PGHOST:$PGPORT; starting it"
+tcp_ok() { psql -h "$PGHOST" -p "$PGPORT" -U postgres -d postgres -Atqc 'SELECT 1' >/dev/null 2>&1; }
+as_postgres() { if [ "$(id -u)" = 0 ]; then su postgres -c "$*"; else bash -c "$*"; fi; }
+
+if command -v psql >/dev/null && db_ok; then
+  :
+elif [ "$dsn" != "$default_dsn" ]; then
+  echo "test setup: the database of TEST_DATABASE_URL does not answer (psql \"\$TEST_DATABASE_URL\" -c 'SELECT 1' fails); start it, or unset TEST_DATABASE_URL to use a local one" >&2
+  exit 1
+else
+  installed=0
+  if ! command -v pg_isready >/dev/null || ! command -v psql >/dev/null; then
+    apt_install postgresql postgresql-client
+    installed=1
+  fi
+  ver=""
   if ls /etc/postgresql/*/main >/dev/null 2>&1; then
     ver=$(ls /etc/postgresql | sort -V | tail -1)
-    pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
   fi
+  if ! pg_up && [ -n "$ver" ] && [ "$PGPORT" = 5432 ]; then
+    echo "test setup: PostgreSQL is not answering on $PGHOST:$PGPORT; starting the packaged cluster $ver/main"
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main start || true
+    for _ in $(seq 1 30); do pg_up && break; sleep 1; done
+  fi
+  if pg_up && ! tcp_ok && [ "$installed" = 1 ] && [ -n "$ver" ] && [ "$(id -u)" = 0 ]; then
+    # Debian's cluster asks for a password on 127.0.0.1; the tests' default
+    # address has none.
+    hba=/etc/postgresql/$ver/main/pg_hba.conf
+    echo "test setup: letting user postgres in without a password on 127.0.0.1 ($hba)"
+    sed -i '1i host all postgres 127.0.0.1/32 trust\nhost all postgres ::1/128 trust' "$hba"
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main reload
+    sleep 1
+  fi
+  if ! pg_up; then
+    bindir=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+    pgdata=$(mktemp -d /tmp/taskhost-pg.XXXXXX)
+    chown postgres "$pgdata" 2>/dev/null || true
+    echo "test setup: starting a private PostgreSQL cluster in $pgdata"
+    as_postgres "$bindir/initdb -D $pgdata -U postgres -A trust" >/dev/null
+    as_postgres "$bindir/pg_ctl -D $pgdata -o '-p $PGPORT -k /tmp -c listen_addresses=$PGHOST' -l $pgdata/log -w start"
+  fi
+  for _ in $(seq 1 30); do pg_up && break; sleep 1; done
+  pg_up || { echo "test setup: PostgreSQL did not come up on $PGHOST:$PGPORT" >&2; exit 1; }
+  if ! db_ok; then
+    if tcp_ok; then
+      psql -h "$PGHOST" -p "$PGPORT" -U postgres -d postgres -qc "CREATE DATABASE test" >/dev/null 2>&1 || true
+    else
+      as_postgres "psql -qc 'CREATE DATABASE test'" >/dev/null 2>&1 || true
+    fi
+  fi
+  db_ok || {
+    echo "test setup: PostgreSQL answers on $PGHOST:$PGPORT, but $default_dsn does not: let user postgres in without a password from 127.0.0.1 (pg_hba.conf: host all postgres 127.0.0.1/32 trust), or set TEST_DATABASE_URL" >&2
+    exit 1
+  }
 fi
-if ! pg_up; then
-  bindir=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-  pgdata=$(mktemp -d /tmp/taskhost-pg.XXXXXX)
-  chown postgres "$pgdata" 2>/dev/null || true
-  run_pg() { if [ "$(id -u)" = 0 ]; then su postgres -c "$*"; else bash -c "$*"; fi; }
-  echo "test setup: starting a private PostgreSQL cluster in $pgdata"
-  run_pg "$bindir/initdb -D $pgdata -U postgres -A trust" >/dev/null
-  run_pg "$bindir/pg_ctl -D $pgdata -o '-p $PGPORT -k /tmp -c listen_addresses=$PGHOST' -l $pgdata/log -w start"
-fi
-for _ in $(seq 1 30); do pg_up && break; sleep 1; done
-pg_up || { echo "test setup: PostgreSQL did not come up on $PGHOST:$PGPORT" >&2; exit 1; }
-psql -h "$PGHOST" -p "$PGPORT" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname='test'" | grep -q 1 \
-  || psql -h "$PGHOST" -p "$PGPORT" -U postgres -c "CREATE DATABASE test" >/dev/null
 
 # promtool checks the metrics exposition and the alert rules; Prometheus
 # itself scrapes a running host in a test; Chromium drives the UI test.

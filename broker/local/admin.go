@@ -650,14 +650,17 @@ func (b *Broker) housekeeping(ctx context.Context) {
 	defer b.bg.Done()
 	t := time.NewTicker(housekeepingInterval)
 	defer t.Stop()
+	// Open purged the silent workers; the first trim runs now.
+	work := b.trimFinished
 	for {
+		if err := work(ctx); err != nil && ctx.Err() == nil {
+			b.log.Warn("housekeeping failed", "path", b.path, "error", err)
+		}
+		work = b.housekeep
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		if err := b.housekeep(ctx); err != nil && ctx.Err() == nil {
-			b.log.Warn("housekeeping failed", "path", b.path, "error", err)
 		}
 	}
 }
@@ -665,6 +668,14 @@ func (b *Broker) housekeeping(ctx context.Context) {
 // housekeep deletes workers silent for longer than WorkerTTL and the
 // oldest finished messages past Retain.
 func (b *Broker) housekeep(ctx context.Context) error {
+	if err := b.purgeWorkers(ctx); err != nil {
+		return err
+	}
+	return b.trimFinished(ctx)
+}
+
+// purgeWorkers deletes the workers silent for longer than WorkerTTL.
+func (b *Broker) purgeWorkers(ctx context.Context) error {
 	var workers int64
 	err := b.write(ctx, "housekeeping", func(tx *txn, now time.Time) error {
 		r, err := tx.Exec(`DELETE FROM tw_workers WHERE heartbeat_at < ?`, addNS(now, -b.opts.WorkerTTL))
@@ -680,6 +691,12 @@ func (b *Broker) housekeep(ctx context.Context) error {
 	if workers > 0 {
 		b.log.Info("deleted silent workers", "count", workers, "worker_ttl", b.opts.WorkerTTL)
 	}
+	return nil
+}
+
+// trimFinished deletes the oldest finished messages past Retain, a chunk
+// per transaction.
+func (b *Broker) trimFinished(ctx context.Context) error {
 	var dropped int64
 	for {
 		var n int64

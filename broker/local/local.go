@@ -200,9 +200,12 @@ func Open(ctx context.Context, opts Options) (*Broker, error) {
 		return nil, fmt.Errorf("local broker: %s: %w", path, err)
 	}
 
-	// The first pass runs before Open returns, so what it deletes is gone
-	// before anything reads; the next ones run every housekeepingInterval.
-	if err := b.housekeep(ctx); err != nil {
+	// Silent workers are purged before Open returns, so a worker its
+	// caller reads is not deleted under it a moment later; the rest of
+	// housekeeping (trimming finished messages, which can take a while on
+	// a large store) runs in the background, now and every
+	// housekeepingInterval.
+	if err := b.purgeWorkers(ctx); err != nil {
 		b.log.Warn("housekeeping failed", "path", path, "error", err)
 	}
 	hkCtx, stop := context.WithCancel(context.Background())

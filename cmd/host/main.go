@@ -170,7 +170,8 @@ func runHost(args []string) int {
 		}
 	}
 	stop()
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout+10*time.Second)
+	// Plugins stop in two waves (host.Stop), each may use the timeout.
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*cfg.ShutdownTimeout+10*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx)
 	if err := h.Stop(shutdownCtx); err != nil {
