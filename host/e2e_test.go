@@ -231,6 +231,19 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// sigterm sends the host SIGTERM and waits for it to exit.
+func (h *hostProc) sigterm(t *testing.T) {
+	t.Helper()
+	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("host did not exit within 60s of SIGTERM")
+	}
+}
+
 func pidAlive(pid int) bool {
 	if pid <= 0 {
 		return false
@@ -566,14 +579,7 @@ func TestHostEndToEnd(t *testing.T) {
 				pids = append(pids, st.PID)
 			}
 		}
-		if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-h.exited:
-		case <-time.After(60 * time.Second):
-			t.Fatal("host did not exit within 60s of SIGTERM")
-		}
+		h.sigterm(t)
 		if h.err != nil {
 			t.Errorf("host exit: %v", h.err)
 		}

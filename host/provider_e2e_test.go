@@ -39,6 +39,28 @@ func submitTask(t *testing.T, h *hostProc, body string) string {
 	return out.ID
 }
 
+// submitOnceRegistered submits body, retrying while tasks_worker has not
+// registered task (a provider's tasks come within a refresh), and returns
+// the new task's id.
+func submitOnceRegistered(t *testing.T, h *hostProc, task, body string) string {
+	t.Helper()
+	var id string
+	waitFor(t, 20*time.Second, task+" is accepted", func() bool {
+		resp, err := http.Post(h.base+"/plugin-pkg/tasks_worker/api/tasks", "application/json", strings.NewReader(body))
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var out struct {
+			ID string `json:"id"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		id = out.ID
+		return resp.StatusCode == http.StatusCreated
+	})
+	return id
+}
+
 func taskState(t *testing.T, h *hostProc, id string) taskView {
 	t.Helper()
 	var v taskView
@@ -66,21 +88,7 @@ plugins:
 	ex := h.waitState(t, "example", "running", 30*time.Second)
 
 	// The provider's tasks are registered within a refresh.
-	var id string
-	waitFor(t, 20*time.Second, "example.greet is accepted", func() bool {
-		resp, err := http.Post(h.base+"/plugin-pkg/tasks_worker/api/tasks", "application/json",
-			strings.NewReader(`{"task": "example.greet", "payload": {"name": "Ada"}}`))
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var out struct {
-			ID string `json:"id"`
-		}
-		_ = json.NewDecoder(resp.Body).Decode(&out)
-		id = out.ID
-		return resp.StatusCode == http.StatusCreated
-	})
+	id := submitOnceRegistered(t, h, "example.greet", `{"task": "example.greet", "payload": {"name": "Ada"}}`)
 	var v taskView
 	waitFor(t, 20*time.Second, "example.greet is done", func() bool {
 		v = taskState(t, h, id)
@@ -147,30 +155,9 @@ plugins:
 `)
 	h.waitState(t, "tasks_worker", "running", 30*time.Second)
 	h.waitState(t, "example", "running", 30*time.Second)
-	var id string
-	waitFor(t, 20*time.Second, "example.count is accepted", func() bool {
-		resp, err := http.Post(h.base+"/plugin-pkg/tasks_worker/api/tasks", "application/json",
-			strings.NewReader(`{"task": "example.count", "payload": {"to": 20, "step_ms": 100}, "max_attempts": 1}`))
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var out struct {
-			ID string `json:"id"`
-		}
-		_ = json.NewDecoder(resp.Body).Decode(&out)
-		id = out.ID
-		return resp.StatusCode == http.StatusCreated
-	})
+	id := submitOnceRegistered(t, h, "example.count", `{"task": "example.count", "payload": {"to": 20, "step_ms": 100}, "max_attempts": 1}`)
 	waitFor(t, 20*time.Second, "example.count runs", func() bool { return taskState(t, h, id).State == "running" })
-	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-h.exited:
-	case <-time.After(60 * time.Second):
-		t.Fatal("host did not exit within 60s of SIGTERM")
-	}
+	h.sigterm(t)
 
 	b, err := local.Open(t.Context(), local.Options{Path: filepath.Join(dataDir, "taskhost.db")})
 	if err != nil {
