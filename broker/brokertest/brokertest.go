@@ -59,6 +59,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"SubmitThenClaim", testSubmitThenClaim},
 		{"SubmitDefaults", testSubmitDefaults},
 		{"InvalidSubmitStoresNothing", testInvalidSubmit},
+		{"SubmitMany", testSubmitMany},
 		{"CancelledContext", testCancelledContext},
 		{"DelayedMessageWaits", testDelayed},
 		{"FIFOWithinTopic", testFIFO},
@@ -336,6 +337,43 @@ func testSubmitDefaults(t *testing.T, b broker.Broker) {
 	want := []broker.TopicConfig{{Name: "t", ConcurrencyLimit: 0, DeadLetterEnabled: true, Paused: false}}
 	if !reflect.DeepEqual(topics, want) {
 		t.Fatalf("Topics = %+v, want %+v", topics, want)
+	}
+}
+
+// testSubmitMany: every broker queues a batch at once, ids in request
+// order; one invalid request refuses the batch and stores nothing.
+func testSubmitMany(t *testing.T, b broker.Broker) {
+	bs, ok := b.(broker.BatchSubmitter)
+	if !ok {
+		t.Fatalf("%T does not implement broker.BatchSubmitter", b)
+	}
+	ctx := ctxOf(t)
+	bad := []broker.SubmitRequest{{Topic: "many", Task: "x"}, {Topic: "many", Task: "x", Payload: json.RawMessage(`{nope`)}}
+	if ids, err := bs.SubmitMany(ctx, bad); !errors.Is(err, broker.ErrInvalid) || !strings.Contains(err.Error(), "request 1") {
+		t.Fatalf("SubmitMany with an invalid request = %v, %v; want ErrInvalid naming request 1", ids, err)
+	}
+	if msgs := list(t, b, broker.MessageFilter{}); len(msgs) != 0 {
+		t.Fatalf("a refused SubmitMany stored %d messages", len(msgs))
+	}
+	var reqs []broker.SubmitRequest
+	for i := range 25 {
+		reqs = append(reqs, broker.SubmitRequest{Topic: "many", Task: "x", Payload: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))})
+	}
+	ids, err := bs.SubmitMany(ctx, reqs)
+	if err != nil || len(ids) != len(reqs) {
+		t.Fatalf("SubmitMany = %v, %v", ids, err)
+	}
+	for i, id := range ids {
+		m := get(t, b, id)
+		if m.State != broker.StateQueued || m.Topic != "many" || string(m.Payload) != fmt.Sprintf(`{"i": %d}`, i) && string(m.Payload) != fmt.Sprintf(`{"i":%d}`, i) {
+			t.Fatalf("message %d (request %d): %+v", id, i, m)
+		}
+		if i > 0 && id <= ids[i-1] {
+			t.Fatalf("ids not increasing in request order: %v", ids)
+		}
+	}
+	if ids, err := bs.SubmitMany(ctx, nil); err != nil || len(ids) != 0 {
+		t.Fatalf("SubmitMany(nil) = %v, %v", ids, err)
 	}
 }
 

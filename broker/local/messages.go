@@ -82,6 +82,36 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 	return id, nil
 }
 
+var _ broker.BatchSubmitter = (*Broker)(nil)
+
+// SubmitMany queues reqs in one transaction (one commit for them all), or
+// none of them when one is invalid.
+func (b *Broker) SubmitMany(ctx context.Context, reqs []broker.SubmitRequest) ([]int64, error) {
+	for i, req := range reqs {
+		if err := broker.ValidateSubmit(req, b.opts.MaxPayload); err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	ids := make([]int64, len(reqs))
+	if len(reqs) == 0 {
+		return ids, ctx.Err()
+	}
+	err := b.write(ctx, "submit many", func(tx *txn, now time.Time) error {
+		for i, req := range reqs {
+			id, err := insertMessage(tx, req, now)
+			if err != nil {
+				return err
+			}
+			ids[i] = id
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
 // insertMessage queues the validated req in tx, creating its topic's row
 // when missing, and returns its id: Submit's write, which FireSchedule
 // shares.

@@ -191,6 +191,26 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 	return b.submitLocked(req), nil
 }
 
+var _ broker.BatchSubmitter = (*Broker)(nil)
+
+// SubmitMany queues reqs at once, or none of them when one is invalid.
+func (b *Broker) SubmitMany(ctx context.Context, reqs []broker.SubmitRequest) ([]int64, error) {
+	for i, req := range reqs {
+		if err := broker.ValidateSubmit(req, 0); err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer b.mu.Unlock()
+	ids := make([]int64, len(reqs))
+	for i, req := range reqs {
+		ids[i] = b.submitLocked(req)
+	}
+	return ids, nil
+}
+
 // submitLocked queues the valid req; b.mu is held.
 func (b *Broker) submitLocked(req broker.SubmitRequest) int64 {
 	now := b.now()
