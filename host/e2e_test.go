@@ -345,6 +345,9 @@ func TestHostEndToEnd(t *testing.T) {
 		if st := h.plugins(t)["resting"]; st.State != "disabled" {
 			t.Errorf("resting: state %q, want disabled", st.State)
 		}
+		if code, body := get(t, h.base+"/healthz"); code != http.StatusOK || !strings.Contains(body, `"status":"degraded"`) || !strings.Contains(body, `"crasher":"failed"`) {
+			t.Errorf("/healthz with failed plugins: %d %s; want 200, degraded, each plugin's state", code, body)
+		}
 		_, page := get(t, h.base+"/admin/")
 		for name, want := range cases {
 			if !strings.Contains(page, `id="plugin-`+name+`"`) {

@@ -82,12 +82,20 @@ func (s *Server) Handler() http.Handler {
 	return r
 }
 
+// healthz answers 200 while the host serves (a liveness probe must not
+// restart the host for a plugin it is restarting itself); status is
+// "degraded" when an enabled plugin is not serving, and plugins gives each
+// plugin's state.
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	plugins := map[string]string{}
+	status := "ok"
 	for _, st := range s.h.Plugins() {
 		plugins[st.Name] = string(st.State)
+		if st.Enabled && !st.State.Serving() {
+			status = "degraded"
+		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "plugins": plugins})
+	writeJSON(w, http.StatusOK, map[string]any{"status": status, "plugins": plugins})
 }
 
 // authorized reports whether r carries the admin token (as a bearer token
