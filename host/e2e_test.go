@@ -345,7 +345,13 @@ func TestHostEndToEnd(t *testing.T) {
 		if st := h.plugins(t)["resting"]; st.State != "disabled" {
 			t.Errorf("resting: state %q, want disabled", st.State)
 		}
-		if code, body := get(t, h.base+"/healthz"); code != http.StatusOK || !strings.Contains(body, `"status":"degraded"`) || !strings.Contains(body, `"crasher":"failed"`) {
+		code, body := get(t, h.base+"/healthz")
+		var health struct {
+			Status  string            `json:"status"`
+			Plugins map[string]string `json:"plugins"`
+		}
+		if err := json.Unmarshal([]byte(body), &health); err != nil || code != http.StatusOK || health.Status != "degraded" ||
+			health.Plugins["crasher"] != "failed" || health.Plugins["tasks_worker"] != "running" {
 			t.Errorf("/healthz with failed plugins: %d %s; want 200, degraded, each plugin's state", code, body)
 		}
 		_, page := get(t, h.base+"/admin/")
