@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"strconv"
+	"unicode"
 
 	"fmt"
 	"net"
@@ -425,6 +426,9 @@ func (p *configParser) validate(cfg *Config, root *yaml.Node) error {
 	if !IsLoopback(host) && cfg.AdminToken == "" {
 		return p.errf("admin_token", findKey(root, "listen"),
 			"required because listen (%s) is not a loopback address: set admin_token (e.g. admin_token: ${TASKHOST_ADMIN_TOKEN}) or listen on 127.0.0.1", cfg.Listen)
+	}
+	if strings.ContainsFunc(cfg.AdminToken, unicode.IsSpace) {
+		return p.errf("admin_token", findKey(root, "admin_token"), "holds white space; use at least 16 random letters and digits (it is sent as Authorization: Bearer <admin_token>)")
 	}
 	if cfg.AdminToken != "" && len(cfg.AdminToken) < 16 {
 		return p.errf("admin_token", findKey(root, "admin_token"), "too short (%d characters); use at least 16 random characters", len(cfg.AdminToken))

@@ -75,6 +75,7 @@ func TestParseConfigErrorsNameTheKey(t *testing.T) {
 		{"listen not host:port", "listen: localhost\n", `listen: "localhost" is not host:port`},
 		{"listen port out of range", "listen: 127.0.0.1:99999\n", `the port must be a number from 0 to 65535`},
 		{"listen port not a port", "listen: 127.0.0.1:nope\n", `neither a number from 0 to 65535 nor a service name`},
+		{"admin token of spaces", "admin_token: \"                    \"\n", "admin_token: holds white space"},
 		{"two documents", "listen: 127.0.0.1:8080\n---\nlog_level: debug\n", "more than one YAML document"},
 		{"public listen without token", "listen: 0.0.0.0:8080\n", "admin_token: required because listen (0.0.0.0:8080) is not a loopback address"},
 		{"short token", "admin_token: abc\n", "admin_token: too short"},

@@ -713,15 +713,27 @@ plugins:
 	if resp.StatusCode != http.StatusFound || !strings.HasPrefix(resp.Header.Get("Location"), "/admin/login") {
 		t.Errorf("/admin without token: %d %s, want a redirect to the login", resp.StatusCode, resp.Header.Get("Location"))
 	}
-	req, _ := http.NewRequest("GET", p.base+"/admin/api/plugins", nil)
-	req.Header.Set("Authorization", "Bearer test-token-0123456789")
-	resp, err = http.DefaultClient.Do(req)
+	// An API client gets a 401, not the login page.
+	resp, err = noRedirect.Get(p.base + "/admin/api/plugins")
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Errorf("/admin/api/plugins with the token: %d", resp.StatusCode)
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("/admin/api/plugins without the token: %d, want 401", resp.StatusCode)
+	}
+	// The scheme's case does not matter.
+	for _, scheme := range []string{"Bearer", "bearer"} {
+		req, _ := http.NewRequest("GET", p.base+"/admin/api/plugins", nil)
+		req.Header.Set("Authorization", scheme+" test-token-0123456789")
+		resp, err = http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("/admin/api/plugins with the token (%s): %d", scheme, resp.StatusCode)
+		}
 	}
 	waitFor(t, 20*time.Second, "echo runs", func() bool {
 		resp, err := http.Get(p.base + "/plugin-pkg/echo/echo")

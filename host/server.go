@@ -106,8 +106,8 @@ func (s *Server) authorized(r *http.Request) bool {
 		return true
 	}
 	tok := s.h.Config().AdminToken
-	if auth := r.Header.Get("Authorization"); strings.HasPrefix(auth, "Bearer ") {
-		return subtle.ConstantTimeCompare([]byte(strings.TrimPrefix(auth, "Bearer ")), []byte(tok)) == 1
+	if got, ok := bearerToken(r); ok {
+		return subtle.ConstantTimeCompare([]byte(got), []byte(tok)) == 1
 	}
 	if c, err := r.Cookie(sessionCookie); err == nil {
 		return subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1
@@ -115,8 +115,18 @@ func (s *Server) authorized(r *http.Request) bool {
 	return false
 }
 
+// bearerToken returns the token of an "Authorization: Bearer <token>"
+// header; the scheme's case does not matter (RFC 7235).
+func bearerToken(r *http.Request) (string, bool) {
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(tok), true
+}
+
 func actorOf(r *http.Request) string {
-	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+	if _, ok := bearerToken(r); ok {
 		return "token"
 	}
 	if _, err := r.Cookie(sessionCookie); err == nil {
@@ -131,7 +141,7 @@ func (s *Server) requireAdmin(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if wantsJSON(r) || r.Method != http.MethodGet {
+		if wantsJSON(r) || r.Method != http.MethodGet || strings.HasPrefix(r.URL.Path, "/admin/api/") {
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required: send Authorization: Bearer <admin_token> or log in at /admin/login"})
 			return
 		}
@@ -211,7 +221,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		w.Header().Set("Retry-After", "5")
-		httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("plugin %q is %s; try again shortly", name, st.State))
+		state := string(st.State)
+		if st.State == StateBackoff {
+			state = "waiting to restart after a failure"
+		}
+		httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("plugin %q is %s; try again shortly", name, state))
 		return
 	}
 	if !st.Has(capability.HTTP) {
@@ -318,7 +332,7 @@ func csrfToken(w http.ResponseWriter, r *http.Request) string {
 }
 
 func checkCSRF(r *http.Request) bool {
-	if strings.HasPrefix(r.Header.Get("Authorization"), "Bearer ") {
+	if _, ok := bearerToken(r); ok {
 		return true // not sent by browsers on their own
 	}
 	c, err := r.Cookie(csrfCookie)

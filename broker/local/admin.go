@@ -689,7 +689,7 @@ func (b *Broker) purgeWorkers(ctx context.Context) error {
 		return err
 	}
 	if workers > 0 {
-		b.log.Info("deleted silent workers", "count", workers, "worker_ttl", b.opts.WorkerTTL)
+		b.log.Info("deleted silent workers", "count", workers, "worker_ttl", b.opts.WorkerTTL.String())
 	}
 	return nil
 }

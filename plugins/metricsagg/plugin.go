@@ -104,7 +104,7 @@ func (p *Plugin) Configure(_ context.Context, req capability.ConfigureRequest) e
 	p.mu.Lock()
 	p.host, p.cfg, p.stopped = req.Host, cfg, false
 	p.mu.Unlock()
-	p.log.Info("configured", "source_timeout", cfg.sourceTimeout, "exclude_go_runtime", cfg.excludeGoRuntime)
+	p.log.Info("configured", "source_timeout", cfg.sourceTimeout.String(), "exclude_go_runtime", cfg.excludeGoRuntime)
 	return nil
 }
 

@@ -146,7 +146,9 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any, exam
 
 func jsonKind(goKind string) string {
 	switch {
-	case strings.HasPrefix(goKind, "int"), strings.HasPrefix(goKind, "uint"), strings.HasPrefix(goKind, "float"):
+	case strings.HasPrefix(goKind, "int"), strings.HasPrefix(goKind, "uint"):
+		return "whole number (within range)"
+	case strings.HasPrefix(goKind, "float"):
 		return "number"
 	case goKind == "bool":
 		return "boolean"

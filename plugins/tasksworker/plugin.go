@@ -270,14 +270,14 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 				if err != nil {
 					p.log.Warn("purging old task reports failed", "error", err)
 				} else if n > 0 {
-					p.log.Info("purged old task reports", "count", n, "retention", cfg.ReportRetention)
+					p.log.Info("purged old task reports", "count", n, "retention", cfg.ReportRetention.String())
 				}
 				if fp, ok := b.(broker.FinishedPurger); ok && cfg.MessageRetention > 0 {
 					n, err := fp.PurgeFinished(ctx, time.Now().Add(-cfg.MessageRetention))
 					if err != nil {
 						p.log.Warn("purging old done messages failed", "purged", n, "error", err)
 					} else if n > 0 {
-						p.log.Info("purged old done messages", "count", n, "retention", cfg.MessageRetention)
+						p.log.Info("purged old done messages", "count", n, "retention", cfg.MessageRetention.String())
 					}
 				}
 			},

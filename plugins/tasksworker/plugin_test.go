@@ -216,6 +216,8 @@ func TestBadRequestsAre400AndStoreNothing(t *testing.T) {
 		{"missing task", "POST", "/api/tasks", `{"payload": {}}`, "task is required"},
 		{"unknown field", "POST", "/api/tasks", `{"task": "demo.echo", "priority": 9}`, `unknown field "priority"`},
 		{"wrong type", "POST", "/api/tasks", `{"task": "demo.echo", "delay_seconds": "soon"}`, `"delay_seconds" must be a JSON number`},
+		{"fraction for a whole number", "POST", "/api/tasks", `{"task": "demo.echo", "max_attempts": 0.5}`, `"max_attempts" must be a JSON whole number (within range), got number 0.5`},
+		{"whole number out of range", "POST", "/api/tasks", `{"task": "demo.echo", "max_attempts": 1e20}`, `"max_attempts" must be a JSON whole number (within range)`},
 		{"two values", "POST", "/api/tasks", `{"task": "demo.echo"} {}`, "more than one JSON value"},
 		{"task named twice", "POST", "/api/tasks", `{"task": "demo.echo", "task": "demo.fail"}`, `key "task" appears twice`},
 		{"payload key twice", "POST", "/api/tasks", `{"task": "demo.echo", "payload": {"a": {"b": 1, "b": 2}}}`, `key "payload.a.b" appears twice`},
