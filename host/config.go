@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"unicode"
 
@@ -60,6 +61,9 @@ type Config struct {
 	MaxBodyBytes int64
 	// Plugins in file order.
 	Plugins []PluginConfig
+	// UnsetEnv names the variables the file refers to (${NAME}) that are
+	// not set: their values are empty. The host warns about them.
+	UnsetEnv []string
 }
 
 // PluginConfig is one entry under plugins:.
@@ -135,7 +139,8 @@ func ParseConfig(file string, data []byte) (*Config, error) {
 }
 
 type configParser struct {
-	file string
+	file  string
+	unset map[int][]string // line -> the unset variables its value refers to
 }
 
 func (p *configParser) errf(key string, n *yaml.Node, format string, args ...any) error {
@@ -143,27 +148,40 @@ func (p *configParser) errf(key string, n *yaml.Node, format string, args ...any
 	if n != nil {
 		line = n.Line
 	}
-	return &ConfigError{File: p.file, Key: key, Line: line, Problem: fmt.Sprintf(format, args...)}
+	problem := fmt.Sprintf(format, args...)
+	if names := p.unset[line]; line > 0 && len(names) > 0 {
+		problem += fmt.Sprintf(" (the value refers to ${%s}, which is not set)", strings.Join(names, "}, ${"))
+	}
+	return &ConfigError{File: p.file, Key: key, Line: line, Problem: problem}
 }
 
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 
-// expandEnv replaces ${NAME} in every scalar value (not in keys).
-func expandEnv(n *yaml.Node) {
+// expandEnv replaces ${NAME} in every scalar value (not in keys),
+// recording the unset variables by line.
+func (p *configParser) expandEnv(n *yaml.Node) {
 	switch n.Kind {
 	case yaml.ScalarNode:
 		if strings.Contains(n.Value, "${") {
 			n.Value = envRef.ReplaceAllStringFunc(n.Value, func(m string) string {
-				return os.Getenv(m[2 : len(m)-1])
+				name := m[2 : len(m)-1]
+				v, ok := os.LookupEnv(name)
+				if !ok {
+					if p.unset == nil {
+						p.unset = map[int][]string{}
+					}
+					p.unset[n.Line] = append(p.unset[n.Line], name)
+				}
+				return v
 			})
 		}
 	case yaml.MappingNode:
 		for i := 1; i < len(n.Content); i += 2 {
-			expandEnv(n.Content[i])
+			p.expandEnv(n.Content[i])
 		}
 	default:
 		for _, c := range n.Content {
-			expandEnv(c)
+			p.expandEnv(c)
 		}
 	}
 }
@@ -203,7 +221,15 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 	if root.Kind != yaml.MappingNode {
 		return nil, p.errf("", root, "the top level must be a mapping of settings")
 	}
-	expandEnv(root)
+	p.expandEnv(root)
+	for _, names := range p.unset {
+		for _, name := range names {
+			if !slices.Contains(cfg.UnsetEnv, name) {
+				cfg.UnsetEnv = append(cfg.UnsetEnv, name)
+			}
+		}
+	}
+	slices.Sort(cfg.UnsetEnv)
 	seen := map[string]bool{}
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -132,5 +133,19 @@ func TestParseConfigTrailingDocumentMarker(t *testing.T) {
 		if cfg, err := ParseConfig("taskhost.yaml", []byte(src)); err != nil || cfg.LogLevel != "debug" {
 			t.Errorf("%q: %v", src, err)
 		}
+	}
+}
+
+// A value made empty by an unset variable names the variable in its error,
+// and every unset variable the file refers to is listed.
+func TestParseConfigNamesUnsetVariables(t *testing.T) {
+	t.Setenv("TASKHOST_TEST_SET", "debug")
+	_, err := ParseConfig("taskhost.yaml", []byte("log_level: ${TASKHOST_TEST_UNSET_LEVEL}\n"))
+	if err == nil || !strings.Contains(err.Error(), "${TASKHOST_TEST_UNSET_LEVEL}, which is not set") {
+		t.Fatalf("error %v; want it to name the unset variable", err)
+	}
+	cfg, err := ParseConfig("taskhost.yaml", []byte("log_level: ${TASKHOST_TEST_SET}\nadmin_token: ${TASKHOST_TEST_UNSET_TOKEN}\n"))
+	if err != nil || cfg.LogLevel != "debug" || !slices.Equal(cfg.UnsetEnv, []string{"TASKHOST_TEST_UNSET_TOKEN"}) {
+		t.Fatalf("cfg %+v, %v; want log_level debug and TASKHOST_TEST_UNSET_TOKEN listed as unset", cfg, err)
 	}
 }

@@ -100,6 +100,9 @@ func checkConfig(args []string) int {
 		fmt.Fprintf(os.Stderr, "host: %v\n", err)
 		return 1
 	}
+	if len(cfg.UnsetEnv) > 0 {
+		fmt.Printf("%s: note: refers to environment variables that are not set (their values are empty): %s\n", *path, strings.Join(cfg.UnsetEnv, ", "))
+	}
 	failed := false
 	for _, c := range host.CheckPluginConfigs(context.Background(), cfg) {
 		switch {
@@ -137,6 +140,9 @@ func runHost(args []string) int {
 	})
 	if os.Geteuid() == 0 {
 		log.Warn("running as root: plugins run as root too; prefer a dedicated user")
+	}
+	if len(cfg.UnsetEnv) > 0 {
+		log.Info("the config refers to environment variables that are not set; their values are empty", "variables", strings.Join(cfg.UnsetEnv, ", "))
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
