@@ -1,6 +1,9 @@
 package broker
 
-import "context"
+import (
+	"context"
+	"fmt"
+)
 
 // BatchSubmitter is implemented by brokers that can queue many messages in
 // one call (postgres: one statement, one transaction).
@@ -8,8 +11,26 @@ type BatchSubmitter interface {
 	// SubmitMany validates every request, then queues them all at once
 	// and returns their ids in the order of reqs. One invalid request fails
 	// the whole call with ErrInvalid and nothing is stored; so does any
-	// other error.
+	// other error, and so do more than MaxSubmitBatch requests.
 	SubmitMany(ctx context.Context, reqs []SubmitRequest) ([]int64, error)
+}
+
+// MaxSubmitBatch bounds one SubmitMany call: one transaction holds the
+// local store's write lock for all of it, and other writers wait.
+const MaxSubmitBatch = 10000
+
+// ValidateSubmitMany checks a SubmitMany call's requests as Submit checks
+// one (ValidateSubmit), and their number.
+func ValidateSubmitMany(reqs []SubmitRequest, maxPayload int) error {
+	if len(reqs) > MaxSubmitBatch {
+		return Invalid("%d requests in one batch, the limit is %d: send several batches", len(reqs), MaxSubmitBatch)
+	}
+	for i, req := range reqs {
+		if err := ValidateSubmit(req, maxPayload); err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // AckClaimer is implemented by brokers that can write acks and claim in

@@ -140,7 +140,20 @@ func ParseConfig(file string, data []byte) (*Config, error) {
 
 type configParser struct {
 	file  string
-	unset map[int][]string // line -> the unset variables its value refers to
+	unset map[*yaml.Node][]string // a value -> the unset variables it refers to
+}
+
+// unsetNote is what an error about value n adds when n refers to unset
+// variables.
+func (p *configParser) unsetNote(n *yaml.Node) string {
+	names := p.unset[n]
+	switch len(names) {
+	case 0:
+		return ""
+	case 1:
+		return fmt.Sprintf(" (the value refers to ${%s}, which is not set)", names[0])
+	}
+	return fmt.Sprintf(" (the value refers to ${%s}, which are not set)", strings.Join(names, "}, ${"))
 }
 
 func (p *configParser) errf(key string, n *yaml.Node, format string, args ...any) error {
@@ -148,10 +161,7 @@ func (p *configParser) errf(key string, n *yaml.Node, format string, args ...any
 	if n != nil {
 		line = n.Line
 	}
-	problem := fmt.Sprintf(format, args...)
-	if names := p.unset[line]; line > 0 && len(names) > 0 {
-		problem += fmt.Sprintf(" (the value refers to ${%s}, which is not set)", strings.Join(names, "}, ${"))
-	}
+	problem := fmt.Sprintf(format, args...) + p.unsetNote(n)
 	return &ConfigError{File: p.file, Key: key, Line: line, Problem: problem}
 }
 
@@ -166,11 +176,11 @@ func (p *configParser) expandEnv(n *yaml.Node) {
 			n.Value = envRef.ReplaceAllStringFunc(n.Value, func(m string) string {
 				name := m[2 : len(m)-1]
 				v, ok := os.LookupEnv(name)
-				if !ok {
+				if !ok && !slices.Contains(p.unset[n], name) {
 					if p.unset == nil {
-						p.unset = map[int][]string{}
+						p.unset = map[*yaml.Node][]string{}
 					}
-					p.unset[n.Line] = append(p.unset[n.Line], name)
+					p.unset[n] = append(p.unset[n], name)
 				}
 				return v
 			})
@@ -442,6 +452,9 @@ func (p *configParser) validate(cfg *Config, root *yaml.Node) error {
 	if err != nil {
 		return p.errf("listen", findKey(root, "listen"), "%q is not host:port (e.g. 127.0.0.1:8080): %v", cfg.Listen, err)
 	}
+	if port == "" {
+		return p.errf("listen", findKey(root, "listen"), "%q: the port is empty", cfg.Listen)
+	}
 	if n, err := strconv.Atoi(port); err == nil {
 		if n < 0 || n > 65535 {
 			return p.errf("listen", findKey(root, "listen"), "%q: the port must be a number from 0 to 65535", cfg.Listen)
@@ -451,7 +464,8 @@ func (p *configParser) validate(cfg *Config, root *yaml.Node) error {
 	}
 	if !IsLoopback(host) && cfg.AdminToken == "" {
 		return p.errf("admin_token", findKey(root, "listen"),
-			"required because listen (%s) is not a loopback address: set admin_token (e.g. admin_token: ${TASKHOST_ADMIN_TOKEN}) or listen on 127.0.0.1", cfg.Listen)
+			"required because listen (%s) is not a loopback address: set admin_token (e.g. admin_token: ${TASKHOST_ADMIN_TOKEN}) or listen on 127.0.0.1%s",
+			cfg.Listen, strings.Replace(p.unsetNote(findKey(root, "admin_token")), "the value", "admin_token", 1))
 	}
 	if strings.ContainsFunc(cfg.AdminToken, unicode.IsSpace) {
 		return p.errf("admin_token", findKey(root, "admin_token"), "holds white space; use at least 16 random letters and digits (it is sent as Authorization: Bearer <admin_token>)")

@@ -144,6 +144,18 @@ func TestParseConfigNamesUnsetVariables(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "${TASKHOST_TEST_UNSET_LEVEL}, which is not set") {
 		t.Fatalf("error %v; want it to name the unset variable", err)
 	}
+	_, err = ParseConfig("taskhost.yaml", []byte("listen: 0.0.0.0:8080\nadmin_token: ${TASKHOST_TEST_UNSET_TOKEN}\n"))
+	if err == nil || !strings.Contains(err.Error(), "admin_token refers to ${TASKHOST_TEST_UNSET_TOKEN}, which is not set") {
+		t.Fatalf("error %v; want the required admin_token to name its unset variable", err)
+	}
+	_, err = ParseConfig("taskhost.yaml", []byte("listen: 127.0.0.1:${TASKHOST_TEST_UNSET_PORT}\n"))
+	if err == nil || !strings.Contains(err.Error(), "the port is empty") || !strings.Contains(err.Error(), "${TASKHOST_TEST_UNSET_PORT}") {
+		t.Fatalf("error %v; want an empty port refused, naming the unset variable", err)
+	}
+	_, err = ParseConfig("taskhost.yaml", []byte("log_level: \"${TASKHOST_TEST_UNSET_A}${TASKHOST_TEST_UNSET_A}${TASKHOST_TEST_UNSET_B}\"\n"))
+	if err == nil || !strings.Contains(err.Error(), "${TASKHOST_TEST_UNSET_A}, ${TASKHOST_TEST_UNSET_B}, which are not set") {
+		t.Fatalf("error %v; want both unset variables named once", err)
+	}
 	cfg, err := ParseConfig("taskhost.yaml", []byte("log_level: ${TASKHOST_TEST_SET}\nadmin_token: ${TASKHOST_TEST_UNSET_TOKEN}\n"))
 	if err != nil || cfg.LogLevel != "debug" || !slices.Equal(cfg.UnsetEnv, []string{"TASKHOST_TEST_UNSET_TOKEN"}) {
 		t.Fatalf("cfg %+v, %v; want log_level debug and TASKHOST_TEST_UNSET_TOKEN listed as unset", cfg, err)

@@ -368,8 +368,8 @@ func TestHostEndToEnd(t *testing.T) {
 				t.Errorf("%s is %s, want running beside the broken ones", name, st.State)
 			}
 		}
-		if code, _ := get(t, h.base+"/plugin-pkg/crasher/x"); code != http.StatusServiceUnavailable {
-			t.Errorf("proxy to a failed plugin: %d, want 503", code)
+		if code, body := get(t, h.base+"/plugin-pkg/crasher/x"); code != http.StatusServiceUnavailable || !strings.Contains(body, "stays down until an operator presses Restart") {
+			t.Errorf("proxy to a failed plugin: %d %s, want 503 saying it stays down until restarted", code, body)
 		}
 	})
 

@@ -104,8 +104,12 @@ func (h *Host) Stop(ctx context.Context) error {
 	}
 	h.stopped = true
 	running := h.running
+	cancel := h.cancel
 	h.mu.Unlock()
-	defer h.cancel()
+	if cancel == nil { // Start failed before it started anything
+		return nil
+	}
+	defer cancel()
 
 	var first, second []runningSup
 	for _, r := range running {
@@ -128,7 +132,6 @@ func (h *Host) Stop(ctx context.Context) error {
 				for _, r := range running {
 					r.s.KillNow()
 				}
-				h.cancel()
 				return fmt.Errorf("plugins still stopping: %w", ctx.Err())
 			}
 		}

@@ -84,14 +84,14 @@ func (s *Server) Handler() http.Handler {
 
 // healthz answers 200 while the host serves (a liveness probe must not
 // restart the host for a plugin it is restarting itself); status is
-// "degraded" when an enabled plugin is not serving, and plugins gives each
-// plugin's state.
+// "degraded" when an enabled plugin is not running or reports itself
+// degraded, and plugins gives each plugin's state.
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	plugins := map[string]string{}
 	status := "ok"
 	for _, st := range s.h.Plugins() {
 		plugins[st.Name] = string(st.State)
-		if st.Enabled && !st.State.Serving() {
+		if st.Enabled && st.State != StateRunning {
 			status = "degraded"
 		}
 	}
@@ -220,11 +220,16 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 			httpError(w, http.StatusNotFound, fmt.Sprintf("plugin %q is disabled in the config", name))
 			return
 		}
-		w.Header().Set("Retry-After", "5")
+		if st.State == StateFailed {
+			// Not restarted until an operator asks: retrying is useless.
+			httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("plugin %q failed and stays down until an operator presses Restart in /admin/: %s", name, st.LastError))
+			return
+		}
 		state := string(st.State)
 		if st.State == StateBackoff {
 			state = "waiting to restart after a failure"
 		}
+		w.Header().Set("Retry-After", "5")
 		httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("plugin %q is %s; try again shortly", name, state))
 		return
 	}

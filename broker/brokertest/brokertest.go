@@ -375,6 +375,16 @@ func testSubmitMany(t *testing.T, b broker.Broker) {
 	if ids, err := bs.SubmitMany(ctx, nil); err != nil || len(ids) != 0 {
 		t.Fatalf("SubmitMany(nil) = %v, %v", ids, err)
 	}
+	tooMany := make([]broker.SubmitRequest, broker.MaxSubmitBatch+1)
+	for i := range tooMany {
+		tooMany[i] = broker.SubmitRequest{Topic: "many", Task: "x"}
+	}
+	if ids, err := bs.SubmitMany(ctx, tooMany); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("SubmitMany of %d = %d ids, %v; want ErrInvalid", len(tooMany), len(ids), err)
+	}
+	if msgs := list(t, b, broker.MessageFilter{Topic: "many", Limit: 100}); len(msgs) != len(reqs) {
+		t.Fatalf("after a refused batch the topic holds %d messages, want %d", len(msgs), len(reqs))
+	}
 }
 
 func testInvalidSubmit(t *testing.T, b broker.Broker) {

@@ -87,14 +87,17 @@ var _ broker.BatchSubmitter = (*Broker)(nil)
 // SubmitMany queues reqs in one transaction (one commit for them all), or
 // none of them when one is invalid.
 func (b *Broker) SubmitMany(ctx context.Context, reqs []broker.SubmitRequest) ([]int64, error) {
-	for i, req := range reqs {
-		if err := broker.ValidateSubmit(req, b.opts.MaxPayload); err != nil {
-			return nil, fmt.Errorf("request %d: %w", i, err)
-		}
+	if err := broker.ValidateSubmitMany(reqs, b.opts.MaxPayload); err != nil {
+		return nil, err
 	}
 	ids := make([]int64, len(reqs))
 	if len(reqs) == 0 {
-		return ids, ctx.Err()
+		leave, err := b.enter(ctx)
+		if err != nil {
+			return nil, err
+		}
+		leave()
+		return ids, nil
 	}
 	err := b.write(ctx, "submit many", func(tx *txn, now time.Time) error {
 		for i, req := range reqs {

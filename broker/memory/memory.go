@@ -195,10 +195,8 @@ var _ broker.BatchSubmitter = (*Broker)(nil)
 
 // SubmitMany queues reqs at once, or none of them when one is invalid.
 func (b *Broker) SubmitMany(ctx context.Context, reqs []broker.SubmitRequest) ([]int64, error) {
-	for i, req := range reqs {
-		if err := broker.ValidateSubmit(req, 0); err != nil {
-			return nil, fmt.Errorf("request %d: %w", i, err)
-		}
+	if err := broker.ValidateSubmitMany(reqs, 0); err != nil {
+		return nil, err
 	}
 	if err := b.begin(ctx); err != nil {
 		return nil, err

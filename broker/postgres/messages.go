@@ -126,10 +126,10 @@ func (b *Broker) SubmitMany(ctx context.Context, reqs []broker.SubmitRequest) ([
 	n := len(reqs)
 	topics, tasks, payloads := make([]string, n), make([]string, n), make([]string, n)
 	headers, attempts, delays := make([]*string, n), make([]int32, n), make([]int64, n)
+	if err := broker.ValidateSubmitMany(reqs, b.maxPayload); err != nil {
+		return nil, err
+	}
 	for i, req := range reqs {
-		if err := broker.ValidateSubmit(req, b.maxPayload); err != nil {
-			return nil, fmt.Errorf("request %d: %w", i, err)
-		}
 		p, h, err := submitFields(req)
 		if err != nil {
 			return nil, fmt.Errorf("request %d: %w", i, err)

@@ -136,6 +136,9 @@ func benchCmd(args []string) int {
 	case c.jobs < 1 || c.workers < 1 || c.runs < 1 || c.rate <= 0 || c.duration <= 0 || c.submitters < 1 || c.claimSamples < 1:
 		fmt.Fprintln(os.Stderr, "host bench: -jobs, -workers, -runs, -rate, -duration, -submitters and -claim-samples must be positive")
 		return 2
+	case c.submitBatch < 0 || c.submitBatch > broker.MaxSubmitBatch:
+		fmt.Fprintf(os.Stderr, "host bench: -submit-batch must be from 0 to %d\n", broker.MaxSubmitBatch)
+		return 2
 	case c.claimLatency && c.kind != "postgres":
 		fmt.Fprintln(os.Stderr, "host bench: -claim-latency needs -broker postgres")
 		return 2
