@@ -89,6 +89,9 @@ func configFlag(fs *flag.FlagSet) *string {
 	return fs.String("config", def, "config file (env TASKHOST_CONFIG)")
 }
 
+// httpDrain bounds how long shutdown waits for open HTTP requests.
+const httpDrain = 10 * time.Second
+
 func checkConfig(args []string) int {
 	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
 	path := configFlag(fs)
@@ -176,10 +179,17 @@ func runHost(args []string) int {
 		}
 	}
 	stop()
+	// HTTP first (proxied requests still reach their plugins), for at most
+	// httpDrain, so a long request cannot eat the plugins' stop time.
+	httpCtx, cancelHTTP := context.WithTimeout(context.Background(), httpDrain)
+	defer cancelHTTP()
+	if err := srv.Shutdown(httpCtx); err != nil {
+		log.Warn("HTTP requests still open at shutdown were cut", "error", err)
+		_ = srv.Close()
+	}
 	// Plugins stop in two waves (host.Stop), each may use the timeout.
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*cfg.ShutdownTimeout+10*time.Second)
 	defer cancel()
-	_ = srv.Shutdown(shutdownCtx)
 	if err := h.Stop(shutdownCtx); err != nil {
 		log.Error("stop", "error", err)
 		code = 1
