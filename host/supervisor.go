@@ -82,6 +82,7 @@ const (
 	configTimeout   = 15 * time.Second
 	healthTimeout   = 5 * time.Second
 	healthFailures  = 3
+	killWait        = 5 * time.Second
 	startTimeout    = 20 * time.Second
 )
 
@@ -586,12 +587,24 @@ func (s *Supervisor) stop(lp *launched) {
 	defer cancel()
 	if err := lp.client.Stop(ctx); err != nil {
 		s.log.Warn("graceful stop failed; killing", "error", err)
+		killGroup(lp.cmd)
 	}
-	// Drained (or given up on): end the process and what it started
-	// before go-plugin's Kill, which waits for every holder of the
-	// plugin's output pipes, a child among them.
+	// go-plugin's Kill lets the plugin exit, then waits for every holder
+	// of its output pipes: a child it started would hold it for as long as
+	// the child lives. Past killWait the group is killed, which ends that
+	// wait; after it, whatever the plugin left behind is killed too.
+	killed := make(chan struct{})
+	go func() {
+		lp.pc.Kill()
+		close(killed)
+	}()
+	select {
+	case <-killed:
+	case <-time.After(killWait):
+		killGroup(lp.cmd)
+		<-killed
+	}
 	killGroup(lp.cmd)
-	lp.pc.Kill()
 	s.setState(StateStopped, func(st *Status) { st.PID = 0 })
 }
 
