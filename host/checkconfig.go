@@ -3,12 +3,9 @@ package host
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,17 +50,17 @@ func checkPluginConfig(ctx context.Context, cfg *Config, pc PluginConfig) Plugin
 		res.Note = fmt.Sprintf("not checked: no executable %s (build it, or drop it in %s)", path, cfg.PluginsDir)
 		return res
 	}
-	if pc.SHA256 != "" {
+	if pin := pinOf(pc); pin != nil {
 		// Never run a binary the host would refuse to start: it would get
 		// the plugin's environment and config.
-		sum, err := fileSHA256(path)
+		ok, err := pin.Check(path)
 		if err != nil {
 			res.Note = fmt.Sprintf("not checked: reading %s: %v", path, err)
 			return res
 		}
-		if !strings.EqualFold(sum, pc.SHA256) {
+		if !ok {
 			res.Checked = true
-			res.Err = fmt.Errorf("plugins.%s.sha256: %s does not match its pin (its sha256 is %s); not run", pc.Name, path, sum)
+			res.Err = fmt.Errorf("%w; not run", pinMismatch(pc.Name, path))
 			return res
 		}
 	}
@@ -111,17 +108,4 @@ func checkPluginConfig(ctx context.Context, cfg *Config, pc PluginConfig) Plugin
 		res.Note = fmt.Sprintf("not checked: %s %s exited with status %d (a plugin built before config checks, or not a taskhost plugin)", path, capability.CheckConfigArg, code)
 	}
 	return res
-}
-
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -100,7 +100,7 @@ func TestCheckConfigChecksPluginBlocks(t *testing.T) {
 	}
 	// A binary that does not match its pin is not run.
 	out, err := check("plugins_dir: PLUGINS\nplugins:\n  tasks_worker:\n    enabled: true\n    sha256: " + strings.Repeat("0", 64) + "\n")
-	if err == nil || !strings.Contains(out, "plugins.tasks_worker.sha256:") || !strings.Contains(out, "does not match its pin") {
+	if err == nil || !strings.Contains(out, "plugins.tasks_worker.sha256") || !strings.Contains(out, "does not match its sha256 pin") || !strings.Contains(out, "not run") {
 		t.Errorf("a pinned binary that does not match: check-config = %v\n%s", err, out)
 	}
 	out, err = check(`plugins_dir: PLUGINS

@@ -368,6 +368,21 @@ func pluginEnv(host *Config, pc PluginConfig) []string {
 	return env
 }
 
+// pinOf is the check of pc's sha256 pin, nil when it has none. A fresh
+// one each time: SecureConfig.Check writes into its hash and never resets
+// it.
+func pinOf(pc PluginConfig) *plugin.SecureConfig {
+	if pc.SHA256 == "" {
+		return nil
+	}
+	sum, _ := hex.DecodeString(pc.SHA256) // validated by the config parser
+	return &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
+}
+
+func pinMismatch(name, path string) error {
+	return fmt.Errorf("%s does not match its sha256 pin in the config: the binary changed; update plugins.%s.sha256 to the output of `sha256sum %s` if the change is intended", path, name, path)
+}
+
 // launch starts the process, checks who it is and configures it.
 func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	s.setState(StateStarting, nil)
@@ -379,13 +394,7 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	if info.Mode().Perm()&0o111 == 0 {
 		return nil, &permanentError{fmt.Errorf("%s is not executable (chmod +x it), then press Restart", path)}
 	}
-	var secure *plugin.SecureConfig
-	if s.cfg.SHA256 != "" {
-		sum, _ := hex.DecodeString(s.cfg.SHA256) // validated by the config parser
-		// A fresh hash each start: SecureConfig.Check writes into it and
-		// never resets it.
-		secure = &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
-	}
+	secure := pinOf(s.cfg)
 	cmd := exec.Command(path)
 	cmd.Env = s.env()
 	// Its own process group, so that killing it ends what it started.
@@ -413,7 +422,7 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	rpc, err := pc.Client()
 	if err != nil {
 		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
-			return fail(&permanentError{fmt.Errorf("%s does not match its sha256 pin in the config: the binary changed; update plugins.%s.sha256 to the output of `sha256sum %s` if the change is intended", path, s.name, path)})
+			return fail(&permanentError{pinMismatch(s.name, path)})
 		}
 		killGroup(cmd)
 		pc.Kill()
