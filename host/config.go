@@ -144,16 +144,16 @@ type configParser struct {
 }
 
 // unsetNote is what an error about value n adds when n refers to unset
-// variables.
-func (p *configParser) unsetNote(n *yaml.Node) string {
+// variables; subject names the value ("the value", "admin_token").
+func (p *configParser) unsetNote(n *yaml.Node, subject string) string {
 	names := p.unset[n]
 	switch len(names) {
 	case 0:
 		return ""
 	case 1:
-		return fmt.Sprintf(" (the value refers to ${%s}, which is not set)", names[0])
+		return fmt.Sprintf(" (%s refers to ${%s}, which is not set)", subject, names[0])
 	}
-	return fmt.Sprintf(" (the value refers to ${%s}, which are not set)", strings.Join(names, "}, ${"))
+	return fmt.Sprintf(" (%s refers to ${%s}, which are not set)", subject, strings.Join(names, "}, ${"))
 }
 
 func (p *configParser) errf(key string, n *yaml.Node, format string, args ...any) error {
@@ -161,7 +161,7 @@ func (p *configParser) errf(key string, n *yaml.Node, format string, args ...any
 	if n != nil {
 		line = n.Line
 	}
-	problem := fmt.Sprintf(format, args...) + p.unsetNote(n)
+	problem := fmt.Sprintf(format, args...) + p.unsetNote(n, "the value")
 	return &ConfigError{File: p.file, Key: key, Line: line, Problem: problem}
 }
 
@@ -465,7 +465,7 @@ func (p *configParser) validate(cfg *Config, root *yaml.Node) error {
 	if !IsLoopback(host) && cfg.AdminToken == "" {
 		return p.errf("admin_token", findKey(root, "listen"),
 			"required because listen (%s) is not a loopback address: set admin_token (e.g. admin_token: ${TASKHOST_ADMIN_TOKEN}) or listen on 127.0.0.1%s",
-			cfg.Listen, strings.Replace(p.unsetNote(findKey(root, "admin_token")), "the value", "admin_token", 1))
+			cfg.Listen, p.unsetNote(findKey(root, "admin_token"), "admin_token"))
 	}
 	if strings.ContainsFunc(cfg.AdminToken, unicode.IsSpace) {
 		return p.errf("admin_token", findKey(root, "admin_token"), "holds white space; use at least 16 random letters and digits (it is sent as Authorization: Bearer <admin_token>)")
