@@ -108,15 +108,14 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any, exam
 		}
 	}
 	if err == nil {
-		if k := duplicateKey(data); k != "" {
-			writeError(w, http.StatusBadRequest, "key %q appears twice in the request body; each key of an object must be unique", k)
+		dup, unknown := checkKeys(data, jsonNames(v))
+		switch {
+		case dup != "":
+			writeError(w, http.StatusBadRequest, "key %q appears twice in the request body; each key of an object must be unique", dup)
 			return false
-		}
-		if names := jsonNames(v); names != nil {
-			if err := exactKeys(data, names); err != nil {
-				writeError(w, http.StatusBadRequest, "%v in the request body (keys are case-sensitive); the fields are those of %s", err, example)
-				return false
-			}
+		case unknown != "":
+			writeError(w, http.StatusBadRequest, "unknown field %q in the request body (keys are case-sensitive); the fields are those of %s", unknown, example)
+			return false
 		}
 		return true
 	}

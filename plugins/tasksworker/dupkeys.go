@@ -3,7 +3,6 @@ package tasksworker
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -16,6 +15,15 @@ import (
 // that names its task twice would run the second, and a payload would read
 // differently per store. data must be valid JSON.
 func duplicateKey(data []byte) string {
+	dup, _ := checkKeys(data, nil)
+	return dup
+}
+
+// checkKeys walks data once and returns the first duplicate key (see
+// duplicateKey) and, when names is not nil, the first key of the top-level
+// object not spelled exactly as one of names (encoding/json matches keys
+// without regard to case, so "Task" would fill task).
+func checkKeys(data []byte, names []string) (dup, unknown string) {
 	type frame struct {
 		obj    bool
 		keys   map[string]bool
@@ -46,7 +54,7 @@ func duplicateKey(data []byte) string {
 	for {
 		tok, err := dec.Token()
 		if err != nil {
-			return ""
+			return "", unknown
 		}
 		f := top()
 		if f != nil && f.obj && f.wantKy {
@@ -60,7 +68,10 @@ func duplicateKey(data []byte) string {
 			k, _ := tok.(string)
 			if f.keys[k] {
 				f.key = k
-				return child(f)
+				return child(f), unknown
+			}
+			if names != nil && len(stack) == 1 && unknown == "" && !slices.Contains(names, k) {
+				unknown = k
 			}
 			f.keys[k], f.key, f.wantKy = true, k, false
 			continue
@@ -82,22 +93,6 @@ func duplicateKey(data []byte) string {
 			f.wantKy = true
 		}
 	}
-}
-
-// exactKeys returns the first top-level key of the JSON object data that
-// is not spelled exactly as one of names (encoding/json matches keys
-// without regard to case, so "Task" would fill task).
-func exactKeys(data []byte, names []string) error {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(data, &m); err != nil {
-		return nil // not an object: the caller's decode says so
-	}
-	for k := range m {
-		if !slices.Contains(names, k) {
-			return fmt.Errorf("unknown field %q", k)
-		}
-	}
-	return nil
 }
 
 // jsonNames returns the JSON keys of the struct v points to, or nil when
