@@ -22,6 +22,9 @@ type Ticker struct {
 	Store  broker.ScheduleStore
 	Lookup TaskLookup
 	Logger hclog.Logger
+	// Submitted, when set, is told of every message a fire submitted
+	// (the task telemetry counts scheduled submissions too).
+	Submitted func(topic string)
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
 }
@@ -116,6 +119,9 @@ func (t *Ticker) Tick(ctx context.Context, fence broker.Fence) error {
 		}
 		if res.Fired && res.MessageID != 0 {
 			log.Debug("schedule fired", "schedule", s.Name, "slot", latest, "message_id", res.MessageID)
+			if t.Submitted != nil && req.Submit != nil {
+				t.Submitted(req.Submit.Topic)
+			}
 		}
 	}
 	return nil

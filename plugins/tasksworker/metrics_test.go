@@ -228,3 +228,30 @@ func TestBrokerGaugesAreLeftOutWhenStatsFails(t *testing.T) {
 		t.Errorf("health = %+v", h)
 	}
 }
+
+// TestScheduledSubmissionsAreCounted: a message the beat submits for a
+// schedule counts in the submitted counters like one submitted through the
+// API, so submitted and completed agree on a schedule-driven process.
+func TestScheduledSubmissionsAreCounted(t *testing.T) {
+	f := start(t, map[string]any{"schedules": []any{
+		// An interval schedule fires once at once, then an hour later.
+		map[string]any{"name": "hourly", "task": "demo.echo", "interval_seconds": 3600},
+	}})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		fams := f.scrape()
+		if value(fams, "fastpluggy_tasks_completed_total") == 1 {
+			if got := value(fams, "fastpluggy_tasks_submitted_total"); got != 1 {
+				t.Fatalf("fastpluggy_tasks_submitted_total = %v after the schedule's first run, want 1", got)
+			}
+			if got := value(fams, "fastpluggy_tasks_submitted_per_topic_total", "topic", "default"); got != 1 {
+				t.Fatalf("fastpluggy_tasks_submitted_per_topic_total{topic=default} = %v, want 1", got)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the schedule's first run did not complete within 10s (completed_total %v)", value(fams, "fastpluggy_tasks_completed_total"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

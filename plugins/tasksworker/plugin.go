@@ -262,7 +262,8 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 					t, ok := reg.Lookup(task)
 					return t.Topic, ok
 				},
-				Logger: p.log.Named("schedules"),
+				Logger:    p.log.Named("schedules"),
+				Submitted: p.metrics.Submitted,
 			},
 			TickEvery: cfg.BeatTick,
 			Purge: func(ctx context.Context) {
