@@ -38,8 +38,9 @@ func fastReclaimWindow(heartbeat, after time.Duration) time.Duration {
 // they are marked dead and a pass runs, instead of waiting for the beat's
 // next pass (orphan_reclaim_interval_seconds) and for their heartbeats to
 // be orphan_reclaim_after_seconds old. The reaper's guards still apply,
-// including the grace: if claims younger than the grace were left, one
-// more pass runs once the grace is over.
+// including the grace, which the pass waits out for the dead workers'
+// claims (all older than the first look); if another worker's claims
+// younger than the grace were left, one more pass runs once it is over.
 //
 // A missing pid is not proof enough on its own: processes in other PID
 // namespaces (containers given the same hostname, say) share the name and
@@ -77,6 +78,9 @@ func reclaimDeadNeighbours(ctx context.Context, b broker.Broker, rp *reaper.Reap
 	if !ok || len(first) == 0 {
 		return
 	}
+	// The candidates' processes were gone by now, so every claim and lock
+	// a dead one left is older than this.
+	looked := time.Now()
 	select {
 	case <-ctx.Done():
 		return
@@ -111,6 +115,16 @@ func reclaimDeadNeighbours(ctx context.Context, b broker.Broker, rp *reaper.Reap
 	}
 	if expired == 0 {
 		return
+	}
+	// Pass only once the dead workers' claims are past the grace: a pass
+	// that met them younger would be refused by the grace guard and count
+	// a skip, as if the reaper were failing closed, for a plain crash.
+	if wait := time.Until(looked.Add(grace + time.Second)); grace > 0 && wait > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
 	}
 	res := rp.Pass(ctx)
 	log.Info("fast reclaim pass", "result", res.Summary())

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/local"
@@ -124,5 +125,57 @@ func TestFastReclaimWindow(t *testing.T) {
 		if got := fastReclaimWindow(c.heartbeat, c.after); got != c.want {
 			t.Errorf("fastReclaimWindow(%s, %s) = %s, want %s", c.heartbeat, c.after, got, c.want)
 		}
+	}
+}
+
+// TestFastReclaimWaitsOutTheGrace: the previous process died just after
+// claiming, so its claim is younger than the grace when the fast path has
+// watched it stay silent for its window. The pass waits for the grace
+// instead of meeting the claim early: the message comes back, and no skip
+// is counted, since a plain crash is not the reaper failing closed.
+func TestFastReclaimWaitsOutTheGrace(t *testing.T) {
+	ctx := t.Context()
+	b, err := local.Open(ctx, local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, pid := range map[string]int{"self": os.Getpid(), "dead": goneProcessPID(t)} {
+		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Host: host, PID: pid, Roles: []string{broker.RoleWorker}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "q", Task: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "dead", Topics: []string{"q"}, Max: 1})
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("claim: %v, %v", ms, err)
+	}
+	const window, grace = 300 * time.Millisecond, 1500 * time.Millisecond
+	hbCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		for hbCtx.Err() == nil {
+			_ = b.Heartbeat(hbCtx, "self")
+			time.Sleep(window / 10)
+		}
+	}()
+
+	s := reaper.DefaultSettings()
+	s.Grace = grace
+	metrics := reaper.NewMetrics(prometheus.NewRegistry())
+	rp := reaper.New(b, "self", s, hclog.NewNullLogger(), metrics)
+	reclaimDeadNeighbours(ctx, b, rp, "self", grace, window, hclog.NewNullLogger())
+
+	if m, err := b.GetMessage(ctx, ms[0].ID); err != nil || m.State != broker.StateQueued {
+		t.Errorf("the dead worker's message: %+v, %v; want it back in the queue", m, err)
+	}
+	if got := testutil.ToFloat64(metrics.Skipped); got != 0 {
+		t.Errorf("orphan_reclaim_skipped_total = %v after the fast path reclaimed a crashed worker's fresh claim, want 0", got)
 	}
 }
