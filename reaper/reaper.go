@@ -73,6 +73,9 @@ const (
 	GuardLiveSetEmpty      Guard = "live_set_empty"
 	GuardCallerNotLive     Guard = "caller_not_live"
 	GuardWithinGrace       Guard = "claim_within_grace"
+	// GuardReclaimFailed is not one of them but ends the same way: the
+	// reclaim transaction failed and was rolled back, so nothing changed.
+	GuardReclaimFailed Guard = "reclaim_failed"
 )
 
 // Result is what one pass did.
@@ -183,7 +186,7 @@ func (r *Reaper) pass(ctx context.Context, fence *broker.Fence) Result {
 			r.log.Warn("reaper pass refused: this process no longer leads", "term", fence.Term)
 			return Result{NotLeader: true, Reason: "this process is no longer the beat leader"}
 		}
-		return r.skip(GuardLiveSetUnreadable, fmt.Sprintf("the reclaim transaction failed and was rolled back: %v", err))
+		return r.skip(GuardReclaimFailed, fmt.Sprintf("the reclaim transaction failed and was rolled back: %v", err))
 	}
 	out := Result{ReclaimResult: res}
 	if r.metrics != nil {

@@ -22,6 +22,7 @@ type fakeReclaimer struct {
 	broker.Broker
 	live     []string
 	liveErr  error
+	err      error // from ReclaimOrphans
 	result   broker.ReclaimResult
 	reclaims int
 	got      broker.ReclaimRequest
@@ -34,6 +35,9 @@ func (f *fakeReclaimer) LiveWorkers(context.Context, time.Duration) ([]string, e
 func (f *fakeReclaimer) ReclaimOrphans(_ context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
 	f.reclaims++
 	f.got = req
+	if f.err != nil {
+		return broker.ReclaimResult{}, f.err
+	}
 	return f.result, nil
 }
 
@@ -76,6 +80,24 @@ func TestGuardsRefuseAndCount(t *testing.T) {
 				t.Fatalf("no ERROR line naming the guard: %s", logs.String())
 			}
 		})
+	}
+}
+
+// TestFailedReclaimIsCountedUnderItsOwnName: a reclaim transaction that
+// fails changes nothing and counts as a skip, and its ERROR line says the
+// transaction failed, not that the live-worker set could not be read.
+func TestFailedReclaimIsCountedUnderItsOwnName(t *testing.T) {
+	f := &fakeReclaimer{Broker: memory.New(), live: []string{"me"}, err: errors.New("deadlock detected")}
+	r, m, logs := newReaper(t, f)
+	res := r.Pass(context.Background())
+	if res.Skipped != GuardReclaimFailed || !strings.Contains(res.Reason, "deadlock detected") {
+		t.Fatalf("result = %+v, want skipped by %s naming the error", res, GuardReclaimFailed)
+	}
+	if got := testutil.ToFloat64(m.Skipped); got != 1 {
+		t.Fatalf("skipped counter = %v, want 1", got)
+	}
+	if !strings.Contains(logs.String(), "[ERROR]") || !strings.Contains(logs.String(), "guard=reclaim_failed") || strings.Contains(logs.String(), string(GuardLiveSetUnreadable)) {
+		t.Fatalf("want one ERROR line naming reclaim_failed: %s", logs.String())
 	}
 }
 
