@@ -482,6 +482,46 @@ func TestHostEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("proxy keeps the path's escaping and refuses what a plugin cannot be given", func(t *testing.T) {
+		// The plugin decodes the path once, as a server would.
+		for path, want := range map[string]string{
+			"/path/x%2541":    "/path/x%41 /path/x%2541",
+			"/path/50%25off":  "/path/50%off /path/50%25off",
+			"/path/a%2Fb":     "/path/a/b /path/a%2Fb",
+			"/path/caf%C3%A9": "/path/café /path/caf%C3%A9",
+		} {
+			if code, body := get(t, h.base+"/plugin-pkg/echo"+path); code != 200 || body != want {
+				t.Errorf("GET %s: %d %q, want 200 %q", path, code, body, want)
+			}
+		}
+		req, _ := http.NewRequest("GET", h.base+"/plugin-pkg/echo/echo", nil)
+		req.Header.Set("X-Name", "caf\xe9")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "X-Name holds bytes that are not UTF-8") {
+			t.Errorf("a header that is not UTF-8: %d %s; want 400 naming it", resp.StatusCode, body)
+		}
+		// DNS rebinding: a page on another name that resolves to 127.0.0.1.
+		_, port, _ := net.SplitHostPort(strings.TrimPrefix(h.base, "http://"))
+		for host, want := range map[string]int{"evil.example:" + port: http.StatusMisdirectedRequest, "localhost:" + port: 200, "127.0.0.1:" + port: 200} {
+			req, _ := http.NewRequest("GET", h.base+"/healthz", nil)
+			req.Host = host
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != want || (want != 200 && !strings.Contains(string(body), "DNS rebinding")) {
+				t.Errorf("GET /healthz with Host %s: %d %s, want %d", host, resp.StatusCode, body, want)
+			}
+		}
+	})
+
 	t.Run("the reclaim button invokes the action and shows its answer", func(t *testing.T) {
 		jar, _ := cookiejar.New(nil)
 		client := &http.Client{Jar: jar}

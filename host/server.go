@@ -14,9 +14,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/hashicorp/go-hclog"
@@ -29,6 +31,7 @@ type Server struct {
 	h            *Host
 	log          hclog.Logger
 	authRequired bool
+	loopbackOnly bool   // the listen address is a loopback one: Host must name it
 	session      string // cookie value proving the admin token was given
 	proxyTimeout time.Duration
 	actionCap    time.Duration
@@ -48,6 +51,7 @@ func NewServer(h *Host, log hclog.Logger) *Server {
 		h:            h,
 		log:          log.Named("http"),
 		authRequired: !IsLoopback(host) || cfg.AdminToken != "",
+		loopbackOnly: IsLoopback(host),
 		proxyTimeout: 60 * time.Second,
 		actionCap:    2 * time.Minute,
 	}
@@ -62,6 +66,7 @@ func NewServer(h *Host, log hclog.Logger) *Server {
 // Handler returns the router.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
+	r.Use(s.checkHost)
 	r.Get("/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/admin", http.StatusFound) })
 	r.Get("/healthz", s.healthz)
 	r.HandleFunc("/plugin-pkg/{plugin}", s.proxy)
@@ -80,6 +85,37 @@ func (s *Server) Handler() http.Handler {
 	})
 	r.Get("/admin", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/admin/", http.StatusFound) })
 	return r
+}
+
+// checkHost refuses, on a host that listens on a loopback address, a
+// request whose Host header is not a loopback name. Such a request came
+// through a name that resolved to 127.0.0.1 for a browser (DNS
+// rebinding): the page that sent it would otherwise be same-origin with
+// this host, and on loopback without an admin_token, admin too.
+func (s *Server) checkHost(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.loopbackOnly && !loopbackName(r.Host) {
+			writeJSON(w, http.StatusMisdirectedRequest, map[string]string{"error": fmt.Sprintf(
+				"this host listens on a loopback address and answers only to loopback names (127.0.0.1, localhost, [::1]), not to Host %q: a guard against DNS rebinding; to serve other names, listen on another address and set admin_token", r.Host)})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// loopbackName reports whether a Host header names this machine's
+// loopback: localhost or a loopback IP, with or without a port. An empty
+// Host (HTTP/1.0) passes: browsers always send one.
+func loopbackName(hostport string) bool {
+	if hostport == "" {
+		return true
+	}
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	return strings.EqualFold(host, "localhost") || IsLoopback(host)
 }
 
 // healthz answers 200 while the host serves (a liveness probe must not
@@ -172,6 +208,34 @@ func sameOrigin(r *http.Request) bool {
 	return err == nil && u.Host == r.Host
 }
 
+// pluginPath is the path a plugin gets for r: what follows
+// /plugin-pkg/<name>, still escaped as the client sent it, so that the
+// plugin decodes it once (a decoded path decoded again would turn %2541
+// into A, and fail on %25 followed by anything but two hex digits).
+func pluginPath(r *http.Request, name string) string {
+	rest := strings.TrimPrefix(r.URL.EscapedPath(), "/plugin-pkg/"+name)
+	if !strings.HasPrefix(rest, "/") {
+		rest = "/" + rest
+	}
+	return rest
+}
+
+// notUTF8 returns the first header whose name or a value is not valid
+// UTF-8.
+func notUTF8(h http.Header) (string, bool) {
+	for k, vs := range h {
+		if !utf8.ValidString(k) {
+			return strconv.Quote(k), true
+		}
+		for _, v := range vs {
+			if !utf8.ValidString(v) {
+				return k, true
+			}
+		}
+	}
+	return "", false
+}
+
 // hopHeaders are never forwarded in either direction.
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
@@ -253,6 +317,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	headers := filterRequestHeaders(r.Header)
+	if k, ok := notUTF8(headers); ok {
+		// The plugin protocol carries headers as UTF-8 strings.
+		httpError(w, http.StatusBadRequest, fmt.Sprintf("header %s holds bytes that are not UTF-8: send it percent-encoded or as UTF-8", k))
+		return
+	}
 	remote, _, _ := net.SplitHostPort(r.RemoteAddr)
 	headers.Set("X-Forwarded-For", remote)
 	headers.Set("X-Forwarded-Host", r.Host)
@@ -263,7 +332,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	flusher, _ := w.(http.Flusher)
 	err = client.ProxyHTTP(ctx, capability.ProxyRequest{
 		Method:     r.Method,
-		Path:       "/" + chi.URLParam(r, "*"),
+		Path:       pluginPath(r, name),
 		RawQuery:   r.URL.RawQuery,
 		Header:     headers,
 		Body:       body,

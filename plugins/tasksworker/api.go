@@ -33,6 +33,7 @@ var messageStates = []string{broker.StateQueued, broker.StateRunning, broker.Sta
 
 func (p *Plugin) routes() chi.Router {
 	r := chi.NewRouter()
+	r.Use(escapedRouting)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: %s %s; the API is under /api (tasks, topics, workers, locks, health)", r.Method, r.URL.Path)
 	})
@@ -52,6 +53,23 @@ func (p *Plugin) routes() chi.Router {
 	})
 	r.Route("/ui", func(r chi.Router) { uiRoutes(p, r) })
 	return r
+}
+
+// escapedRouting makes the router match the path as the client escaped
+// it, whatever Go's URL parser kept (it drops RawPath when the default
+// escaping gives the same text), so every path parameter comes escaped
+// and pathParam decodes it exactly once: a topic named "50%off" arrives
+// as 50%25off and a name holding a slash as a%2Fb.
+func escapedRouting(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.URL.RawPath = r.URL.EscapedPath()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// pathParam is the path parameter key, decoded (see escapedRouting).
+func pathParam(r *http.Request, key string) (string, error) {
+	return url.PathUnescape(chi.URLParam(r, key))
 }
 
 type runtimeHandler func(w http.ResponseWriter, r *http.Request, rt *runtime)
@@ -367,7 +385,7 @@ type topicPatchRequest struct {
 const topicExample = `{"concurrency_limit": 2, "paused": false, "dead_letter_enabled": true}`
 
 func (p *Plugin) setTopic(w http.ResponseWriter, r *http.Request, rt *runtime) {
-	name, err := url.PathUnescape(chi.URLParam(r, "name"))
+	name, err := pathParam(r, "name")
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "bad topic name in the path: %v", err)
 		return

@@ -554,3 +554,24 @@ func TestMessageRetentionSetting(t *testing.T) {
 		t.Fatalf("message_retention_hours 24 = %v, %v", cfg.MessageRetention, err)
 	}
 }
+
+// TestPathNamesAreDecodedOnce: a topic or schedule name in the path is
+// decoded exactly once, whether or not Go's URL parser kept the escaped
+// form, so a name holding % or / reaches the broker as sent.
+func TestPathNamesAreDecodedOnce(t *testing.T) {
+	f := start(t, nil)
+	for path, want := range map[string]string{
+		"/api/topics/50%25off":  "50%off",
+		"/api/topics/x%2541":    "x%41",
+		"/api/topics/a%2Fb":     "a/b",
+		"/api/topics/caf%C3%A9": "café",
+	} {
+		res := f.do("PUT", path, `{"paused": true}`)
+		if res.status != http.StatusOK || res.json(t)["name"] != want {
+			t.Errorf("PUT %s: %d %s; want 200 for topic %q", path, res.status, res.body, want)
+		}
+	}
+	if res := f.do("DELETE", "/api/schedules/no%2541such", ""); res.status != http.StatusNotFound || !strings.Contains(string(res.body), "no%41such") {
+		t.Errorf("DELETE an unknown schedule with %%25 in its name: %d %s; want 404 naming no%%41such", res.status, res.body)
+	}
+}

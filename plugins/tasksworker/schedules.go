@@ -141,8 +141,23 @@ func listSchedules(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	writeJSON(w, http.StatusOK, map[string]any{"schedules": list})
 }
 
+// scheduleParam is the schedule named by the path; false when the name
+// cannot be decoded (answered with a 400).
+func scheduleParam(w http.ResponseWriter, r *http.Request) (string, bool) {
+	name, err := pathParam(r, "name")
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad schedule name in the path: %v", err)
+		return "", false
+	}
+	return name, true
+}
+
 func getSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
-	s, err := rt.broker.GetSchedule(r.Context(), chi.URLParam(r, "name"))
+	name, ok := scheduleParam(w, r)
+	if !ok {
+		return
+	}
+	s, err := rt.broker.GetSchedule(r.Context(), name)
 	if err != nil {
 		writeBrokerError(w, "get schedule", err)
 		return
@@ -157,7 +172,11 @@ func putSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		return
 	}
 	status := http.StatusCreated
-	if name := chi.URLParam(r, "name"); name != "" {
+	name, ok := scheduleParam(w, r)
+	if !ok {
+		return
+	}
+	if name != "" {
 		if b.Name != "" && b.Name != name {
 			writeError(w, http.StatusBadRequest, "the body names schedule %q but the URL names %q; a schedule cannot be renamed: delete it and create another", b.Name, name)
 			return
@@ -186,7 +205,10 @@ func putSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
 }
 
 func deleteSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
-	name := chi.URLParam(r, "name")
+	name, ok := scheduleParam(w, r)
+	if !ok {
+		return
+	}
 	if err := rt.broker.DeleteSchedule(r.Context(), name); err != nil {
 		writeBrokerError(w, "delete schedule", err)
 		return
