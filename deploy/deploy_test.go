@@ -61,6 +61,7 @@ var publicNames = []string{
 	"fp_tasks_worker_fastpluggy_tasks_duration_seconds",
 	"fp_tasks_worker_fastpluggy_tasks_reports_dropped_total",
 	"fp_tasks_worker_fastpluggy_tasks_strays_requeued_total",
+	"fp_tasks_worker_fastpluggy_tasks_heartbeat_age_seconds",
 	// The aggregator's own series, prefixed fp_metrics_ already.
 	"fp_metrics_source_up",
 	"fp_metrics_source_scrape_duration_seconds",
@@ -169,7 +170,7 @@ func promtool(t *testing.T, args ...string) string {
 // ruleCount is how many alert rules the rules file holds: the five the
 // specification names, FastpluggyTaskReportsDropped and
 // FastpluggyTopicUnserved.
-const ruleCount = 7
+const ruleCount = 8
 
 func TestAlertRules(t *testing.T) {
 	out := promtool(t, "check", "rules", rulesFile)

@@ -223,6 +223,10 @@ type Pool struct {
 	// written; the stray check requeues them keeping the attempt.
 	ranLost map[broker.Claim]struct{}
 
+	beatMu  sync.Mutex
+	beatAt  time.Time // when the heartbeat (or the registration) last went through
+	beatErr error     // the latest heartbeat's error; nil when it went through
+
 	inflight atomic.Int64 // claimed and not yet handed to the collector
 	pending  atomic.Int64 // handed to the collector, outcome not yet written
 	running  atomic.Int64 // handlers running
@@ -355,6 +359,7 @@ func (p *Pool) Start(ctx context.Context) error {
 		return fmt.Errorf("start worker pool: register worker %s: %w", p.opts.WorkerID, err)
 	}
 	p.startTasks = info.Tasks
+	p.beaten(nil)
 
 	n := p.opts.Concurrency
 	p.slotFreed = make(chan struct{}, 1)
@@ -1357,10 +1362,11 @@ func (p *Pool) heartbeat() {
 			}
 		}
 		cancel()
+		if err != nil && p.hbCtx.Err() != nil {
+			return
+		}
+		p.beaten(err)
 		if err != nil {
-			if p.hbCtx.Err() != nil {
-				return
-			}
 			wait = bo.next()
 			p.log.Warn("heartbeat failed; retrying", "error", err, "retry_in", wait.String())
 		} else {
@@ -1369,6 +1375,27 @@ func (p *Pool) heartbeat() {
 		}
 		t.Reset(wait)
 	}
+}
+
+// beaten records the outcome of a heartbeat.
+func (p *Pool) beaten(err error) {
+	p.beatMu.Lock()
+	defer p.beatMu.Unlock()
+	p.beatErr = err
+	if err == nil {
+		p.beatAt = time.Now()
+	}
+}
+
+// LastHeartbeat returns when this pool's worker last stamped its
+// heartbeat (or registered), and the error of the latest try when it
+// failed (nil when it went through). A worker whose heartbeats fail looks
+// dead to the others once orphan_reclaim_after passes, and its broker
+// writes are likely failing too. Zero before Start.
+func (p *Pool) LastHeartbeat() (time.Time, error) {
+	p.beatMu.Lock()
+	defer p.beatMu.Unlock()
+	return p.beatAt, p.beatErr
 }
 
 // backoff doubles from min to max, with +-20% jitter so that workers that

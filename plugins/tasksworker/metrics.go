@@ -38,7 +38,7 @@ var _ worker.Observer = (*telemetry)(nil)
 // durationBuckets run from 1ms to about 70 minutes, by factors of 4.
 var durationBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
 
-func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), log hclog.Logger) *telemetry {
+func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), lastBeat func() (time.Time, bool), log hclog.Logger) *telemetry {
 	t := &telemetry{
 		reg: prometheus.NewRegistry(),
 		submitted: prometheus.NewCounter(prometheus.CounterOpts{
@@ -88,6 +88,7 @@ func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), l
 		t.submittedPer, t.completedPer, t.failedPer,
 		t.running, t.duration, t.reportsDropped, t.straysRequeued,
 		&brokerCollector{stats: stats, log: log},
+		heartbeatCollector(lastBeat),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -140,6 +141,23 @@ func (t *telemetry) exposition(log hclog.Logger) ([]byte, string, error) {
 		}
 	}
 	return buf.Bytes(), string(format), nil
+}
+
+var descHeartbeatAge = prometheus.NewDesc("fastpluggy_tasks_heartbeat_age_seconds",
+	"Seconds since this process's worker last stamped its heartbeat in the broker; emitted while the worker runs. "+
+		"Growing past a few heartbeat intervals: the broker refuses its writes (database down, disk full), and the other workers "+
+		"will take it for dead after orphan_reclaim_after_seconds.", nil, nil)
+
+// heartbeatCollector exports the age of the worker's last heartbeat, read
+// at scrape time; nothing while no worker runs.
+type heartbeatCollector func() (time.Time, bool)
+
+func (c heartbeatCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descHeartbeatAge }
+
+func (c heartbeatCollector) Collect(ch chan<- prometheus.Metric) {
+	if at, ok := c(); ok {
+		ch <- prometheus.MustNewConstMetric(descHeartbeatAge, prometheus.GaugeValue, max(0, time.Since(at).Seconds()))
+	}
 }
 
 // brokerCollector reads broker.Stats at scrape time. When there is no

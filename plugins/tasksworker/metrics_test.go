@@ -13,6 +13,9 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/memory"
+	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/worker"
 )
 
 // goldenMetrics is the public metric surface of tasks_worker: alert rules
@@ -38,6 +41,7 @@ var goldenMetrics = map[string]dto.MetricType{
 	"fastpluggy_tasks_failed_per_topic_total":        dto.MetricType_COUNTER,
 	"fastpluggy_tasks_running":                       dto.MetricType_GAUGE,
 	"fastpluggy_tasks_duration_seconds":              dto.MetricType_HISTOGRAM,
+	"fastpluggy_tasks_heartbeat_age_seconds":         dto.MetricType_GAUGE,
 }
 
 // scrape collects the plugin's metrics over gRPC and parses them.
@@ -253,5 +257,59 @@ func TestScheduledSubmissionsAreCounted(t *testing.T) {
 			t.Fatalf("the schedule's first run did not complete within 10s (completed_total %v)", value(fams, "fastpluggy_tasks_completed_total"))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// refusedHeartbeats is a broker whose heartbeats fail: it answers reads
+// and refuses writes, as a local store on a full disk does.
+type refusedHeartbeats struct{ broker.Broker }
+
+func (refusedHeartbeats) Heartbeat(context.Context, string) error {
+	return errors.New("database or disk is full (13)")
+}
+
+// TestRefusedHeartbeatsDegradeHealthAndShowInTheAge: a worker whose
+// heartbeats the broker refuses says so in its health (the host shows it
+// degraded), and fastpluggy_tasks_heartbeat_age_seconds grows from the
+// last one that went through.
+func TestRefusedHeartbeatsDegradeHealthAndShowInTheAge(t *testing.T) {
+	f := start(t, nil)
+	if h, _ := f.plugin.CheckHealth(context.Background()); h.Status != capability.HealthOK {
+		t.Fatalf("health before = %+v, want ok", h)
+	}
+	if age := value(f.scrape(), "fastpluggy_tasks_heartbeat_age_seconds"); age < 0 || age > 10 {
+		t.Fatalf("heartbeat age of a healthy worker = %v, want a few seconds at most", age)
+	}
+
+	rt := f.plugin.current()
+	b := refusedHeartbeats{memory.New()}
+	reg := worker.NewRegistry()
+	reg.MustRegister(worker.Task{Name: "x", Handler: func(context.Context, *worker.TaskContext) (any, error) { return nil, nil }})
+	pool := worker.NewPool(b, reg, worker.Options{HeartbeatInterval: 20 * time.Millisecond, Logger: testLogger(t)})
+	if err := pool.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pool.Stop(context.Background()) }()
+	f.plugin.swap(&runtime{cfg: rt.cfg, broker: b, reg: reg, pool: pool})
+	defer f.plugin.swap(rt)
+
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h, _ := f.plugin.CheckHealth(context.Background())
+		if h.Status == capability.HealthDegraded {
+			if !strings.Contains(h.Message, "refuses this worker's heartbeat") || !strings.Contains(h.Message, "disk is full") {
+				t.Fatalf("degraded health = %q, want it to say the heartbeat is refused and why", h.Message)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("health = %+v 5 s after heartbeats began to fail, want degraded", h)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	first := value(f.scrape(), "fastpluggy_tasks_heartbeat_age_seconds")
+	time.Sleep(300 * time.Millisecond)
+	if later := value(f.scrape(), "fastpluggy_tasks_heartbeat_age_seconds"); later < first+0.25 {
+		t.Fatalf("heartbeat age went from %v to %v in 0.3 s while every heartbeat failed, want it to grow", first, later)
 	}
 }

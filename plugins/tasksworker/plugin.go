@@ -70,7 +70,7 @@ func New(logger hclog.Logger) *Plugin {
 		logger = hclog.NewNullLogger()
 	}
 	p := &Plugin{log: logger}
-	p.metrics = newTelemetry(p.stats, logger)
+	p.metrics = newTelemetry(p.stats, p.lastHeartbeat, logger)
 	p.reaperMetrics = reaper.NewMetrics(p.metrics.reg)
 	p.metrics.reg.MustRegister(&scheduler.HealthCollector{
 		Store: func() broker.ScheduleStore {
@@ -336,11 +336,29 @@ func (p *Plugin) CheckHealth(ctx context.Context) (capability.Health, error) {
 	if err != nil {
 		return capability.Health{Status: capability.HealthError, Message: fmt.Sprintf("the %s broker does not answer: %v", rt.broker.Kind(), err)}, nil
 	}
+	if at, err := rt.pool.LastHeartbeat(); err != nil {
+		// Reads can go on while writes fail (a full disk, a read-only
+		// replica): the heartbeat is this worker's write that always runs.
+		return capability.Health{Status: capability.HealthDegraded, Message: fmt.Sprintf(
+			"the %s broker refuses this worker's heartbeat (last stamped %s ago): %v; outcomes may not be stored, and other workers take this one for dead after %s",
+			rt.broker.Kind(), time.Since(at).Round(time.Second), err, rt.cfg.Reaper.After)}, nil
+	}
 	return capability.Health{
 		Status: capability.HealthOK,
 		Message: fmt.Sprintf("%s broker; %d live worker(s); %d/%d tasks running here",
 			rt.broker.Kind(), st.Workers, rt.pool.Running(), rt.pool.Concurrency()),
 	}, nil
+}
+
+// lastHeartbeat is when the running worker last stamped its heartbeat;
+// false while none runs.
+func (p *Plugin) lastHeartbeat() (time.Time, bool) {
+	rt := p.current()
+	if rt == nil || rt.pool == nil {
+		return time.Time{}, false
+	}
+	at, _ := rt.pool.LastHeartbeat()
+	return at, !at.IsZero()
 }
 
 // Stop implements capability.Lifecycle: it drains the pool within ctx and
