@@ -239,7 +239,7 @@ func (s *Supervisor) run(ctx context.Context) {
 			backoff = minBackoff
 			continue
 		}
-		if s.recordCrash() {
+		if s.recordCrash(time.Since(started)) {
 			msg := fmt.Sprintf("%s; gave up after %d restarts within %s: fix the cause, then press Restart in /admin",
 				err, s.host.RestartBudget, s.host.RestartWindow)
 			s.log.Error("plugin is crash-looping; not restarting it", "error", msg)
@@ -267,8 +267,19 @@ func (s *Supervisor) run(ctx context.Context) {
 	}
 }
 
-// recordCrash notes a crash and reports whether the budget is spent.
-func (s *Supervisor) recordCrash() bool {
+// recordCrash notes a crash of a plugin that ran for ran and reports
+// whether the budget is spent. Only crash loops use up the budget: a
+// crash after the plugin ran stableAfter or longer is not counted. Such a
+// plugin does its work between crashes, and giving up on it would stop
+// all of that work: tasks_worker running a task that kills its process
+// (a segfault, the OOM killer) crashes once a minute or so until the
+// reaper dead-letters that message after orphan_max_attempts, and with
+// the same number of restarts in the budget, one such message would use
+// it up and the next take the whole task system down.
+func (s *Supervisor) recordCrash(ran time.Duration) bool {
+	if ran >= stableAfter {
+		return false
+	}
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
