@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -415,16 +416,41 @@ func (p *Plugin) setTopic(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	writeJSON(w, http.StatusOK, cfg)
 }
 
+// workerLiveAfter is how fresh a heartbeat keeps a worker live in the
+// broker's counts (the workers of GET health, the broker gauges): the
+// brokers' default LiveAfter, which the plugin keeps.
+const workerLiveAfter = 30 * time.Second
+
+// workerView is a worker as GET workers shows it.
+type workerView struct {
+	broker.WorkerInfo
+	// Live: its heartbeat is fresher than workerLiveAfter. A worker that
+	// is not stays listed until its row is purged
+	// (postgres_worker_ttl_seconds), and the reaper takes its messages
+	// once its heartbeat is orphan_reclaim_after_seconds old.
+	Live bool `json:"live"`
+}
+
 func (p *Plugin) listWorkers(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	ws, err := rt.broker.Workers(r.Context())
 	if err != nil {
 		writeBrokerError(w, "list workers", err)
 		return
 	}
-	if ws == nil {
-		ws = []broker.WorkerInfo{}
+	var live []string
+	rec, byClock := rt.broker.(broker.OrphanReclaimer)
+	if byClock {
+		// By the broker's clock, as its counts are.
+		if live, err = rec.LiveWorkers(r.Context(), workerLiveAfter); err != nil {
+			writeBrokerError(w, "list live workers", err)
+			return
+		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"workers": ws})
+	out := make([]workerView, len(ws))
+	for i, wi := range ws {
+		out[i] = workerView{WorkerInfo: wi, Live: !byClock || slices.Contains(live, wi.ID)}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"workers": out})
 }
 
 func (p *Plugin) listLocks(w http.ResponseWriter, r *http.Request, rt *runtime) {
@@ -448,16 +474,24 @@ func (p *Plugin) health(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		})
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"status":      "ok",
-		"broker":      rt.broker.Kind(),
-		"worker_id":   rt.pool.WorkerID(),
-		"workers":     st.Workers,
-		"running":     rt.pool.Running(),
-		"concurrency": rt.pool.Concurrency(),
-		"topics":      rt.pool.Topics(),
-		"beat":        beatState(rt),
-	})
+	beatAt, beatErr := rt.pool.LastHeartbeat()
+	out := map[string]any{
+		"status":       "ok",
+		"broker":       rt.broker.Kind(),
+		"worker_id":    rt.pool.WorkerID(),
+		"workers":      st.Workers,
+		"running":      rt.pool.Running(),
+		"concurrency":  rt.pool.Concurrency(),
+		"topics":       rt.pool.Topics(),
+		"beat":         beatState(rt),
+		"heartbeat_at": beatAt,
+	}
+	if beatErr != nil {
+		// The broker answers reads and refuses this worker's writes.
+		out["status"] = "degraded"
+		out["error"] = fmt.Sprintf("the %s broker refuses this worker's heartbeat: %v; outcomes may not be stored", rt.broker.Kind(), beatErr)
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // beatState says whether this process leads the beat, and at which term.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/capability"
 )
 
@@ -78,6 +79,24 @@ func TestPluginOnEachBroker(t *testing.T) {
 			}
 			if res.Message != "reclaimed 0, dead-lettered 0, released 0 lock(s)" {
 				t.Fatalf("message = %q", res.Message)
+			}
+
+			// GET workers says which workers are live, by the broker's clock.
+			rt := f.plugin.current()
+			rec := rt.broker.(broker.OrphanReclaimer)
+			if err := rt.broker.RegisterWorker(context.Background(), broker.WorkerInfo{ID: "gone", Host: "elsewhere", PID: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if err := rec.ExpireWorker(context.Background(), "gone"); err != nil {
+				t.Fatal(err)
+			}
+			live := map[string]any{}
+			for _, w := range f.do("GET", "/api/workers", "").json(t)["workers"].([]any) {
+				w := w.(map[string]any)
+				live[w["id"].(string)] = w["live"]
+			}
+			if live["gone"] != false || live[rt.pool.WorkerID()] != true || len(live) != 2 {
+				t.Fatalf("workers' live flags = %v, want this worker live and gone not", live)
 			}
 		})
 	}

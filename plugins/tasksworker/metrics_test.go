@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -306,6 +307,9 @@ func TestRefusedHeartbeatsDegradeHealthAndShowInTheAge(t *testing.T) {
 			t.Fatalf("health = %+v 5 s after heartbeats began to fail, want degraded", h)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if h := f.do("GET", "/api/health", "").json(t); h["status"] != "degraded" || !strings.Contains(fmt.Sprint(h["error"]), "disk is full") {
+		t.Fatalf("GET health = %v, want degraded with the heartbeat's error", h)
 	}
 	first := value(f.scrape(), "fastpluggy_tasks_heartbeat_age_seconds")
 	time.Sleep(300 * time.Millisecond)
