@@ -21,6 +21,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/taskhost/taskhost/capability"
@@ -67,6 +68,7 @@ func NewServer(h *Host, log hclog.Logger) *Server {
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(s.checkHost)
+	r.Use(middleware.GetHead) // HEAD /healthz answers as GET does
 	r.Get("/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/admin", http.StatusFound) })
 	r.Get("/healthz", s.healthz)
 	r.HandleFunc("/plugin-pkg/{plugin}", s.proxy)

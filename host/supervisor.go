@@ -473,7 +473,11 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 		return fail(&permanentError{fmt.Errorf("plugins.%s.config: %s; fix the config file and restart", s.name, strings.TrimPrefix(bad.Error(), "invalid config: "))})
 	}
 	if err != nil {
-		return fail(fmt.Errorf("configure: %w%s", err, s.stderrHint()))
+		// The client's error already starts "configure: ".
+		if !strings.HasPrefix(err.Error(), "configure: ") {
+			err = fmt.Errorf("configure: %w", err)
+		}
+		return fail(fmt.Errorf("%w%s", err, s.stderrHint()))
 	}
 	var actions []capability.ActionSpec
 	if desc.Has(capability.Actions) {

@@ -53,6 +53,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -172,6 +173,9 @@ func Open(ctx context.Context, opts Options) (*Broker, error) {
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("local broker: data directory: %w", err)
+	}
+	if err := writable(path); err != nil {
+		return nil, fmt.Errorf("local broker: %w", err)
 	}
 
 	writer, err := sql.Open("sqlite", dsn(path, true))
@@ -481,4 +485,28 @@ func addNS(now time.Time, d time.Duration) int64 {
 		return 1<<63 - 1
 	}
 	return n + int64(d)
+}
+
+// writable checks that the database at path can be written: its
+// directory (SQLite creates its journal and WAL files beside it) and the
+// file itself when it exists. SQLite's own error for either is "unable to
+// open database file" or "attempt to write a readonly database", which
+// does not say where to look.
+func writable(path string) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, ".taskhost-write-check-*")
+	if err != nil {
+		return fmt.Errorf("data directory %s is not writable (%v): the local store keeps its database and its journal files there; give the plugin's user write access, or set data_dir to another directory", dir, err)
+	}
+	name := f.Name()
+	_ = f.Close()
+	_ = os.Remove(name)
+	db, err := os.OpenFile(path, os.O_RDWR, 0)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("database file %s cannot be opened for writing (%v): give the plugin's user write access to it", path, err)
+	}
+	return db.Close()
 }

@@ -536,3 +536,17 @@ func TestBytesKept(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenSaysWhenTheDatabaseCannotBeWritten: a database path SQLite
+// could only report as "unable to open database file" gets an error that
+// names the path and what to do.
+func TestOpenSaysWhenTheDatabaseCannotBeWritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "taskhost.db")
+	if err := os.Mkdir(path, 0o755); err != nil { // a directory where the file should be
+		t.Fatal(err)
+	}
+	_, err := Open(t.Context(), Options{Path: path})
+	if err == nil || !strings.Contains(err.Error(), "database file "+path+" cannot be opened for writing") {
+		t.Fatalf("Open over a directory: %v; want an error naming the file", err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/taskhost/taskhost/broker"
 )
@@ -35,6 +36,7 @@ var messageStates = []string{broker.StateQueued, broker.StateRunning, broker.Sta
 func (p *Plugin) routes() chi.Router {
 	r := chi.NewRouter()
 	r.Use(escapedRouting)
+	r.Use(middleware.GetHead) // HEAD answers as GET does, without the body
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "no such endpoint: %s %s; the API is under /api (tasks, topics, workers, locks, health)", r.Method, r.URL.Path)
 	})
@@ -71,6 +73,13 @@ func escapedRouting(next http.Handler) http.Handler {
 // pathParam is the path parameter key, decoded (see escapedRouting).
 func pathParam(r *http.Request, key string) (string, error) {
 	return url.PathUnescape(chi.URLParam(r, key))
+}
+
+// parseID reads a task or report id: a positive whole number written
+// plainly (not "+1" or "01", which name the same id another way).
+func parseID(raw string) (int64, bool) {
+	id, err := strconv.ParseInt(raw, 10, 64)
+	return id, err == nil && id > 0 && strconv.FormatInt(id, 10) == raw
 }
 
 type runtimeHandler func(w http.ResponseWriter, r *http.Request, rt *runtime)
@@ -291,8 +300,8 @@ func viewOf(m broker.Message, rt *runtime) taskView {
 
 func (p *Plugin) getTask(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	raw := chi.URLParam(r, "id")
-	id, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || id <= 0 {
+	id, ok := parseID(raw)
+	if !ok {
 		writeError(w, http.StatusBadRequest, "task id must be a positive whole number, got %q", raw)
 		return
 	}

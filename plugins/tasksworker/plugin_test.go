@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -274,6 +275,15 @@ func TestUnknownTaskID(t *testing.T) {
 	}
 	if res := f.do("DELETE", "/api/tasks", ""); res.status != http.StatusMethodNotAllowed || res.json(t)["error"] == nil {
 		t.Errorf("wrong method: %d %s", res.status, res.body)
+	}
+	id := f.submit(`{"task": "demo.echo"}`)
+	for _, raw := range []string{"+" + id, "0" + id, " " + id} {
+		if res := f.do("GET", "/api/tasks/"+url.PathEscape(raw), ""); res.status != http.StatusBadRequest {
+			t.Errorf("GET tasks/%q: %d %s, want 400: ids are written plainly", raw, res.status, res.body)
+		}
+	}
+	if res := f.do("HEAD", "/api/tasks/"+id, ""); res.status != http.StatusOK {
+		t.Errorf("HEAD tasks/%s: %d, want 200 as GET", id, res.status)
 	}
 }
 

@@ -257,8 +257,8 @@ func listReports(w http.ResponseWriter, r *http.Request, rt *runtime) {
 
 func getReport(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	raw := chi.URLParam(r, "id")
-	id, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || id <= 0 {
+	id, ok := parseID(raw)
+	if !ok {
 		writeError(w, http.StatusBadRequest, "report id must be a positive whole number, got %q", raw)
 		return
 	}

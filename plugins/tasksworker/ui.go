@@ -690,8 +690,8 @@ type uiTask struct {
 
 func (u *ui) taskID(w http.ResponseWriter, r *http.Request) (int64, bool) {
 	raw := chi.URLParam(r, "id")
-	id, err := strconv.ParseInt(raw, 10, 64)
-	if err != nil || id <= 0 {
+	id, ok := parseID(raw)
+	if !ok {
 		u.problem(w, r, http.StatusNotFound, "No such task", fmt.Sprintf("%q is not a task id: ids are positive whole numbers.", raw))
 		return 0, false
 	}
