@@ -106,3 +106,50 @@ func TestTaskRunElsewhereButNotOnItsTopic(t *testing.T) {
 		t.Errorf("A deferred the message %d times for a worker that does not claim its topic", n)
 	}
 }
+
+// TestMessagesWaitForTheWorkerThatRunsTheirTask: A is the only worker that
+// runs task x, and it stops (a deploy of its host) with messages of x
+// queued. B, which does not run x, claims them meanwhile: with
+// UnknownTaskWait it requeues them, their attempts given back, instead of
+// failing them as unknown, and once A is back they run, each once. A task
+// that nobody runs for longer than the wait still fails as unknown.
+func TestMessagesWaitForTheWorkerThatRunsTheirTask(t *testing.T) {
+	b := memory.New()
+	noop := func(context.Context, *TaskContext) (any, error) { return "ran", nil }
+	regA, regB := NewRegistry(), NewRegistry()
+	regA.MustRegister(Task{Name: "x", Handler: noop})
+	regB.MustRegister(Task{Name: "other", Handler: noop})
+	recB := newRecorder()
+	startPool(t, b, regB, Options{Concurrency: 2, Observer: recB, UnknownTaskWait: 30 * time.Second})
+
+	var ids []int64
+	for range 5 {
+		ids = append(ids, submit(t, b, "x", `{}`))
+	}
+	eventually(t, "B to defer the messages of x while no worker runs it", func() bool { return recB.count(StatusDeferred) >= 5 })
+	for _, id := range ids {
+		if m, err := b.GetMessage(context.Background(), id); err != nil || m.State == broker.StateDead {
+			t.Fatalf("message %d while A is away: %+v, %v; want it waiting", id, m, err)
+		}
+	}
+
+	startPool(t, b, regA, Options{Concurrency: 2})
+	for _, id := range ids {
+		if m := waitState(t, b, id, broker.StateDone); m.Attempts != 1 {
+			t.Errorf("message %d: %d attempts once A was back, want 1", id, m.Attempts)
+		}
+	}
+
+	gone := NewRegistry()
+	gone.MustRegister(Task{Name: "other2", Handler: noop})
+	startPool(t, b, gone, Options{Topics: []string{"lonely"}, UnknownTaskWait: 2 * time.Second})
+	start := time.Now()
+	id, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: "lonely", Task: "removed", Payload: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := waitState(t, b, id, broker.StateDead)
+	if took := time.Since(start); took < 2*time.Second || m.Attempts != 1 || !strings.Contains(m.LastError, `unknown task "removed"`) {
+		t.Errorf("message of a task no worker runs: %s after %s with %d attempts (%q); want dead as unknown after the 2 s wait, 1 attempt", m.State, took, m.Attempts, m.LastError)
+	}
+}

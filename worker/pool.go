@@ -97,6 +97,9 @@ const (
 	// elsewhereTTL is how long the pool keeps its view of which tasks other
 	// live workers run.
 	elsewhereTTL = 5 * time.Second
+	// unknownWaitRetry is the requeue delay of a message whose task no
+	// live worker runs, while Options.UnknownTaskWait lasts.
+	unknownWaitRetry = 5 * time.Second
 	// maxAckBatch bounds one broker.Ack call.
 	maxAckBatch = 256
 	// collectors is how many goroutines write outcomes the dispatcher does
@@ -160,6 +163,13 @@ type Options struct {
 	// (tasks of other plugins, found by polling) to show up. Default 0:
 	// such a message fails at once.
 	UnknownTaskGrace time.Duration
+	// UnknownTaskWait: a message of a task that no live worker runs (not
+	// this one, not another) is requeued (its attempt given back, every
+	// unknownWaitRetry) until the task has been so for this long, as this
+	// pool saw it, and fails as unknown only then: the only host that runs
+	// it may be restarting, or its provider plugin. Default 0: such a
+	// message fails at once.
+	UnknownTaskWait time.Duration
 }
 
 type poolState int
@@ -213,6 +223,9 @@ type Pool struct {
 	elseMu    sync.Mutex
 	elseTasks map[taskTopic]bool // what live workers elsewhere run (see elsewhere)
 	elseAt    time.Time
+	// unknownSince: when this pool first found no live worker running a
+	// task, by task (see UnknownTaskWait).
+	unknownSince map[string]time.Time
 
 	startedAt  time.Time // when Start ran
 	startTasks []string  // the tasks Start registered the worker with
@@ -843,9 +856,17 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 			return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID), StatusDeferred)
 		}
 		if p.elsewhere(m.Task, m.Topic) {
+			p.knownAgain(m.Task)
 			log.Info("claimed a message of a task this worker does not run but another live worker does; requeueing it for that one",
 				"retry_in", elsewhereRetry.String())
 			return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s; another live worker runs it; requeued", m.Task, p.opts.WorkerID), StatusDeferred)
+		}
+		if wait, first := p.unknownWait(m.Task); wait > 0 {
+			if first {
+				log.Warn("no live worker runs this task: its messages wait for one (the host or plugin that runs it may be restarting) and fail as unknown if none comes",
+					"wait", p.opts.UnknownTaskWait.String())
+			}
+			return c.notRun(min(wait, unknownWaitRetry), fmt.Sprintf("no live worker runs task %q on topic %q; requeued to wait up to %s for one", m.Task, m.Topic, p.opts.UnknownTaskWait), StatusDeferred)
 		}
 		log.Warn("claimed a message of an unknown task; ending it")
 		return c.fail(fmt.Sprintf("unknown task %q: no task of that name is registered in worker %s", m.Task, p.opts.WorkerID), false, 0)
@@ -1014,6 +1035,38 @@ func (p *Pool) elsewhere(task, topic string) bool {
 	}
 	return p.elseTasks[taskTopic{task, topic}]
 }
+
+// unknownWait returns how much longer messages of task, which no live
+// worker runs, wait for one (Options.UnknownTaskWait), and whether this
+// is the first time the pool finds it so.
+func (p *Pool) unknownWait(task string) (time.Duration, bool) {
+	if p.opts.UnknownTaskWait <= 0 {
+		return 0, false
+	}
+	p.elseMu.Lock()
+	defer p.elseMu.Unlock()
+	since, seen := p.unknownSince[task]
+	if !seen {
+		if p.unknownSince == nil {
+			p.unknownSince = map[string]time.Time{}
+		}
+		since = time.Now()
+		p.unknownSince[task] = since
+	}
+	return p.opts.UnknownTaskWait - time.Since(since), !seen
+}
+
+// knownAgain notes that a live worker runs task (again).
+func (p *Pool) knownAgain(task string) {
+	p.elseMu.Lock()
+	delete(p.unknownSince, task)
+	p.elseMu.Unlock()
+}
+
+// RunsElsewhere reports whether a live worker other than this one runs
+// task and claims from topic (read from the broker's worker list at most
+// every few seconds). When that list cannot be read it answers true.
+func (p *Pool) RunsElsewhere(task, topic string) bool { return p.elsewhere(task, topic) }
 
 // taskTopic is a task a worker runs and a topic it claims from.
 type taskTopic struct{ task, topic string }

@@ -220,6 +220,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 		Reporter:          reports,
 		Strays:            func(n int) { p.metrics.straysRequeued.Add(float64(n)) },
 		UnknownTaskGrace:  unknownTaskGrace,
+		UnknownTaskWait:   unknownTaskWait,
 	})
 	// Every topic this process claims exists in the broker from the start,
 	// so its gauges are there (at zero) before the first submit.

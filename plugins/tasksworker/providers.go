@@ -23,6 +23,12 @@ const providerRefresh = 5 * time.Second
 // restart, and its tasks are registered only when a refresh finds it.
 const unknownTaskGrace = 12 * providerRefresh
 
+// unknownTaskWait is how long messages of a task that no live worker runs
+// wait for one before they fail as unknown (worker.Options.UnknownTaskWait):
+// long enough for the only host that runs it to be deployed again, or its
+// provider plugin to be restarted.
+const unknownTaskWait = 10 * time.Minute
+
 // watchProviders registers the tasks of every plugin with the TaskProvider
 // capability, now and whenever one appears. A task stays registered when
 // its provider goes down: its messages are still accepted, and an attempt
