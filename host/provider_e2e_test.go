@@ -174,3 +174,42 @@ plugins:
 			m.State, m.Attempts, m.Result, m.LastError)
 	}
 }
+
+// TestScheduleOfATaskOnlyAnotherHostRuns: two hosts share a PostgreSQL
+// broker; only host A runs the example plugin, and host B leads the beat.
+// A schedule of example.greet, created through A, fires from B's beat and
+// runs on A. (The leader used to look the task up in its own registry
+// alone: it stamped every slot and submitted nothing, with every gauge
+// green.)
+func TestScheduleOfATaskOnlyAnotherHostRuns(t *testing.T) {
+	schema := pgSchema(t)
+	b := startHost(t, twConfig(schema, twOpts{}))
+	waitFor(t, 30*time.Second, "host B to lead the beat", func() bool {
+		h, err := b.health()
+		return err == nil && h.Beat.Leader
+	})
+	a := startHost(t, twConfig(schema, twOpts{})+"  example:\n    enabled: true\n")
+	waitFor(t, 60*time.Second, "the schedule of example.greet to be accepted by host A", func() bool {
+		_, err := call("POST", a.api("/schedules"), map[string]any{
+			"name": "greet", "task": "example.greet", "payload": map[string]any{"name": "Bob"}, "interval_seconds": 1,
+		}, nil)
+		return err == nil
+	})
+	var reports struct {
+		Reports []struct {
+			Status string `json:"status"`
+			Worker string `json:"worker"`
+		} `json:"reports"`
+	}
+	waitFor(t, 30*time.Second, "a successful run of the schedule", func() bool {
+		_, err := call("GET", a.api("/reports?schedule=greet&status=success"), nil, &reports)
+		return err == nil && len(reports.Reports) > 0
+	})
+	if h, err := b.health(); err != nil || !h.Beat.Leader {
+		t.Fatalf("host B no longer leads the beat (%+v, %v): the test did not exercise a leader without the task", h, err)
+	}
+	ah, err := a.health()
+	if err != nil || reports.Reports[0].Worker != ah.WorkerID {
+		t.Fatalf("the schedule ran on worker %q, want host A's %q (%v)", reports.Reports[0].Worker, ah.WorkerID, err)
+	}
+}

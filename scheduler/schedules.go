@@ -13,8 +13,10 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-// TaskLookup tells the ticker whether a task exists and its default topic.
-type TaskLookup func(task string) (topic string, ok bool)
+// TaskLookup tells the ticker whether a worker runs task, on topic when
+// the schedule names one (this process or another live one), and the
+// topic to submit to (the task's default when topic is empty).
+type TaskLookup func(task, topic string) (string, bool)
 
 // Ticker fires due schedules. It runs on the beat leader only, and every
 // fire is a fenced write: a deposed leader fires nothing.
@@ -86,15 +88,16 @@ func (t *Ticker) Tick(ctx context.Context, fence broker.Fence) error {
 		latest, missed := tm.latestDue(slot, at)
 		next := tm.Next(latest)
 		req := broker.FireRequest{Name: s.Name, Slot: latest, Next: next, Fence: &fence}
-		topic, known := t.Lookup(s.Task)
+		topic, known := t.Lookup(s.Task, s.Topic)
 		if s.Topic != "" {
 			topic = s.Topic
 		}
+		known = known && topic != ""
 		switch {
 		case !known:
 			// As the specification's scheduler does, the attempt is
 			// stamped before the task is looked up: the beat tried.
-			log.Error("scheduled task is not registered; nothing submitted", "schedule", s.Name, "task", s.Task)
+			log.Error("no live worker runs the scheduled task; nothing submitted", "schedule", s.Name, "task", s.Task, "topic", s.Topic)
 		case missed > 0 && s.MissedPolicy == broker.MissedSkip:
 			log.Warn("schedule missed slots while no beat ran; skipping them", "schedule", s.Name, "missed", missed+1, "next", next)
 		default:

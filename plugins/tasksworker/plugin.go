@@ -259,9 +259,13 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 			Reaper: rp, Settings: cfg.Reaper, Logger: p.log.Named("beat"),
 			Schedules: &scheduler.Ticker{
 				Store: b,
-				Lookup: func(task string) (string, bool) {
-					t, ok := reg.Lookup(task)
-					return t.Topic, ok
+				// The beat leader need not run every scheduled task:
+				// a schedule fires when some live worker runs it.
+				Lookup: func(task, topic string) (string, bool) {
+					if t, ok := reg.Lookup(task); ok {
+						return t.Topic, true
+					}
+					return topic, topic != "" && pool.RunsElsewhere(task, topic)
 				},
 				Logger:    p.log.Named("schedules"),
 				Submitted: p.metrics.Submitted,
