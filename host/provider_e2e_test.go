@@ -212,4 +212,19 @@ func TestScheduleOfATaskOnlyAnotherHostRuns(t *testing.T) {
 	if err != nil || reports.Reports[0].Worker != ah.WorkerID {
 		t.Fatalf("the schedule ran on worker %q, want host A's %q (%v)", reports.Reports[0].Worker, ah.WorkerID, err)
 	}
+
+	// Host B takes a submit of the task it does not run when the request
+	// names the topic, and the task runs on A; without a topic B cannot
+	// know the task's own, and says so.
+	if _, err := call("POST", b.api("/tasks"), map[string]any{"task": "example.greet", "payload": map[string]any{"name": "Eve"}}, nil); err == nil ||
+		!strings.Contains(err.Error(), "name its topic in the request") {
+		t.Errorf("submit through B without a topic: %v, want a 400 asking for the topic", err)
+	}
+	id, err := b.submit("example.greet", "default", map[string]any{"name": "Eve"})
+	if err != nil {
+		t.Fatalf("submit through B with its topic: %v", err)
+	}
+	if m := b.waitTask(t, id, 30*time.Second, "done", func(m twTask) bool { return m.State == "done" }); m.claimer() != ah.WorkerID {
+		t.Errorf("the task submitted through B ran on %q, want host A's %q", m.claimer(), ah.WorkerID)
+	}
 }

@@ -204,22 +204,34 @@ func (p *Plugin) submitTask(w http.ResponseWriter, r *http.Request, rt *runtime)
 		writeError(w, http.StatusBadRequest, "task is required: name one of the registered tasks (%s)", strings.Join(rt.reg.Names(), ", "))
 		return
 	}
-	task, ok := rt.reg.Lookup(req.Task)
-	if !ok {
-		writeError(w, http.StatusBadRequest, "unknown task %q: no task of that name is registered; the tasks are %s", req.Task, strings.Join(rt.reg.Names(), ", "))
-		return
-	}
+	task, local := rt.reg.Lookup(req.Task)
 	topic := req.Topic
 	if topic == "" {
+		if !local {
+			writeError(w, http.StatusBadRequest, "unknown task %q: no task of that name is registered here (the tasks are %s); if a worker on another host runs it, name its topic in the request",
+				req.Task, strings.Join(rt.reg.Names(), ", "))
+			return
+		}
 		topic = task.Topic
 	}
 	if err := broker.ValidateTopicName(topic); err != nil {
 		writeError(w, http.StatusBadRequest, "bad topic: %v", err)
 		return
 	}
-	if served := rt.pool.Topics(); !contains(served, topic) {
-		writeError(w, http.StatusBadRequest, "topic %q is not served by this worker (it claims from %s): omit topic to use the task's own (%s), or add the topic under topics in the plugin config",
-			topic, strings.Join(served, ", "), task.Topic)
+	// Accepted when this worker runs the task on the topic, or another
+	// live worker does (hosts sharing a broker need not run the same
+	// plugins or claim the same topics).
+	served := rt.pool.Topics()
+	switch {
+	case local && contains(served, topic):
+	case rt.pool.RunsElsewhere(req.Task, topic):
+	case !local:
+		writeError(w, http.StatusBadRequest, "unknown task %q: no live worker runs it on topic %q; the tasks registered here are %s",
+			req.Task, topic, strings.Join(rt.reg.Names(), ", "))
+		return
+	default:
+		writeError(w, http.StatusBadRequest, "topic %q is not served by this worker (it claims from %s), nor by another live worker that runs %s: omit topic to use the task's own (%s), or add the topic under topics in the plugin config",
+			topic, strings.Join(served, ", "), req.Task, task.Topic)
 		return
 	}
 	payload := bytes.TrimSpace(req.Payload)
@@ -248,7 +260,7 @@ func (p *Plugin) submitTask(w http.ResponseWriter, r *http.Request, rt *runtime)
 	}
 	id, err := rt.broker.Submit(r.Context(), broker.SubmitRequest{
 		Topic:       topic,
-		Task:        task.Name,
+		Task:        req.Task,
 		Payload:     payload,
 		Delay:       time.Duration(req.DelaySeconds * float64(time.Second)),
 		MaxAttempts: maxAttempts,
