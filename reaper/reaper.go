@@ -25,7 +25,9 @@ type Settings struct {
 	After time.Duration
 	// Grace is the minimum age of a claim (or lock) before it is eligible.
 	Grace time.Duration
-	// MaxAttempts: claims before dead-lettering instead of requeueing.
+	// MaxAttempts: orphaned claims (its worker died holding it) before
+	// dead-lettering instead of requeueing. Error retries and requeues of
+	// a task that never ran do not count: they have the task's own limit.
 	MaxAttempts int
 	// WorkerTTL only purges dead worker rows (bookkeeping).
 	WorkerTTL time.Duration
