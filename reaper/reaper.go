@@ -125,7 +125,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		DeadLettered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fastpluggy_broker_orphans_dead_lettered_total",
-			Help: "Orphaned messages dead-lettered by the reaper after orphan_max_attempts claims: poison tasks retired (process-local).",
+			Help: "Orphaned messages dead-lettered by the reaper once orphaned orphan_max_attempts times: poison tasks retired (process-local).",
 		}),
 		Skipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fastpluggy_broker_orphan_reclaim_skipped_total",
