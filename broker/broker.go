@@ -355,6 +355,12 @@ func ValidatePatch(p TopicPatch) error {
 	return nil
 }
 
+// OrphanedErrorPrefix starts the last error of every message the reaper
+// requeued or dead-lettered as an orphan (its worker died holding it), in
+// every store: a worker tells by it that the message may be what killed
+// that worker.
+const OrphanedErrorPrefix = "orphaned:"
+
 // ReclaimRequest is one reaper pass's instruction. Live is the live-worker
 // set the caller read (and checked with its guards) with LiveWorkers.
 type ReclaimRequest struct {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -567,10 +568,36 @@ func (p *Pool) dispatch() {
 	idle := time.NewTimer(0)
 	<-idle.C
 	n := p.opts.Concurrency
+	// Suspects (see suspect) wait here, held, until they can run alone;
+	// alone is set while one runs, and nothing else is claimed meanwhile.
+	var suspects []broker.Message
+	alone := false
+	defer func() {
+		// Stopping: the workers requeue what was claimed and not run.
+		for _, m := range suspects {
+			p.inflight.Add(1)
+			p.jobs <- m
+		}
+	}()
 	for p.claimCtx.Err() == nil {
 		acks := p.takeAcks()
 		inflight := int(p.inflight.Load())
+		if alone && inflight == 0 {
+			alone = false
+		}
+		if !alone && len(suspects) > 0 && inflight == 0 {
+			m := suspects[0]
+			suspects = suspects[1:]
+			p.log.Info("running a message whose last worker died while running it on its own, so that if it kills this process too, nothing else is lost with it",
+				"message_id", m.ID, "task", m.Task, "waiting", len(suspects))
+			p.inflight.Add(1)
+			p.jobs <- m
+			alone, inflight = true, 1
+		}
 		free := min(n-inflight, 2*n-inflight-(int(p.pending.Load())-len(acks)))
+		if alone || len(suspects) > 0 {
+			free = 0
+		}
 		if free <= 0 && len(acks) == 0 {
 			select {
 			case <-p.slotFreed:
@@ -594,6 +621,10 @@ func (p *Pool) dispatch() {
 		// the workers requeue it.
 		p.hold(msgs)
 		for _, m := range msgs {
+			if n > 1 && suspect(m) {
+				suspects = append(suspects, m)
+				continue
+			}
 			p.inflight.Add(1)
 			p.jobs <- m
 		}
@@ -612,7 +643,7 @@ func (p *Pool) dispatch() {
 			continue
 		}
 		bo.reset()
-		if free == 0 || len(msgs) == free {
+		if len(suspects) > 0 || free == 0 || len(msgs) == free {
 			continue
 		}
 		// Short: the queues ran dry, or a concurrency limit binds. Our own
@@ -634,6 +665,15 @@ func (p *Pool) dispatch() {
 			idle.Stop()
 		}
 	}
+}
+
+// suspect reports whether m's last claim ended with its worker dead (the
+// reaper requeued it as an orphan). Such a message may be what killed that
+// worker's process: the pool runs it alone, so that if it kills this one
+// too, the messages running beside it are not orphaned with it, again and
+// again until orphan_max_attempts dead-letters them with the poison.
+func suspect(m broker.Message) bool {
+	return strings.HasPrefix(m.LastError, broker.OrphanedErrorPrefix)
 }
 
 // exchange writes acks and claims up to max messages (none when max is 0)

@@ -1,0 +1,103 @@
+package worker
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/local"
+)
+
+// TestSuspectsRunAlone: three messages come back from a worker that died
+// running them (the reaper requeued them as orphans), queued ahead of six
+// others. Any of the three may be what killed that worker, so each runs
+// with nothing beside it: if it kills this process too, nothing else is
+// orphaned with it. The other six still run side by side.
+func TestSuspectsRunAlone(t *testing.T) {
+	ctx := context.Background()
+	b, err := local.Open(ctx, local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+
+	for _, id := range []string{"dead", "reaper"} {
+		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Roles: []string{broker.RoleWorker}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var suspectIDs []int64
+	for range 3 {
+		suspectIDs = append(suspectIDs, submit(t, b, "s", `{}`))
+	}
+	if ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "dead", Topics: []string{DefaultTopic}, Max: 3}); err != nil || len(ms) != 3 {
+		t.Fatalf("claim for the worker that dies: %v, %v", ms, err)
+	}
+	if err := b.ExpireWorker(ctx, "dead"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"reaper"}, MaxAttempts: 5}); err != nil || res.Reclaimed != 3 {
+		t.Fatalf("reclaim: %+v, %v", res, err)
+	}
+	for range 6 {
+		submit(t, b, "n", `{}`)
+	}
+
+	var (
+		running     atomic.Int32
+		mu          sync.Mutex
+		notAlone    []int64 // suspects that had company
+		maxBesides  int32   // most handlers seen at once while no suspect ran
+		suspectsRan int
+	)
+	handler := func(isSuspect bool) Func {
+		return func(_ context.Context, tc *TaskContext) (any, error) {
+			now := running.Add(1)
+			defer running.Add(-1)
+			time.Sleep(40 * time.Millisecond)
+			after := running.Load()
+			mu.Lock()
+			defer mu.Unlock()
+			if isSuspect {
+				suspectsRan++
+				if now != 1 || after != 1 {
+					notAlone = append(notAlone, tc.MessageID)
+				}
+			} else {
+				maxBesides = max(maxBesides, now, after)
+			}
+			return nil, nil
+		}
+	}
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "s", Handler: handler(true)})
+	reg.MustRegister(Task{Name: "n", Handler: handler(false)})
+	startPool(t, b, reg, Options{Concurrency: 4})
+	for _, id := range suspectIDs {
+		waitState(t, b, id, broker.StateDone)
+	}
+	eventually(t, "every message done", func() bool {
+		st, err := b.Stats(ctx)
+		if err != nil {
+			return false
+		}
+		for _, tp := range st.Topics {
+			if tp.Queued+tp.Running > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if suspectsRan != 3 || len(notAlone) > 0 {
+		t.Errorf("%d suspects ran, %v of them beside other handlers; want 3, each alone", suspectsRan, notAlone)
+	}
+	if maxBesides < 2 {
+		t.Errorf("the other messages ran at most %d at once, want them side by side", maxBesides)
+	}
+}
