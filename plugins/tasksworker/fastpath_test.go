@@ -31,6 +31,22 @@ func goneProcessPID(t *testing.T) int {
 	return cmd.Process.Pid
 }
 
+// neighbourhood opens a local store in a temporary file, closed when the
+// test ends, and returns it with this machine's host name.
+func neighbourhood(t *testing.T) (*local.Broker, string) {
+	t.Helper()
+	b, err := local.Open(t.Context(), local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, host
+}
+
 // TestFastReclaimLeavesHeartbeatingNeighbours: three workers registered
 // from this machine's name with pids that do not exist here. The one that
 // stays silent is the previous process, dead: the fast path marks it dead
@@ -41,15 +57,7 @@ func goneProcessPID(t *testing.T) int {
 // looks again: a live sibling that was late, not a dead process.
 func TestFastReclaimLeavesHeartbeatingNeighbours(t *testing.T) {
 	ctx := t.Context()
-	b, err := local.Open(ctx, local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	host, err := os.Hostname()
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, host := neighbourhood(t)
 	pid := goneProcessPID(t)
 	workers := []string{"dead", "elsewhere", "late"}
 	for _, id := range append([]string{"self"}, workers...) {
@@ -135,15 +143,7 @@ func TestFastReclaimWindow(t *testing.T) {
 // is counted, since a plain crash is not the reaper failing closed.
 func TestFastReclaimWaitsOutTheGrace(t *testing.T) {
 	ctx := t.Context()
-	b, err := local.Open(ctx, local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	host, err := os.Hostname()
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, host := neighbourhood(t)
 	for id, pid := range map[string]int{"self": os.Getpid(), "dead": goneProcessPID(t)} {
 		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Host: host, PID: pid, Roles: []string{broker.RoleWorker}}); err != nil {
 			t.Fatal(err)
