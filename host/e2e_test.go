@@ -505,6 +505,17 @@ func TestHostEndToEnd(t *testing.T) {
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "X-Name holds bytes that are not UTF-8") {
 			t.Errorf("a header that is not UTF-8: %d %s; want 400 naming it", resp.StatusCode, body)
 		}
+		// A raw query byte that is not UTF-8, which Go's server lets through.
+		conn, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "GET /plugin-pkg/echo/echo?x=caf\xe9 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+		raw, _ := io.ReadAll(conn)
+		conn.Close()
+		if !strings.HasPrefix(string(raw), "HTTP/1.1 400") || !strings.Contains(string(raw), "query string holds bytes that are not UTF-8") {
+			t.Errorf("a query that is not UTF-8: %q, want a 400 saying so", raw)
+		}
 		// DNS rebinding: a page on another name that resolves to 127.0.0.1.
 		_, port, _ := net.SplitHostPort(strings.TrimPrefix(h.base, "http://"))
 		for host, want := range map[string]int{"evil.example:" + port: http.StatusMisdirectedRequest, "localhost:" + port: 200, "127.0.0.1:" + port: 200} {

@@ -319,6 +319,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	headers := filterRequestHeaders(r.Header)
+	if !utf8.ValidString(r.URL.RawQuery) {
+		httpError(w, http.StatusBadRequest, "the query string holds bytes that are not UTF-8: percent-encode them")
+		return
+	}
 	if k, ok := notUTF8(headers); ok {
 		// The plugin protocol carries headers as UTF-8 strings.
 		httpError(w, http.StatusBadRequest, fmt.Sprintf("header %s holds bytes that are not UTF-8: send it percent-encoded or as UTF-8", k))

@@ -224,9 +224,9 @@ type Pool struct {
 	elseMu    sync.Mutex
 	elseTasks map[taskTopic]bool // what live workers elsewhere run (see elsewhere)
 	elseAt    time.Time
-	// unknownSince: when this pool first found no live worker running a
-	// task, by task (see UnknownTaskWait).
-	unknownSince map[string]time.Time
+	// unknown: since when this pool finds no live worker running a task
+	// on a topic (see UnknownTaskWait).
+	unknown map[taskTopic]sighting
 
 	startedAt  time.Time // when Start ran
 	startTasks []string  // the tasks Start registered the worker with
@@ -236,6 +236,9 @@ type Pool struct {
 	// ranLost: claims whose task ran but whose outcome could not be
 	// written; the stray check requeues them keeping the attempt.
 	ranLost map[broker.Claim]struct{}
+
+	backMu sync.Mutex
+	back   map[broker.Claim]struct{} // claims to requeue without running (see giveBack)
 
 	beatMu  sync.Mutex
 	beatAt  time.Time // when the heartbeat (or the registration) last went through
@@ -568,8 +571,9 @@ func (p *Pool) dispatch() {
 	idle := time.NewTimer(0)
 	<-idle.C
 	n := p.opts.Concurrency
-	// Suspects (see suspect) wait here, held, until they can run alone;
-	// alone is set while one runs, and nothing else is claimed meanwhile.
+	// A suspect (see suspect) waits here, held, until it can run alone;
+	// alone is set while it runs, and nothing else is claimed meanwhile.
+	// (Claims stop while one waits, so at most one is held.)
 	var suspects []broker.Message
 	alone := false
 	defer func() {
@@ -622,8 +626,14 @@ func (p *Pool) dispatch() {
 		p.hold(msgs)
 		for _, m := range msgs {
 			if n > 1 && suspect(m) {
-				suspects = append(suspects, m)
-				continue
+				if len(suspects) == 0 {
+					suspects = append(suspects, m)
+					continue
+				}
+				// One suspect is held at a time: held, the others
+				// would die with it if it is the poison. They go back
+				// at once (see handle), for any worker to take.
+				p.giveBack(m.ClaimOf())
 			}
 			p.inflight.Add(1)
 			p.jobs <- m
@@ -665,6 +675,25 @@ func (p *Pool) dispatch() {
 			idle.Stop()
 		}
 	}
+}
+
+// giveBack marks a claim that handle requeues at once without running it.
+func (p *Pool) giveBack(c broker.Claim) {
+	p.backMu.Lock()
+	defer p.backMu.Unlock()
+	if p.back == nil {
+		p.back = map[broker.Claim]struct{}{}
+	}
+	p.back[c] = struct{}{}
+}
+
+// takeBack reports whether c was marked by giveBack, and unmarks it.
+func (p *Pool) takeBack(c broker.Claim) bool {
+	p.backMu.Lock()
+	defer p.backMu.Unlock()
+	_, ok := p.back[c]
+	delete(p.back, c)
+	return ok
 }
 
 // suspect reports whether m's last claim ended with its worker dead (the
@@ -885,6 +914,9 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 		}
 	}()
 
+	if p.takeBack(c.claim) {
+		return c.notRun(0, "another message that may have killed its worker runs alone here; requeued for another worker", StatusDeferred)
+	}
 	if p.draining.Load() {
 		return c.notRun(0, "worker stopped", StatusStopped)
 	}
@@ -895,13 +927,18 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 			log.Info("claimed a message of a task not registered yet; requeueing it", "retry_in", wait.String())
 			return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID), StatusDeferred)
 		}
-		if p.elsewhere(m.Task, m.Topic) {
-			p.knownAgain(m.Task)
+		runs, err := p.elsewhere(m.Task, m.Topic)
+		if err != nil {
+			// Failing it over a passing error would lose it.
+			return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s, and which tasks other workers run could not be read (%v); requeued", m.Task, p.opts.WorkerID, err), StatusDeferred)
+		}
+		if runs {
+			p.knownAgain(m.Task, m.Topic)
 			log.Info("claimed a message of a task this worker does not run but another live worker does; requeueing it for that one",
 				"retry_in", elsewhereRetry.String())
 			return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s; another live worker runs it; requeued", m.Task, p.opts.WorkerID), StatusDeferred)
 		}
-		if wait, first := p.unknownWait(m.Task); wait > 0 {
+		if wait, first := p.unknownWait(m.Task, m.Topic); wait > 0 {
 			if first {
 				log.Warn("no live worker runs this task: its messages wait for one (the host or plugin that runs it may be restarting) and fail as unknown if none comes",
 					"wait", p.opts.UnknownTaskWait.String())
@@ -1062,51 +1099,63 @@ func (c *completion) requeueNow(reason, status string) *completion {
 // counts when the broker cannot tell (memory). The answer is kept for a
 // few seconds. When the broker cannot answer, the message waits too:
 // failing it over a passing error would lose it.
-func (p *Pool) elsewhere(task, topic string) bool {
+func (p *Pool) elsewhere(task, topic string) (bool, error) {
 	p.elseMu.Lock()
 	defer p.elseMu.Unlock()
 	if p.elseTasks == nil || time.Since(p.elseAt) >= elsewhereTTL {
 		tasks, err := p.tasksElsewhere()
 		if err != nil {
-			p.log.Warn("could not read which tasks other workers run; requeueing the message", "task", task, "error", err)
-			return true
+			p.log.Warn("could not read which tasks other workers run", "task", task, "error", err)
+			return false, err
 		}
 		p.elseTasks, p.elseAt = tasks, time.Now()
 	}
-	return p.elseTasks[taskTopic{task, topic}]
+	return p.elseTasks[taskTopic{task, topic}], nil
 }
 
-// unknownWait returns how much longer messages of task, which no live
-// worker runs, wait for one (Options.UnknownTaskWait), and whether this
-// is the first time the pool finds it so.
-func (p *Pool) unknownWait(task string) (time.Duration, bool) {
+// sighting is when the pool first and last found no live worker running
+// a task on a topic.
+type sighting struct{ first, last time.Time }
+
+// sightingGap: a task last found unknown longer ago than this was run
+// meanwhile, as far as this pool can tell (while none runs it, its
+// messages come back every unknownWaitRetry, to this worker or another):
+// the wait starts afresh.
+const sightingGap = 2 * time.Minute
+
+// unknownWait returns how much longer messages of task on topic, which no
+// live worker runs, wait for one (Options.UnknownTaskWait), and whether
+// this starts the wait.
+func (p *Pool) unknownWait(task, topic string) (time.Duration, bool) {
 	if p.opts.UnknownTaskWait <= 0 {
 		return 0, false
 	}
 	p.elseMu.Lock()
 	defer p.elseMu.Unlock()
-	since, seen := p.unknownSince[task]
-	if !seen {
-		if p.unknownSince == nil {
-			p.unknownSince = map[string]time.Time{}
+	key, now := taskTopic{task, topic}, time.Now()
+	s, seen := p.unknown[key]
+	if !seen || now.Sub(s.last) > sightingGap {
+		if p.unknown == nil {
+			p.unknown = map[taskTopic]sighting{}
 		}
-		since = time.Now()
-		p.unknownSince[task] = since
+		s, seen = sighting{first: now}, false
 	}
-	return p.opts.UnknownTaskWait - time.Since(since), !seen
+	s.last = now
+	p.unknown[key] = s
+	return p.opts.UnknownTaskWait - now.Sub(s.first), !seen
 }
 
-// knownAgain notes that a live worker runs task (again).
-func (p *Pool) knownAgain(task string) {
+// knownAgain notes that a live worker runs task on topic (again).
+func (p *Pool) knownAgain(task, topic string) {
 	p.elseMu.Lock()
-	delete(p.unknownSince, task)
+	delete(p.unknown, taskTopic{task, topic})
 	p.elseMu.Unlock()
 }
 
 // RunsElsewhere reports whether a live worker other than this one runs
 // task and claims from topic (read from the broker's worker list at most
-// every few seconds). When that list cannot be read it answers true.
-func (p *Pool) RunsElsewhere(task, topic string) bool { return p.elsewhere(task, topic) }
+// every few seconds), or the error reading that list.
+func (p *Pool) RunsElsewhere(task, topic string) (bool, error) { return p.elsewhere(task, topic) }
 
 // taskTopic is a task a worker runs and a topic it claims from.
 type taskTopic struct{ task, topic string }
@@ -1143,6 +1192,10 @@ func (p *Pool) tasksElsewhere() (map[taskTopic]bool, error) {
 // (broker.NackRequest.NotRun).
 func (c *completion) notRun(d time.Duration, reason, status string) *completion {
 	c.notRan = true
+	if suspect(c.msg) {
+		// It did not run here: it stays a suspect (see suspect).
+		reason = broker.OrphanedErrorPrefix + " its last worker died running it; requeued without running: " + reason
+	}
 	return c.requeueAfter(d, reason, status)
 }
 

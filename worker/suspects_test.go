@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -99,5 +100,72 @@ func TestSuspectsRunAlone(t *testing.T) {
 	}
 	if maxBesides < 2 {
 		t.Errorf("the other messages ran at most %d at once, want them side by side", maxBesides)
+	}
+}
+
+// TestOnlyOneSuspectIsHeld: a claim brings three suspects. The pool keeps
+// one and gives the other two back at once, still marked as suspects:
+// held while the first runs, they would die with it if it is the poison,
+// and be orphaned once more without having run.
+func TestOnlyOneSuspectIsHeld(t *testing.T) {
+	ctx := context.Background()
+	b, err := local.Open(ctx, local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	for _, id := range []string{"dead", "reaper"} {
+		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Roles: []string{broker.RoleWorker}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ids []int64
+	for range 3 {
+		ids = append(ids, submit(t, b, "s", `{}`))
+	}
+	if ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "dead", Topics: []string{DefaultTopic}, Max: 3}); err != nil || len(ms) != 3 {
+		t.Fatalf("claim for the worker that dies: %v, %v", ms, err)
+	}
+	if err := b.ExpireWorker(ctx, "dead"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"reaper"}, MaxAttempts: 5}); err != nil || res.Reclaimed != 3 {
+		t.Fatalf("reclaim: %+v, %v", res, err)
+	}
+
+	release := make(chan struct{})
+	started := make(chan int64, 3)
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "s", Handler: func(_ context.Context, tc *TaskContext) (any, error) {
+		started <- tc.MessageID
+		<-release
+		return nil, nil
+	}})
+	p := startPool(t, b, reg, Options{Concurrency: 4})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	first := <-started
+	for _, id := range ids {
+		if id == first {
+			continue
+		}
+		m := waitState(t, b, id, broker.StateQueued)
+		if !strings.HasPrefix(m.LastError, broker.OrphanedErrorPrefix) {
+			t.Errorf("message %d given back with last error %q: it lost its suspect mark", id, m.LastError)
+		}
+	}
+	if m, err := b.GetMessage(ctx, first); err != nil || m.State != broker.StateRunning || m.ClaimedBy != p.WorkerID() {
+		t.Fatalf("the suspect that runs: %+v, %v", m, err)
+	}
+	close(release)
+	for _, id := range ids {
+		if m := waitState(t, b, id, broker.StateDone); m.Attempts != 2 {
+			t.Errorf("message %d: %d attempts, want 2 (the orphaned one and the run; a give-back is not an attempt)", id, m.Attempts)
+		}
 	}
 }

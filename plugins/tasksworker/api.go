@@ -222,9 +222,17 @@ func (p *Plugin) submitTask(w http.ResponseWriter, r *http.Request, rt *runtime)
 	// live worker does (hosts sharing a broker need not run the same
 	// plugins or claim the same topics).
 	served := rt.pool.Topics()
+	here := local && contains(served, topic)
+	elsewhere := false
+	if !here {
+		var err error
+		if elsewhere, err = rt.pool.RunsElsewhere(req.Task, topic); err != nil {
+			writeError(w, http.StatusServiceUnavailable, "cannot tell whether a worker elsewhere runs task %q on topic %q: %v; retry shortly", req.Task, topic, err)
+			return
+		}
+	}
 	switch {
-	case local && contains(served, topic):
-	case rt.pool.RunsElsewhere(req.Task, topic):
+	case here, elsewhere:
 	case !local:
 		writeError(w, http.StatusBadRequest, "unknown task %q: no live worker runs it on topic %q; the tasks registered here are %s",
 			req.Task, topic, strings.Join(rt.reg.Names(), ", "))
@@ -437,18 +445,14 @@ func (p *Plugin) setTopic(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	writeJSON(w, http.StatusOK, cfg)
 }
 
-// workerLiveAfter is how fresh a heartbeat keeps a worker live in the
-// broker's counts (the workers of GET health, the broker gauges): the
-// brokers' default LiveAfter, which the plugin keeps.
-const workerLiveAfter = 30 * time.Second
-
 // workerView is a worker as GET workers shows it.
 type workerView struct {
 	broker.WorkerInfo
-	// Live: its heartbeat is fresher than workerLiveAfter. A worker that
-	// is not stays listed until its row is purged
-	// (postgres_worker_ttl_seconds), and the reaper takes its messages
-	// once its heartbeat is orphan_reclaim_after_seconds old.
+	// Live: its heartbeat is fresher than orphan_reclaim_after_seconds,
+	// the broker's LiveAfter, as in its counts (the workers of GET health,
+	// the broker gauges). A worker that is not stays listed until its row
+	// is purged (postgres_worker_ttl_seconds); the reaper takes its
+	// messages.
 	Live bool `json:"live"`
 }
 
@@ -462,7 +466,7 @@ func (p *Plugin) listWorkers(w http.ResponseWriter, r *http.Request, rt *runtime
 	rec, byClock := rt.broker.(broker.OrphanReclaimer)
 	if byClock {
 		// By the broker's clock, as its counts are.
-		if live, err = rec.LiveWorkers(r.Context(), workerLiveAfter); err != nil {
+		if live, err = rec.LiveWorkers(r.Context(), rt.cfg.Reaper.After); err != nil {
 			writeBrokerError(w, "list live workers", err)
 			return
 		}

@@ -265,7 +265,15 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 					if t, ok := reg.Lookup(task); ok {
 						return t.Topic, true
 					}
-					return topic, topic != "" && pool.RunsElsewhere(task, topic)
+					if topic == "" {
+						return "", false
+					}
+					// When the worker list cannot be read, the slot
+					// fires all the same: a message of a task that no
+					// worker runs fails as unknown in the end, where a
+					// slot fired without one would be lost unseen.
+					runs, err := pool.RunsElsewhere(task, topic)
+					return topic, runs || err != nil
 				},
 				Logger:    p.log.Named("schedules"),
 				Submitted: p.metrics.Submitted,
