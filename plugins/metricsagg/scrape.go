@@ -42,8 +42,11 @@ const (
 	reasonError       = "error"        // anything else the host reported
 )
 
-// stateRunning is the PluginInfo.State of a plugin that is up.
-const stateRunning = "running"
+// serving reports whether a plugin in PluginInfo.State state is up and
+// can be asked: running, or degraded (up, its health check says
+// otherwise). A degraded plugin's series are what says why: tasks_worker's
+// heartbeat age, say, while its broker refuses writes.
+func serving(state string) bool { return state == "running" || state == "degraded" }
 
 // source is one plugin the aggregator reports on in a scrape.
 type source struct {
@@ -187,7 +190,7 @@ func listSources(ctx context.Context, host capability.HostServices, timeout time
 			// asking the host for them would recurse.
 			continue
 		}
-		running := info.State == stateRunning
+		running := serving(info.State)
 		hasMetrics := slices.Contains(info.Capabilities, capability.Metrics)
 		// A plugin that never started may never have described itself,
 		// so unknown capabilities count as a source while it is down:

@@ -207,10 +207,12 @@ func TestSourcesThatAreDown(t *testing.T) {
 		{Name: "fresh", State: "starting"},
 		{Name: "webonly", State: "failed", Capabilities: []capability.Capability{capability.Lifecycles, capability.HTTP}},
 		{Name: "quiet", State: "running", Capabilities: []capability.Capability{capability.Lifecycles}},
+		// Degraded is up: its series say why it is degraded.
+		{Name: "ailing", State: "degraded", Capabilities: []capability.Capability{capability.Lifecycles, capability.Metrics}},
 	}
 	host := newHost(t, plugins, func(_ context.Context, name string) (capability.MetricsPayload, error) {
 		switch name {
-		case "good":
+		case "good", "ailing":
 			return text("x 1\n"), nil
 		case "racing":
 			return capability.MetricsPayload{}, errors.Join(errors.New("collect metrics of racing"), capability.ErrUnavailable)
@@ -225,6 +227,7 @@ func TestSourcesThatAreDown(t *testing.T) {
 		t.Fatalf("status %d\n%s", status, body)
 	}
 	assertMetrics(t, body, upHeader+`
+fp_metrics_source_up{plugin="ailing"} 1
 fp_metrics_source_up{plugin="down"} 0
 fp_metrics_source_up{plugin="fresh"} 0
 fp_metrics_source_up{plugin="good"} 1
@@ -237,7 +240,7 @@ fp_metrics_source_errors_total{plugin="racing",reason="unavailable"} 1
 
 	// Only plugins that were asked have a duration.
 	for _, m := range parse(t, body)["fp_metrics_source_scrape_duration_seconds"].GetMetric() {
-		if name := m.GetLabel()[0].GetValue(); name != "good" && name != "racing" {
+		if name := m.GetLabel()[0].GetValue(); name != "good" && name != "racing" && name != "ailing" {
 			t.Errorf("scrape duration for %s, which was not asked", name)
 		}
 	}
