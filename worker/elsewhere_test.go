@@ -153,3 +153,51 @@ func TestMessagesWaitForTheWorkerThatRunsTheirTask(t *testing.T) {
 		t.Errorf("message of a task no worker runs: %s after %s with %d attempts (%q); want dead as unknown after the 2 s wait, 1 attempt", m.State, took, m.Attempts, m.LastError)
 	}
 }
+
+// TestTheWaitForAWorkerOutlivesTheProcess: a message that already waited
+// for a worker that runs its task carries when the wait began in its last
+// error, so a worker that starts later (this process restarted, another
+// host) counts from then: with 20 s of a 30 s wait gone, the message fails
+// as unknown within about 10 s, not 30 s after this worker first saw it.
+func TestTheWaitForAWorkerOutlivesTheProcess(t *testing.T) {
+	b := memory.New()
+	ctx := context.Background()
+	if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	id := submit(t, b, "gone", `{}`)
+	ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "before", Topics: []string{DefaultTopic}, Max: 1})
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("claim: %v, %v", ms, err)
+	}
+	began := time.Now().Add(-20 * time.Second).UTC().Format(time.RFC3339)
+	if err := b.Nack(ctx, broker.NackRequest{Claim: ms[0].ClaimOf(), Requeue: true, NotRun: true,
+		Error: `no live worker runs task "gone" on topic "default" since ` + began + `; requeued to wait up to 30s for one`}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.UnregisterWorker(ctx, "before"); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "other", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
+	start := time.Now()
+	startPool(t, b, reg, Options{UnknownTaskWait: 30 * time.Second})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		m, err := b.GetMessage(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.State == broker.StateDead {
+			if took := time.Since(start); took > 15*time.Second || !strings.Contains(m.LastError, `unknown task "gone"`) {
+				t.Fatalf("dead after %s (%q); want failed as unknown within about 10 s", took, m.LastError)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("message still %s after 20 s (%q): the wait did not count from when it began", m.State, m.LastError)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

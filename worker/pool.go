@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"regexp"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -938,12 +939,13 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 				"retry_in", elsewhereRetry.String())
 			return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s; another live worker runs it; requeued", m.Task, p.opts.WorkerID), StatusDeferred)
 		}
-		if wait, first := p.unknownWait(m.Task, m.Topic); wait > 0 {
+		if since, wait, first := p.unknownWait(m.Task, m.Topic, unknownSinceOf(m)); wait > 0 {
 			if first {
 				log.Warn("no live worker runs this task: its messages wait for one (the host or plugin that runs it may be restarting) and fail as unknown if none comes",
 					"wait", p.opts.UnknownTaskWait.String())
 			}
-			return c.notRun(min(wait, unknownWaitRetry), fmt.Sprintf("no live worker runs task %q on topic %q; requeued to wait up to %s for one", m.Task, m.Topic, p.opts.UnknownTaskWait), StatusDeferred)
+			return c.notRun(min(wait, unknownWaitRetry), fmt.Sprintf("no live worker runs task %q on topic %q since %s; requeued to wait up to %s for one",
+				m.Task, m.Topic, since.UTC().Format(time.RFC3339), p.opts.UnknownTaskWait), StatusDeferred)
 		}
 		log.Warn("claimed a message of an unknown task; ending it")
 		return c.fail(fmt.Sprintf("unknown task %q: no task of that name is registered in worker %s", m.Task, p.opts.WorkerID), false, 0)
@@ -1123,12 +1125,14 @@ type sighting struct{ first, last time.Time }
 // the wait starts afresh.
 const sightingGap = 2 * time.Minute
 
-// unknownWait returns how much longer messages of task on topic, which no
-// live worker runs, wait for one (Options.UnknownTaskWait), and whether
-// this starts the wait.
-func (p *Pool) unknownWait(task, topic string) (time.Duration, bool) {
+// unknownWait returns since when no live worker runs task on topic, and
+// how much longer its messages wait for one (Options.UnknownTaskWait),
+// and whether this starts the wait. carried is the time a message says
+// the wait began (see unknownSinceOf; zero for none): the wait outlives
+// this process's restarts and counts what other workers saw.
+func (p *Pool) unknownWait(task, topic string, carried time.Time) (time.Time, time.Duration, bool) {
 	if p.opts.UnknownTaskWait <= 0 {
-		return 0, false
+		return time.Time{}, 0, false
 	}
 	p.elseMu.Lock()
 	defer p.elseMu.Unlock()
@@ -1140,9 +1144,30 @@ func (p *Pool) unknownWait(task, topic string) (time.Duration, bool) {
 		}
 		s, seen = sighting{first: now}, false
 	}
+	if !carried.IsZero() && carried.Before(s.first) && now.Sub(carried) < p.opts.UnknownTaskWait+sightingGap {
+		s.first = carried
+	}
 	s.last = now
 	p.unknown[key] = s
-	return p.opts.UnknownTaskWait - now.Sub(s.first), !seen
+	return s.first, p.opts.UnknownTaskWait - now.Sub(s.first), !seen
+}
+
+// unknownSince finds the start of the wait in the last error of a message
+// that waited for a worker already (see handle).
+var unknownSince = regexp.MustCompile(`no live worker runs task .* since (\S+); requeued to wait`)
+
+// unknownSinceOf returns when m's wait for a worker that runs its task
+// began, as its last error says; zero when it does not say.
+func unknownSinceOf(m broker.Message) time.Time {
+	sub := unknownSince.FindStringSubmatch(m.LastError)
+	if sub == nil {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339, sub[1])
+	if err != nil {
+		return time.Time{}
+	}
+	return t
 }
 
 // knownAgain notes that a live worker runs task on topic (again).
