@@ -21,7 +21,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Message states.
@@ -312,6 +315,15 @@ func ValidateTopicName(topic string) error {
 	}
 	if len(topic) > MaxTopicLen {
 		return Invalid("topic is %d bytes long, the limit is %d", len(topic), MaxTopicLen)
+	}
+	if !utf8.ValidString(topic) {
+		return Invalid("topic %q is not valid UTF-8", topic)
+	}
+	if strings.ContainsFunc(topic, unicode.IsControl) {
+		return Invalid("topic %q holds a control character", topic)
+	}
+	if strings.TrimSpace(topic) != topic {
+		return Invalid("topic %q starts or ends with white space", topic)
 	}
 	return nil
 }

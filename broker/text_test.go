@@ -2,6 +2,7 @@ package broker
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -43,6 +44,27 @@ func TestCleanText(t *testing.T) {
 	} {
 		if got := CleanText(in); got != want {
 			t.Errorf("CleanText(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestValidateTopicName(t *testing.T) {
+	for _, ok := range []string{"default", "a/b", "50%off", "café", "m#n", ".."} {
+		if err := ValidateTopicName(ok); err != nil {
+			t.Errorf("ValidateTopicName(%q) = %v, want nil", ok, err)
+		}
+	}
+	for topic, want := range map[string]string{
+		"":                                 "empty",
+		"caf\xe9":                          "not valid UTF-8",
+		"a\x00b":                           "control character",
+		"line\nbreak":                      "control character",
+		" ":                                "white space",
+		"padded ":                          "white space",
+		strings.Repeat("x", MaxTopicLen+1): "limit",
+	} {
+		if err := ValidateTopicName(topic); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("ValidateTopicName(%q) = %v, want ErrInvalid saying %q", topic, err, want)
 		}
 	}
 }
