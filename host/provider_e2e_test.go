@@ -227,4 +227,17 @@ func TestScheduleOfATaskOnlyAnotherHostRuns(t *testing.T) {
 	if m := b.waitTask(t, id, 30*time.Second, "done", func(m twTask) bool { return m.State == "done" }); m.claimer() != ah.WorkerID {
 		t.Errorf("the task submitted through B ran on %q, want host A's %q", m.claimer(), ah.WorkerID)
 	}
+
+	// Host B can also change that schedule, and make one of its own for
+	// the task, naming the topic.
+	if _, err := call("PUT", b.api("/schedules/greet"), map[string]any{
+		"task": "example.greet", "topic": "default", "payload": map[string]any{"name": "Bob"}, "interval_seconds": 1, "enabled": false,
+	}, nil); err != nil {
+		t.Errorf("disable the schedule through B: %v", err)
+	}
+	if _, err := call("POST", b.api("/schedules"), map[string]any{
+		"name": "greet2", "task": "example.greet", "topic": "default", "interval_seconds": 3600,
+	}, nil); err != nil {
+		t.Errorf("create a schedule of a task only A runs through B: %v", err)
+	}
 }

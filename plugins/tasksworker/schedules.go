@@ -70,16 +70,36 @@ func (b scheduleBody) toSchedule(rt *runtime, source string) (broker.Schedule, e
 	if err != nil {
 		return broker.Schedule{}, err
 	}
-	task, ok := rt.reg.Lookup(b.Task)
-	if !ok {
-		return broker.Schedule{}, fmt.Errorf("task %q is not registered; the tasks are %s", b.Task, strings.Join(rt.reg.Names(), ", "))
-	}
+	task, local := rt.reg.Lookup(b.Task)
 	topic := b.Topic
 	if topic == "" {
+		if !local {
+			return broker.Schedule{}, fmt.Errorf("task %q is not registered here (the tasks are %s); if a worker on another host runs it, name its topic", b.Task, strings.Join(rt.reg.Names(), ", "))
+		}
 		topic = task.Topic
 	}
-	if served := rt.pool.Topics(); !contains(served, topic) {
-		return broker.Schedule{}, fmt.Errorf("topic %q is not served by this worker (it claims from %s)", topic, strings.Join(served, ", "))
+	if err := broker.ValidateTopicName(topic); err != nil {
+		return broker.Schedule{}, err
+	}
+	served := rt.pool.Topics()
+	if !local || !contains(served, topic) {
+		// A schedule made through the API may name a task or a topic
+		// that only another live worker runs: the beat fires it all the
+		// same (see the ticker's Lookup). The config's schedules are
+		// checked here alone, since other hosts may not be up yet.
+		elsewhere, err := false, error(nil)
+		if source == "api" {
+			elsewhere, err = rt.pool.RunsElsewhere(b.Task, topic)
+		}
+		switch {
+		case err != nil:
+			return broker.Schedule{}, fmt.Errorf("cannot tell whether a worker elsewhere runs task %q on topic %q: %v", b.Task, topic, err)
+		case elsewhere:
+		case !local:
+			return broker.Schedule{}, fmt.Errorf("task %q is not registered here, and no live worker runs it on topic %q; the tasks here are %s", b.Task, topic, strings.Join(rt.reg.Names(), ", "))
+		default:
+			return broker.Schedule{}, fmt.Errorf("topic %q is not served by this worker (it claims from %s)", topic, strings.Join(served, ", "))
+		}
 	}
 	enabled := true
 	if b.Enabled != nil {
