@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -79,6 +80,7 @@ func New(log hclog.Logger) *Plugin {
 	p.reg.MustRegister(p.sourceErrors)
 
 	r := chi.NewRouter()
+	r.Use(middleware.GetHead) // HEAD answers as GET does, without the body
 	r.Get("/api/prometheus", p.serveMetrics)
 	p.router = r
 	return p

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -137,5 +138,16 @@ func TestLifecycle(t *testing.T) {
 	}
 	if h, _ := p.CheckHealth(ctx); h.Status != capability.HealthError {
 		t.Errorf("health after stop = %v, want error", h.Status)
+	}
+}
+
+// TestHeadAnswersAsGet: a HEAD of the scrape endpoint (uptime probes
+// send them) answers 200 with the same headers and no body.
+func TestHeadAnswersAsGet(t *testing.T) {
+	p := configured(t, nil, newHost(t, []capability.PluginInfo{self}, nil), `{}`)
+	rec := httptest.NewRecorder()
+	p.ServeHTTP(rec, httptest.NewRequest(http.MethodHead, "/api/prometheus", nil))
+	if rec.Code != http.StatusOK || !strings.HasPrefix(rec.Header().Get("Content-Type"), "text/plain") {
+		t.Fatalf("HEAD /api/prometheus: %d %v, want 200 with the text format's Content-Type", rec.Code, rec.Header())
 	}
 }

@@ -285,6 +285,11 @@ func TestUnknownTaskID(t *testing.T) {
 	if res := f.do("HEAD", "/api/tasks/"+id, ""); res.status != http.StatusOK {
 		t.Errorf("HEAD tasks/%s: %d, want 200 as GET", id, res.status)
 	}
+	for _, page := range []string{"/ui/", "/ui/tasks"} {
+		if res := f.uiRequest("HEAD", page, nil, nil); res.status != http.StatusOK {
+			t.Errorf("HEAD %s: %d, want 200 as GET", page, res.status)
+		}
+	}
 }
 
 func TestListTasksFiltersAndPages(t *testing.T) {

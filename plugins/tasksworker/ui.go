@@ -54,6 +54,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/scheduler"
@@ -142,6 +143,9 @@ type uiFlash struct {
 
 func uiRoutes(p *Plugin, r chi.Router) {
 	u := &ui{p: p}
+	// The parent router's GetHead sees this whole subtree as one route
+	// that takes HEAD: HEAD becomes GET here.
+	r.Use(middleware.GetHead)
 	r.Use(u.guard)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		u.problem(w, r, http.StatusNotFound, "Not found", "There is no page at "+r.URL.Path+".")
