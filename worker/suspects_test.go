@@ -20,30 +20,7 @@ import (
 // orphaned with it. The other six still run side by side.
 func TestSuspectsRunAlone(t *testing.T) {
 	ctx := context.Background()
-	b, err := local.Open(ctx, local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-
-	for _, id := range []string{"dead", "reaper"} {
-		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Roles: []string{broker.RoleWorker}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var suspectIDs []int64
-	for range 3 {
-		suspectIDs = append(suspectIDs, submit(t, b, "s", `{}`))
-	}
-	if ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "dead", Topics: []string{DefaultTopic}, Max: 3}); err != nil || len(ms) != 3 {
-		t.Fatalf("claim for the worker that dies: %v, %v", ms, err)
-	}
-	if err := b.ExpireWorker(ctx, "dead"); err != nil {
-		t.Fatal(err)
-	}
-	if res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"reaper"}, MaxAttempts: 5}); err != nil || res.Reclaimed != 3 {
-		t.Fatalf("reclaim: %+v, %v", res, err)
-	}
+	b, suspectIDs := orphans(t, 3)
 	for range 6 {
 		submit(t, b, "n", `{}`)
 	}
@@ -109,29 +86,7 @@ func TestSuspectsRunAlone(t *testing.T) {
 // and be orphaned once more without having run.
 func TestOnlyOneSuspectIsHeld(t *testing.T) {
 	ctx := context.Background()
-	b, err := local.Open(ctx, local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	for _, id := range []string{"dead", "reaper"} {
-		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Roles: []string{broker.RoleWorker}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var ids []int64
-	for range 3 {
-		ids = append(ids, submit(t, b, "s", `{}`))
-	}
-	if ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "dead", Topics: []string{DefaultTopic}, Max: 3}); err != nil || len(ms) != 3 {
-		t.Fatalf("claim for the worker that dies: %v, %v", ms, err)
-	}
-	if err := b.ExpireWorker(ctx, "dead"); err != nil {
-		t.Fatal(err)
-	}
-	if res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"reaper"}, MaxAttempts: 5}); err != nil || res.Reclaimed != 3 {
-		t.Fatalf("reclaim: %+v, %v", res, err)
-	}
+	b, ids := orphans(t, 3)
 
 	release := make(chan struct{})
 	started := make(chan int64, 3)
@@ -168,4 +123,36 @@ func TestOnlyOneSuspectIsHeld(t *testing.T) {
 			t.Errorf("message %d: %d attempts, want 2 (the orphaned one and the run; a give-back is not an attempt)", id, m.Attempts)
 		}
 	}
+}
+
+// orphans opens a local store in a temporary file and leaves n messages
+// of task "s" in it as the reaper leaves a dead worker's: requeued, their
+// last error saying they were orphaned.
+func orphans(t *testing.T, n int) (*local.Broker, []int64) {
+	t.Helper()
+	ctx := context.Background()
+	b, err := local.Open(ctx, local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	for _, id := range []string{"dead", "reaper"} {
+		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Roles: []string{broker.RoleWorker}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ids []int64
+	for range n {
+		ids = append(ids, submit(t, b, "s", `{}`))
+	}
+	if ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "dead", Topics: []string{DefaultTopic}, Max: n}); err != nil || len(ms) != n {
+		t.Fatalf("claim for the worker that dies: %v, %v", ms, err)
+	}
+	if err := b.ExpireWorker(ctx, "dead"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"reaper"}, MaxAttempts: 5}); err != nil || res.Reclaimed != n {
+		t.Fatalf("reclaim: %+v, %v", res, err)
+	}
+	return b, ids
 }
