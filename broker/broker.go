@@ -316,6 +316,18 @@ func ValidateTopicName(topic string) error {
 	if len(topic) > MaxTopicLen {
 		return Invalid("topic is %d bytes long, the limit is %d", len(topic), MaxTopicLen)
 	}
+	return nil
+}
+
+// ValidateNewTopicName checks a topic name a client gives for something
+// new (a submit, a schedule, a topic's first settings) more strictly than
+// ValidateTopicName, which names that earlier versions stored must keep
+// passing: valid UTF-8, no control characters, no white space at either
+// end.
+func ValidateNewTopicName(topic string) error {
+	if err := ValidateTopicName(topic); err != nil {
+		return err
+	}
 	if !utf8.ValidString(topic) {
 		return Invalid("topic %q is not valid UTF-8", topic)
 	}

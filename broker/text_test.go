@@ -50,8 +50,14 @@ func TestCleanText(t *testing.T) {
 
 func TestValidateTopicName(t *testing.T) {
 	for _, ok := range []string{"default", "a/b", "50%off", "café", "m#n", ".."} {
-		if err := ValidateTopicName(ok); err != nil {
-			t.Errorf("ValidateTopicName(%q) = %v, want nil", ok, err)
+		if err := ValidateNewTopicName(ok); err != nil {
+			t.Errorf("ValidateNewTopicName(%q) = %v, want nil", ok, err)
+		}
+	}
+	// Names earlier versions stored stay valid where they are used.
+	for _, old := range []string{" padded ", "caf\xe9"} {
+		if err := ValidateTopicName(old); err != nil {
+			t.Errorf("ValidateTopicName(%q) = %v, want nil", old, err)
 		}
 	}
 	for topic, want := range map[string]string{
@@ -63,8 +69,8 @@ func TestValidateTopicName(t *testing.T) {
 		"padded ":                          "white space",
 		strings.Repeat("x", MaxTopicLen+1): "limit",
 	} {
-		if err := ValidateTopicName(topic); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
-			t.Errorf("ValidateTopicName(%q) = %v, want ErrInvalid saying %q", topic, err, want)
+		if err := ValidateNewTopicName(topic); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("ValidateNewTopicName(%q) = %v, want ErrInvalid saying %q", topic, err, want)
 		}
 	}
 }

@@ -182,7 +182,9 @@ func TestTheWaitForAWorkerOutlivesTheProcess(t *testing.T) {
 	reg := NewRegistry()
 	reg.MustRegister(Task{Name: "other", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
 	start := time.Now()
-	startPool(t, b, reg, Options{UnknownTaskWait: 30 * time.Second})
+	// As in the plugin, the worker gives tasks it does not know a grace
+	// at start first; requeues in that grace keep when the wait began.
+	startPool(t, b, reg, Options{UnknownTaskWait: 30 * time.Second, UnknownTaskGrace: 3 * time.Second})
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		m, err := b.GetMessage(ctx, id)

@@ -239,7 +239,7 @@ type Pool struct {
 	ranLost map[broker.Claim]struct{}
 
 	backMu sync.Mutex
-	back   map[broker.Claim]struct{} // claims to requeue without running (see giveBack)
+	back   map[broker.Claim]time.Duration // claims to requeue without running, with their delay (see giveBack)
 
 	beatMu  sync.Mutex
 	beatAt  time.Time // when the heartbeat (or the registration) last went through
@@ -576,6 +576,10 @@ func (p *Pool) dispatch() {
 	// alone is set while it runs, and nothing else is claimed meanwhile.
 	// (Claims stop while one waits, so at most one is held.)
 	var suspects []broker.Message
+	var heldSince time.Time
+	hold := time.NewTimer(0)
+	<-hold.C
+	defer hold.Stop()
 	alone := false
 	defer func() {
 		// Stopping: the workers requeue what was claimed and not run.
@@ -589,6 +593,19 @@ func (p *Pool) dispatch() {
 		inflight := int(p.inflight.Load())
 		if alone && inflight == 0 {
 			alone = false
+		}
+		if len(suspects) > 0 && inflight > 0 && time.Since(heldSince) >= suspectHoldMax {
+			// The pool stayed busy (long tasks): rather than claim
+			// nothing for as long, give the suspect back for a while,
+			// for an idle worker, or for this one later.
+			m := suspects[0]
+			suspects = suspects[:0]
+			p.log.Info("giving back a message whose last worker died running it: this worker stays busy and would claim nothing until it is idle",
+				"message_id", m.ID, "task", m.Task, "retry_in", suspectHoldMax.String())
+			p.giveBackAfter(m.ClaimOf(), suspectHoldMax)
+			p.inflight.Add(1)
+			p.jobs <- m
+			inflight++
 		}
 		if !alone && len(suspects) > 0 && inflight == 0 {
 			m := suspects[0]
@@ -604,10 +621,16 @@ func (p *Pool) dispatch() {
 			free = 0
 		}
 		if free <= 0 && len(acks) == 0 {
+			var holdOver <-chan time.Time
+			if len(suspects) > 0 {
+				hold.Reset(max(time.Until(heldSince.Add(suspectHoldMax)), 0))
+				holdOver = hold.C
+			}
 			select {
 			case <-p.slotFreed:
 			case <-p.written:
 			case <-p.acksReady:
+			case <-holdOver:
 			case <-p.claimCtx.Done():
 			}
 			continue
@@ -626,9 +649,10 @@ func (p *Pool) dispatch() {
 		// the workers requeue it.
 		p.hold(msgs)
 		for _, m := range msgs {
-			if n > 1 && suspect(m) {
+			if n > 1 && suspect(m) && p.runs(m.Task) {
 				if len(suspects) == 0 {
 					suspects = append(suspects, m)
+					heldSince = time.Now()
 					continue
 				}
 				// One suspect is held at a time: held, the others
@@ -679,21 +703,33 @@ func (p *Pool) dispatch() {
 }
 
 // giveBack marks a claim that handle requeues at once without running it.
-func (p *Pool) giveBack(c broker.Claim) {
+func (p *Pool) giveBack(c broker.Claim) { p.giveBackAfter(c, 0) }
+
+// giveBackAfter is giveBack, the message available again after d.
+func (p *Pool) giveBackAfter(c broker.Claim, d time.Duration) {
 	p.backMu.Lock()
 	defer p.backMu.Unlock()
 	if p.back == nil {
-		p.back = map[broker.Claim]struct{}{}
+		p.back = map[broker.Claim]time.Duration{}
 	}
-	p.back[c] = struct{}{}
+	p.back[c] = d
 }
 
-// takeBack reports whether c was marked by giveBack, and unmarks it.
-func (p *Pool) takeBack(c broker.Claim) bool {
+// takeBack reports whether c was marked by giveBack, with its delay, and
+// unmarks it.
+func (p *Pool) takeBack(c broker.Claim) (time.Duration, bool) {
 	p.backMu.Lock()
 	defer p.backMu.Unlock()
-	_, ok := p.back[c]
+	d, ok := p.back[c]
 	delete(p.back, c)
+	return d, ok
+}
+
+// runs reports whether this pool has task registered. A suspect of a task
+// it does not run is not held: handle requeues it (still marked) for a
+// worker that runs it, which isolates it.
+func (p *Pool) runs(task string) bool {
+	_, ok := p.reg.Lookup(task)
 	return ok
 }
 
@@ -915,8 +951,8 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 		}
 	}()
 
-	if p.takeBack(c.claim) {
-		return c.notRun(0, "another message that may have killed its worker runs alone here; requeued for another worker", StatusDeferred)
+	if d, ok := p.takeBack(c.claim); ok {
+		return c.notRun(d, "this worker runs another such message alone, or stays busy; requeued for a worker that can run it alone", StatusDeferred)
 	}
 	if p.draining.Load() {
 		return c.notRun(0, "worker stopped", StatusStopped)
@@ -926,12 +962,12 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 		if wait := p.opts.UnknownTaskGrace - time.Since(p.startedAt); wait > 0 {
 			wait = min(wait, unknownTaskRetry)
 			log.Info("claimed a message of a task not registered yet; requeueing it", "retry_in", wait.String())
-			return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID), StatusDeferred)
+			return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID)+p.carriedWait(m), StatusDeferred)
 		}
 		runs, err := p.elsewhere(m.Task, m.Topic)
 		if err != nil {
 			// Failing it over a passing error would lose it.
-			return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s, and which tasks other workers run could not be read (%v); requeued", m.Task, p.opts.WorkerID, err), StatusDeferred)
+			return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s, and which tasks other workers run could not be read (%v); requeued", m.Task, p.opts.WorkerID, err)+p.carriedWait(m), StatusDeferred)
 		}
 		if runs {
 			p.knownAgain(m.Task, m.Topic)
@@ -1115,6 +1151,11 @@ func (p *Pool) elsewhere(task, topic string) (bool, error) {
 	return p.elseTasks[taskTopic{task, topic}], nil
 }
 
+// suspectHoldMax bounds how long a pool holds a suspect (see suspect)
+// waiting for what it runs to finish, claiming nothing meanwhile; then the
+// suspect goes back to the queue for as long. A variable for tests.
+var suspectHoldMax = 30 * time.Second
+
 // sighting is when the pool first and last found no live worker running
 // a task on a topic.
 type sighting struct{ first, last time.Time }
@@ -1155,6 +1196,19 @@ func (p *Pool) unknownWait(task, topic string, carried time.Time) (time.Time, ti
 // unknownSince finds the start of the wait in the last error of a message
 // that waited for a worker already (see handle).
 var unknownSince = regexp.MustCompile(`no live worker runs task .* since (\S+); requeued to wait`)
+
+// carriedWait keeps, in the error of a message requeued for another
+// reason before its wait is decided (this worker's start-up grace, a
+// worker list that could not be read), when its wait for a worker that
+// runs its task began: "" when it was not waiting.
+func (p *Pool) carriedWait(m broker.Message) string {
+	since := unknownSinceOf(m)
+	if since.IsZero() {
+		return ""
+	}
+	return fmt.Sprintf("; before that, no live worker runs task %q on topic %q since %s; requeued to wait up to %s for one",
+		m.Task, m.Topic, since.UTC().Format(time.RFC3339), p.opts.UnknownTaskWait)
+}
 
 // unknownSinceOf returns when m's wait for a worker that runs its task
 // began, as its last error says; zero when it does not say.

@@ -156,3 +156,51 @@ func orphans(t *testing.T, n int) (*local.Broker, []int64) {
 	}
 	return b, ids
 }
+
+// TestASuspectDoesNotStallABusyPool: a pool that holds a suspect claims
+// nothing until it can run it alone. While a long task runs, that must
+// not last: the suspect goes back after suspectHoldMax and the pool goes
+// on with other work. And a suspect of a task the pool does not run is
+// not held at all: it goes back, still marked, for a worker that runs it.
+func TestASuspectDoesNotStallABusyPool(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		runsS   bool
+		holdMax time.Duration
+	}{
+		{"held, then given back while the pool stays busy", true, 300 * time.Millisecond},
+		{"not held when the pool does not run its task", false, time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func(d time.Duration) { suspectHoldMax = d }(suspectHoldMax)
+			suspectHoldMax = tc.holdMax
+			b, ids := orphans(t, 1)
+			release := make(chan struct{})
+			noop := func(context.Context, *TaskContext) (any, error) { return nil, nil }
+			reg := NewRegistry()
+			reg.MustRegister(Task{Name: "long", Handler: func(context.Context, *TaskContext) (any, error) { <-release; return nil, nil }})
+			reg.MustRegister(Task{Name: "quick", Handler: noop})
+			if tc.runsS {
+				reg.MustRegister(Task{Name: "s", Handler: noop})
+			}
+			long := submit(t, b, "long", `{}`)
+			startPool(t, b, reg, Options{Concurrency: 4, UnknownTaskWait: time.Minute})
+			defer close(release)
+			waitState(t, b, long, broker.StateRunning)
+			var quick []int64
+			for range 3 {
+				quick = append(quick, submit(t, b, "quick", `{}`))
+			}
+			for _, id := range quick {
+				waitState(t, b, id, broker.StateDone) // within waitState's 10 s, while long still runs
+			}
+			if m, err := b.GetMessage(context.Background(), long); err != nil || m.State != broker.StateRunning {
+				t.Fatalf("the long task: %+v, %v; want it still running", m, err)
+			}
+			m, err := b.GetMessage(context.Background(), ids[0])
+			if err != nil || !strings.HasPrefix(m.LastError, broker.OrphanedErrorPrefix) {
+				t.Fatalf("the suspect: %+v, %v; want it still marked", m, err)
+			}
+		})
+	}
+}

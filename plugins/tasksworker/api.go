@@ -2,6 +2,7 @@ package tasksworker
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -73,6 +74,24 @@ func escapedRouting(next http.Handler) http.Handler {
 // pathParam is the path parameter key, decoded (see escapedRouting).
 func pathParam(r *http.Request, key string) (string, error) {
 	return url.PathUnescape(chi.URLParam(r, key))
+}
+
+// checkTopic checks a topic a client names: strictly
+// (broker.ValidateNewTopicName) unless the topic exists already, so that
+// a name an earlier version stored can still be used and managed.
+func checkTopic(ctx context.Context, rt *runtime, topic string) error {
+	err := broker.ValidateNewTopicName(topic)
+	if err == nil || broker.ValidateTopicName(topic) != nil {
+		return err
+	}
+	if topics, lerr := rt.broker.Topics(ctx); lerr == nil {
+		for _, t := range topics {
+			if t.Name == topic {
+				return nil
+			}
+		}
+	}
+	return err
 }
 
 // parseID reads a task or report id: a positive whole number written
@@ -214,7 +233,7 @@ func (p *Plugin) submitTask(w http.ResponseWriter, r *http.Request, rt *runtime)
 		}
 		topic = task.Topic
 	}
-	if err := broker.ValidateTopicName(topic); err != nil {
+	if err := checkTopic(r.Context(), rt, topic); err != nil {
 		writeError(w, http.StatusBadRequest, "bad topic: %v", err)
 		return
 	}
@@ -420,7 +439,7 @@ func (p *Plugin) setTopic(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		writeError(w, http.StatusBadRequest, "bad topic name in the path: %v", err)
 		return
 	}
-	if err := broker.ValidateTopicName(name); err != nil {
+	if err := checkTopic(r.Context(), rt, name); err != nil {
 		writeError(w, http.StatusBadRequest, "bad topic name: %v", err)
 		return
 	}

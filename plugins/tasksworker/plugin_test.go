@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/capability/capabilitytest"
 )
@@ -588,5 +589,24 @@ func TestPathNamesAreDecodedOnce(t *testing.T) {
 	}
 	if res := f.do("DELETE", "/api/schedules/no%2541such", ""); res.status != http.StatusNotFound || !strings.Contains(string(res.body), "no%41such") {
 		t.Errorf("DELETE an unknown schedule with %%25 in its name: %d %s; want 404 naming no%%41such", res.status, res.body)
+	}
+}
+
+// TestStrictTopicNamesOnlyForNewTopics: a topic name with white space at
+// its end is refused for a new topic, and still usable for one an earlier
+// version stored.
+func TestStrictTopicNamesOnlyForNewTopics(t *testing.T) {
+	f := start(t, nil)
+	if _, err := f.plugin.current().broker.SetTopic(context.Background(), "old ", broker.TopicPatch{}); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.do("PUT", "/api/topics/old%20", `{"paused": true}`); res.status != http.StatusOK {
+		t.Errorf("PUT an existing topic named %q: %d %s, want 200", "old ", res.status, res.body)
+	}
+	if res := f.do("PUT", "/api/topics/new%20", `{"paused": true}`); res.status != http.StatusBadRequest || !strings.Contains(string(res.body), "white space") {
+		t.Errorf("PUT a new topic named %q: %d %s, want 400 about the white space", "new ", res.status, res.body)
+	}
+	if res := f.do("POST", "/api/tasks", `{"task": "demo.echo", "topic": "new\u0001"}`); res.status != http.StatusBadRequest || !strings.Contains(string(res.body), "control character") {
+		t.Errorf("submit to a topic holding a control character: %d %s, want 400", res.status, res.body)
 	}
 }

@@ -78,7 +78,11 @@ func (b scheduleBody) toSchedule(rt *runtime, source string) (broker.Schedule, e
 		}
 		topic = task.Topic
 	}
-	if err := broker.ValidateTopicName(topic); err != nil {
+	check := broker.ValidateTopicName
+	if source == "api" {
+		check = func(topic string) error { return checkTopic(context.Background(), rt, topic) }
+	}
+	if err := check(topic); err != nil {
 		return broker.Schedule{}, err
 	}
 	served := rt.pool.Topics()
