@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -315,5 +316,39 @@ func TestRefusedHeartbeatsDegradeHealthAndShowInTheAge(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if later := value(f.scrape(), "fastpluggy_tasks_heartbeat_age_seconds"); later < first+0.25 {
 		t.Fatalf("heartbeat age went from %v to %v in 0.3 s while every heartbeat failed, want it to grow", first, later)
+	}
+}
+
+// unreadableWorkers is a broker whose worker list cannot be read.
+type unreadableWorkers struct{ broker.Broker }
+
+func (unreadableWorkers) Workers(context.Context) ([]broker.WorkerInfo, error) {
+	return nil, errors.New("connection reset")
+}
+
+// TestSubmitsAndSchedulesOfOtherHostsTasksWaitForTheWorkerList: whether a
+// task this host does not run is run elsewhere is read from the broker's
+// worker list; when that cannot be read, a submit or a schedule of such a
+// task gets a 503 (retry), not a 400 (give up) and not a 201 for a task
+// that may not exist.
+func TestSubmitsAndSchedulesOfOtherHostsTasksWaitForTheWorkerList(t *testing.T) {
+	f := start(t, nil)
+	rt := f.plugin.current()
+	b := unreadableWorkers{memory.New()}
+	reg := worker.NewRegistry()
+	reg.MustRegister(worker.Task{Name: "x", Handler: func(context.Context, *worker.TaskContext) (any, error) { return nil, nil }})
+	pool := worker.NewPool(b, reg, worker.Options{Logger: testLogger(t)})
+	if err := pool.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = pool.Stop(context.Background()) }()
+	f.plugin.swap(&runtime{cfg: rt.cfg, broker: b, reg: reg, pool: pool})
+	defer f.plugin.swap(rt)
+
+	if res := f.do("POST", "/api/tasks", `{"task": "elsewhere.task", "topic": "default"}`); res.status != http.StatusServiceUnavailable {
+		t.Errorf("submit: %d %s, want 503", res.status, res.body)
+	}
+	if res := f.do("POST", "/api/schedules", `{"name": "s", "task": "elsewhere.task", "topic": "default", "interval_seconds": 60}`); res.status != http.StatusServiceUnavailable {
+		t.Errorf("schedule: %d %s, want 503", res.status, res.body)
 	}
 }

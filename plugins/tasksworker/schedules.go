@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -32,6 +33,10 @@ type scheduleBody struct {
 const scheduleExample = `{"name": "nightly-report", "task": "demo.echo", "payload": {}, "cron": "0 3 * * *", "enabled": true}`
 
 var scheduleName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$`)
+
+// errWorkersUnreadable: the broker's list of workers could not be read, so
+// whether another worker runs a task is not known (a passing failure).
+var errWorkersUnreadable = errors.New("the broker's worker list cannot be read")
 
 // toSchedule checks a declared schedule against the registry and returns
 // it, or an error that says which field is wrong and why.
@@ -97,7 +102,7 @@ func (b scheduleBody) toSchedule(rt *runtime, source string) (broker.Schedule, e
 		}
 		switch {
 		case err != nil:
-			return broker.Schedule{}, fmt.Errorf("cannot tell whether a worker elsewhere runs task %q on topic %q: %v", b.Task, topic, err)
+			return broker.Schedule{}, fmt.Errorf("cannot tell whether a worker elsewhere runs task %q on topic %q: %w: %v", b.Task, topic, errWorkersUnreadable, err)
 		case elsewhere:
 		case !local:
 			return broker.Schedule{}, fmt.Errorf("task %q is not registered here, and no live worker runs it on topic %q; the tasks here are %s", b.Task, topic, strings.Join(rt.reg.Names(), ", "))
@@ -217,6 +222,10 @@ func putSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	}
 	s, err := b.toSchedule(rt, "api")
 	if err != nil {
+		if errors.Is(err, errWorkersUnreadable) {
+			writeError(w, http.StatusServiceUnavailable, "%v; retry shortly", err)
+			return
+		}
 		writeError(w, http.StatusBadRequest, "schedule refused: %v; for example %s", err, scheduleExample)
 		return
 	}
