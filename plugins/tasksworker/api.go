@@ -76,6 +76,55 @@ func pathParam(r *http.Request, key string) (string, error) {
 	return url.PathUnescape(chi.URLParam(r, key))
 }
 
+// errWorkersUnreadable: the broker's list of workers could not be read, so
+// whether another worker runs a task is not known (a passing failure).
+var errWorkersUnreadable = errors.New("the broker's worker list cannot be read")
+
+// placeTask returns the topic a message or schedule of task goes to
+// (topic, or the task's own when empty) once it checked the topic's name
+// and that a worker runs the task there: this one, or with api (a
+// client's request) another live worker, hosts sharing a broker need not
+// run the same plugins or claim the same topics; the config's schedules
+// are checked against this worker alone, since other hosts may not be up
+// yet. The error says what is wrong; errWorkersUnreadable when it cannot
+// be told.
+func placeTask(ctx context.Context, rt *runtime, task, topic string, api bool) (string, error) {
+	t, local := rt.reg.Lookup(task)
+	if topic == "" {
+		if !local {
+			return "", fmt.Errorf("unknown task %q: it is not registered here (the tasks are %s); if a worker on another host runs it, name its topic in the request",
+				task, strings.Join(rt.reg.Names(), ", "))
+		}
+		topic = t.Topic
+	}
+	check := broker.ValidateTopicName
+	if api {
+		check = func(topic string) error { return checkTopic(ctx, rt, topic) }
+	}
+	if err := check(topic); err != nil {
+		return "", fmt.Errorf("bad topic: %w", err)
+	}
+	served := rt.pool.Topics()
+	if local && contains(served, topic) {
+		return topic, nil
+	}
+	if api {
+		elsewhere, err := rt.pool.RunsElsewhere(task, topic)
+		if err != nil {
+			return "", fmt.Errorf("cannot tell whether a worker elsewhere runs task %q on topic %q: %w: %v; retry shortly", task, topic, errWorkersUnreadable, err)
+		}
+		if elsewhere {
+			return topic, nil
+		}
+	}
+	if !local {
+		return "", fmt.Errorf("unknown task %q: it is not registered here, and no live worker runs it on topic %q; the tasks here are %s",
+			task, topic, strings.Join(rt.reg.Names(), ", "))
+	}
+	return "", fmt.Errorf("topic %q is not served by this worker (it claims from %s), nor by another live worker that runs %s: omit topic to use the task's own (%s), or add the topic under topics in the plugin config",
+		topic, strings.Join(served, ", "), task, t.Topic)
+}
+
 // checkTopic checks a topic a client names: strictly
 // (broker.ValidateNewTopicName) unless the topic exists already, so that
 // a name an earlier version stored can still be used and managed.
@@ -223,44 +272,16 @@ func (p *Plugin) submitTask(w http.ResponseWriter, r *http.Request, rt *runtime)
 		writeError(w, http.StatusBadRequest, "task is required: name one of the registered tasks (%s)", strings.Join(rt.reg.Names(), ", "))
 		return
 	}
-	task, local := rt.reg.Lookup(req.Task)
-	topic := req.Topic
-	if topic == "" {
-		if !local {
-			writeError(w, http.StatusBadRequest, "unknown task %q: no task of that name is registered here (the tasks are %s); if a worker on another host runs it, name its topic in the request",
-				req.Task, strings.Join(rt.reg.Names(), ", "))
-			return
+	topic, err := placeTask(r.Context(), rt, req.Task, req.Topic, true)
+	if err != nil {
+		status := http.StatusBadRequest
+		if errors.Is(err, errWorkersUnreadable) {
+			status = http.StatusServiceUnavailable
 		}
-		topic = task.Topic
-	}
-	if err := checkTopic(r.Context(), rt, topic); err != nil {
-		writeError(w, http.StatusBadRequest, "bad topic: %v", err)
+		writeError(w, status, "%v", err)
 		return
 	}
-	// Accepted when this worker runs the task on the topic, or another
-	// live worker does (hosts sharing a broker need not run the same
-	// plugins or claim the same topics).
-	served := rt.pool.Topics()
-	here := local && contains(served, topic)
-	elsewhere := false
-	if !here {
-		var err error
-		if elsewhere, err = rt.pool.RunsElsewhere(req.Task, topic); err != nil {
-			writeError(w, http.StatusServiceUnavailable, "cannot tell whether a worker elsewhere runs task %q on topic %q: %v; retry shortly", req.Task, topic, err)
-			return
-		}
-	}
-	switch {
-	case here, elsewhere:
-	case !local:
-		writeError(w, http.StatusBadRequest, "unknown task %q: no live worker runs it on topic %q; the tasks registered here are %s",
-			req.Task, topic, strings.Join(rt.reg.Names(), ", "))
-		return
-	default:
-		writeError(w, http.StatusBadRequest, "topic %q is not served by this worker (it claims from %s), nor by another live worker that runs %s: omit topic to use the task's own (%s), or add the topic under topics in the plugin config",
-			topic, strings.Join(served, ", "), req.Task, task.Topic)
-		return
-	}
+	task, _ := rt.reg.Lookup(req.Task) // zero for a task only another worker runs
 	payload := bytes.TrimSpace(req.Payload)
 	if len(payload) == 0 || string(payload) == "null" {
 		payload = []byte("{}")

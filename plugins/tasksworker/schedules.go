@@ -34,10 +34,6 @@ const scheduleExample = `{"name": "nightly-report", "task": "demo.echo", "payloa
 
 var scheduleName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$`)
 
-// errWorkersUnreadable: the broker's list of workers could not be read, so
-// whether another worker runs a task is not known (a passing failure).
-var errWorkersUnreadable = errors.New("the broker's worker list cannot be read")
-
 // toSchedule checks a declared schedule against the registry and returns
 // it, or an error that says which field is wrong and why.
 // check makes the checks that need no running worker: name, timing,
@@ -75,40 +71,9 @@ func (b scheduleBody) toSchedule(rt *runtime, source string) (broker.Schedule, e
 	if err != nil {
 		return broker.Schedule{}, err
 	}
-	task, local := rt.reg.Lookup(b.Task)
-	topic := b.Topic
-	if topic == "" {
-		if !local {
-			return broker.Schedule{}, fmt.Errorf("task %q is not registered here (the tasks are %s); if a worker on another host runs it, name its topic", b.Task, strings.Join(rt.reg.Names(), ", "))
-		}
-		topic = task.Topic
-	}
-	check := broker.ValidateTopicName
-	if source == "api" {
-		check = func(topic string) error { return checkTopic(context.Background(), rt, topic) }
-	}
-	if err := check(topic); err != nil {
+	topic, err := placeTask(context.Background(), rt, b.Task, b.Topic, source == "api")
+	if err != nil {
 		return broker.Schedule{}, err
-	}
-	served := rt.pool.Topics()
-	if !local || !contains(served, topic) {
-		// A schedule made through the API may name a task or a topic
-		// that only another live worker runs: the beat fires it all the
-		// same (see the ticker's Lookup). The config's schedules are
-		// checked here alone, since other hosts may not be up yet.
-		elsewhere, err := false, error(nil)
-		if source == "api" {
-			elsewhere, err = rt.pool.RunsElsewhere(b.Task, topic)
-		}
-		switch {
-		case err != nil:
-			return broker.Schedule{}, fmt.Errorf("cannot tell whether a worker elsewhere runs task %q on topic %q: %w: %v", b.Task, topic, errWorkersUnreadable, err)
-		case elsewhere:
-		case !local:
-			return broker.Schedule{}, fmt.Errorf("task %q is not registered here, and no live worker runs it on topic %q; the tasks here are %s", b.Task, topic, strings.Join(rt.reg.Names(), ", "))
-		default:
-			return broker.Schedule{}, fmt.Errorf("topic %q is not served by this worker (it claims from %s)", topic, strings.Join(served, ", "))
-		}
 	}
 	enabled := true
 	if b.Enabled != nil {
@@ -223,7 +188,7 @@ func putSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	s, err := b.toSchedule(rt, "api")
 	if err != nil {
 		if errors.Is(err, errWorkersUnreadable) {
-			writeError(w, http.StatusServiceUnavailable, "%v; retry shortly", err)
+			writeError(w, http.StatusServiceUnavailable, "%v", err)
 			return
 		}
 		writeError(w, http.StatusBadRequest, "schedule refused: %v; for example %s", err, scheduleExample)
