@@ -572,20 +572,21 @@ func (p *Pool) dispatch() {
 	idle := time.NewTimer(0)
 	<-idle.C
 	n := p.opts.Concurrency
-	// A suspect (see suspect) waits here, held, until it can run alone;
-	// alone is set while it runs, and nothing else is claimed meanwhile.
-	// (Claims stop while one waits, so at most one is held.)
-	var suspects []broker.Message
-	var heldSince time.Time
+	// A suspect (see suspect) waits in held until it can run alone; alone
+	// is set while it runs. Nothing is claimed while one is held or runs.
+	var (
+		held      *broker.Message
+		heldSince time.Time
+		alone     bool
+	)
 	hold := time.NewTimer(0)
 	<-hold.C
 	defer hold.Stop()
-	alone := false
 	defer func() {
 		// Stopping: the workers requeue what was claimed and not run.
-		for _, m := range suspects {
+		if held != nil {
 			p.inflight.Add(1)
-			p.jobs <- m
+			p.jobs <- *held
 		}
 	}()
 	for p.claimCtx.Err() == nil {
@@ -594,35 +595,33 @@ func (p *Pool) dispatch() {
 		if alone && inflight == 0 {
 			alone = false
 		}
-		if len(suspects) > 0 && inflight > 0 && time.Since(heldSince) >= suspectHoldMax {
+		if held != nil && inflight > 0 && time.Since(heldSince) >= suspectHoldMax {
 			// The pool stayed busy (long tasks): rather than claim
 			// nothing for as long, give the suspect back for a while,
 			// for an idle worker, or for this one later.
-			m := suspects[0]
-			suspects = suspects[:0]
 			p.log.Info("giving back a message whose last worker died running it: this worker stays busy and would claim nothing until it is idle",
-				"message_id", m.ID, "task", m.Task, "retry_in", suspectHoldMax.String())
-			p.giveBackAfter(m.ClaimOf(), suspectHoldMax)
+				"message_id", held.ID, "task", held.Task, "retry_in", suspectHoldMax.String())
+			p.giveBackAfter(held.ClaimOf(), suspectHoldMax)
 			p.inflight.Add(1)
-			p.jobs <- m
+			p.jobs <- *held
+			held = nil
 			inflight++
 		}
-		if !alone && len(suspects) > 0 && inflight == 0 {
-			m := suspects[0]
-			suspects = suspects[1:]
+		if !alone && held != nil && inflight == 0 {
 			p.log.Info("running a message whose last worker died while running it on its own, so that if it kills this process too, nothing else is lost with it",
-				"message_id", m.ID, "task", m.Task, "waiting", len(suspects))
+				"message_id", held.ID, "task", held.Task)
 			p.inflight.Add(1)
-			p.jobs <- m
+			p.jobs <- *held
+			held = nil
 			alone, inflight = true, 1
 		}
 		free := min(n-inflight, 2*n-inflight-(int(p.pending.Load())-len(acks)))
-		if alone || len(suspects) > 0 {
+		if alone || held != nil {
 			free = 0
 		}
 		if free <= 0 && len(acks) == 0 {
 			var holdOver <-chan time.Time
-			if len(suspects) > 0 {
+			if held != nil {
 				hold.Reset(max(time.Until(heldSince.Add(suspectHoldMax)), 0))
 				holdOver = hold.C
 			}
@@ -650,9 +649,8 @@ func (p *Pool) dispatch() {
 		p.hold(msgs)
 		for _, m := range msgs {
 			if n > 1 && suspect(m) && p.runs(m.Task) {
-				if len(suspects) == 0 {
-					suspects = append(suspects, m)
-					heldSince = time.Now()
+				if held == nil {
+					held, heldSince = &m, time.Now()
 					continue
 				}
 				// One suspect is held at a time: held, the others
@@ -678,7 +676,7 @@ func (p *Pool) dispatch() {
 			continue
 		}
 		bo.reset()
-		if len(suspects) > 0 || free == 0 || len(msgs) == free {
+		if held != nil || free == 0 || len(msgs) == free {
 			continue
 		}
 		// Short: the queues ran dry, or a concurrency limit binds. Our own
@@ -980,8 +978,7 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 				log.Warn("no live worker runs this task: its messages wait for one (the host or plugin that runs it may be restarting) and fail as unknown if none comes",
 					"wait", p.opts.UnknownTaskWait.String())
 			}
-			return c.notRun(min(wait, unknownWaitRetry), fmt.Sprintf("no live worker runs task %q on topic %q since %s; requeued to wait up to %s for one",
-				m.Task, m.Topic, since.UTC().Format(time.RFC3339), p.opts.UnknownTaskWait), StatusDeferred)
+			return c.notRun(min(wait, unknownWaitRetry), p.waitNote(m, since), StatusDeferred)
 		}
 		log.Warn("claimed a message of an unknown task; ending it")
 		return c.fail(fmt.Sprintf("unknown task %q: no task of that name is registered in worker %s", m.Task, p.opts.WorkerID), false, 0)
@@ -1197,6 +1194,13 @@ func (p *Pool) unknownWait(task, topic string, carried time.Time) (time.Time, ti
 // that waited for a worker already (see handle).
 var unknownSince = regexp.MustCompile(`no live worker runs task .* since (\S+); requeued to wait`)
 
+// waitNote is the error of a message requeued to wait for a worker that
+// runs its task, since since; unknownSince reads since back from it.
+func (p *Pool) waitNote(m broker.Message, since time.Time) string {
+	return fmt.Sprintf("no live worker runs task %q on topic %q since %s; requeued to wait up to %s for one",
+		m.Task, m.Topic, since.UTC().Format(time.RFC3339), p.opts.UnknownTaskWait)
+}
+
 // carriedWait keeps, in the error of a message requeued for another
 // reason before its wait is decided (this worker's start-up grace, a
 // worker list that could not be read), when its wait for a worker that
@@ -1206,8 +1210,7 @@ func (p *Pool) carriedWait(m broker.Message) string {
 	if since.IsZero() {
 		return ""
 	}
-	return fmt.Sprintf("; before that, no live worker runs task %q on topic %q since %s; requeued to wait up to %s for one",
-		m.Task, m.Topic, since.UTC().Format(time.RFC3339), p.opts.UnknownTaskWait)
+	return "; before that, " + p.waitNote(m, since)
 }
 
 // unknownSinceOf returns when m's wait for a worker that runs its task
