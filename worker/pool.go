@@ -223,7 +223,7 @@ type Pool struct {
 	workers        sync.WaitGroup
 
 	elseMu    sync.Mutex
-	elseTasks map[taskTopic]bool // what live workers elsewhere run (see elsewhere)
+	elseTasks map[taskTopic]bool // what live workers elsewhere run (see RunsElsewhere)
 	elseAt    time.Time
 	// unknown: since when this pool finds no live worker running a task
 	// on a topic (see UnknownTaskWait).
@@ -962,7 +962,7 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 			log.Info("claimed a message of a task not registered yet; requeueing it", "retry_in", wait.String())
 			return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID)+p.carriedWait(m), StatusDeferred)
 		}
-		runs, err := p.elsewhere(m.Task, m.Topic)
+		runs, err := p.RunsElsewhere(m.Task, m.Topic)
 		if err != nil {
 			// Failing it over a passing error would lose it.
 			return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s, and which tasks other workers run could not be read (%v); requeued", m.Task, p.opts.WorkerID, err)+p.carriedWait(m), StatusDeferred)
@@ -1124,17 +1124,16 @@ func (c *completion) requeueNow(reason, status string) *completion {
 	return c.requeueAfter(0, reason, status)
 }
 
-// elsewhere reports whether a live worker other than this one has
+// RunsElsewhere reports whether a live worker other than this one has
 // registered task and claims from topic, so that a message of it that this
 // worker does not know waits for that one instead of failing as unknown
-// (several hosts on one broker need not run the same plugins). A worker
-// that runs the task but does not claim the topic would never take the
-// message: that does not count. Live is a heartbeat within three heartbeat
-// intervals (at least 15s), by the broker's clock; every registered worker
-// counts when the broker cannot tell (memory). The answer is kept for a
-// few seconds. When the broker cannot answer, the message waits too:
-// failing it over a passing error would lose it.
-func (p *Pool) elsewhere(task, topic string) (bool, error) {
+// (several hosts on one broker need not run the same plugins), or the
+// error reading the broker's worker list. A worker that runs the task but
+// does not claim the topic would never take the message: that does not
+// count. Live is a heartbeat within three heartbeat intervals (at least
+// 15s), by the broker's clock; every registered worker counts when the
+// broker cannot tell (memory). The answer is kept for a few seconds.
+func (p *Pool) RunsElsewhere(task, topic string) (bool, error) {
 	p.elseMu.Lock()
 	defer p.elseMu.Unlock()
 	if p.elseTasks == nil || time.Since(p.elseAt) >= elsewhereTTL {
@@ -1233,11 +1232,6 @@ func (p *Pool) knownAgain(task, topic string) {
 	delete(p.unknown, taskTopic{task, topic})
 	p.elseMu.Unlock()
 }
-
-// RunsElsewhere reports whether a live worker other than this one runs
-// task and claims from topic (read from the broker's worker list at most
-// every few seconds), or the error reading that list.
-func (p *Pool) RunsElsewhere(task, topic string) (bool, error) { return p.elsewhere(task, topic) }
 
 // taskTopic is a task a worker runs and a topic it claims from.
 type taskTopic struct{ task, topic string }
