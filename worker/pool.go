@@ -949,8 +949,11 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 		}
 	}()
 
-	if d, ok := p.takeBack(c.claim); ok {
-		return c.notRun(d, "this worker runs another such message alone, or stays busy; requeued for a worker that can run it alone", StatusDeferred)
+	// Only suspects are given back (see dispatch): the others skip the lock.
+	if suspect(m) {
+		if d, ok := p.takeBack(c.claim); ok {
+			return c.notRun(d, "this worker runs another such message alone, or stays busy; requeued for a worker that can run it alone", StatusDeferred)
+		}
 	}
 	if p.draining.Load() {
 		return c.notRun(0, "worker stopped", StatusStopped)
