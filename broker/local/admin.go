@@ -575,14 +575,14 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 				return err
 			}
 			if req.MaxAttempts > 0 && o.orphaned+1 >= req.MaxAttempts {
-				reason := fmt.Sprintf("orphaned: worker %q stopped heartbeating during attempt %d; its claim was orphaned %d times (orphan max %d); dead-lettered by the reaper",
+				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; its claim was orphaned %d times (orphan max %d); dead-lettered by the reaper",
 					o.by, o.attempts, o.orphaned+1, req.MaxAttempts)
 				if err := finish(tx, o.id, broker.StateDead, reason, now); err != nil {
 					return err
 				}
 				res.DeadLettered++
 			} else {
-				reason := fmt.Sprintf("orphaned: worker %q stopped heartbeating during attempt %d; requeued by the reaper", o.by, o.attempts)
+				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; requeued by the reaper", o.by, o.attempts)
 				_, err := tx.Exec(`UPDATE tw_messages
 					SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
 						available_at = ?, last_error = ?

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,6 +36,9 @@ func TestErrorRetriesDoNotUseTheOrphanBudget(t *testing.T) {
 			t.Fatalf("orphaning %d after 4 error retries: %+v, state %s; want requeued", orphaning, res, got.State)
 		case orphaning == 3 && (res.DeadLettered != 1 || got.State != broker.StateDead):
 			t.Fatalf("third orphaning: %+v, state %s; want dead-lettered", res, got.State)
+		case !strings.HasPrefix(got.LastError, broker.OrphanedErrorPrefix):
+			// Workers tell a message that may have killed its worker by it.
+			t.Fatalf("orphaning %d: last error %q does not start with %q", orphaning, got.LastError, broker.OrphanedErrorPrefix)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/taskhost/taskhost/broker"
@@ -40,6 +41,9 @@ func TestErrorRetriesDoNotUseTheOrphanBudget(t *testing.T) {
 			t.Fatalf("orphaning %d after 4 error retries: %+v, state %s; want requeued", orphaning, res, got.State)
 		case orphaning == 3 && (res.DeadLettered != 1 || got.State != broker.StateDead):
 			t.Fatalf("third orphaning: %+v, state %s; want dead-lettered", res, got.State)
+		case !strings.HasPrefix(got.LastError, broker.OrphanedErrorPrefix):
+			// Workers tell a message that may have killed its worker by it.
+			t.Fatalf("orphaning %d: last error %q does not start with %q", orphaning, got.LastError, broker.OrphanedErrorPrefix)
 		}
 	}
 }
