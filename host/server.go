@@ -266,7 +266,7 @@ func filterRequestHeaders(in http.Header) http.Header {
 
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	name := chi.URLParam(r, "plugin")
-	mutating := r.Method != http.MethodGet && r.Method != http.MethodHead && r.Method != http.MethodOptions
+	mutating := !safeMethod(r.Method)
 	if mutating && !sameOrigin(r) {
 		httpError(w, http.StatusForbidden, "cross-site request refused")
 		return
@@ -373,20 +373,59 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("proxied response cut short", "plugin", name, "path", r.URL.Path, "error", err)
 		return
 	}
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		httpError(w, http.StatusGatewayTimeout, fmt.Sprintf("plugin %q did not answer within %s", name, s.proxyTimeout))
-	case errors.Is(err, capability.ErrUnavailable):
-		w.Header().Set("Retry-After", "5")
-		httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("plugin %q is unavailable; try again shortly", name))
-	case errors.Is(err, capability.ErrUnimplemented), errors.Is(err, capability.ErrNotFound):
-		httpError(w, http.StatusNotFound, fmt.Sprintf("plugin %q serves no HTTP", name))
-	case errors.Is(err, context.Canceled):
-		// The client went away.
-	default:
-		s.log.Warn("proxy error", "plugin", name, "error", err)
-		httpError(w, http.StatusBadGateway, fmt.Sprintf("plugin %q failed to answer: %v", name, err))
+	s.proxyFailed(w, r, name, err)
+}
+
+// outcomeHeader is set to "unknown" on a proxy error answered to a request
+// that may have changed something: the plugin received it, or may have,
+// and stopped before it answered. Such a request may have been done; a
+// client checks before it sends it again.
+const outcomeHeader = "X-Taskhost-Outcome"
+
+// proxyFailed answers a proxied request whose plugin gave no response. The
+// answer must never read as success, nor invite a blind retry of something
+// that may have been done: once the request has left for the plugin, a
+// plugin that stops (a gRPC Canceled as its connection closes, or
+// Unavailable) may have stored it first. Safe methods (GET, HEAD, OPTIONS)
+// can be retried whatever happened; any other method gets a 502 that says
+// the outcome is unknown.
+func (s *Server) proxyFailed(w http.ResponseWriter, r *http.Request, name string, err error) {
+	if r.Context().Err() != nil {
+		return // the client went away: nobody reads an answer
 	}
+	if errors.Is(err, capability.ErrUnimplemented) || errors.Is(err, capability.ErrNotFound) {
+		httpError(w, http.StatusNotFound, fmt.Sprintf("plugin %q serves no HTTP", name))
+		return
+	}
+	timedOut := errors.Is(err, context.DeadlineExceeded)
+	what := fmt.Sprintf("plugin %q stopped before it answered", name)
+	if timedOut {
+		what = fmt.Sprintf("plugin %q did not answer within %s", name, s.proxyTimeout)
+	} else {
+		s.log.Warn("proxied request got no answer", "plugin", name, "method", r.Method, "path", r.URL.Path, "error", err)
+	}
+	if !safeMethod(r.Method) {
+		w.Header().Set(outcomeHeader, "unknown")
+		status := http.StatusBadGateway
+		if timedOut {
+			status = http.StatusGatewayTimeout
+		}
+		httpError(w, status, what+"; the outcome of this "+r.Method+" is unknown: it may have been done. "+
+			"Check before sending it again (for a submitted task, list the task's recent messages: GET api/tasks?task=NAME)")
+		return
+	}
+	if timedOut {
+		httpError(w, http.StatusGatewayTimeout, what)
+		return
+	}
+	w.Header().Set("Retry-After", "5")
+	httpError(w, http.StatusServiceUnavailable, what+"; try again shortly")
+}
+
+// safeMethod reports whether a request of this method changes nothing, so
+// that sending it again is always safe.
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
 }
 
 func httpError(w http.ResponseWriter, status int, msg string) {
