@@ -1,6 +1,8 @@
 package host_test
 
 import (
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -117,5 +119,92 @@ plugins:
 		!strings.Contains(out, "plugins.metrics.config: not checked: the plugin checks its config only when it starts") ||
 		!strings.Contains(out, "plugins.nobinary.config: not checked: no executable") {
 		t.Errorf("a good file: check-config = %v\n%s", err, out)
+	}
+}
+
+// runCLI runs the built host with args and env added to the test's
+// environment, and returns its standard output, standard error and exit
+// status.
+func runCLI(t *testing.T, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "host"), args...)
+	cmd.Dir = t.TempDir() // no taskhost.yaml, no bin/plugins here
+	cmd.Env = append(os.Environ(), env...)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("host %s: %v", strings.Join(args, " "), err)
+	}
+	return out.String(), errOut.String(), code
+}
+
+// writeConfig writes a host config file (PLUGINS replaced by the plugins
+// directory) and returns its path.
+func writeConfig(t *testing.T, config string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "taskhost.yaml")
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(config, "PLUGINS", pluginsDir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestBenchRunsInTheTasksWorkerBinary: `host bench` runs in the
+// tasks_worker plugin binary that plugins_dir of $TASKHOST_CONFIG names,
+// with its flags, output and exit statuses.
+func TestBenchRunsInTheTasksWorkerBinary(t *testing.T) {
+	env := []string{"TASKHOST_CONFIG=" + writeConfig(t, "plugins_dir: PLUGINS\n")}
+	out, errOut, code := runCLI(t, env, "bench", "-broker", "memory", "-jobs", "200", "-workers", "4", "-rate", "200", "-duration", "200ms", "-runs", "1")
+	if code != 0 || !strings.Contains(out, "== medians of 1 runs") || !strings.Contains(out, "== summary (JSON)\n{\"broker\":\"memory\"") {
+		t.Fatalf("bench: status %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if _, errOut, code = runCLI(t, env, "bench", "-broker", "nosuch"); code != 2 || !strings.Contains(errOut, `host bench: unknown broker "nosuch"`) {
+		t.Errorf("bench -broker nosuch: status %d, stderr:\n%s", code, errOut)
+	}
+	if _, errOut, code = runCLI(t, env, "bench", "-h"); code != 0 || !strings.Contains(errOut, "usage: host bench [flags]") || !strings.Contains(errOut, "-claim-latency") {
+		t.Errorf("bench -h: status %d, stderr:\n%s", code, errOut)
+	}
+	// No config file and no bin/plugins in the working directory.
+	if _, errOut, code = runCLI(t, []string{"TASKHOST_CONFIG="}, "bench", "-broker", "memory"); code != 1 || !strings.Contains(errOut, "no executable bin/plugins/fp-plugin-tasks_worker") || !strings.Contains(errOut, "make build") {
+		t.Errorf("bench without the plugin binary: status %d, stderr:\n%s", code, errOut)
+	}
+}
+
+// TestMigrateRunsInTheTasksWorkerBinary: `host migrate` runs in the
+// tasks_worker plugin binary that plugins_dir of -config names, takes the
+// DSN and schema from that config's tasks_worker block, and is not run
+// from a binary that does not match its pin.
+func TestMigrateRunsInTheTasksWorkerBinary(t *testing.T) {
+	schema := pgSchema(t)
+	cfg := writeConfig(t, "plugins_dir: PLUGINS\nplugins:\n  tasks_worker:\n    enabled: true\n    config: {broker: postgres, dsn: \""+reaperDSN()+"\", schema: "+schema+"}\n")
+	noDB := []string{"TASKHOST_DATABASE_URL="}
+	out, errOut, code := runCLI(t, noDB, "migrate", "-config", cfg)
+	if code != 0 || strings.TrimSpace(out) != "migrated: schema "+schema+" is up to date" {
+		t.Fatalf("migrate: status %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	var n int
+	if err := pgConn(t, schema).QueryRow(context.Background(), `SELECT count(*) FROM tw_schema_migrations`).Scan(&n); err != nil || n == 0 {
+		t.Fatalf("after migrate: %d migrations recorded in %s (%v)", n, schema, err)
+	}
+	empty := writeConfig(t, "plugins_dir: PLUGINS\n")
+	if _, errOut, code = runCLI(t, noDB, "migrate", "-config="+empty); code != 2 || !strings.Contains(errOut, "host migrate: no database: pass -dsn") {
+		t.Errorf("migrate without a database: status %d, stderr:\n%s", code, errOut)
+	}
+	if _, errOut, code = runCLI(t, noDB, "migrate", "-dsn", "postgres://nobody@127.0.0.1:1/x", "-config", empty); code != 1 || !strings.HasPrefix(errOut, "host migrate: ") {
+		t.Errorf("migrate with an unreachable database: status %d, stderr:\n%s", code, errOut)
+	}
+	pinned := writeConfig(t, "plugins_dir: PLUGINS\nplugins:\n  tasks_worker:\n    enabled: true\n    sha256: "+strings.Repeat("0", 64)+"\n")
+	if _, errOut, code = runCLI(t, noDB, "migrate", "-config", pinned, "-dsn", reaperDSN()); code != 1 || !strings.Contains(errOut, "does not match its sha256 pin") || !strings.Contains(errOut, "not run") {
+		t.Errorf("migrate from a binary that does not match its pin: status %d, stderr:\n%s", code, errOut)
+	}
+	elsewhere := writeConfig(t, "plugins_dir: "+t.TempDir()+"\n")
+	if _, errOut, code = runCLI(t, noDB, "migrate", "-config", elsewhere, "-dsn", reaperDSN()); code != 1 || !strings.Contains(errOut, "make build") || !strings.Contains(errOut, "the plugins_dir of "+elsewhere) {
+		t.Errorf("migrate without the plugin binary: status %d, stderr:\n%s", code, errOut)
 	}
 }

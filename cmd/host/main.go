@@ -5,6 +5,9 @@
 //	host migrate [-dsn DSN]             migrate the PostgreSQL broker's tables
 //	host bench [-broker KIND] [flags]   measure the broker and the worker pool
 //	host version                        print the version
+//
+// migrate and bench are the task system's: the tasks_worker plugin's
+// binary runs them (see tasksCmd), so the host links no broker.
 package main
 
 import (
@@ -43,9 +46,9 @@ func run(args []string) int {
 	case "check-config":
 		return checkConfig(args)
 	case "migrate":
-		return migrateCmd(args)
+		return tasksCmd(cmd, args, true)
 	case "bench":
-		return benchCmd(args)
+		return tasksCmd(cmd, args, false)
 	case "tasks", "reclaim", "schedules", "plugins":
 		return clientCmd(cmd, args)
 	case "version":

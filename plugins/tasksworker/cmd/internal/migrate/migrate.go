@@ -1,4 +1,8 @@
-package main
+// Package migrate is `host migrate`, which the host runs as
+// `fp-plugin-tasks_worker migrate`: it runs the PostgreSQL broker's
+// migrations. The DSN comes from -dsn, else the tasks_worker plugin's
+// config in the host's config file (-config), else TASKHOST_DATABASE_URL.
+package migrate
 
 import (
 	"context"
@@ -13,9 +17,9 @@ import (
 	"github.com/taskhost/taskhost/plugins/tasksworker"
 )
 
-// migrateCmd runs the PostgreSQL broker's migrations. The DSN comes from
-// -dsn, else the tasks_worker plugin's config, else TASKHOST_DATABASE_URL.
-func migrateCmd(args []string) int {
+// Main runs `host migrate` with args (what follows "migrate") and returns
+// its exit status: 0 done, 1 failed, 2 a usage error or no database.
+func Main(args []string) int {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	path := configFlag(fs)
 	dsn := fs.String("dsn", "", "PostgreSQL address (default: the tasks_worker config's dsn, then $"+tasksworker.DSNEnv+")")
@@ -57,4 +61,13 @@ func migrateCmd(args []string) int {
 	}
 	fmt.Printf("migrated: schema %s is up to date\n", s)
 	return 0
+}
+
+// configFlag is the host's -config flag, with the host's default.
+func configFlag(fs *flag.FlagSet) *string {
+	def := os.Getenv("TASKHOST_CONFIG")
+	if def == "" {
+		def = "taskhost.yaml"
+	}
+	return fs.String("config", def, "config file (env TASKHOST_CONFIG)")
 }

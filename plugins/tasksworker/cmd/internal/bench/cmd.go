@@ -1,0 +1,124 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"syscall"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/plugins/tasksworker"
+)
+
+// benchTask is the no-op task the pools run.
+const benchTask = "bench.noop"
+
+type benchConfig struct {
+	kind         string
+	dsn          string
+	schema       string
+	dataDir      string
+	keep         bool
+	jobs         int
+	workers      int
+	limit        int
+	rate         float64
+	duration     time.Duration
+	runs         int
+	claimLatency bool
+	claimSamples int
+	reports      bool
+	submitters   int
+	submitBatch  int
+	timeout      time.Duration
+	verbose      bool
+	cpuProfile   string
+}
+
+func benchDefaultDSN() string {
+	for _, env := range []string{tasksworker.DSNEnv, "TEST_DATABASE_URL"} {
+		if v := os.Getenv(env); v != "" {
+			return v
+		}
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// Main runs `host bench` with args (what follows "bench") and returns its
+// exit status: 0 done, 1 failed, 2 a usage error.
+func Main(args []string) int {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var c benchConfig
+	fs.StringVar(&c.kind, "broker", "postgres", "broker to measure: memory, local or postgres")
+	fs.StringVar(&c.dsn, "dsn", benchDefaultDSN(), "PostgreSQL address (default $"+tasksworker.DSNEnv+", then $TEST_DATABASE_URL)")
+	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema for the bench's tables (default a fresh tw_bench_<random>); it is dropped at the end unless -keep")
+	fs.StringVar(&c.dataDir, "data-dir", "", "directory for the local broker's database file (default a temporary directory)")
+	fs.BoolVar(&c.keep, "keep", false, "keep the schema (postgres) or the database file (local) at the end")
+	fs.IntVar(&c.jobs, "jobs", 50000, "messages per bulk submit and burn-down")
+	fs.IntVar(&c.workers, "workers", 100, "worker pool concurrency (handlers)")
+	fs.IntVar(&c.limit, "limit", -1, "the topics' concurrency limit (default -workers; 0 is unlimited)")
+	fs.Float64Var(&c.rate, "rate", 500, "steady stream: submits per second")
+	fs.DurationVar(&c.duration, "duration", 10*time.Second, "steady stream: how long it submits")
+	fs.IntVar(&c.runs, "runs", 3, "repetitions of each phase (every run is printed, and the median)")
+	fs.BoolVar(&c.claimLatency, "claim-latency", false, "postgres: also time Claim with 1,000 and 1,000,000 queued messages (seeding takes about 20 s)")
+	fs.IntVar(&c.claimSamples, "claim-samples", 1000, "claims timed per run of the claim-latency phase")
+	fs.IntVar(&c.submitters, "submitters", 8, "goroutines submitting in the bulk submit phase")
+	fs.BoolVar(&c.reports, "reports", false, "store a task report per attempt, as the tasks_worker plugin does (worker.ReportWriter); the burn-down then ends when the last report is stored")
+	fs.IntVar(&c.submitBatch, "submit-batch", 1000, "messages per SubmitMany call when the broker has one (0 or 1: Submit one by one)")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up on a phase after this long")
+	fs.BoolVar(&c.verbose, "v", false, "log the pool's and broker's warnings to stderr")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process to this file")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: host bench [flags]\n\nMeasures the broker and the worker pool with their default settings.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if c.limit < 0 {
+		c.limit = c.workers
+	}
+	switch {
+	case c.kind != "memory" && c.kind != "local" && c.kind != "postgres":
+		fmt.Fprintf(os.Stderr, "host bench: unknown broker %q; use memory, local or postgres\n", c.kind)
+		return 2
+	case c.jobs < 1 || c.workers < 1 || c.runs < 1 || c.rate <= 0 || c.duration <= 0 || c.submitters < 1 || c.claimSamples < 1:
+		fmt.Fprintln(os.Stderr, "host bench: -jobs, -workers, -runs, -rate, -duration, -submitters and -claim-samples must be positive")
+		return 2
+	case c.submitBatch < 0 || c.submitBatch > broker.MaxSubmitBatch:
+		fmt.Fprintf(os.Stderr, "host bench: -submit-batch must be from 0 to %d\n", broker.MaxSubmitBatch)
+		return 2
+	case c.claimLatency && c.kind != "postgres":
+		fmt.Fprintln(os.Stderr, "host bench: -claim-latency needs -broker postgres")
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if c.cpuProfile != "" {
+		f, err := os.Create(c.cpuProfile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "host bench: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(os.Stderr, "host bench: %v\n", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if err := runBench(ctx, c, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "host bench: %v\n", err)
+		return 1
+	}
+	return 0
+
+}

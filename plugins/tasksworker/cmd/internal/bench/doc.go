@@ -1,0 +1,26 @@
+// Package bench is `host bench`, which the host runs as
+// `fp-plugin-tasks_worker bench`. It measures the broker and the worker
+// pool as they ship: the real worker.Pool with its default options (only
+// Concurrency is set) running a no-op task from a worker.Registry, against
+// a broker opened with its default options. Each run has three phases,
+// and -runs repeats them; every run is printed and so is the median:
+//
+//   - bulk submit: -jobs messages queued, through broker.BatchSubmitter
+//     when the broker has it (batches of -submit-batch), else Submit, from
+//     -submitters goroutines;
+//   - burn-down: from just before Pool.Start until the observer has seen
+//     all -jobs of them done (the pool reports an attempt after its outcome
+//     is written: for a done message, after the Ack committed), one topic
+//     with concurrency limit -limit, -workers handlers;
+//   - steady stream: -rate submits a second for -duration on a fresh
+//     topic, one Submit per message from an open-loop schedule (each call
+//     starts at its planned time in a goroutine of its own, at most 64 in
+//     flight), followed by Pool.Wake as the tasks_worker plugin's submit
+//     API does. End-to-end latency runs from just before Submit is called
+//     to the moment the pool reports the message done, which is after the
+//     Ack that marks it done returned (committed).
+//
+// With -claim-latency (postgres only) it then seeds 1,000 and 1,000,000
+// queued messages in turn and times Claim of one message, nacking each
+// claimed message back outside the timer so the depth stays put.
+package bench
