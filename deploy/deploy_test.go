@@ -38,6 +38,7 @@ var publicNames = []string{
 	"fp_tasks_worker_fastpluggy_broker_topic_running",
 	"fp_tasks_worker_fastpluggy_broker_topic_dead_letter",
 	"fp_tasks_worker_fastpluggy_broker_topic_subscribers",
+	"fp_tasks_worker_fastpluggy_broker_topic_paused",
 	"fp_tasks_worker_fastpluggy_broker_messages_queued_total",
 	"fp_tasks_worker_fastpluggy_broker_messages_running_total",
 	"fp_tasks_worker_fastpluggy_broker_beats",
@@ -168,9 +169,10 @@ func promtool(t *testing.T, args ...string) string {
 }
 
 // ruleCount is how many alert rules the rules file holds: the five the
-// specification names, FastpluggyTaskReportsDropped and
-// FastpluggyTopicUnserved.
-const ruleCount = 8
+// specification names, FastpluggyTaskReportsDropped,
+// FastpluggyTopicUnserved, FastpluggyWorkerHeartbeatFailing and
+// FastpluggyTopicPausedWithQueue.
+const ruleCount = 9
 
 func TestAlertRules(t *testing.T) {
 	out := promtool(t, "check", "rules", rulesFile)

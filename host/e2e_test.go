@@ -301,6 +301,7 @@ var brokerGauges = []string{
 	"fp_tasks_worker_fastpluggy_broker_topic_running",
 	"fp_tasks_worker_fastpluggy_broker_topic_dead_letter",
 	"fp_tasks_worker_fastpluggy_broker_topic_subscribers",
+	"fp_tasks_worker_fastpluggy_broker_topic_paused",
 	"fp_tasks_worker_fastpluggy_broker_messages_queued_total",
 	"fp_tasks_worker_fastpluggy_broker_messages_running_total",
 	"fp_tasks_worker_fastpluggy_broker_beats",

@@ -47,8 +47,10 @@ type Config struct {
 	DrainTimeout time.Duration
 	// MaxPayloadBytes bounds a submitted payload.
 	MaxPayloadBytes int
-	// Topics are applied with SetTopic at start, and claimed from.
-	Topics map[string]broker.TopicPatch
+	// Topics are claimed from. Their settings set up a topic the broker
+	// does not have yet; a topic that exists keeps the settings stored for
+	// it (an operator may have changed them), unless Enforce is set.
+	Topics map[string]TopicSetting
 	// Reaper holds the orphan_* settings and postgres_worker_ttl_seconds.
 	Reaper reaper.Settings
 	// Beat makes this process a candidate for the beat (the leader that
@@ -79,7 +81,15 @@ var configKeys = []string{
 	"message_retention_hours",
 }
 
-var topicKeys = []string{"concurrency_limit", "dead_letter_enabled", "paused"}
+var topicKeys = []string{"concurrency_limit", "dead_letter_enabled", "enforce", "paused"}
+
+// TopicSetting is a topic's entry under topics in the config.
+type TopicSetting struct {
+	broker.TopicPatch
+	// Enforce applies the settings at every start, over what is stored;
+	// without it they only set up a topic the broker does not have yet.
+	Enforce bool
+}
 
 // brokerKinds are the broker names a config may use.
 var brokerKinds = []string{"memory", "local", "postgres"}
@@ -91,7 +101,7 @@ func defaultConfig() Config {
 		HeartbeatInterval: 5 * time.Second,
 		DrainTimeout:      30 * time.Second,
 		MaxPayloadBytes:   broker.MaxPayloadSize,
-		Topics:            map[string]broker.TopicPatch{},
+		Topics:            map[string]TopicSetting{},
 		Reaper:            reaper.DefaultSettings(),
 		Beat:              true,
 		BeatLeaseTTL:      15 * time.Second,
@@ -328,12 +338,12 @@ func secondsSetting(key string, v json.RawMessage, zeroOK bool) (float64, error)
 	return f, nil
 }
 
-func topicsSetting(v json.RawMessage) (map[string]broker.TopicPatch, error) {
+func topicsSetting(v json.RawMessage) (map[string]TopicSetting, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(v, &m); err != nil {
-		return nil, invalid("topics", "must be a map from topic name to {concurrency_limit, dead_letter_enabled, paused}, got %s", clip(v))
+		return nil, invalid("topics", "must be a map from topic name to {%s}, got %s", strings.Join(topicKeys, ", "), clip(v))
 	}
-	out := make(map[string]broker.TopicPatch, len(m))
+	out := make(map[string]TopicSetting, len(m))
 	for _, name := range sortedKeys(m) {
 		key := "topics." + name
 		if err := broker.ValidateTopicName(name); err != nil {
@@ -343,7 +353,7 @@ func topicsSetting(v json.RawMessage) (map[string]broker.TopicPatch, error) {
 		if err := json.Unmarshal(m[name], &fields); err != nil {
 			return nil, invalid(key, "must be an object with %s, got %s", strings.Join(topicKeys, ", "), clip(m[name]))
 		}
-		var p broker.TopicPatch
+		var p TopicSetting
 		for _, f := range sortedKeys(fields) {
 			fk := key + "." + f
 			switch f {
@@ -365,6 +375,12 @@ func topicsSetting(v json.RawMessage) (map[string]broker.TopicPatch, error) {
 					return nil, err
 				}
 				p.Paused = &b
+			case "enforce":
+				b, err := boolSetting(fk, fields[f])
+				if err != nil {
+					return nil, err
+				}
+				p.Enforce = b
 			default:
 				return nil, invalid(fk, "unknown topic setting; the settings are %s", strings.Join(topicKeys, ", "))
 			}

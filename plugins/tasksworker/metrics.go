@@ -183,6 +183,8 @@ var (
 		"Dead-lettered messages of the topic.", []string{"topic"}, nil)
 	descTopicSubscribers = prometheus.NewDesc("fastpluggy_broker_topic_subscribers",
 		"Live workers that claim from the topic.", []string{"topic"}, nil)
+	descTopicPaused = prometheus.NewDesc("fastpluggy_broker_topic_paused",
+		"1 while the topic is paused (or drained): no worker claims from it, so its queue waits.", []string{"topic"}, nil)
 	descQueued = prometheus.NewDesc("fastpluggy_broker_messages_queued_total",
 		"Queued messages across all topics (a gauge: the name is fixed by the spec).", nil, nil)
 	descRunning = prometheus.NewDesc("fastpluggy_broker_messages_running_total",
@@ -196,7 +198,7 @@ var (
 func (c *brokerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descTopics, descWorkers, descLocks, descTopicQueued, descTopicRunning, descTopicDead,
-		descTopicSubscribers, descQueued, descRunning, descBeats, descOldestClaim,
+		descTopicSubscribers, descTopicPaused, descQueued, descRunning, descBeats, descOldestClaim,
 	} {
 		ch <- d
 	}
@@ -222,6 +224,7 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descTopicRunning, float64(t.Running), t.Name)
 		gauge(descTopicDead, float64(t.DeadLetter), t.Name)
 		gauge(descTopicSubscribers, float64(t.Subscribers), t.Name)
+		gauge(descTopicPaused, boolGauge(t.Paused), t.Name)
 		if t.Running > 0 {
 			gauge(descOldestClaim, t.OldestClaimAge.Seconds(), t.Name)
 		}
@@ -234,4 +237,11 @@ func (c *brokerCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descQueued, float64(queued))
 	gauge(descRunning, float64(running))
 	gauge(descBeats, float64(st.Beats))
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

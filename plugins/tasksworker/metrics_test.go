@@ -31,6 +31,7 @@ var goldenMetrics = map[string]dto.MetricType{
 	"fastpluggy_broker_topic_running":                dto.MetricType_GAUGE,
 	"fastpluggy_broker_topic_dead_letter":            dto.MetricType_GAUGE,
 	"fastpluggy_broker_topic_subscribers":            dto.MetricType_GAUGE,
+	"fastpluggy_broker_topic_paused":                 dto.MetricType_GAUGE,
 	"fastpluggy_broker_messages_queued_total":        dto.MetricType_GAUGE,
 	"fastpluggy_broker_messages_running_total":       dto.MetricType_GAUGE,
 	"fastpluggy_broker_beats":                        dto.MetricType_GAUGE,

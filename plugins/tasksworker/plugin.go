@@ -3,7 +3,6 @@ package tasksworker
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -189,16 +188,10 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	if err := registerBuiltins(reg, cfg, reclaim); err != nil {
 		return nil, fmt.Errorf("register built-in tasks: %w", err)
 	}
-	var topics []string
-	for _, name := range sortedKeys(cfg.Topics) {
-		if _, err := b.SetTopic(ctx, name, cfg.Topics[name]); err != nil {
-			if errors.Is(err, broker.ErrInvalid) {
-				return nil, invalid("topics."+name, "%v", err)
-			}
-			return nil, fmt.Errorf("apply the settings of topic %q: %w", name, err)
-		}
-		topics = append(topics, name)
+	if err := applyTopics(ctx, b, cfg.Topics, p.log); err != nil {
+		return nil, err
 	}
+	topics := sortedKeys(cfg.Topics)
 	drain := cfg.DrainTimeout
 	if drain == 0 {
 		drain = -1 // the pool's "cancel at once"
