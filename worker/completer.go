@@ -35,10 +35,9 @@ const (
 // retry, a requeue, a dead letter), their batching, their retries and
 // their flushing at stop. Every path hands outcomes to it: the workers
 // through add, the dispatcher through exchange, which writes the pending
-// acks with its claim. It alone calls broker.Ack and broker.Nack for an
-// attempt (the stray check requeues claims the pool never held, see
-// checkStrays). Once an outcome is written, or given up on, it releases
-// the claim and reports the attempt (finish).
+// acks with its claim, and the stray check through requeueUnheld. It alone
+// calls broker.Ack and broker.Nack. Once an attempt's outcome is written,
+// or given up on, it releases the claim and reports the attempt (finish).
 //
 // Its collectors goroutines are started by start, and stopped and waited
 // for by stop, which may be called more than once.

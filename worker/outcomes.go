@@ -180,6 +180,14 @@ func (o *completer) lose(c *completion, op string, err error) {
 		"op", op, "message_id", c.claim.ID, "task", c.task, "topic", c.topic, "error", err)
 }
 
+// requeueUnheld requeues claim c, which the pool does not hold (a stray,
+// or a message whose outcome could not be written; see checkStrays), in
+// one try under ctx; notRun gives the attempt back. The stray check
+// handles the error. It may be called after stop.
+func (o *completer) requeueUnheld(ctx context.Context, c broker.Claim, notRun bool, reason string) error {
+	return o.b.Nack(ctx, broker.NackRequest{Claim: c, Requeue: true, NotRun: notRun, Error: reason})
+}
+
 // retry calls f until it succeeds, fails for good (claim lost, not found,
 // invalid, broker closed) or the pool gives up. It backs off between tries.
 func (o *completer) retry(op string, f func(ctx context.Context) error) error {

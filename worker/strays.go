@@ -10,6 +10,11 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
+// This file owns the stray check (checkStrays), a goroutine the pool starts
+// in Start and stops (hbCtx) and waits for (strayDone) in Stop, and the
+// record of the claims the pool holds (holdings), which it compares with
+// the broker's.
+
 // Defaults of the stray check (Options.StrayCheckInterval, StrayAfter).
 const (
 	DefaultStrayCheckInterval = 30 * time.Second
@@ -102,7 +107,7 @@ scan:
 		if ran {
 			msg = ranLostError
 		}
-		err := p.b.Nack(nctx, broker.NackRequest{Claim: c, Requeue: true, NotRun: !ran, Error: msg})
+		err := p.out.requeueUnheld(nctx, c, !ran, msg)
 		ncancel()
 		switch {
 		case err == nil:
@@ -141,7 +146,8 @@ func (h *holdings) init(n int) {
 	h.ranLost = make(map[broker.Claim]struct{})
 }
 
-// hold records the claims of msgs as the pool's until finish.
+// hold records the claims of msgs as the pool's until the completer
+// releases them (finish).
 func (h *holdings) hold(msgs []broker.Message) {
 	if len(msgs) == 0 {
 		return
