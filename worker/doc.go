@@ -5,11 +5,12 @@
 // A Pool has three kinds of goroutines, all owned by it and stopped and
 // awaited by Stop: one dispatcher that claims up to as many messages as it
 // has free slots in a single broker.Claim call, Concurrency worker
-// goroutines that run handlers, and two collectors that take their
-// outcomes. Nacks the collectors write themselves; acks they hand to the
-// dispatcher, which writes every ack pending with its next claim, ahead of
-// it (one transaction and one round trip with a broker.AckClaimer such as
-// the PostgreSQL broker). A finishing handler frees a slot and so starts
+// goroutines that run handlers, and the completer, which owns every write
+// of an outcome, with two collectors that take the workers' outcomes.
+// Nacks the collectors write themselves; acks they leave to the
+// dispatcher, which has the completer write every ack pending with its
+// next claim, ahead of it (one transaction and one round trip with a
+// broker.AckClaimer such as the PostgreSQL broker). A finishing handler frees a slot and so starts
 // that claim at once: a lone completion is never held back by a timer, and
 // a busy pool writes many acks per round trip. A topic's concurrency limit
 // counts a message until its outcome is written, so the claim that carries

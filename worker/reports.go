@@ -66,19 +66,7 @@ func (w *ReportWriter) run() {
 	defer close(w.done)
 	batch := make([]broker.Report, 0, ReportBatch)
 	for r := range w.ch {
-		batch = append(batch[:0], r)
-	more:
-		for len(batch) < ReportBatch {
-			select {
-			case r, ok := <-w.ch:
-				if !ok {
-					break more
-				}
-				batch = append(batch, r)
-			default:
-				break more
-			}
-		}
+		batch = gather(w.ch, append(batch[:0], r), ReportBatch)
 		w.write(batch)
 	}
 }

@@ -4,10 +4,16 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
 )
+
+// This file owns the stray check (checkStrays), a goroutine the pool starts
+// in Start and stops (hbCtx) and waits for (strayDone) in Stop, and the
+// record of the claims the pool holds (holdings), which it compares with
+// the broker's.
 
 // Defaults of the stray check (Options.StrayCheckInterval, StrayAfter).
 const (
@@ -80,10 +86,10 @@ func (p *Pool) strayPass(seen map[broker.Claim]time.Time) map[broker.Claim]time.
 	now := time.Now()
 	next := make(map[broker.Claim]time.Time)
 	requeued := 0
-	p.forgetRanLost(claims)
+	p.claims.forgetRanLost(claims)
 scan:
 	for _, c := range claims {
-		held, ran := p.holds(c)
+		held, ran := p.claims.holds(c)
 		if held {
 			continue
 		}
@@ -101,7 +107,7 @@ scan:
 		if ran {
 			msg = ranLostError
 		}
-		err := p.b.Nack(nctx, broker.NackRequest{Claim: c, Requeue: true, NotRun: !ran, Error: msg})
+		err := p.out.requeueUnheld(nctx, c, !ran, msg)
 		ncancel()
 		switch {
 		case err == nil:
@@ -123,46 +129,72 @@ scan:
 	return next
 }
 
-// hold records the claims of msgs as the pool's until finish.
-func (p *Pool) hold(msgs []broker.Message) {
+// holdings are the claims the pool holds: claimed, outcome not yet
+// written. The dispatcher holds what it claims, the completer releases
+// what it has written (or given up on), and the stray check looks at them.
+type holdings struct {
+	mu   sync.Mutex
+	held map[broker.Claim]struct{}
+	// ranLost: claims whose task ran but whose outcome could not be
+	// written; the stray check requeues them keeping the attempt.
+	ranLost map[broker.Claim]struct{}
+}
+
+// init makes the maps, for about n claims held at once.
+func (h *holdings) init(n int) {
+	h.held = make(map[broker.Claim]struct{}, n)
+	h.ranLost = make(map[broker.Claim]struct{})
+}
+
+// hold records the claims of msgs as the pool's until the completer
+// releases them (finish).
+func (h *holdings) hold(msgs []broker.Message) {
 	if len(msgs) == 0 {
 		return
 	}
-	p.heldMu.Lock()
+	h.mu.Lock()
 	for i := range msgs {
-		p.held[msgs[i].ClaimOf()] = struct{}{}
+		h.held[msgs[i].ClaimOf()] = struct{}{}
 	}
-	p.heldMu.Unlock()
+	h.mu.Unlock()
 }
 
-// unhold forgets the claims of batch, whose outcomes were written (or
+// release forgets the claims of batch, whose outcomes were written (or
 // given up on).
-func (p *Pool) unhold(batch []*completion) {
-	p.heldMu.Lock()
+func (h *holdings) release(batch []*completion) {
+	h.mu.Lock()
 	for _, c := range batch {
-		delete(p.held, c.claim)
+		delete(h.held, c.claim)
 	}
-	p.heldMu.Unlock()
+	h.mu.Unlock()
+}
+
+// ranAndLost records that c's task ran but its outcome could not be
+// written (see lose).
+func (h *holdings) ranAndLost(c broker.Claim) {
+	h.mu.Lock()
+	h.ranLost[c] = struct{}{}
+	h.mu.Unlock()
 }
 
 // holds reports whether the pool holds c, and whether c's task ran and
 // its outcome could not be written (lose).
-func (p *Pool) holds(c broker.Claim) (held, ranLost bool) {
-	p.heldMu.Lock()
-	defer p.heldMu.Unlock()
-	_, held = p.held[c]
-	_, ranLost = p.ranLost[c]
+func (h *holdings) holds(c broker.Claim) (held, ranLost bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	_, held = h.held[c]
+	_, ranLost = h.ranLost[c]
 	return held, ranLost
 }
 
 // forgetRanLost drops the ran-and-lost claims no longer running (claims is
 // every claim running under the worker id).
-func (p *Pool) forgetRanLost(claims []broker.Claim) {
-	p.heldMu.Lock()
-	defer p.heldMu.Unlock()
-	for c := range p.ranLost {
+func (h *holdings) forgetRanLost(claims []broker.Claim) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for c := range h.ranLost {
 		if !slices.Contains(claims, c) {
-			delete(p.ranLost, c)
+			delete(h.ranLost, c)
 		}
 	}
 }

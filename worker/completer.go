@@ -1,0 +1,222 @@
+package worker
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// This file owns the completer's lifecycle and how outcomes flow through
+// it: the intake from the workers, the collectors that batch it, the queue
+// of acks left to the dispatcher, and the reporting of written outcomes.
+// The writes themselves are in outcomes.go.
+
+// Timings of outcome writes.
+const (
+	// flushTimeout bounds how long Stop keeps retrying outcome writes
+	// against a failing broker once the handlers are done.
+	flushTimeout = 10 * time.Second
+	// lastTryTimeout bounds a write once the pool has given up retrying.
+	lastTryTimeout = 2 * time.Second
+	// maxAckBatch bounds one broker.Ack call.
+	maxAckBatch = 256
+	// collectors is how many goroutines write outcomes the dispatcher does
+	// not take (nacks, and acks once it has stopped), so one slow write
+	// does not hold up the rest.
+	collectors = 2
+)
+
+// completer owns every write of an attempt's outcome: acks, nacks (a
+// retry, a requeue, a dead letter), their batching, their retries and
+// their flushing at stop. Every path hands outcomes to it: the workers
+// through add, the dispatcher through exchange, which writes the pending
+// acks with its claim, and the stray check through requeueUnheld. It alone
+// calls broker.Ack and broker.Nack. Once an attempt's outcome is written,
+// or given up on, it releases the claim and reports the attempt (finish).
+//
+// Its collectors goroutines are started by start, and stopped and waited
+// for by stop, which may be called more than once.
+type completer struct {
+	b        broker.Broker
+	log      hclog.Logger
+	workerID string
+	obs      Observer
+	mobs     MessageObserver // obs, when it implements MessageObserver
+	reporter Reporter        // may be nil
+	claims   *holdings       // released once written; ran-and-lost marked
+
+	in        chan *completion // outcomes handed over by the workers
+	acks      ackQueue
+	acksReady chan struct{} // a collector left acks to the dispatcher
+	written   chan struct{} // an outcome write returned: the broker may have a free slot
+	pending   atomic.Int64  // handed over, outcome not yet written
+
+	giveUpCtx context.Context // cancelled: stop retrying broker writes
+	giveUp    context.CancelFunc
+
+	collecting sync.WaitGroup
+	closeIn    sync.Once
+}
+
+// newCompleter returns a completer for a pool of n handlers; nothing runs
+// until start.
+func newCompleter(b broker.Broker, log hclog.Logger, workerID string, obs Observer, reporter Reporter, claims *holdings, n int) *completer {
+	mobs, _ := obs.(MessageObserver)
+	o := &completer{
+		b: b, log: log, workerID: workerID, obs: obs, mobs: mobs, reporter: reporter, claims: claims,
+		in:        make(chan *completion, 2*n),
+		acks:      ackQueue{open: true},
+		acksReady: make(chan struct{}, 1),
+		written:   make(chan struct{}, 1),
+	}
+	o.giveUpCtx, o.giveUp = context.WithCancel(context.Background())
+	return o
+}
+
+// start starts the collectors.
+func (o *completer) start() {
+	for range collectors {
+		o.collecting.Go(o.collect)
+	}
+}
+
+// add hands an attempt's outcome over for writing; it blocks while the
+// collectors are behind. Not after stop.
+func (o *completer) add(c *completion) {
+	o.pending.Add(1)
+	o.in <- c
+}
+
+// stop writes every outcome handed over and waits for the collectors; call
+// it once nothing calls add any more (the workers have returned) and the
+// dispatcher has stopped. Writes against a failing broker are retried for
+// flushTimeout at most, or until giveUp, and no longer once stop returns.
+// A second call waits as the first does.
+func (o *completer) stop() {
+	o.closeAcks()
+	o.closeIn.Do(func() { close(o.in) })
+	t := time.AfterFunc(flushTimeout, o.giveUp)
+	defer t.Stop()
+	o.collecting.Wait()
+	o.giveUp()
+}
+
+// collect writes outcomes: every ack that is pending when it looks goes in
+// one broker.Ack call; it never waits for more to come. Several collectors
+// run, so one batch gathers while another is written.
+func (o *completer) collect() {
+	for c := range o.in {
+		o.flush(gather(o.in, []*completion{c}, maxAckBatch))
+	}
+}
+
+// flush writes a batch of outcomes: nacks one by one, acks in one call,
+// or, while the dispatcher runs, by handing them to it for its next claim.
+func (o *completer) flush(batch []*completion) {
+	var acks, rest []*completion
+	for _, c := range batch {
+		switch {
+		case c.lost:
+		case c.ack:
+			acks = append(acks, c)
+			continue
+		default:
+			o.nack(c)
+		}
+		rest = append(rest, c)
+	}
+	if len(acks) > 0 && !o.leaveAcks(acks) {
+		o.ackAll(acks)
+		rest = append(rest, acks...)
+	}
+	if len(rest) > 0 {
+		o.finish(rest, true)
+	}
+}
+
+// finish reports attempts whose outcomes were written (or given up on).
+// signal tells the dispatcher: a write it did not see returned.
+func (o *completer) finish(batch []*completion, signal bool) {
+	o.claims.release(batch)
+	o.pending.Add(-int64(len(batch)))
+	if signal {
+		select {
+		case o.written <- struct{}{}:
+		default:
+		}
+	}
+	for _, c := range batch {
+		o.obs.TaskFinished(c.topic, c.task, c.status, c.dur)
+		if o.mobs != nil {
+			o.mobs.MessageFinished(c.claim.ID, c.topic, c.task, c.status)
+		}
+		if o.reporter != nil {
+			if r, ok := c.report(o.workerID); ok {
+				o.reporter.Report(r)
+			}
+		}
+	}
+}
+
+// ackQueue holds the acks the collectors leave to the dispatcher.
+type ackQueue struct {
+	mu    sync.Mutex
+	items []*completion
+	open  bool // the dispatcher runs and takes acks
+}
+
+// leaveAcks gives acks to the dispatcher; false when it has stopped (the
+// caller writes them).
+func (o *completer) leaveAcks(acks []*completion) bool {
+	o.acks.mu.Lock()
+	if !o.acks.open {
+		o.acks.mu.Unlock()
+		return false
+	}
+	o.acks.items = append(o.acks.items, acks...)
+	o.acks.mu.Unlock()
+	select {
+	case o.acksReady <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// takeAcks returns the acks left to the dispatcher, for its next exchange.
+func (o *completer) takeAcks() []*completion {
+	o.acks.mu.Lock()
+	defer o.acks.mu.Unlock()
+	acks := o.acks.items
+	o.acks.items = nil
+	return acks
+}
+
+// requeueAcks puts back acks an exchange could not write, ahead of the
+// others, for the next one.
+func (o *completer) requeueAcks(acks []*completion) {
+	o.acks.mu.Lock()
+	o.acks.items = append(acks, o.acks.items...)
+	o.acks.mu.Unlock()
+}
+
+// closeAcks stops the queue, as the dispatcher ends, and writes what is
+// left in it; from then on the collectors write their acks themselves.
+func (o *completer) closeAcks() {
+	o.acks.mu.Lock()
+	o.acks.open = false
+	o.acks.mu.Unlock()
+	acks := o.takeAcks()
+	if len(acks) > 0 {
+		// Stop waits for this before its own bounds start: bound it here,
+		// or a broker that does not answer would hold Stop for ever.
+		stop, cancel := context.WithTimeout(o.giveUpCtx, flushTimeout)
+		defer cancel()
+		o.ackAllUntil(stop, acks)
+		o.finish(acks, true)
+	}
+}

@@ -1,0 +1,65 @@
+package worker
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// This file owns the outcome of one attempt (completion), as the executor
+// decides it and the completer writes it, and the ways of deciding it.
+
+// completion is the outcome of one attempt, for the completer to write.
+type completion struct {
+	claim  broker.Claim
+	topic  string
+	task   string
+	status string
+	// Exactly one of: ack (with result), nack, or lost (nothing to write).
+	ack     bool
+	result  json.RawMessage
+	lost    bool
+	requeue bool
+	notRan  bool // with requeue: the task never ran (NackRequest.NotRun)
+	resent  bool // ack: written again after a call whose answer was lost
+	delay   time.Duration
+	errText string
+	started time.Time
+	dur     time.Duration
+	// For the attempt's report: the message as claimed, the handler's
+	// context (nil when the handler never ran) and whether it timed out.
+	msg      broker.Message
+	tc       *TaskContext
+	timedOut bool
+}
+
+// notRun requeues a message whose task never ran, giving its attempt back
+// (broker.NackRequest.NotRun).
+func (c *completion) notRun(d time.Duration, reason, status string) *completion {
+	c.notRan = true
+	if suspect(c.msg) {
+		// It did not run here: it stays a suspect (see suspect).
+		reason = broker.OrphanedErrorPrefix + " its last worker died running it; requeued without running: " + reason
+	}
+	return c.requeueAfter(d, reason, status)
+}
+
+func (c *completion) requeueNow(reason, status string) *completion {
+	return c.requeueAfter(0, reason, status)
+}
+
+func (c *completion) requeueAfter(d time.Duration, reason, status string) *completion {
+	return c.nackWith(true, d, reason, status)
+}
+
+func (c *completion) fail(reason string, requeue bool, d time.Duration) *completion {
+	return c.nackWith(requeue, d, reason, StatusFailed)
+}
+
+// nackWith makes c a nack: requeued after d (bounded by broker.MaxDelay)
+// or ended, with reason as the message's last error.
+func (c *completion) nackWith(requeue bool, d time.Duration, reason, status string) *completion {
+	c.requeue, c.delay, c.errText, c.status = requeue, min(max(d, 0), broker.MaxDelay), reason, status
+	return c
+}

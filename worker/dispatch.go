@@ -1,0 +1,118 @@
+package worker
+
+import (
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// This file owns the claim loop: the dispatcher goroutine, which claims
+// messages for free slots, with the pending acks (exchange), and hands
+// them to the workers. The pool starts it in Start and stops it (claimCtx)
+// and waits for it (dispatcherDone) in Stop.
+
+// dispatch claims messages while there are free slots and hands them to
+// the workers, and has the completer write the acks the collectors leave
+// it with its claims (exchange). It closes jobs when it returns.
+//
+// A claim asks for as many messages as there are idle handlers, but the
+// pool holds at most 2*Concurrency messages claimed and not yet written
+// back (running in the broker), so slow outcome writes slow claiming down.
+//
+// A topic's concurrency limit counts a message as running until its
+// outcome is written. The acks therefore go with the next claim, written
+// before it (in one transaction when the broker is a broker.AckClaimer),
+// so the claim sees the slots they free; a finishing handler frees a slot
+// and so starts that claim at once. When a claim comes back short while
+// this pool's outcomes are still being written, the next one goes out as
+// soon as one of those writes returns rather than after the idle interval.
+func (p *Pool) dispatch() {
+	defer close(p.dispatcherDone)
+	defer close(p.jobs)
+	defer p.out.closeAcks()
+	bo := retryBackoff()
+	idle := time.NewTimer(0)
+	<-idle.C
+	n := p.opts.Concurrency
+	// A suspect (see suspect) waits until it can run alone.
+	iso := newIsolation(p)
+	defer iso.stop()
+	for p.claimCtx.Err() == nil {
+		acks := p.out.takeAcks()
+		inflight := iso.settle(int(p.inflight.Load()))
+		free := min(n-inflight, 2*n-inflight-(int(p.out.pending.Load())-len(acks)))
+		if iso.blocks() {
+			free = 0
+		}
+		if free <= 0 && len(acks) == 0 {
+			select {
+			case <-p.slotFreed:
+			case <-p.out.written:
+			case <-p.out.acksReady:
+			case <-iso.holdOver():
+			case <-p.claimCtx.Done():
+			}
+			continue
+		}
+		free = max(free, 0)
+		if free > 0 {
+			// A write that returns from here on may free a slot this claim
+			// does not see: it signals afresh.
+			select {
+			case <-p.out.written:
+			default:
+			}
+		}
+		msgs, err := p.out.exchange(p.claimCtx, acks, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.topics, Max: free})
+		// Whatever was claimed is ours to finish, even if we are stopping:
+		// the workers requeue it.
+		p.claims.hold(msgs)
+		for _, m := range msgs {
+			if iso.admit(m) {
+				p.toWorkers(m)
+			}
+		}
+		if err != nil {
+			if p.claimCtx.Err() != nil {
+				return
+			}
+			d := bo.next()
+			p.log.Warn("claim failed; retrying", "error", err, "retry_in", d.String())
+			idle.Reset(d)
+			select {
+			case <-idle.C:
+			case <-p.claimCtx.Done():
+				idle.Stop()
+			}
+			continue
+		}
+		bo.reset()
+		if iso.holding() || free == 0 || len(msgs) == free {
+			continue
+		}
+		// Short: the queues ran dry, or a concurrency limit binds. Our own
+		// messages free the limit's slots as their outcomes are written.
+		var written <-chan struct{}
+		if p.inflight.Load()+p.out.pending.Load() > 0 {
+			written = p.out.written
+		}
+		idle.Reset(p.opts.ClaimIdleInterval)
+		select {
+		case <-idle.C:
+		case <-written:
+			idle.Stop()
+		case <-p.out.acksReady:
+			idle.Stop()
+		case <-p.wake:
+			idle.Stop()
+		case <-p.claimCtx.Done():
+			idle.Stop()
+		}
+	}
+}
+
+// toWorkers hands a claimed message to the workers.
+func (p *Pool) toWorkers(m broker.Message) {
+	p.inflight.Add(1)
+	p.jobs <- m
+}

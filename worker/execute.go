@@ -1,0 +1,239 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// This file owns the executor: the worker goroutines, which run the
+// messages the dispatcher hands them and hand each attempt's outcome to
+// the completer, and how one message is run (handle, run). The pool starts
+// the workers in Start; they end once the dispatcher closes jobs, and Stop
+// waits for them (workers), cancelling (runCtx) and then abandoning
+// (abandon) handlers that outlast the drain.
+
+// lockErrorRetryDelay is the requeue delay when a lock could not be
+// taken because the broker failed.
+const lockErrorRetryDelay = time.Second
+
+// work runs messages until jobs is closed and empty.
+func (p *Pool) work() {
+	defer p.workers.Done()
+	for m := range p.jobs {
+		c := p.handle(m)
+		p.out.add(c)
+		p.inflight.Add(-1)
+		select {
+		case p.slotFreed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// msgLogger logs about one message, with its id, task, topic and attempt;
+// it builds the logger that carries them on first use, as most attempts
+// log nothing.
+type msgLogger struct {
+	base hclog.Logger
+	m    *broker.Message
+	l    hclog.Logger
+	once sync.Once
+}
+
+func (ml *msgLogger) get() hclog.Logger {
+	ml.once.Do(func() {
+		ml.l = ml.base.With("message_id", ml.m.ID, "task", ml.m.Task, "topic", ml.m.Topic, "attempt", ml.m.Attempts)
+	})
+	return ml.l
+}
+
+func (ml *msgLogger) Debug(msg string, args ...any) {
+	if ml.base.IsDebug() {
+		ml.get().Debug(msg, args...)
+	}
+}
+func (ml *msgLogger) Info(msg string, args ...any)  { ml.get().Info(msg, args...) }
+func (ml *msgLogger) Warn(msg string, args ...any)  { ml.get().Warn(msg, args...) }
+func (ml *msgLogger) Error(msg string, args ...any) { ml.get().Error(msg, args...) }
+
+type handlerResult struct {
+	value any
+	err   error
+}
+
+// handle runs one message and says how it ended.
+func (p *Pool) handle(m broker.Message) (out *completion) {
+	p.obs.TaskStarted(m.Topic)
+	c := &completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, started: time.Now(), msg: m}
+	log := &msgLogger{base: p.log, m: &c.msg}
+	// The handler's panics are caught where it runs (run); this catches
+	// those of the task's other code: its lock key, its backoff, its
+	// result's MarshalJSON. Left alone, one would end the process and
+	// orphan every message it runs, on every worker that claims it.
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("task code panicked outside its handler", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			if c.dur == 0 {
+				c.dur = time.Since(c.started)
+			}
+			c.ack, c.result, c.lost = false, nil, false
+			out = c.fail(fmt.Sprintf("panic in the task's code outside its handler (lock key, backoff or result encoding): %v", r), false, 0)
+		}
+	}()
+
+	// Only suspects are given back (see dispatch): the others skip the lock.
+	if back := p.givenBack(c); back != nil {
+		return back
+	}
+	if p.draining.Load() {
+		return c.notRun(0, "worker stopped", StatusStopped)
+	}
+	t, ok := p.reg.Lookup(m.Task)
+	if !ok {
+		return p.unknownTask(c, log)
+	}
+	maxAttempts := m.MaxAttempts
+	if maxAttempts <= 0 {
+		maxAttempts = t.MaxAttempts
+	}
+	attempt := max(m.Attempts, 1)
+
+	if name := t.lockName(m.Payload); name != "" {
+		lctx, cancel := context.WithTimeout(p.runCtx, brokerCallTimeout)
+		got, err := p.b.AcquireLock(lctx, name, p.opts.WorkerID, c.claim)
+		cancel()
+		switch {
+		case errors.Is(err, broker.ErrClaimLost):
+			log.Warn("claim lost before the task ran", "lock", name)
+			c.lost, c.status = true, StatusLost
+			return c
+		case err != nil:
+			log.Warn("could not take the task's lock; requeueing", "lock", name, "error", err)
+			return c.notRun(lockErrorRetryDelay, fmt.Sprintf("could not take lock %q: %v", name, err), StatusDeferred)
+		case !got && t.OnLockConflict == LockRequeue:
+			log.Debug("lock held; requeueing", "lock", name, "retry_in", t.LockRetryDelay.String())
+			return c.notRun(t.LockRetryDelay, fmt.Sprintf("lock %q is held by another message; retrying in %s", name, t.LockRetryDelay), StatusDeferred)
+		case !got:
+			log.Info("lock held; skipping the message", "lock", name)
+			c.ack, c.result, c.status = true, json.RawMessage(`{"skipped":"lock held"}`), StatusSkipped
+			return c
+		}
+	}
+
+	tc := &TaskContext{
+		Payload: m.Payload, MessageID: m.ID, Task: m.Task, Topic: m.Topic,
+		Attempt: attempt, MaxAttempts: maxAttempts,
+		onLog: func(line string) { log.Debug("task log", "line", line) },
+	}
+	res, abandoned, timedOut := p.run(t, tc, log)
+	c.dur = time.Since(c.started)
+	c.tc, c.timedOut = tc, timedOut
+
+	switch {
+	case abandoned:
+		return c.requeueNow("worker stopped (the task ignored cancellation)", StatusStopped)
+	case res.err == nil:
+		body, err := marshalResult(res.value)
+		if err == nil {
+			c.ack, c.result, c.status = true, body, StatusDone
+			return c
+		}
+		res.err = fmt.Errorf("the task's result cannot be stored: %w", err)
+	case p.runCtx.Err() != nil:
+		// Hard stop: the failure is most likely the cancellation itself.
+		// The worker's stop cut the attempt short, not the task: it gives
+		// the attempt back, so a deploy does not use up a message's
+		// max_attempts (nor show more attempts than it allows).
+		return c.notRun(0, "worker stopped before the task finished; requeued", StatusStopped)
+	}
+
+	msg := res.err.Error()
+	if timedOut {
+		msg = fmt.Sprintf("timed out after %s: %s", t.Timeout, msg)
+	}
+	if msg == "" {
+		msg = "task failed"
+	}
+	if attempt < maxAttempts {
+		d := t.retryDelay(attempt, res.err)
+		log.Warn("task failed; retrying", "error", msg, "max_attempts", maxAttempts, "retry_in", d.String())
+		return c.fail(msg, true, d)
+	}
+	log.Warn("task failed for good", "error", msg, "max_attempts", maxAttempts)
+	return c.fail(msg, false, 0)
+}
+
+// run calls the handler in its own goroutine, so a handler that ignores
+// cancellation can be abandoned, and turns a panic into an error.
+func (p *Pool) run(t Task, tc *TaskContext, log *msgLogger) (res handlerResult, abandoned, timedOut bool) {
+	var (
+		ctx    context.Context
+		cancel context.CancelFunc
+	)
+	if t.Timeout > 0 {
+		ctx, cancel = context.WithTimeout(p.runCtx, t.Timeout)
+	} else {
+		ctx, cancel = context.WithCancel(p.runCtx)
+	}
+	defer cancel()
+	p.running.Add(1)
+	defer p.running.Add(-1)
+
+	done := make(chan handlerResult, 1) // buffered: an abandoned handler never blocks
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				log.Error("task panicked", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+				done <- handlerResult{err: fmt.Errorf("panic: %v", r)}
+			}
+		}()
+		v, err := t.Handler(ctx, tc)
+		done <- handlerResult{value: v, err: err}
+	}()
+	select {
+	case res = <-done:
+	case <-p.abandon:
+		return handlerResult{}, true, false
+	}
+	timedOut = res.err != nil && t.Timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) && p.runCtx.Err() == nil
+	return res, false, timedOut
+}
+
+func marshalResult(v any) (json.RawMessage, error) {
+	switch r := v.(type) {
+	case nil:
+		return nil, nil
+	case json.RawMessage:
+		if len(r) == 0 {
+			return nil, nil
+		}
+		if err := checkResult(r); err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return body, checkResult(body)
+}
+
+// checkResult refuses a result the brokers would refuse, or that is too
+// large to write with the other outcomes of a batch (broker.MaxResultSize).
+func checkResult(body []byte) error {
+	if len(body) > broker.MaxResultSize {
+		return fmt.Errorf("the result is %d bytes of JSON, the limit is %d: store large data elsewhere and return a reference to it",
+			len(body), broker.MaxResultSize)
+	}
+	return broker.CheckJSON(body)
+}

@@ -1,0 +1,110 @@
+package worker
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// This file owns what the pool tells the outside about each attempt once
+// its outcome is written: the Status constants, the Observer,
+// MessageObserver and Reporter interfaces, and the attempt's report.
+
+// Attempt statuses, as reported to Observer.TaskFinished.
+const (
+	// StatusDone: the handler succeeded and the ack was stored.
+	StatusDone = "done"
+	// StatusFailed: the handler returned an error, panicked or timed
+	// out, or the task is unknown; the message was retried or ended.
+	StatusFailed = "failed"
+	// StatusLost: the claim was no longer ours when the outcome was
+	// written (broker.ErrClaimLost), or the outcome could not be written
+	// at all. The attempt's result was discarded.
+	StatusLost = "lost"
+	// StatusSkipped: the task's lock was held and its policy is
+	// LockSkip; the message ended done without running.
+	StatusSkipped = "skipped"
+	// StatusDeferred: the task's lock was held (policy LockRequeue) or
+	// could not be taken; the message went back to the queue.
+	StatusDeferred = "deferred"
+	// StatusStopped: the pool stopped before or while running it; the
+	// message went back to the queue.
+	StatusStopped = "stopped"
+)
+
+// Observer is told about every claimed message, for metrics: TaskStarted
+// when the pool starts handling it and TaskFinished, with one of the Status
+// constants, once its outcome is written. Calls come from several
+// goroutines and must not block.
+type Observer interface {
+	TaskStarted(topic string)
+	TaskFinished(topic, task, status string, duration time.Duration)
+}
+
+// MessageObserver is an optional extension of Observer: an Observer that
+// also implements it is told which message each finished attempt was, right
+// after TaskFinished. Both are called once the outcome is written: for
+// StatusDone and StatusSkipped, after the broker.Ack that marks the message
+// done has returned (committed, for the SQL brokers). Calls come from
+// several goroutines and must not block.
+type MessageObserver interface {
+	MessageFinished(id int64, topic, task, status string)
+}
+
+// Reporter receives one report per attempt whose handler ran (or whose
+// claim was lost), after the attempt's outcome was written. Report is
+// called from the pool's goroutines and must not block.
+type Reporter interface {
+	Report(broker.Report)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) TaskStarted(string)                                 {}
+func (nopObserver) TaskFinished(string, string, string, time.Duration) {}
+
+// report builds the attempt's report, as worker ran it; false when there
+// is nothing to report (the handler never ran: lock deferred, stopped
+// before start).
+func (c *completion) report(worker string) (broker.Report, bool) {
+	r := broker.Report{
+		MessageID: c.msg.ID, Task: c.task, Topic: c.topic, Schedule: c.msg.Headers["schedule"],
+		Attempt: max(c.msg.Attempts, 1), Worker: worker,
+		StartedAt: c.started, EndedAt: c.started.Add(c.dur), Duration: c.dur.Seconds(),
+		Error: c.errText,
+	}
+	switch {
+	case c.status == StatusLost:
+		r.Status = broker.ReportLost
+		if r.Error == "" {
+			r.Error = "claim lost: the message was reclaimed from this worker; its outcome was discarded"
+		}
+	case c.status == StatusSkipped:
+		r.Status, r.Result = broker.ReportSkipped, c.result
+	case c.tc == nil:
+		if c.status != StatusFailed {
+			return broker.Report{}, false
+		}
+		r.Status = broker.ReportError // unknown task
+	case c.status == StatusDone:
+		r.Status, r.Result = broker.ReportSuccess, c.result
+	case c.status == StatusStopped:
+		r.Status = broker.ReportCancelled
+	case c.timedOut:
+		r.Status = broker.ReportTimeout
+	default:
+		r.Status = broker.ReportFailed
+	}
+	if c.tc != nil {
+		logs, dropped := c.tc.Logs()
+		if dropped > 0 {
+			logs = append(logs, fmt.Sprintf("(%d more lines dropped)", dropped))
+		}
+		r.Logs, r.Progress = logs, c.tc.Progress()
+		if r.Status == broker.ReportSuccess {
+			r.Progress = 1
+		}
+	}
+	return r, true
+}

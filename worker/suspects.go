@@ -1,0 +1,169 @@
+package worker
+
+import (
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// This file owns the handling of suspects: messages whose last worker died
+// running them (see suspect). The dispatcher holds one at a time until the
+// pool is idle and runs it alone (isolation); the others, and a suspect
+// held too long, are given back to the queue without running (giveBack).
+
+// suspectHoldMax bounds how long a pool holds a suspect (see suspect)
+// waiting for what it runs to finish, claiming nothing meanwhile; then the
+// suspect goes back to the queue for as long. A variable for tests.
+var suspectHoldMax = 30 * time.Second
+
+// suspect reports whether m's last claim ended with its worker dead (the
+// reaper requeued it as an orphan). Such a message may be what killed that
+// worker's process: the pool runs it alone, so that if it kills this one
+// too, the messages running beside it are not orphaned with it, again and
+// again until orphan_max_attempts dead-letters them with the poison.
+func suspect(m broker.Message) bool {
+	return strings.HasPrefix(m.LastError, broker.OrphanedErrorPrefix)
+}
+
+// isolation is the dispatcher's state about suspects: a suspect waits in
+// held until it can run alone; alone is set while it runs. Nothing is
+// claimed while one is held or runs. Only the dispatcher uses it.
+type isolation struct {
+	p     *Pool
+	held  *broker.Message
+	since time.Time // when held was claimed
+	alone bool
+	timer *time.Timer // fires when held has waited suspectHoldMax
+}
+
+func newIsolation(p *Pool) *isolation {
+	t := time.NewTimer(0)
+	<-t.C
+	return &isolation{p: p, timer: t}
+}
+
+// settle moves the suspect on before a claim, given how many messages the
+// workers have (inflight): it runs the held one once the pool is idle, or
+// gives it back when the pool stays busy. It returns inflight, counting
+// what it handed to the workers.
+func (s *isolation) settle(inflight int) int {
+	p := s.p
+	if s.alone && inflight == 0 {
+		s.alone = false
+	}
+	if s.held != nil && inflight > 0 && time.Since(s.since) >= suspectHoldMax {
+		// The pool stayed busy (long tasks): rather than claim
+		// nothing for as long, give the suspect back for a while,
+		// for an idle worker, or for this one later.
+		p.log.Info("giving back a message whose last worker died running it: this worker stays busy and would claim nothing until it is idle",
+			"message_id", s.held.ID, "task", s.held.Task, "retry_in", suspectHoldMax.String())
+		p.giveBackAfter(s.held.ClaimOf(), suspectHoldMax)
+		p.toWorkers(*s.held)
+		s.held = nil
+		inflight++
+	}
+	if !s.alone && s.held != nil && inflight == 0 {
+		p.log.Info("running a message whose last worker died while running it on its own, so that if it kills this process too, nothing else is lost with it",
+			"message_id", s.held.ID, "task", s.held.Task)
+		p.toWorkers(*s.held)
+		s.held = nil
+		s.alone, inflight = true, 1
+	}
+	return inflight
+}
+
+// blocks reports whether claiming waits: a suspect is held or runs alone.
+func (s *isolation) blocks() bool { return s.alone || s.held != nil }
+
+// holding reports whether a suspect is held.
+func (s *isolation) holding() bool { return s.held != nil }
+
+// holdOver fires when the held suspect has waited suspectHoldMax; nil when
+// none is held.
+func (s *isolation) holdOver() <-chan time.Time {
+	if s.held == nil {
+		return nil
+	}
+	s.timer.Reset(max(time.Until(s.since.Add(suspectHoldMax)), 0))
+	return s.timer.C
+}
+
+// admit takes a claimed message: false when it is a suspect that it holds
+// (it goes to the workers later), true when it goes to the workers now.
+func (s *isolation) admit(m broker.Message) bool {
+	p := s.p
+	if p.opts.Concurrency > 1 && suspect(m) && p.runs(m.Task) {
+		if s.held == nil {
+			s.held, s.since = &m, time.Now()
+			return false
+		}
+		// One suspect is held at a time: held, the others
+		// would die with it if it is the poison. They go back
+		// at once (see handle), for any worker to take.
+		p.giveBack(m.ClaimOf())
+	}
+	return true
+}
+
+// stop hands the held suspect to the workers, as the dispatcher stops:
+// they requeue what was claimed and not run.
+func (s *isolation) stop() {
+	s.timer.Stop()
+	if s.held != nil {
+		s.p.toWorkers(*s.held)
+		s.held = nil
+	}
+}
+
+// runs reports whether this pool has task registered. A suspect of a task
+// it does not run is not held: handle requeues it (still marked) for a
+// worker that runs it, which isolates it.
+func (p *Pool) runs(task string) bool {
+	_, ok := p.reg.Lookup(task)
+	return ok
+}
+
+// giveBacks are the claims that handle requeues at once without running
+// them, with their delay (see giveBack).
+type giveBacks struct {
+	mu     sync.Mutex
+	claims map[broker.Claim]time.Duration
+}
+
+// giveBack marks a claim that handle requeues at once without running it.
+func (p *Pool) giveBack(c broker.Claim) { p.giveBackAfter(c, 0) }
+
+// giveBackAfter is giveBack, the message available again after d.
+func (p *Pool) giveBackAfter(c broker.Claim, d time.Duration) {
+	p.back.mu.Lock()
+	defer p.back.mu.Unlock()
+	if p.back.claims == nil {
+		p.back.claims = map[broker.Claim]time.Duration{}
+	}
+	p.back.claims[c] = d
+}
+
+// takeBack reports whether c was marked by giveBack, with its delay, and
+// unmarks it.
+func (p *Pool) takeBack(c broker.Claim) (time.Duration, bool) {
+	p.back.mu.Lock()
+	defer p.back.mu.Unlock()
+	d, ok := p.back.claims[c]
+	delete(p.back.claims, c)
+	return d, ok
+}
+
+// givenBack is the outcome of c when the dispatcher gave its message back
+// (giveBack): requeued without running. Nil when it did not.
+func (p *Pool) givenBack(c *completion) *completion {
+	if !suspect(c.msg) {
+		return nil
+	}
+	d, ok := p.takeBack(c.claim)
+	if !ok {
+		return nil
+	}
+	return c.notRun(d, "this worker runs another such message alone, or stays busy; requeued for a worker that can run it alone", StatusDeferred)
+}
