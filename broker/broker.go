@@ -12,8 +12,54 @@
 // until the reaper (package reaper) reclaims it, and why every
 // implementation must make check-and-claim race-free.
 //
+// # Rules
+//
+// Every implementation keeps these rules, beyond the method docs of Broker
+// (broker/brokertest states them as tests):
+//
+//   - Submit validates with ValidateSubmit, creates the topic's config when
+//     it is missing (no concurrency limit, dead-lettering on, not paused),
+//     stores an empty payload as {} and queues the message, available after
+//     Delay. An invalid request stores nothing (no message, no topic
+//     config).
+//   - Claim serves the requested topics round-robin: each pass takes at most
+//     one message per topic, and the topic that starts the passes rotates
+//     from one call to the next. Within a topic the oldest available message
+//     goes first, ordered by (available_at, id). Paused topics, topics at
+//     their concurrency limit (the count of their running messages) and
+//     unknown topics yield nothing. Max below 1 counts as 1; an empty worker
+//     id is invalid. Each claimed message gets a fresh random 128-bit token
+//     and one more attempt.
+//   - Only Claim returns a token; GetMessage and ListMessages never do.
+//   - Ack, Nack, DeadLetter, AcquireLock and ReleaseLock act only when the
+//     message is running under the claim they name; otherwise (wrong token,
+//     already ended, unknown id) they change nothing and return
+//     ErrClaimLost. Locks held under a claim are released when the claim
+//     ends (ack, nack, dead letter, reclaim).
+//   - Nack with Requeue puts the message back (available after Delay, claim
+//     fields cleared, attempts kept); without it the message ends dead when
+//     its topic dead-letters and failed otherwise. DeadLetter always ends it
+//     dead.
+//   - Finished messages (done, failed, dead) stay readable by id. Requeue
+//     brings a dead or failed one back to the queue, keeping its attempts and
+//     last error.
+//   - ListMessages is newest first, Limit 50 by default (1000 at most),
+//     Before pages; an unknown state is invalid.
+//   - A worker is live while its last heartbeat is within the broker's
+//     LiveAfter, by the broker's clock.
+//   - Leases (Leaser): the holder renews at its term; a free, released or
+//     expired lease goes to the next taker at the next term (its own
+//     holder retaking it after expiry too); leases are independent by name.
+//   - Orphan reclaim (OrphanReclaimer, the stores whose messages outlive
+//     their workers): a pass fails closed on an empty live set; a reclaimed
+//     message's last error starts with OrphanedErrorPrefix; only orphanings
+//     count toward ReclaimRequest.MaxAttempts, error retries do not; a
+//     fenced pass lands only while its lease term holds, unexpired.
+//   - After Close, calls return ErrClosed; closing twice is allowed.
+//
 // Implementations: memory (in-process), local (embedded SQLite) and
-// postgres. broker/brokertest holds the conformance suite they all pass.
+// postgres; local and postgres share their rules through broker/sqlstore.
+// broker/brokertest holds the conformance suite they all pass.
 package broker
 
 import (

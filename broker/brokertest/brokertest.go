@@ -2,26 +2,10 @@
 // passes (memory, local, postgres): the shared semantics of broker.Broker
 // stated as tests.
 //
-// Rules the suite holds every implementation to, beyond the method docs of
-// broker.Broker:
-//
-//   - Submit stores an empty payload as {}; a new topic gets a config with
-//     no concurrency limit, dead-lettering on, not paused. An invalid
-//     request stores nothing (no message, no topic config).
-//   - Claim is fair across topics: one Claim over several topics with work
-//     takes one message per topic per pass, and successive calls rotate the
-//     topic served first. Within a topic the oldest available message goes
-//     first. Unknown topics yield nothing; an empty worker id is invalid.
-//   - Only Claim returns a token; GetMessage and ListMessages never do.
-//   - Ack, Nack, DeadLetter, AcquireLock and ReleaseLock with a claim that
-//     no longer holds its message (wrong token, already acked, unknown id)
-//     change nothing and report broker.ErrClaimLost.
-//   - Ending a claim (ack, nack, dead letter) releases the locks held under
-//     it.
-//   - Nack without requeue ends dead when the topic dead-letters, failed
-//     otherwise. Requeue of a dead or failed message keeps its attempts.
-//   - ListMessages is newest first, Limit 50 by default, Before pages.
-//   - After Close, calls return broker.ErrClosed; closing twice is allowed.
+// The rules it checks are written once, in package broker's
+// documentation. Run holds every broker to them; RunDurable adds the cases
+// of the stores whose running messages outlive their workers (orphan
+// reclaim, fenced passes, leader election across brokers on one store).
 //
 // Worker liveness thresholds are implementation settings and are not
 // tested here (they would need the suite to wait for a heartbeat to go
@@ -80,6 +64,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"RunningClaims", testRunningClaims},
 		{"Topics", testTopics},
 		{"ListMessages", testListMessages},
+		{"Leases", testLeases},
 		{"Closed", testClosed},
 	}
 	for _, tc := range tests {

@@ -4,9 +4,9 @@
 // of the processes using it. It is the zero-setup default of `make run`.
 //
 // Several processes on one machine may open the same file at once; they
-// share the queue as a fleet sharing a PostgreSQL database would. The
-// semantics are those of the memory broker (its package documentation lists
-// them; broker/brokertest checks them), plus broker.OrphanReclaimer: a
+// share the queue as a fleet sharing a PostgreSQL database would. It keeps
+// the rules every broker keeps (package broker's documentation lists them;
+// broker/brokertest checks them), plus broker.OrphanReclaimer: a
 // running message outlives a worker that crashed, and the reaper reclaims it;
 // and broker.Leaser: leases elect one beat among the processes.
 //

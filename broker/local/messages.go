@@ -64,7 +64,7 @@ func scanMessage(s scanner, withToken bool) (broker.Message, error) {
 	return m, nil
 }
 
-// Submit validates req and queues it; see the memory broker's package
+// Submit validates req and queues it; see package broker's
 // documentation.
 func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, error) {
 	if err := broker.ValidateSubmit(req, b.opts.MaxPayload); err != nil {
@@ -143,7 +143,7 @@ func insertMessage(tx *txn, req broker.SubmitRequest, now time.Time) (int64, err
 }
 
 // Claim takes up to req.Max available messages in one IMMEDIATE
-// transaction; see the memory broker's package documentation for the
+// transaction; see package broker's documentation for the
 // order. The write lock the transaction holds is what makes counting a
 // topic's running rows and claiming queued ones race-free across
 // processes.
@@ -451,7 +451,7 @@ func heldTopic(tx *txn, c broker.Claim) (string, error) {
 	return topic, nil
 }
 
-// Nack ends an attempt without success; see the memory broker's package
+// Nack ends an attempt without success; see package broker's
 // documentation.
 func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	if err := broker.CheckDelay(req.Delay); err != nil {

@@ -1,33 +1,8 @@
 // Package memory is the in-process broker: every message, worker, topic and
 // lock lives in this process's memory behind one mutex, and dies with it.
 //
-// It implements the semantics every broker shares (broker/brokertest checks
-// them on each implementation):
-//
-//   - Submit validates with broker.ValidateSubmit, creates the topic's config
-//     when it is missing (unlimited, dead-lettering, not paused), stores an
-//     empty payload as {} and queues the message, available after Delay.
-//   - Claim serves the requested topics round-robin: each pass takes at most
-//     one message per topic, and the topic that starts the passes rotates
-//     from one call to the next. Within a topic the oldest available message
-//     goes first, ordered by (available_at, id). Paused topics, topics at
-//     their concurrency limit (the count of their running messages) and
-//     unknown topics yield nothing. Max below 1 counts as 1; an empty worker
-//     id is invalid. Each claimed message gets a fresh random 128-bit token
-//     and one more attempt.
-//   - Ack, Nack, DeadLetter and ReleaseLock act only when the message is
-//     running under the token they name; otherwise they change nothing and
-//     return broker.ErrClaimLost (an unknown message id too). Locks held
-//     under a claim are released when the claim ends (ack, nack or dead
-//     letter).
-//   - Nack with Requeue puts the message back (available after Delay, claim
-//     fields cleared, attempts kept); without it the message ends dead when
-//     its topic dead-letters and failed otherwise. DeadLetter always ends it
-//     dead.
-//   - Finished messages (done, failed, dead) stay readable by id. Requeue
-//     brings a dead or failed one back to the queue, keeping its attempts and
-//     last error.
-//   - A worker is live while its last heartbeat is within LiveAfter.
+// It keeps the rules every broker keeps (package broker's documentation
+// lists them; broker/brokertest checks them).
 //
 // Nothing can be orphaned here: a crashed process takes its queue with it,
 // so the reaper has nothing to reclaim on this broker.

@@ -1,8 +1,8 @@
 // Package postgres is the PostgreSQL broker: the distributed mode, where
 // the processes of several hosts share one database.
 //
-// It keeps the semantics of the memory broker (see broker/memory's package
-// documentation; broker/brokertest checks them) with the database as the
+// It keeps the rules every broker keeps (package broker's documentation
+// lists them; broker/brokertest checks them) with the database as the
 // only shared state and its clock (now()) as the only clock that decides
 // ownership:
 //
