@@ -3,19 +3,17 @@ package postgres
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
 )
 
 // msgCols are the columns scanMessage reads, in its order. Claim adds the
@@ -836,172 +834,36 @@ func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) 
 		reason)
 }
 
-// GetMessage returns the message (without its token); broker.ErrNotFound
-// when there is none with that id.
-func (b *Broker) GetMessage(ctx context.Context, id int64) (broker.Message, error) {
-	var m broker.Message
-	err := b.run(ctx, "get message", func(c *pgx.Conn) error {
-		var err error
-		m, err = scanMessage(c.QueryRow(ctx, `SELECT `+msgCols+` FROM tw_messages WHERE id = $1`, id), false)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("message %d: %w", id, broker.ErrNotFound)
-		}
-		return err
-	})
-	return m, err
-}
+// insertMessageSQL is Submit's statement (messages.go): queue one message,
+// creating its topic's row when missing. $1 topic, $2 task, $3 payload
+// text, $4 headers text or NULL, $5 max attempts, $6 delay µs.
+const insertMessageSQL = `
+	WITH topic AS (
+		INSERT INTO tw_topics (name) VALUES ($1) ON CONFLICT (name) DO NOTHING
+	)
+	INSERT INTO tw_messages (topic, task, payload, headers, max_attempts, available_at, created_at)
+	VALUES ($1, $2, $3::text::jsonb, $4::text::jsonb, $5,
+		now() + $6::bigint * interval '1 microsecond', now())
+	RETURNING id`
 
-var states = []string{broker.StateQueued, broker.StateRunning, broker.StateDone, broker.StateFailed, broker.StateDead}
-
-// ListMessages limits.
-const (
-	defaultListLimit = 50
-	maxListLimit     = 1000
-)
-
-// ListMessages returns the messages matching f, newest (highest id) first:
-// at most f.Limit (50 when not positive, 1000 at most), with ids below
-// f.Before when it is positive. An unknown state is invalid.
-func (b *Broker) ListMessages(ctx context.Context, f broker.MessageFilter) ([]broker.Message, error) {
-	if f.State != "" && !slices.Contains(states, f.State) {
-		return nil, broker.Invalid("unknown message state %q (want one of %v)", f.State, states)
+// InsertMessage queues the validated req in c's transaction, as Submit
+// does, and returns its id.
+func (dialect) InsertMessage(c sqlstore.Conn, req broker.SubmitRequest) (int64, error) {
+	payload := "{}"
+	if len(req.Payload) > 0 {
+		payload = string(req.Payload)
 	}
-	limit := f.Limit
-	if limit <= 0 {
-		limit = defaultListLimit
-	}
-	limit = min(limit, maxListLimit)
-
-	sql, args := listSQL(f, limit)
-	out := []broker.Message{}
-	err := b.run(ctx, "list messages", func(c *pgx.Conn) error {
-		out = out[:0]
-		rows, err := c.Query(ctx, sql, args...)
+	var headers *string
+	if len(req.Headers) > 0 {
+		h, err := json.Marshal(req.Headers)
 		if err != nil {
-			return err
+			return 0, broker.Invalid("headers: %v", err)
 		}
-		defer rows.Close()
-		for rows.Next() {
-			m, err := scanMessage(rows, false)
-			if err != nil {
-				return err
-			}
-			out = append(out, m)
-		}
-		return rows.Err()
-	})
-	if err != nil {
-		return nil, err
+		s := string(h)
+		headers = &s
 	}
-	return out, nil
-}
-
-// listSQL is ListMessages's statement for f (checked) and limit.
-//
-// Only the filters in use go into the SQL, so each combination gets a plan
-// (and a cached statement) of its own. The state goes in as a literal (it
-// is one of states): the partial indexes that serve a state are usable
-// only when the plan knows which state it is.
-func listSQL(f broker.MessageFilter, limit int) (string, []any) {
-	var where []string
-	var args []any
-	add := func(cond string, v any) {
-		args = append(args, v)
-		where = append(where, strings.ReplaceAll(cond, "?", "$"+strconv.Itoa(len(args))))
-	}
-	if f.State != "" {
-		where = append(where, "state = '"+f.State+"'")
-	}
-	if f.Topic != "" {
-		add("topic = ?", f.Topic)
-	}
-	if f.Task != "" {
-		add("task = ?", f.Task)
-	}
-	if f.Before > 0 {
-		add("id < ?", f.Before)
-	}
-	args = append(args, limit)
-	limitArg := `$` + strconv.Itoa(len(args))
-	if f.Topic != "" && f.State == "" {
-		// A topic's messages: those not running from
-		// tw_messages_topic_idle, the running ones from
-		// tw_messages_running_token, each newest first, merged.
-		w := strings.Join(where, " AND ")
-		return `SELECT ` + msgCols + ` FROM (
-			(SELECT * FROM tw_messages WHERE ` + w + ` AND state <> 'running' ORDER BY id DESC LIMIT ` + limitArg + `)
-			UNION ALL
-			(SELECT * FROM tw_messages WHERE ` + w + ` AND state = 'running' ORDER BY id DESC LIMIT ` + limitArg + `)
-		) AS m ORDER BY id DESC LIMIT ` + limitArg, args
-	}
-	sql := `SELECT ` + msgCols + ` FROM tw_messages`
-	if len(where) > 0 {
-		sql += ` WHERE ` + strings.Join(where, " AND ")
-	}
-	return sql + ` ORDER BY id DESC LIMIT ` + limitArg, args
-}
-
-// Requeue puts a dead or failed message back in the queue, available now,
-// keeping its attempts and last error. Any other state is
-// broker.ErrInvalid; an unknown id broker.ErrNotFound.
-func (b *Broker) Requeue(ctx context.Context, id int64) error {
-	return b.run(ctx, "requeue", func(c *pgx.Conn) error {
-		var (
-			state   *string
-			updated bool
-		)
-		err := c.QueryRow(ctx, `
-			WITH u AS (
-				UPDATE tw_messages
-				SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
-					finished_at = NULL, available_at = now()
-				WHERE id = $1 AND state IN ('dead', 'failed')
-				RETURNING 1
-			)
-			SELECT (SELECT state FROM tw_messages WHERE id = $1), EXISTS (SELECT 1 FROM u)`, id).Scan(&state, &updated)
-		switch {
-		case err != nil:
-			return err
-		case updated:
-			return nil
-		case state == nil:
-			return fmt.Errorf("message %d: %w", id, broker.ErrNotFound)
-		default:
-			return broker.Invalid("message %d is %s; only dead or failed messages can be requeued", id, *state)
-		}
-	})
-}
-
-// Purge deletes the topic's queued messages (delayed ones too) and, when
-// deadLetters is set, its dead ones. Running messages are never touched;
-// an unknown topic purges nothing. It holds the topic lock while it
-// deletes, as a claim does (see claimStatement): a claim of the topic
-// waits for it, or it for the claim, never both for each other.
-func (b *Broker) Purge(ctx context.Context, topic string, deadLetters bool) (broker.PurgeResult, error) {
-	if err := broker.ValidateTopicName(topic); err != nil {
-		return broker.PurgeResult{}, err
-	}
-	var res broker.PurgeResult
-	err := b.run(ctx, "purge", func(c *pgx.Conn) error {
-		batch := &pgx.Batch{}
-		batch.Queue(serialLockSQL, topic)
-		batch.Queue(`
-			WITH q AS (
-				DELETE FROM tw_messages WHERE topic = $1 AND state = 'queued' RETURNING 1
-			), d AS (
-				DELETE FROM tw_messages WHERE $2 AND topic = $1 AND state = 'dead' RETURNING 1
-			)
-			SELECT (SELECT count(*) FROM q), (SELECT count(*) FROM d)`, topic, deadLetters)
-		br := c.SendBatch(ctx, batch)
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return err
-		}
-		if err := br.QueryRow().Scan(&res.Queued, &res.DeadLetter); err != nil {
-			br.Close()
-			return err
-		}
-		return br.Close()
-	})
-	return res, err
+	var id int64
+	err := c.QueryRow(insertMessageSQL,
+		req.Topic, req.Task, payload, headers, req.MaxAttempts, micros(req.Delay)).Scan(&id)
+	return id, err
 }
