@@ -86,9 +86,6 @@ const (
 	maxReaders = 4
 	// housekeepingInterval is how often a Broker runs housekeeping.
 	housekeepingInterval = time.Minute
-	// ListMessages limits, as the memory broker's.
-	defaultListLimit = 50
-	maxListLimit     = 1000
 )
 
 var (

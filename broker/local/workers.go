@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
 )
 
 // RegisterWorker records w (replacing a worker with the same id); its
@@ -48,39 +49,31 @@ func (d dialect) RegisterWorker(ctx context.Context, w broker.WorkerInfo) error 
 // Workers lists every registered worker (live or not) by id, with Running
 // counted from the running messages it claimed.
 func (d dialect) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {
-	out := []broker.WorkerInfo{}
-	err := d.b.read(ctx, "workers", func(tx *txn, _ time.Time) error {
-		out = out[:0]
-		running := map[string]int{}
-		if err := countBy(tx, running, nil,
-			`SELECT claimed_by, count(*), 0 FROM tw_messages WHERE state = 'running' GROUP BY claimed_by`); err != nil {
-			return err
-		}
-		rows, err := tx.Query(`SELECT id, host, pid, roles, topics, capacity, tasks, started_at, heartbeat_at
-			FROM tw_workers ORDER BY id`)
+	var out []broker.WorkerInfo
+	err := d.Read(ctx, "workers", func(c sqlstore.Conn) error {
+		running, _, err := countBy(c, `SELECT claimed_by, count(*), NULL FROM tw_messages WHERE state = 'running' GROUP BY claimed_by`)
 		if err != nil {
 			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
+		rows, err := c.Query(`SELECT id, host, pid, roles, topics, capacity, tasks, started_at, heartbeat_at
+			FROM tw_workers ORDER BY id`)
+		out, err = sqlstore.Collect(rows, err, func(r sqlstore.Row) (broker.WorkerInfo, error) {
 			var w broker.WorkerInfo
 			var roles, topics, tasks string
-			var started, heartbeat int64
-			if err := rows.Scan(&w.ID, &w.Host, &w.PID, &roles, &topics, &w.Capacity, &tasks, &started, &heartbeat); err != nil {
-				return err
+			if err := r.Scan(&w.ID, &w.Host, &w.PID, &roles, &topics, &w.Capacity, &tasks,
+				nsTime{&w.StartedAt}, nsTime{&w.HeartbeatAt}); err != nil {
+				return w, err
 			}
 			if err := unmarshalWorker(&w, roles, topics); err != nil {
-				return err
+				return w, err
 			}
 			if err := json.Unmarshal([]byte(tasks), &w.Tasks); err != nil {
-				return fmt.Errorf("worker %q: tasks: %w", w.ID, err)
+				return w, fmt.Errorf("worker %q: tasks: %w", w.ID, err)
 			}
-			w.StartedAt = fromNS(started)
-			w.HeartbeatAt = fromNS(heartbeat)
 			w.Running = running[w.ID]
-			out = append(out, w)
-		}
-		return rows.Err()
+			return w, nil
+		})
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -98,25 +91,29 @@ func unmarshalWorker(w *broker.WorkerInfo, roles, topics string) error {
 	return nil
 }
 
-// countBy runs q, which selects (key, count, min) rows, into counts and,
-// when mins is not nil, mins.
-func countBy(tx *txn, counts map[string]int, mins map[string]int64, q string, args ...any) error {
-	rows, err := tx.Query(q, args...)
+// countBy runs q, which selects (key, count, min or NULL) rows, and
+// returns the counts and the mins by key.
+func countBy(c sqlstore.Conn, q string) (map[string]int, map[string]int64, error) {
+	type count struct {
+		key string
+		n   int
+		lo  sql.NullInt64
+	}
+	rows, err := c.Query(q)
+	counts, err := sqlstore.Collect(rows, err, func(r sqlstore.Row) (count, error) {
+		var v count
+		err := r.Scan(&v.key, &v.n, &v.lo)
+		return v, err
+	})
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var key string
-		var n int
-		var lo sql.NullInt64
-		if err := rows.Scan(&key, &n, &lo); err != nil {
-			return err
-		}
-		counts[key] = n
-		if mins != nil && lo.Valid {
-			mins[key] = lo.Int64
+	byKey, mins := map[string]int{}, map[string]int64{}
+	for _, v := range counts {
+		byKey[v.key] = v.n
+		if v.lo.Valid {
+			mins[v.key] = v.lo.Int64
 		}
 	}
-	return rows.Err()
+	return byKey, mins, nil
 }

@@ -31,12 +31,6 @@ const (
 	DefaultRetain = 100000
 )
 
-// ListMessages limits.
-const (
-	defaultListLimit = 50
-	maxListLimit     = 1000
-)
-
 var _ broker.Broker = (*Broker)(nil)
 
 // Broker is the in-memory broker. Create it with New; set the exported
@@ -721,20 +715,14 @@ func (b *Broker) Stats(ctx context.Context) (broker.Stats, error) {
 	return st, nil
 }
 
-var states = []string{broker.StateQueued, broker.StateRunning, broker.StateDone, broker.StateFailed, broker.StateDead}
-
 // ListMessages returns the messages matching f, newest (highest id) first:
 // at most f.Limit (50 when not positive, 1000 at most), with ids below
 // f.Before when it is positive. An unknown state is invalid.
 func (b *Broker) ListMessages(ctx context.Context, f broker.MessageFilter) ([]broker.Message, error) {
-	if f.State != "" && !slices.Contains(states, f.State) {
-		return nil, broker.Invalid("unknown message state %q (want one of %v)", f.State, states)
+	limit, err := broker.ValidateMessageFilter(f)
+	if err != nil {
+		return nil, err
 	}
-	limit := f.Limit
-	if limit <= 0 {
-		limit = defaultListLimit
-	}
-	limit = min(limit, maxListLimit)
 	if err := b.begin(ctx); err != nil {
 		return nil, err
 	}

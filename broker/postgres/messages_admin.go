@@ -17,7 +17,7 @@ func (dialect) ListMessagesSQL(f broker.MessageFilter, limit int) (string, []any
 //
 // Only the filters in use go into the SQL, so each combination gets a plan
 // (and a cached statement) of its own. The state goes in as a literal (it
-// is one of states): the partial indexes that serve a state are usable
+// is one of broker.States): the partial indexes that serve a state are usable
 // only when the plan knows which state it is.
 func listSQL(f broker.MessageFilter, limit int) (string, []any) {
 	w := queries.NewFilter()

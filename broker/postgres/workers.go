@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
 )
 
 // RegisterWorker records w, replacing a worker with the same id; its
@@ -44,26 +45,19 @@ func (d dialect) RegisterWorker(ctx context.Context, w broker.WorkerInfo) error 
 // counted from the running messages it claimed.
 func (d dialect) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {
 	var out []broker.WorkerInfo
-	err := d.b.run(ctx, "workers", func(c *pgx.Conn) error {
-		out = []broker.WorkerInfo{}
-		rows, err := c.Query(ctx, `
+	err := d.Read(ctx, "workers", func(c sqlstore.Conn) error {
+		rows, err := c.Query(`
 			SELECT w.id, w.host, w.pid, w.roles, w.topics, w.capacity, w.tasks, w.started_at, w.heartbeat_at,
 				(SELECT count(*) FROM tw_messages m WHERE m.claimed_by = w.id AND m.state = 'running')
 			FROM tw_workers w
 			ORDER BY w.id`)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
+		out, err = sqlstore.Collect(rows, err, func(r sqlstore.Row) (broker.WorkerInfo, error) {
 			var w broker.WorkerInfo
-			if err := rows.Scan(&w.ID, &w.Host, &w.PID, &w.Roles, &w.Topics, &w.Capacity, &w.Tasks,
-				&w.StartedAt, &w.HeartbeatAt, &w.Running); err != nil {
-				return err
-			}
-			out = append(out, w)
-		}
-		return rows.Err()
+			err := r.Scan(&w.ID, &w.Host, &w.PID, &w.Roles, &w.Topics, &w.Capacity, &w.Tasks,
+				&w.StartedAt, &w.HeartbeatAt, &w.Running)
+			return w, err
+		})
+		return err
 	})
 	if err != nil {
 		return nil, err

@@ -3,32 +3,19 @@ package sqlstore
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/taskhost/taskhost/broker"
 )
 
-// ListMessages limits.
-const (
-	DefaultListLimit = 50
-	MaxListLimit     = 1000
-)
-
-var states = []string{broker.StateQueued, broker.StateRunning, broker.StateDone, broker.StateFailed, broker.StateDead}
-
 // ListMessages returns the messages matching f, newest (highest id) first:
 // at most f.Limit (50 when not positive, 1000 at most), with ids below
 // f.Before when it is positive. An unknown state is invalid.
 func (s *Store) ListMessages(ctx context.Context, f broker.MessageFilter) ([]broker.Message, error) {
-	if f.State != "" && !slices.Contains(states, f.State) {
-		return nil, broker.Invalid("unknown message state %q (want one of %v)", f.State, states)
+	limit, err := broker.ValidateMessageFilter(f)
+	if err != nil {
+		return nil, err
 	}
-	limit := f.Limit
-	if limit <= 0 {
-		limit = DefaultListLimit
-	}
-	limit = min(limit, MaxListLimit)
 	q, args := s.d.ListMessagesSQL(f, limit)
 	return list(ctx, s, "list messages", s.d.ScanMessage, q, args...)
 }

@@ -6,7 +6,9 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-func scanTopic(r Row) (broker.TopicConfig, error) {
+// ScanTopic reads a row of (name, concurrency_limit, dead_letter_enabled,
+// paused).
+func ScanTopic(r Row) (broker.TopicConfig, error) {
 	var t broker.TopicConfig
 	err := r.Scan(&t.Name, &t.ConcurrencyLimit, &t.DeadLetterEnabled, &t.Paused)
 	return t, err
@@ -25,7 +27,7 @@ func (s *Store) SetTopic(ctx context.Context, name string, patch broker.TopicPat
 	var cfg broker.TopicConfig
 	err := s.d.Write(ctx, "set topic", func(c Conn) error {
 		var err error
-		cfg, err = scanTopic(c.QueryRow(s.q.SetTopic, name, patch.ConcurrencyLimit, patch.DeadLetterEnabled, patch.Paused))
+		cfg, err = ScanTopic(c.QueryRow(s.q.SetTopic, name, patch.ConcurrencyLimit, patch.DeadLetterEnabled, patch.Paused))
 		return err
 	})
 	if err != nil {
@@ -36,7 +38,7 @@ func (s *Store) SetTopic(ctx context.Context, name string, patch broker.TopicPat
 
 // Topics lists the topic configs by name.
 func (s *Store) Topics(ctx context.Context) ([]broker.TopicConfig, error) {
-	return list(ctx, s, "topics", scanTopic, s.q.Topics)
+	return list(ctx, s, "topics", ScanTopic, s.q.Topics)
 }
 
 // Drain pauses the topic (creating its config when missing): Claim hands
