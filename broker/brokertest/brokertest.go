@@ -63,8 +63,6 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 	}
 }
 
-// ---- tests ----
-
 func testClosed(t *testing.T, b broker.Broker) {
 	submitN(t, b, "c", 1)
 	if err := b.Close(); err != nil {

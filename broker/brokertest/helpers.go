@@ -12,8 +12,6 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-// ---- helpers ----
-
 func ctxOf(t *testing.T) context.Context { return t.Context() }
 
 func submit(t *testing.T, b broker.Broker, req broker.SubmitRequest) int64 {
