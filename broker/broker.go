@@ -57,6 +57,45 @@
 //     fenced pass lands only while its lease term holds, unexpired.
 //   - After Close, calls return ErrClosed; closing twice is allowed.
 //
+// # Schedules and reports
+//
+// Every broker keeps these rules of ScheduleStore:
+//
+//   - PutSchedule validates with NormalizeSchedule (ErrInvalid
+//     saying what is wrong, nothing stored): a name of 1 to 200
+//     characters, a task, a valid topic, a JSON payload ({} when empty),
+//     exactly one of IntervalSeconds > 0 and Cron, a known missed policy
+//     (skip when empty), source "api" when empty.
+//   - PutSchedule upserts by name and returns the stored schedule: the run
+//     state (LastAttempt, LastSuccess, ExpectedNextRun) and CreatedAt are
+//     kept, ExpectedNextRun is cleared when the interval or cron changed,
+//     UpdatedAt is the time of the put. Run-state fields in the argument
+//     are ignored.
+//   - ListSchedules is by name; GetSchedule and DeleteSchedule of a missing
+//     schedule are ErrNotFound. Deleting a schedule deletes its fired slots:
+//     created again, it fires them again.
+//   - FireSchedule fires a (name, slot) once: of any number of concurrent
+//     fires exactly one reports Fired and submits; the others report
+//     Fired false and change nothing. A fire stamps LastAttempt (broker
+//     time) and ExpectedNextRun = Next, and submits Submit (if not nil)
+//     with header "schedule" = name, returning its id. With a Fence whose
+//     lease is not held at that term nothing changes and the error is
+//     ErrNotLeader; a missing schedule is ErrNotFound.
+//   - AddReport stores a report with a known status (ErrInvalid
+//     otherwise); a success report naming a schedule moves its LastSuccess
+//     up to EndedAt (never back). The status decides: a success whose
+//     result says {"skipped": ...} is a success, a failed or skipped
+//     report is not.
+//   - AddReports stores several reports as AddReport does, in one
+//     transaction, and returns their ids in order; the latest success of a
+//     schedule among them sets its LastSuccess. One invalid report fails
+//     the call with ErrInvalid and stores none of them; no reports store
+//     nothing.
+//   - ListReports is newest first with filters on message, task, status and
+//     schedule, Limit 50 by default, Before pages; GetReport of a missing
+//     id is ErrNotFound; PurgeReports deletes the reports that ended before
+//     the cutoff and counts them.
+//
 // Implementations: memory (in-process), local (embedded SQLite) and
 // postgres; local and postgres share their rules through broker/sqlstore.
 // broker/brokertest holds the conformance suite they all pass.
@@ -423,102 +462,4 @@ func ValidatePatch(p TopicPatch) error {
 		return Invalid("concurrency_limit is negative (%d); use 0 for unlimited", *p.ConcurrencyLimit)
 	}
 	return nil
-}
-
-// OrphanedErrorPrefix starts the last error of every message the reaper
-// requeued or dead-lettered as an orphan (its worker died holding it), in
-// every store: a worker tells by it that the message may be what killed
-// that worker.
-const OrphanedErrorPrefix = "orphaned:"
-
-// ReclaimRequest is one reaper pass's instruction. Live is the live-worker
-// set the caller read (and checked with its guards) with LiveWorkers.
-type ReclaimRequest struct {
-	Live []string
-	// Grace: only claims (and locks) at least this old are touched.
-	Grace time.Duration
-	// MaxAttempts: a reclaimed message whose claims have now been
-	// orphaned this many times (this one included) is dead-lettered
-	// instead of requeued. Error retries do not count: they have their own
-	// limit (the task's max attempts).
-	MaxAttempts int
-	// Fence, when set, makes the pass a leader-only write: it lands only
-	// while the lease is held at that term (ErrNotLeader otherwise).
-	Fence *Fence
-}
-
-// ReclaimResult says what a pass did.
-type ReclaimResult struct {
-	Reclaimed     int     `json:"reclaimed"`
-	DeadLettered  int     `json:"dead_lettered"`
-	LocksReleased int     `json:"locks_released"`
-	IDs           []int64 `json:"ids,omitempty"`
-	// WithinGrace counts running messages of non-live claimers (and locks
-	// of non-live holders) left alone because they are younger than the
-	// grace: the fourth fail-closed guard at work.
-	WithinGrace int `json:"within_grace"`
-}
-
-// FinishedPurger is implemented by brokers that keep finished messages
-// until told to drop them (postgres; memory and local keep a fixed number,
-// see their Retain option).
-type FinishedPurger interface {
-	// PurgeFinished deletes the done messages that finished before the
-	// cutoff, and the record of schedule fires older than it; dead and
-	// failed messages stay for an operator. It returns how many messages
-	// it deleted (with the error, after one, the count of those deleted
-	// before it).
-	PurgeFinished(ctx context.Context, before time.Time) (int, error)
-}
-
-// OrphanReclaimer is implemented by brokers whose running messages can
-// outlive the worker that claimed them (local and postgres). The memory
-// broker does not implement it: its messages die with the process.
-type OrphanReclaimer interface {
-	// LiveWorkers returns the ids of workers whose heartbeat is fresher
-	// than after, by the broker's clock.
-	LiveWorkers(ctx context.Context, after time.Duration) ([]string, error)
-	// ReclaimOrphans, in one transaction: running messages whose claimer
-	// is not in req.Live and that were claimed at least req.Grace ago go
-	// back to queued (claim fields and token cleared), or to dead once
-	// they have been orphaned req.MaxAttempts times; locks whose holder is not in
-	// req.Live, acquired at least req.Grace ago, are deleted.
-	ReclaimOrphans(ctx context.Context, req ReclaimRequest) (ReclaimResult, error)
-	// ExpireWorker marks a worker's heartbeat as long past, so it leaves
-	// the live set at once (used when its process is known to be gone).
-	ExpireWorker(ctx context.Context, workerID string) error
-}
-
-// ErrNotLeader: a leader-only write was refused because the lease it named
-// is no longer held at that term. The write changed nothing.
-var ErrNotLeader = errors.New("not the leader: the lease is held by another term")
-
-// Lease is a named lease as it stands: who holds it, at which term, until
-// when (broker time).
-type Lease struct {
-	Name      string    `json:"name"`
-	Holder    string    `json:"holder"`
-	Term      int64     `json:"term"`
-	ExpiresAt time.Time `json:"expires_at"`
-}
-
-// Fence names the lease a leader-only write is made under. The write lands
-// only if Holder still holds Name at Term, checked in the same transaction.
-type Fence struct {
-	Name   string
-	Holder string
-	Term   int64
-}
-
-// Leaser is implemented by every broker: it elects one leader (the beat)
-// among every process sharing the broker.
-type Leaser interface {
-	// TryLease acquires or renews lease name for holder, for ttl from now
-	// (broker time). The current holder renews at its term; anyone takes
-	// a free or expired lease at the next term. It returns the lease as it
-	// stands and whether holder holds it.
-	TryLease(ctx context.Context, name, holder string, ttl time.Duration) (Lease, bool, error)
-	// ReleaseLease gives the lease up if holder holds it at term, so a
-	// standby can take it at once; otherwise it does nothing.
-	ReleaseLease(ctx context.Context, name, holder string, term int64) error
 }

@@ -24,10 +24,7 @@ import (
 // with t.Cleanup; it is called from parallel subtests. A broker the suite
 // closed itself may be closed again by that cleanup.
 func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
-	tests := []struct {
-		name string
-		fn   func(t *testing.T, b broker.Broker)
-	}{
+	runCases(t, newBroker, []testCase[broker.Broker]{
 		{"SubmitThenClaim", testSubmitThenClaim},
 		{"SubmitDefaults", testSubmitDefaults},
 		{"InvalidSubmitStoresNothing", testInvalidSubmit},
@@ -54,11 +51,21 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"ListMessages", testListMessages},
 		{"Leases", testLeases},
 		{"Closed", testClosed},
-	}
-	for _, tc := range tests {
+	})
+}
+
+// testCase is one case of a suite, run on a fresh S.
+type testCase[S any] struct {
+	name string
+	fn   func(t *testing.T, s S)
+}
+
+// runCases runs each case as a parallel subtest on a fresh S from newS.
+func runCases[S any](t *testing.T, newS func(t *testing.T) S, cases []testCase[S]) {
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			tc.fn(t, newBroker(t))
+			tc.fn(t, newS(t))
 		})
 	}
 }

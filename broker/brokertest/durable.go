@@ -41,23 +41,14 @@ type Store struct {
 // store. newStore returns a fresh, empty store for one subtest and
 // registers its cleanup; it is called from parallel subtests.
 func RunDurable(t *testing.T, newStore func(t *testing.T) Store) {
-	tests := []struct {
-		name string
-		fn   func(t *testing.T, s Store)
-	}{
+	runCases(t, newStore, []testCase[Store]{
 		{"ReclaimOrphans", testReclaimOrphans},
 		{"ErrorRetriesDoNotUseTheOrphanBudget", testOrphanBudget},
 		{"ExpireWorkerAndLiveWorkers", testExpireWorker},
 		{"FencedReclaim", testFencedReclaim},
 		{"LeaseOneLeader", testLeaseOneLeader},
 		{"ClosedOrphanMethods", testClosedOrphanMethods},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			tc.fn(t, newStore(t))
-		})
-	}
+	})
 }
 
 func register(t *testing.T, b broker.Broker, ids ...string) {
