@@ -12,8 +12,93 @@
 // until the reaper (package reaper) reclaims it, and why every
 // implementation must make check-and-claim race-free.
 //
+// # Rules
+//
+// Every implementation keeps these rules, beyond the method docs of Broker
+// (broker/brokertest states them as tests):
+//
+//   - Submit validates with ValidateSubmit, creates the topic's config when
+//     it is missing (no concurrency limit, dead-lettering on, not paused),
+//     stores an empty payload as {} and queues the message, available after
+//     Delay. An invalid request stores nothing (no message, no topic
+//     config).
+//   - Claim serves the requested topics round-robin: each pass takes at most
+//     one message per topic, and the topic that starts the passes rotates
+//     from one call to the next. Within a topic the oldest available message
+//     goes first, ordered by (available_at, id). Paused topics, topics at
+//     their concurrency limit (the count of their running messages) and
+//     unknown topics yield nothing. Max below 1 counts as 1; an empty worker
+//     id is invalid. Each claimed message gets a fresh random 128-bit token
+//     and one more attempt.
+//   - Only Claim returns a token; GetMessage and ListMessages never do.
+//   - Ack, Nack, DeadLetter, AcquireLock and ReleaseLock act only when the
+//     message is running under the claim they name; otherwise (wrong token,
+//     already ended, unknown id) they change nothing and return
+//     ErrClaimLost. Locks held under a claim are released when the claim
+//     ends (ack, nack, dead letter, reclaim).
+//   - Nack with Requeue puts the message back (available after Delay, claim
+//     fields cleared, attempts kept); without it the message ends dead when
+//     its topic dead-letters and failed otherwise. DeadLetter always ends it
+//     dead.
+//   - Finished messages (done, failed, dead) stay readable by id. Requeue
+//     brings a dead or failed one back to the queue, keeping its attempts and
+//     last error.
+//   - ListMessages is newest first, Limit 50 by default (1000 at most),
+//     Before pages; an unknown state is invalid.
+//   - A worker is live while its last heartbeat is within the broker's
+//     LiveAfter, by the broker's clock.
+//   - Leases (Leaser): the holder renews at its term; a free, released or
+//     expired lease goes to the next taker at the next term (its own
+//     holder retaking it after expiry too); leases are independent by name.
+//   - Orphan reclaim (OrphanReclaimer, the stores whose messages outlive
+//     their workers): a pass fails closed on an empty live set; a reclaimed
+//     message's last error starts with OrphanedErrorPrefix; only orphanings
+//     count toward ReclaimRequest.MaxAttempts, error retries do not; a
+//     fenced pass lands only while its lease term holds, unexpired.
+//   - After Close, calls return ErrClosed; closing twice is allowed.
+//
+// # Schedules and reports
+//
+// Every broker keeps these rules of ScheduleStore:
+//
+//   - PutSchedule validates with NormalizeSchedule (ErrInvalid
+//     saying what is wrong, nothing stored): a name of 1 to 200
+//     characters, a task, a valid topic, a JSON payload ({} when empty),
+//     exactly one of IntervalSeconds > 0 and Cron, a known missed policy
+//     (skip when empty), source "api" when empty.
+//   - PutSchedule upserts by name and returns the stored schedule: the run
+//     state (LastAttempt, LastSuccess, ExpectedNextRun) and CreatedAt are
+//     kept, ExpectedNextRun is cleared when the interval or cron changed,
+//     UpdatedAt is the time of the put. Run-state fields in the argument
+//     are ignored.
+//   - ListSchedules is by name; GetSchedule and DeleteSchedule of a missing
+//     schedule are ErrNotFound. Deleting a schedule deletes its fired slots:
+//     created again, it fires them again.
+//   - FireSchedule fires a (name, slot) once: of any number of concurrent
+//     fires exactly one reports Fired and submits; the others report
+//     Fired false and change nothing. A fire stamps LastAttempt (broker
+//     time) and ExpectedNextRun = Next, and submits Submit (if not nil)
+//     with header "schedule" = name, returning its id. With a Fence whose
+//     lease is not held at that term nothing changes and the error is
+//     ErrNotLeader; a missing schedule is ErrNotFound.
+//   - AddReport stores a report with a known status (ErrInvalid
+//     otherwise); a success report naming a schedule moves its LastSuccess
+//     up to EndedAt (never back). The status decides: a success whose
+//     result says {"skipped": ...} is a success, a failed or skipped
+//     report is not.
+//   - AddReports stores several reports as AddReport does, in one
+//     transaction, and returns their ids in order; the latest success of a
+//     schedule among them sets its LastSuccess. One invalid report fails
+//     the call with ErrInvalid and stores none of them; no reports store
+//     nothing.
+//   - ListReports is newest first with filters on message, task, status and
+//     schedule, Limit 50 by default, Before pages; GetReport of a missing
+//     id is ErrNotFound; PurgeReports deletes the reports that ended before
+//     the cutoff and counts them.
+//
 // Implementations: memory (in-process), local (embedded SQLite) and
-// postgres. broker/brokertest holds the conformance suite they all pass.
+// postgres; local and postgres share their rules through broker/sqlstore.
+// broker/brokertest holds the conformance suite they all pass.
 package broker
 
 import (
@@ -377,102 +462,4 @@ func ValidatePatch(p TopicPatch) error {
 		return Invalid("concurrency_limit is negative (%d); use 0 for unlimited", *p.ConcurrencyLimit)
 	}
 	return nil
-}
-
-// OrphanedErrorPrefix starts the last error of every message the reaper
-// requeued or dead-lettered as an orphan (its worker died holding it), in
-// every store: a worker tells by it that the message may be what killed
-// that worker.
-const OrphanedErrorPrefix = "orphaned:"
-
-// ReclaimRequest is one reaper pass's instruction. Live is the live-worker
-// set the caller read (and checked with its guards) with LiveWorkers.
-type ReclaimRequest struct {
-	Live []string
-	// Grace: only claims (and locks) at least this old are touched.
-	Grace time.Duration
-	// MaxAttempts: a reclaimed message whose claims have now been
-	// orphaned this many times (this one included) is dead-lettered
-	// instead of requeued. Error retries do not count: they have their own
-	// limit (the task's max attempts).
-	MaxAttempts int
-	// Fence, when set, makes the pass a leader-only write: it lands only
-	// while the lease is held at that term (ErrNotLeader otherwise).
-	Fence *Fence
-}
-
-// ReclaimResult says what a pass did.
-type ReclaimResult struct {
-	Reclaimed     int     `json:"reclaimed"`
-	DeadLettered  int     `json:"dead_lettered"`
-	LocksReleased int     `json:"locks_released"`
-	IDs           []int64 `json:"ids,omitempty"`
-	// WithinGrace counts running messages of non-live claimers (and locks
-	// of non-live holders) left alone because they are younger than the
-	// grace: the fourth fail-closed guard at work.
-	WithinGrace int `json:"within_grace"`
-}
-
-// FinishedPurger is implemented by brokers that keep finished messages
-// until told to drop them (postgres; memory and local keep a fixed number,
-// see their Retain option).
-type FinishedPurger interface {
-	// PurgeFinished deletes the done messages that finished before the
-	// cutoff, and the record of schedule fires older than it; dead and
-	// failed messages stay for an operator. It returns how many messages
-	// it deleted (with the error, after one, the count of those deleted
-	// before it).
-	PurgeFinished(ctx context.Context, before time.Time) (int, error)
-}
-
-// OrphanReclaimer is implemented by brokers whose running messages can
-// outlive the worker that claimed them (local and postgres). The memory
-// broker does not implement it: its messages die with the process.
-type OrphanReclaimer interface {
-	// LiveWorkers returns the ids of workers whose heartbeat is fresher
-	// than after, by the broker's clock.
-	LiveWorkers(ctx context.Context, after time.Duration) ([]string, error)
-	// ReclaimOrphans, in one transaction: running messages whose claimer
-	// is not in req.Live and that were claimed at least req.Grace ago go
-	// back to queued (claim fields and token cleared), or to dead once
-	// they have been orphaned req.MaxAttempts times; locks whose holder is not in
-	// req.Live, acquired at least req.Grace ago, are deleted.
-	ReclaimOrphans(ctx context.Context, req ReclaimRequest) (ReclaimResult, error)
-	// ExpireWorker marks a worker's heartbeat as long past, so it leaves
-	// the live set at once (used when its process is known to be gone).
-	ExpireWorker(ctx context.Context, workerID string) error
-}
-
-// ErrNotLeader: a leader-only write was refused because the lease it named
-// is no longer held at that term. The write changed nothing.
-var ErrNotLeader = errors.New("not the leader: the lease is held by another term")
-
-// Lease is a named lease as it stands: who holds it, at which term, until
-// when (broker time).
-type Lease struct {
-	Name      string    `json:"name"`
-	Holder    string    `json:"holder"`
-	Term      int64     `json:"term"`
-	ExpiresAt time.Time `json:"expires_at"`
-}
-
-// Fence names the lease a leader-only write is made under. The write lands
-// only if Holder still holds Name at Term, checked in the same transaction.
-type Fence struct {
-	Name   string
-	Holder string
-	Term   int64
-}
-
-// Leaser is implemented by every broker: it elects one leader (the beat)
-// among every process sharing the broker.
-type Leaser interface {
-	// TryLease acquires or renews lease name for holder, for ttl from now
-	// (broker time). The current holder renews at its term; anyone takes
-	// a free or expired lease at the next term. It returns the lease as it
-	// stands and whether holder holds it.
-	TryLease(ctx context.Context, name, holder string, ttl time.Duration) (Lease, bool, error)
-	// ReleaseLease gives the lease up if holder holds it at term, so a
-	// standby can take it at once; otherwise it does nothing.
-	ReleaseLease(ctx context.Context, name, holder string, term int64) error
 }

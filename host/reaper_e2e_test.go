@@ -7,13 +7,10 @@ package host_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -23,38 +20,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // ---- PostgreSQL ----
-
-const reaperDefaultDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-
-func reaperDSN() string {
-	if v := os.Getenv("TEST_DATABASE_URL"); v != "" {
-		return v
-	}
-	return reaperDefaultDSN
-}
 
 // pgConn opens a connection (search_path = schema when not empty), closed
 // at cleanup. PostgreSQL being unreachable fails the test.
 func pgConn(tb testing.TB, schema string) *pgx.Conn {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, reaperDSN())
-	if err != nil {
-		tb.Fatalf("cannot reach the test PostgreSQL: %v\n"+
-			"these tests need it: start it with pg_ctlcluster 15 main start, or set TEST_DATABASE_URL "+
-			"to a database the tests may create schemas in (default %s)", err, reaperDefaultDSN)
-	}
-	tb.Cleanup(func() { _ = c.Close(context.Background()) })
-	if schema != "" {
-		if _, err := c.Exec(ctx, `SET search_path TO `+pgx.Identifier{schema}.Sanitize()); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return c
+	return testdb.Connect(tb, schema)
 }
 
 // pgSchema returns a fresh schema name for the broker, dropped at cleanup.
@@ -62,24 +38,7 @@ func pgConn(tb testing.TB, schema string) *pgx.Conn {
 // first out, so the hosts are stopped before the schema goes.
 func pgSchema(tb testing.TB) string {
 	tb.Helper()
-	pgConn(tb, "")
-	var buf [6]byte
-	_, _ = rand.Read(buf[:])
-	name := "tw_e2e_" + hex.EncodeToString(buf[:])
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, reaperDSN())
-		if err != nil {
-			tb.Errorf("dropping schema %s: %v", name, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`); err != nil {
-			tb.Errorf("dropping schema %s: %v", name, err)
-		}
-	})
-	return name
+	return testdb.FreshSchema(tb, "tw_e2e_")
 }
 
 // ---- host configs ----
@@ -123,7 +82,7 @@ plugins:
       beat_lease_ttl_seconds: 2
       drain_timeout_seconds: 1
       topics: %s
-`, reaperToken, o.hostExtra, reaperDSN(), schema, o.grace, o.topics)
+`, reaperToken, o.hostExtra, testdb.DSN(), schema, o.grace, o.topics)
 }
 
 // ---- HTTP ----

@@ -2,44 +2,25 @@ package host_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-)
 
-func scheduleTestDSN() string {
-	if dsn := os.Getenv("TEST_DATABASE_URL"); dsn != "" {
-		return dsn
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
+	"github.com/taskhost/taskhost/internal/testdb"
+)
 
 // scheduleTestSchema returns a fresh schema, dropped when the test ends; it
 // fails the test when PostgreSQL does not answer.
 func scheduleTestSchema(t *testing.T) (string, *pgx.Conn) {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, scheduleTestDSN())
-	if err != nil {
-		t.Fatalf("PostgreSQL is not reachable at %s (%v): start it with `pg_ctlcluster 15 main start`, or set TEST_DATABASE_URL", scheduleTestDSN(), err)
-	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "th_sched_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		_, _ = conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
-		conn.Close(context.Background())
-	})
-	return schema, conn
+	conn := testdb.Connect(t, "")
+	return testdb.FreshSchema(t, "th_sched_"), conn
 }
 
 type beatHealth struct {
@@ -69,7 +50,7 @@ func health(h *hostProc) (beatHealth, bool) {
 // one successful report.
 func TestScheduleSurvivesLeaderDeath(t *testing.T) {
 	schema, conn := scheduleTestSchema(t)
-	cfg := strings.NewReplacer("DSN", scheduleTestDSN(), "SCHEMA", schema).Replace(`
+	cfg := strings.NewReplacer("DSN", testdb.DSN(), "SCHEMA", schema).Replace(`
 listen: LISTEN
 plugins_dir: PLUGINS
 restart_budget: 20

@@ -10,9 +10,7 @@ package reaper_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -30,77 +28,32 @@ import (
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/local"
 	"github.com/taskhost/taskhost/broker/postgres"
+	"github.com/taskhost/taskhost/internal/testdb"
 	"github.com/taskhost/taskhost/reaper"
 )
-
-// defaultTestDSN is the database the tests use unless TEST_DATABASE_URL
-// names another.
-const defaultTestDSN = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-
-func testDSN() string {
-	if v := os.Getenv("TEST_DATABASE_URL"); v != "" {
-		return v
-	}
-	return defaultTestDSN
-}
 
 // pgConnect opens a bookkeeping connection (search_path = schema when not
 // empty), closed at cleanup. PostgreSQL being unreachable fails the test.
 func pgConnect(tb testing.TB, schema string) *pgx.Conn {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, testDSN())
-	if err != nil {
-		tb.Fatalf("cannot reach the test PostgreSQL: %v\n"+
-			"start it with: pg_ctlcluster 15 main start, or set TEST_DATABASE_URL to a database the tests may create schemas in "+
-			"(default %s)", err, defaultTestDSN)
-	}
-	tb.Cleanup(func() { _ = c.Close(context.Background()) })
-	if schema != "" {
-		if _, err := c.Exec(ctx, `SET search_path TO `+pgx.Identifier{schema}.Sanitize()); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return c
+	return testdb.Connect(tb, schema)
 }
 
-func randomSchema() string {
-	var buf [6]byte
-	_, _ = rand.Read(buf[:])
-	return "tw_reaper_" + hex.EncodeToString(buf[:])
-}
+func randomSchema() string { return testdb.SchemaName("tw_reaper_") }
 
-func dropSchema(name string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, testDSN())
-	if err != nil {
-		return err
-	}
-	defer c.Close(ctx)
-	_, err = c.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{name}.Sanitize()+` CASCADE`)
-	return err
-}
+func dropSchema(name string) error { return testdb.DropSchema(name) }
 
 // freshSchema returns an unused schema name, dropped at cleanup.
 func freshSchema(tb testing.TB) string {
 	tb.Helper()
-	pgConnect(tb, "") // fail early and clearly when PostgreSQL is down
-	name := randomSchema()
-	tb.Cleanup(func() {
-		if err := dropSchema(name); err != nil {
-			tb.Errorf("dropping schema %s: %v", name, err)
-		}
-	})
-	return name
+	return testdb.FreshSchema(tb, "tw_reaper_")
 }
 
 func openPG(tb testing.TB, schema string) *postgres.Broker {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := postgres.New(ctx, postgres.Options{DSN: testDSN(), Schema: schema})
+	b, err := postgres.New(ctx, postgres.Options{DSN: testdb.DSN(), Schema: schema})
 	if err != nil {
 		tb.Fatalf("postgres.New: %v", err)
 	}

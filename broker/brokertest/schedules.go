@@ -15,47 +15,10 @@ import (
 )
 
 // RunSchedules runs the conformance suite of broker.ScheduleStore; newBroker
-// is as for Run. The rules it holds every implementation to:
-//
-//   - PutSchedule validates with broker.NormalizeSchedule (ErrInvalid
-//     saying what is wrong, nothing stored): a name of 1 to 200
-//     characters, a task, a valid topic, a JSON payload ({} when empty),
-//     exactly one of IntervalSeconds > 0 and Cron, a known missed policy
-//     (skip when empty), source "api" when empty.
-//   - PutSchedule upserts by name and returns the stored schedule: the run
-//     state (LastAttempt, LastSuccess, ExpectedNextRun) and CreatedAt are
-//     kept, ExpectedNextRun is cleared when the interval or cron changed,
-//     UpdatedAt is the time of the put. Run-state fields in the argument
-//     are ignored.
-//   - ListSchedules is by name; GetSchedule and DeleteSchedule of a missing
-//     schedule are ErrNotFound. Deleting a schedule deletes its fired slots:
-//     created again, it fires them again.
-//   - FireSchedule fires a (name, slot) once: of any number of concurrent
-//     fires exactly one reports Fired and submits; the others report
-//     Fired false and change nothing. A fire stamps LastAttempt (broker
-//     time) and ExpectedNextRun = Next, and submits Submit (if not nil)
-//     with header "schedule" = name, returning its id. With a Fence whose
-//     lease is not held at that term nothing changes and the error is
-//     ErrNotLeader; a missing schedule is ErrNotFound.
-//   - AddReport stores a report with a known status (ErrInvalid
-//     otherwise); a success report naming a schedule moves its LastSuccess
-//     up to EndedAt (never back). The status decides: a success whose
-//     result says {"skipped": ...} is a success, a failed or skipped
-//     report is not.
-//   - AddReports stores several reports as AddReport does, in one
-//     transaction, and returns their ids in order; the latest success of a
-//     schedule among them sets its LastSuccess. One invalid report fails
-//     the call with ErrInvalid and stores none of them; no reports store
-//     nothing.
-//   - ListReports is newest first with filters on message, task, status and
-//     schedule, Limit 50 by default, Before pages; GetReport of a missing
-//     id is ErrNotFound; PurgeReports deletes the reports that ended before
-//     the cutoff and counts them.
+// is as for Run. The rules it checks are those of package broker's
+// documentation (Schedules and reports).
 func RunSchedules(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
-	tests := []struct {
-		name string
-		fn   func(t *testing.T, b broker.Broker)
-	}{
+	runCases(t, newBroker, []testCase[broker.Broker]{
 		{"PutGetListDelete", testSchedulePutGetListDelete},
 		{"Validation", testScheduleValidation},
 		{"RunStateKeptAcrossPut", testScheduleRunState},
@@ -67,13 +30,7 @@ func RunSchedules(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"AddReports", testAddReports},
 		{"ListReports", testListReports},
 		{"PurgeReports", testPurgeReports},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			tc.fn(t, newBroker(t))
-		})
-	}
+	})
 }
 
 // ---- helpers ----

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -35,6 +34,30 @@ func openTest(t testing.TB, opts Options) *Broker {
 func TestConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) broker.Broker {
 		return openTest(t, Options{})
+	})
+}
+
+func TestDurable(t *testing.T) {
+	brokertest.RunDurable(t, func(t *testing.T) brokertest.Store {
+		path := filepath.Join(t.TempDir(), "data", "taskhost.db")
+		b := openTest(t, Options{Path: path})
+		age := func(q string) func(t *testing.T, key any, d time.Duration) {
+			return func(t *testing.T, key any, d time.Duration) {
+				t.Helper()
+				execSQL(t, b, q, int64(d), key)
+			}
+		}
+		claim := age(`UPDATE tw_messages SET claimed_at = claimed_at - ? WHERE id = ?`)
+		lock := age(`UPDATE tw_locks SET acquired_at = acquired_at - ? WHERE name = ?`)
+		heartbeat := age(`UPDATE tw_workers SET heartbeat_at = heartbeat_at - ? WHERE id = ?`)
+		return brokertest.Store{
+			Broker:       b,
+			Another:      func(t *testing.T) brokertest.Durable { return openTest(t, Options{Path: path}) },
+			AgeClaim:     func(t *testing.T, id int64, d time.Duration) { claim(t, id, d) },
+			AgeLock:      func(t *testing.T, name string, d time.Duration) { lock(t, name, d) },
+			AgeHeartbeat: func(t *testing.T, id string, d time.Duration) { heartbeat(t, id, d) },
+			ExpireLeases: func(t *testing.T) { execSQL(t, b, `UPDATE tw_leases SET expires_at = 0`) },
+		}
 	})
 }
 
@@ -241,32 +264,6 @@ func TestReopenKeepsDataAndRefusesNewerSchema(t *testing.T) {
 	}
 }
 
-func TestClosedOrphanMethods(t *testing.T) {
-	b := openTest(t, Options{})
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := b.LiveWorkers(ctx, time.Minute); !errors.Is(err, broker.ErrClosed) {
-		t.Errorf("LiveWorkers: %v", err)
-	}
-	if _, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"x"}}); !errors.Is(err, broker.ErrClosed) {
-		t.Errorf("ReclaimOrphans: %v", err)
-	}
-	if err := b.ExpireWorker(ctx, "x"); !errors.Is(err, broker.ErrClosed) {
-		t.Errorf("ExpireWorker: %v", err)
-	}
-	if _, err := b.Stats(ctx); !errors.Is(err, broker.ErrClosed) {
-		t.Errorf("Stats: %v", err)
-	}
-	if _, err := b.Ack(ctx, nil); !errors.Is(err, broker.ErrClosed) {
-		t.Errorf("Ack(nothing): %v", err)
-	}
-	if _, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w"}); !errors.Is(err, broker.ErrClosed) {
-		t.Errorf("Claim(no topics): %v", err)
-	}
-}
-
 func TestMaxPayload(t *testing.T) {
 	b := openTest(t, Options{MaxPayload: 16})
 	ctx := context.Background()
@@ -275,170 +272,6 @@ func TestMaxPayload(t *testing.T) {
 	}
 	if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "p", Task: "x", Payload: json.RawMessage(`{"a":1}`)}); err != nil {
 		t.Fatalf("Submit under MaxPayload: %v", err)
-	}
-}
-
-func TestExpireWorker(t *testing.T) {
-	ctx := context.Background()
-	b := openTest(t, Options{})
-	for _, id := range []string{"a", "b"} {
-		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	live, err := b.LiveWorkers(ctx, time.Minute)
-	if err != nil || !slices.Equal(live, []string{"a", "b"}) {
-		t.Fatalf("LiveWorkers = %v, %v, want [a b]", live, err)
-	}
-	if err := b.ExpireWorker(ctx, "a"); err != nil {
-		t.Fatalf("ExpireWorker: %v", err)
-	}
-	live, err = b.LiveWorkers(ctx, 365*24*time.Hour)
-	if err != nil || !slices.Equal(live, []string{"b"}) {
-		t.Fatalf("after ExpireWorker(a) LiveWorkers = %v, %v, want [b]", live, err)
-	}
-	if st, _ := b.Stats(ctx); st.Workers != 1 {
-		t.Fatalf("Stats.Workers = %d, want 1", st.Workers)
-	}
-	if err := b.ExpireWorker(ctx, "nobody"); !errors.Is(err, broker.ErrNotFound) {
-		t.Fatalf("ExpireWorker(unknown): %v, want ErrNotFound", err)
-	}
-	// A heartbeat brings it back.
-	if err := b.Heartbeat(ctx, "a"); err != nil {
-		t.Fatal(err)
-	}
-	if live, _ := b.LiveWorkers(ctx, time.Minute); !slices.Equal(live, []string{"a", "b"}) {
-		t.Fatalf("after a heartbeat LiveWorkers = %v", live)
-	}
-	// LiveWorkers counts freshness by the window it is given.
-	execSQL(t, b, `UPDATE tw_workers SET heartbeat_at = heartbeat_at - ? WHERE id = 'b'`, int64(2*time.Minute))
-	if live, _ := b.LiveWorkers(ctx, time.Minute); !slices.Equal(live, []string{"a"}) {
-		t.Fatalf("with b two minutes silent LiveWorkers(1m) = %v, want [a]", live)
-	}
-	if live, _ := b.LiveWorkers(ctx, 3*time.Minute); !slices.Equal(live, []string{"a", "b"}) {
-		t.Fatalf("LiveWorkers(3m) = %v, want [a b]", live)
-	}
-}
-
-func TestReclaimOrphans(t *testing.T) {
-	ctx := context.Background()
-	b := openTest(t, Options{})
-	const grace = time.Minute
-	age := func(table, col string, id any) {
-		t.Helper()
-		key := "id"
-		if table == "tw_locks" {
-			key = "name"
-		}
-		execSQL(t, b, fmt.Sprintf(`UPDATE %s SET %s = %s - ? WHERE %s = ?`, table, col, col, key), int64(2*grace), id)
-	}
-	for _, w := range []string{"alive", "gone"} {
-		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: w}); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	// old: claimed by gone long ago -> requeued.
-	old := mustSubmit(t, b, "o")
-	oldClaim := mustClaim(t, b, "gone", "o")
-	age("tw_messages", "claimed_at", old)
-	if ok, err := b.AcquireLock(ctx, "under-old", "gone", oldClaim.ClaimOf()); err != nil || !ok {
-		t.Fatalf("AcquireLock = %v, %v", ok, err)
-	}
-	// young: claimed by gone just now -> left alone (the grace).
-	young := mustSubmit(t, b, "y")
-	youngClaim := mustClaim(t, b, "gone", "y")
-	// mine: claimed by a live worker long ago -> left alone.
-	mine := mustSubmit(t, b, "m")
-	mineClaim := mustClaim(t, b, "alive", "m")
-	age("tw_messages", "claimed_at", mine)
-	// poison: third attempt by gone, max 3 -> dead.
-	poison := mustSubmit(t, b, "p")
-	for range 2 {
-		c := mustClaim(t, b, "gone", "p")
-		if err := b.Nack(ctx, broker.NackRequest{Claim: c.ClaimOf(), Requeue: true}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	poisonClaim := mustClaim(t, b, "gone", "p")
-	if poisonClaim.Attempts != 3 {
-		t.Fatalf("poison attempts %d, want 3", poisonClaim.Attempts)
-	}
-	age("tw_messages", "claimed_at", poison)
-	// Two earlier claims of it were orphaned: this is the third.
-	execSQL(t, b, `UPDATE tw_messages SET orphaned = 2 WHERE id = ?`, poison)
-
-	// Locks held by gone under the young claim: one old (released), one
-	// young (kept). One held by alive, old (kept).
-	for _, name := range []string{"stale", "fresh"} {
-		if ok, err := b.AcquireLock(ctx, name, "gone", youngClaim.ClaimOf()); err != nil || !ok {
-			t.Fatalf("AcquireLock(%s) = %v, %v", name, ok, err)
-		}
-	}
-	age("tw_locks", "acquired_at", "stale")
-	if ok, err := b.AcquireLock(ctx, "kept", "alive", mineClaim.ClaimOf()); err != nil || !ok {
-		t.Fatal(ok, err)
-	}
-	age("tw_locks", "acquired_at", "kept")
-
-	res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"alive"}, Grace: grace, MaxAttempts: 3})
-	if err != nil {
-		t.Fatalf("ReclaimOrphans: %v", err)
-	}
-	slices.Sort(res.IDs)
-	if res.Reclaimed != 1 || res.DeadLettered != 1 || res.LocksReleased != 2 || !slices.Equal(res.IDs, []int64{old, poison}) ||
-		res.WithinGrace != 2 {
-		t.Fatalf("ReclaimOrphans = %+v, want 1 reclaimed (%d), 1 dead-lettered (%d), 2 locks released, 2 within grace",
-			res, old, poison)
-	}
-
-	q := mustState(t, b, old, broker.StateQueued)
-	if q.ClaimedBy != "" || q.ClaimedAt != nil || q.Attempts != 1 || q.LastError == "" {
-		t.Fatalf("reclaimed message %+v, want claim cleared, attempts kept, a last error", q)
-	}
-	errs, err := b.Ack(ctx, []broker.Outcome{{Claim: oldClaim.ClaimOf()}})
-	if err != nil || !errors.Is(errs[0], broker.ErrClaimLost) {
-		t.Fatalf("Ack with the reclaimed token = %v, %v, want ErrClaimLost", errs, err)
-	}
-	if err := b.Nack(ctx, broker.NackRequest{Claim: oldClaim.ClaimOf()}); !errors.Is(err, broker.ErrClaimLost) {
-		t.Fatalf("Nack with the reclaimed token: %v", err)
-	}
-	again := mustClaim(t, b, "alive", "o")
-	if again.ID != old || again.Attempts != 2 {
-		t.Fatalf("re-claim = %+v, want %d attempt 2", again, old)
-	}
-
-	mustState(t, b, young, broker.StateRunning)
-	mustState(t, b, mine, broker.StateRunning)
-	if d := mustState(t, b, poison, broker.StateDead); d.FinishedAt == nil || d.LastError == "" {
-		t.Fatalf("dead-lettered orphan %+v, want finished_at and a reason", d)
-	}
-	if st, _ := b.Stats(ctx); st.Locks != 2 {
-		t.Fatalf("Stats.Locks = %d, want 2 (fresh, kept)", st.Locks)
-	}
-	var names []string
-	ls, _ := b.Locks(ctx)
-	for _, l := range ls {
-		names = append(names, l.Name)
-	}
-	if !slices.Equal(names, []string{"fresh", "kept"}) {
-		t.Fatalf("locks after the pass %v, want [fresh kept]", names)
-	}
-	// The released lock can be taken again; its old holder cannot release it.
-	if ok, err := b.AcquireLock(ctx, "stale", "alive", again.ClaimOf()); err != nil || !ok {
-		t.Fatalf("re-acquire of the released lock = %v, %v", ok, err)
-	}
-	if err := b.ReleaseLock(ctx, "stale", youngClaim.ClaimOf()); !errors.Is(err, broker.ErrClaimLost) {
-		t.Fatalf("release by the old holder: %v, want ErrClaimLost", err)
-	}
-
-	// A second pass finds nothing more; max attempts 0 means no bound.
-	res, err = b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"alive"}, Grace: grace})
-	if err != nil || res.Reclaimed != 0 || res.DeadLettered != 0 || res.LocksReleased != 0 {
-		t.Fatalf("second pass = %+v, %v, want nothing", res, err)
-	}
-	if _, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Grace: -time.Second}); !errors.Is(err, broker.ErrInvalid) {
-		t.Fatalf("negative grace: %v", err)
 	}
 }
 

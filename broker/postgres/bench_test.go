@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // Benchmarks. Run them with
@@ -146,11 +147,11 @@ func deepQueue(b *testing.B, depth int) *Broker {
 		return br
 	}
 	connect(b)
-	schema := randomSchema()
+	schema := testdb.SchemaName("tw_test_")
 	benchSchemas.Lock()
 	benchSchemas.names = append(benchSchemas.names, schema)
 	benchSchemas.Unlock()
-	br, err := New(context.Background(), Options{DSN: testDSN(), Schema: schema})
+	br, err := New(context.Background(), Options{DSN: testdb.DSN(), Schema: schema})
 	if err != nil {
 		b.Fatal(err)
 	}

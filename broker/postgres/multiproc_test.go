@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // The claimer processes of TestConcurrencyLimitAcrossProcesses are this
@@ -75,7 +76,7 @@ func TestConcurrencyLimitAcrossProcesses(t *testing.T) {
 	for i := range procs {
 		p := &proc{cmd: exec.CommandContext(runCtx, os.Args[0], "-test.run=^TestHelperClaimer$", "-test.count=1", "-test.v")}
 		p.cmd.Env = append(os.Environ(),
-			helperDSNEnv+"="+testDSN(),
+			helperDSNEnv+"="+testdb.DSN(),
 			helperSchemaEnv+"="+b.schema,
 			helperWorkerEnv+"="+fmt.Sprintf("proc-%d", i))
 		p.cmd.Stdout = &p.out

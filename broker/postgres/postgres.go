@@ -1,8 +1,8 @@
 // Package postgres is the PostgreSQL broker: the distributed mode, where
 // the processes of several hosts share one database.
 //
-// It keeps the semantics of the memory broker (see broker/memory's package
-// documentation; broker/brokertest checks them) with the database as the
+// It keeps the rules every broker keeps (package broker's documentation
+// lists them; broker/brokertest checks them) with the database as the
 // only shared state and its clock (now()) as the only clock that decides
 // ownership:
 //
@@ -75,6 +75,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
 )
 
 // Defaults of Options.
@@ -126,6 +127,11 @@ type Options struct {
 
 // Broker is the PostgreSQL broker. Its methods are safe for concurrent use.
 type Broker struct {
+	// shared answers the calls the SQL stores have in common (workers,
+	// topics, locks, reads, admin, schedules, reports, leases, orphan
+	// reclaim) with this store's dialect.
+	*shared
+
 	schema     string
 	liveAfter  time.Duration
 	workerTTL  time.Duration
@@ -165,6 +171,7 @@ func New(ctx context.Context, opts Options) (*Broker, error) {
 	if b.log == nil {
 		b.log = hclog.NewNullLogger()
 	}
+	b.shared = sqlstore.New(dialect{b}, b.maxPayload)
 	maxConns := int(opts.MaxConns)
 	if maxConns <= 0 {
 		maxConns = max(4, runtime.NumCPU())

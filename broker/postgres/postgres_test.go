@@ -17,10 +17,45 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/brokertest"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 func TestConformance(t *testing.T) {
 	brokertest.Run(t, func(t *testing.T) broker.Broker { return newTestBroker(t, Options{}) })
+}
+
+func TestDurable(t *testing.T) {
+	brokertest.RunDurable(t, func(t *testing.T) brokertest.Store {
+		b := newTestBroker(t, Options{})
+		c := schemaConn(t, b)
+		exec := func(t *testing.T, sql string, args ...any) {
+			t.Helper()
+			if _, err := c.Exec(t.Context(), sql, args...); err != nil {
+				t.Fatalf("%s: %v", sql, err)
+			}
+		}
+		return brokertest.Store{
+			Broker: b,
+			Another: func(t *testing.T) brokertest.Durable {
+				o, err := New(t.Context(), Options{DSN: testdb.DSN(), Schema: b.schema})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = o.Close() })
+				return o
+			},
+			AgeClaim: func(t *testing.T, id int64, d time.Duration) {
+				exec(t, `UPDATE tw_messages SET claimed_at = claimed_at - $1::bigint * interval '1 microsecond' WHERE id = $2`, micros(d), id)
+			},
+			AgeLock: func(t *testing.T, name string, d time.Duration) {
+				exec(t, `UPDATE tw_locks SET acquired_at = acquired_at - $1::bigint * interval '1 microsecond' WHERE name = $2`, micros(d), name)
+			},
+			AgeHeartbeat: func(t *testing.T, id string, d time.Duration) {
+				exec(t, `UPDATE tw_workers SET heartbeat_at = heartbeat_at - $1::bigint * interval '1 microsecond' WHERE id = $2`, micros(d), id)
+			},
+			ExpireLeases: func(t *testing.T) { exec(t, `UPDATE tw_leases SET expires_at = now() - interval '1 second'`) },
+		}
+	})
 }
 
 func TestKind(t *testing.T) {
@@ -47,7 +82,7 @@ func TestMigrationsConcurrentAndIdempotent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			brokers[i], errs[i] = New(ctx, Options{DSN: testDSN(), Schema: schema})
+			brokers[i], errs[i] = New(ctx, Options{DSN: testdb.DSN(), Schema: schema})
 		}()
 	}
 	close(start)
@@ -94,10 +129,10 @@ func TestMigrationsConcurrentAndIdempotent(t *testing.T) {
 	}
 
 	// Again, by Migrate and by New: nothing changes, the data stays.
-	if err := Migrate(ctx, testDSN(), schema); err != nil {
+	if err := Migrate(ctx, testdb.DSN(), schema); err != nil {
 		t.Fatalf("Migrate again: %v", err)
 	}
-	b, err := New(ctx, Options{DSN: testDSN(), Schema: schema})
+	b, err := New(ctx, Options{DSN: testdb.DSN(), Schema: schema})
 	if err != nil {
 		t.Fatalf("New again: %v", err)
 	}
@@ -112,7 +147,7 @@ func TestMigrationsConcurrentAndIdempotent(t *testing.T) {
 
 func TestMigrateFreshSchema(t *testing.T) {
 	schema := freshSchema(t)
-	if err := Migrate(t.Context(), testDSN(), schema); err != nil {
+	if err := Migrate(t.Context(), testdb.DSN(), schema); err != nil {
 		t.Fatalf("Migrate: %v", err)
 	}
 	c := connect(t)
@@ -137,7 +172,7 @@ func TestNewErrors(t *testing.T) {
 	if _, err := New(ctx, Options{}); err == nil || !strings.Contains(err.Error(), "TASKHOST_DATABASE_URL") {
 		t.Fatalf("New without a dsn: %v, want a hint at TASKHOST_DATABASE_URL", err)
 	}
-	if _, err := New(ctx, Options{DSN: testDSN(), Schema: "bad-name; drop"}); !errors.Is(err, broker.ErrInvalid) {
+	if _, err := New(ctx, Options{DSN: testdb.DSN(), Schema: "bad-name; drop"}); !errors.Is(err, broker.ErrInvalid) {
 		t.Fatalf("New with a bad schema name: %v, want ErrInvalid", err)
 	}
 	// Nothing listens on port 1.
@@ -179,7 +214,7 @@ func TestClosed(t *testing.T) {
 func TestDatabaseGone(t *testing.T) {
 	schema := freshSchema(t)
 	app := "tw_gone_" + schema // only this broker's connections are killed
-	b, err := New(t.Context(), Options{DSN: withParam(testDSN(), "application_name", app), Schema: schema, MaxConns: 2})
+	b, err := New(t.Context(), Options{DSN: withParam(testdb.DSN(), "application_name", app), Schema: schema, MaxConns: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,146 +321,26 @@ func claimAs(t *testing.T, b *Broker, worker, topic string) broker.Message {
 	return msgs[0]
 }
 
-func TestReclaimOrphans(t *testing.T) {
+// TestReclaimClearsToken: a reclaimed message keeps no token (the CHECK
+// constraint ties a token to the running state).
+func TestReclaimClearsToken(t *testing.T) {
 	b := newTestBroker(t, Options{})
 	ctx := t.Context()
 	c := schemaConn(t, b)
-	exec := func(sql string, args ...any) {
-		t.Helper()
-		if _, err := c.Exec(ctx, sql, args...); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	for _, id := range []string{"alive", "dead"} {
-		if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: id, Roles: []string{broker.RoleWorker}, Topics: []string{"*"}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	live, err := b.LiveWorkers(ctx, time.Minute)
-	if err != nil || !slices.Equal(live, []string{"alive", "dead"}) {
-		t.Fatalf("LiveWorkers = %v, %v, want [alive dead]", live, err)
-	}
-	if err := b.ExpireWorker(ctx, "dead"); err != nil {
-		t.Fatalf("ExpireWorker: %v", err)
-	}
-	if err := b.ExpireWorker(ctx, "nobody"); !errors.Is(err, broker.ErrNotFound) {
-		t.Fatalf("ExpireWorker(unknown): %v, want ErrNotFound", err)
-	}
-	live, err = b.LiveWorkers(ctx, time.Minute)
-	if err != nil || !slices.Equal(live, []string{"alive"}) {
-		t.Fatalf("LiveWorkers after ExpireWorker = %v, %v, want [alive]", live, err)
-	}
-	// ExpireWorker keeps the row (Workers still lists it).
-	if ws, err := b.Workers(ctx); err != nil || len(ws) != 2 {
-		t.Fatalf("Workers after ExpireWorker = %+v, %v", ws, err)
-	}
-
-	if _, err := b.SetTopic(ctx, "o", broker.TopicPatch{ConcurrencyLimit: ptr(4)}); err != nil {
+	if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "o", Task: "x"}); err != nil {
 		t.Fatal(err)
 	}
-	for range 4 {
-		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "o", Task: "x"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	old := claimAs(t, b, "dead", "o")      // orphan, old enough: requeued
-	young := claimAs(t, b, "dead", "o")    // orphan inside the grace: left
-	alive := claimAs(t, b, "alive", "o")   // live owner: left
-	poisoned := claimAs(t, b, "dead", "o") // orphan at max attempts: dead
-	exec(`UPDATE tw_messages SET claimed_at = now() - interval '10 minutes' WHERE id = ANY ($1)`,
-		[]int64{old.ID, alive.ID, poisoned.ID})
-	// Its third attempt, and two earlier claims were orphaned: this is the
-	// third orphaning.
-	exec(`UPDATE tw_messages SET attempts = 3, orphaned = 2 WHERE id = $1`, poisoned.ID)
-	// The wedge the reaper exists for: the limit of 4 is used up.
-	if msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "alive", Topics: []string{"o"}, Max: 5}); err != nil || len(msgs) != 0 {
-		t.Fatalf("claim on a saturated topic = %d messages, %v; want none", len(msgs), err)
-	}
-
-	for _, l := range []struct {
-		name  string
-		claim broker.Message
-		by    string
-	}{{"old-lock", old, "dead"}, {"young-lock", young, "dead"}, {"alive-lock", alive, "alive"}, {"dead-lock-on-live-claim", alive, "dead"}} {
-		if ok, err := b.AcquireLock(ctx, l.name, l.by, l.claim.ClaimOf()); err != nil || !ok {
-			t.Fatalf("AcquireLock(%s) = %v, %v", l.name, ok, err)
-		}
-	}
-	exec(`UPDATE tw_locks SET acquired_at = now() - interval '10 minutes' WHERE name IN ('old-lock', 'alive-lock', 'dead-lock-on-live-claim')`)
-
-	if _, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Grace: time.Minute, MaxAttempts: 3}); !errors.Is(err, broker.ErrInvalid) {
-		t.Fatalf("ReclaimOrphans with an empty live set: %v, want ErrInvalid (fail closed)", err)
-	}
-	res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: live, Grace: time.Minute, MaxAttempts: 3})
-	if err != nil {
-		t.Fatalf("ReclaimOrphans: %v", err)
-	}
-	wantIDs := []int64{old.ID, poisoned.ID}
-	slices.Sort(wantIDs)
-	if res.Reclaimed != 1 || res.DeadLettered != 1 || res.LocksReleased != 2 || !slices.Equal(res.IDs, wantIDs) || res.WithinGrace != 2 {
-		t.Fatalf("ReclaimOrphans = %+v, want 1 reclaimed, 1 dead-lettered, 2 locks released (old-lock and dead-lock-on-live-claim), "+
-			"ids %v, 2 within the grace (young and young-lock)", res, wantIDs)
-	}
-
-	// The old orphan is queued again with its claim cleared and attempts kept.
-	m, err := b.GetMessage(ctx, old.ID)
-	if err != nil {
+	old := claimAs(t, b, "dead", "o")
+	if _, err := c.Exec(ctx, `UPDATE tw_messages SET claimed_at = now() - interval '10 minutes'`); err != nil {
 		t.Fatal(err)
 	}
-	if m.State != broker.StateQueued || m.ClaimedBy != "" || m.ClaimedAt != nil || m.Attempts != 1 || !strings.Contains(m.LastError, "orphaned") {
-		t.Fatalf("reclaimed message = %+v, want queued, claim cleared, attempts 1, last error saying orphaned", m)
+	res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"alive"}, Grace: time.Minute})
+	if err != nil || res.Reclaimed != 1 {
+		t.Fatalf("ReclaimOrphans = %+v, %v; want 1 reclaimed", res, err)
 	}
 	var tok *string
 	if err := c.QueryRow(ctx, `SELECT token::text FROM tw_messages WHERE id = $1`, old.ID).Scan(&tok); err != nil || tok != nil {
 		t.Fatalf("token after reclaim = %v, %v; want NULL", tok, err)
-	}
-	// The dead worker's late writes are refused.
-	if errs, err := b.Ack(ctx, []broker.Outcome{{Claim: old.ClaimOf()}}); err != nil || !errors.Is(errs[0], broker.ErrClaimLost) {
-		t.Fatalf("Ack with the reclaimed token = %v, %v; want ErrClaimLost", errs, err)
-	}
-	if err := b.Nack(ctx, broker.NackRequest{Claim: old.ClaimOf(), Requeue: true}); !errors.Is(err, broker.ErrClaimLost) {
-		t.Fatalf("Nack with the reclaimed token: %v, want ErrClaimLost", err)
-	}
-	if err := b.ReleaseLock(ctx, "old-lock", old.ClaimOf()); !errors.Is(err, broker.ErrClaimLost) {
-		t.Fatalf("ReleaseLock of a reclaimed lock: %v, want ErrClaimLost", err)
-	}
-
-	for id, want := range map[int64]string{young.ID: broker.StateRunning, alive.ID: broker.StateRunning, poisoned.ID: broker.StateDead} {
-		m, err := b.GetMessage(ctx, id)
-		if err != nil || m.State != want {
-			t.Fatalf("message %d = %+v, %v; want %s", id, m, err, want)
-		}
-	}
-	if m, _ := b.GetMessage(ctx, poisoned.ID); m.FinishedAt == nil || !strings.Contains(m.LastError, "dead-lettered") {
-		t.Fatalf("dead-lettered orphan = %+v, want finished_at and a last error", m)
-	}
-
-	ls, err := b.Locks(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, l := range ls {
-		names = append(names, l.Name)
-	}
-	if !slices.Equal(names, []string{"alive-lock", "young-lock"}) {
-		t.Fatalf("locks after reclaim %v, want [alive-lock young-lock]", names)
-	}
-
-	// The freed slot and lock are usable: the requeued message is claimed
-	// again (attempt 2) and its lock re-acquired.
-	again := claimAs(t, b, "alive", "o")
-	if again.ID != old.ID || again.Attempts != 2 || again.Token == old.Token {
-		t.Fatalf("claim after reclaim = %+v, want message %d attempt 2 with a new token", again, old.ID)
-	}
-	if ok, err := b.AcquireLock(ctx, "old-lock", "alive", again.ClaimOf()); err != nil || !ok {
-		t.Fatalf("re-acquiring the released lock = %v, %v", ok, err)
-	}
-
-	// A second pass finds nothing more to do.
-	res, err = b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: live, Grace: time.Minute, MaxAttempts: 3})
-	if err != nil || res.Reclaimed+res.DeadLettered+res.LocksReleased != 0 || res.WithinGrace != 2 {
-		t.Fatalf("second pass = %+v, %v; want nothing done, 2 within the grace", res, err)
 	}
 }
 

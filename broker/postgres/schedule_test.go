@@ -11,6 +11,7 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/brokertest"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 func TestSchedules(t *testing.T) {
@@ -22,7 +23,7 @@ func TestSchedules(t *testing.T) {
 func twoBrokers(t *testing.T) (*Broker, *Broker) {
 	t.Helper()
 	b1 := newTestBroker(t, Options{MaxConns: 4})
-	b2, err := New(t.Context(), Options{DSN: testDSN(), Schema: b1.Schema(), MaxConns: 4})
+	b2, err := New(t.Context(), Options{DSN: testdb.DSN(), Schema: b1.Schema(), MaxConns: 4})
 	if err != nil {
 		t.Fatalf("New (second broker): %v", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // sameSchemaBroker opens another broker on b's schema: another process's
@@ -16,7 +17,7 @@ func sameSchemaBroker(t *testing.T, b *Broker) *Broker {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	o, err := New(ctx, Options{DSN: testDSN(), Schema: b.schema})
+	o, err := New(ctx, Options{DSN: testdb.DSN(), Schema: b.schema})
 	if err != nil {
 		t.Fatalf("New on schema %s: %v", b.schema, err)
 	}

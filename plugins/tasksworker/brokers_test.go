@@ -2,48 +2,20 @@ package tasksworker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
-
-// testDSN is the PostgreSQL the tests use.
-func testDSN() string {
-	if dsn := os.Getenv("TEST_DATABASE_URL"); dsn != "" {
-		return dsn
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
 
 // freshSchema returns a new schema name and drops it when the test ends.
 // It fails the test, never skips it, when PostgreSQL does not answer.
 func freshSchema(t *testing.T) string {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testDSN())
-	if err != nil {
-		t.Fatalf("PostgreSQL is not reachable at %s (%v): start it with `pg_ctlcluster 15 main start`, or set TEST_DATABASE_URL", testDSN(), err)
-	}
-	conn.Close(ctx)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "tw_test_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		conn, err := pgx.Connect(context.Background(), testDSN())
-		if err == nil {
-			_, _ = conn.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
-			conn.Close(context.Background())
-		}
-	})
-	return schema
+	return testdb.FreshSchema(t, "tw_test_")
 }
 
 // TestPluginOnEachBroker runs the same user-visible flow on the stores a
@@ -55,7 +27,7 @@ func TestPluginOnEachBroker(t *testing.T) {
 			return map[string]any{"broker": "local", "data_dir": filepath.Join(t.TempDir(), "data")}
 		},
 		"postgres": func(t *testing.T) map[string]any {
-			return map[string]any{"broker": "postgres", "dsn": testDSN(), "schema": freshSchema(t)}
+			return map[string]any{"broker": "postgres", "dsn": testdb.DSN(), "schema": freshSchema(t)}
 		},
 	}
 	for name, cfg := range configs {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // The UI is tested over the real gRPC HTTP capability, with the headers the
@@ -732,7 +733,7 @@ func TestUIOnLocalAndPostgres(t *testing.T) {
 			return map[string]any{"broker": "local", "data_dir": t.TempDir()}
 		},
 		"postgres": func(t *testing.T) map[string]any {
-			return map[string]any{"broker": "postgres", "dsn": testDSN(), "schema": freshSchema(t)}
+			return map[string]any{"broker": "postgres", "dsn": testdb.DSN(), "schema": freshSchema(t)}
 		},
 	}
 	flows := map[string]func(*testing.T, map[string]any){

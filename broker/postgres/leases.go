@@ -2,11 +2,11 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
 )
 
 // tryLeaseSQL acquires or renews lease $1 for holder $2 until now() + $3
@@ -24,14 +24,10 @@ const tryLeaseSQL = `
 	WHERE (l.holder = excluded.holder AND l.expires_at > now()) OR l.expires_at <= now()`
 
 // TryLease acquires or renews lease name for holder for ttl from now, by
-// database time; see broker.Leaser. It returns the lease as it stands and
-// whether holder holds it.
-func (b *Broker) TryLease(ctx context.Context, name, holder string, ttl time.Duration) (broker.Lease, bool, error) {
-	if name == "" || holder == "" {
-		return broker.Lease{}, false, broker.Invalid("lease name and holder must not be empty")
-	}
+// database time (tryLeaseSQL), and returns the lease as it stands.
+func (d dialect) TryLease(ctx context.Context, name, holder string, ttl time.Duration) (broker.Lease, error) {
 	var l broker.Lease
-	err := b.run(ctx, "try lease", func(c *pgx.Conn) error {
+	err := d.b.run(ctx, "try lease", func(c *pgx.Conn) error {
 		batch := &pgx.Batch{}
 		batch.Queue(tryLeaseSQL, name, holder, micros(ttl))
 		// A statement of its own, so it reads the row as the upsert left it
@@ -49,36 +45,15 @@ func (b *Broker) TryLease(ctx context.Context, name, holder string, ttl time.Dur
 		return br.Close()
 	})
 	if err != nil {
-		return broker.Lease{}, false, err
+		return broker.Lease{}, err
 	}
-	return l, l.Holder == holder, nil
+	return l, nil
 }
 
-// ReleaseLease gives lease name up if holder holds it at term (it expires
-// now, so a standby takes it at once); otherwise it does nothing.
-func (b *Broker) ReleaseLease(ctx context.Context, name, holder string, term int64) error {
-	return b.run(ctx, "release lease", func(c *pgx.Conn) error {
-		_, err := c.Exec(ctx, `
-			UPDATE tw_leases SET expires_at = now()
-			WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > now()`, name, holder, term)
-		return err
-	})
-}
-
-// checkFence makes the rest of tx a leader-only write: it locks f's lease
-// row FOR SHARE if f.Holder holds it at f.Term and it has not expired, so
-// no takeover can commit before tx does; broker.ErrNotLeader otherwise.
+// checkFence makes the rest of tx a leader-only write (see
+// sqlstore.CheckFence): it locks f's lease row FOR SHARE if f.Holder holds
+// it at f.Term and it has not expired, so no takeover can commit before tx
+// does; broker.ErrNotLeader otherwise.
 func checkFence(ctx context.Context, tx pgx.Tx, f *broker.Fence) error {
-	if f == nil {
-		return nil
-	}
-	var one int
-	err := tx.QueryRow(ctx, `
-		SELECT 1 FROM tw_leases
-		WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > now()
-		FOR SHARE`, f.Name, f.Holder, f.Term).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return broker.ErrNotLeader
-	}
-	return err
+	return sqlstore.CheckFence(conn{ctx: ctx, q: tx}, &queries, f)
 }

@@ -1,0 +1,127 @@
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
+)
+
+// ReclaimOrphans does one checked reaper pass (see
+// sqlstore.Store.ReclaimOrphans) in one IMMEDIATE transaction: the
+// orphans are read, then each has its locks released and is requeued or
+// dead-lettered with a reason of its own.
+func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
+	liveJSON, err := json.Marshal(req.Live)
+	if err != nil {
+		return broker.ReclaimResult{}, broker.Invalid("live set: %v", err)
+	}
+	var res broker.ReclaimResult
+	err = d.b.write(ctx, "reclaim orphans", func(tx *txn, now time.Time) error {
+		res = broker.ReclaimResult{}
+		if err := sqlstore.CheckFence(&conn{tx: tx, now: now}, &queries, req.Fence); err != nil {
+			return err
+		}
+		cutoff := addNS(now, -req.Grace)
+		type orphan struct {
+			id       int64
+			attempts int
+			orphaned int
+			by       string
+			token    string
+		}
+		var orphans []orphan
+		rows, err := tx.Query(`SELECT id, attempts, orphaned, claimed_by, token FROM tw_messages
+			WHERE state = 'running' AND claimed_at <= ?
+				AND claimed_by NOT IN (SELECT value FROM json_each(?))
+			ORDER BY id`, cutoff, string(liveJSON))
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var o orphan
+			if err := rows.Scan(&o.id, &o.attempts, &o.orphaned, &o.by, &o.token); err != nil {
+				rows.Close()
+				return err
+			}
+			orphans = append(orphans, o)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+
+		for _, o := range orphans {
+			r, err := tx.Exec(`DELETE FROM tw_locks WHERE message_id = ? AND token = ?`, o.id, o.token)
+			if err != nil {
+				return err
+			}
+			n, err := r.RowsAffected()
+			if err != nil {
+				return err
+			}
+			res.LocksReleased += int(n)
+			// Only orphanings count toward the orphan budget; error retries
+			// claim too, but have their own limit.
+			if _, err := tx.Exec(`UPDATE tw_messages SET orphaned = orphaned + 1 WHERE id = ?`, o.id); err != nil {
+				return err
+			}
+			if req.MaxAttempts > 0 && o.orphaned+1 >= req.MaxAttempts {
+				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; its claim was orphaned %d times (orphan max %d); dead-lettered by the reaper",
+					o.by, o.attempts, o.orphaned+1, req.MaxAttempts)
+				if err := finish(tx, o.id, broker.StateDead, reason, now); err != nil {
+					return err
+				}
+				res.DeadLettered++
+			} else {
+				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; requeued by the reaper", o.by, o.attempts)
+				_, err := tx.Exec(`UPDATE tw_messages
+					SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
+						available_at = ?, last_error = ?
+					WHERE id = ?`, ns(now), reason, o.id)
+				if err != nil {
+					return err
+				}
+				res.Reclaimed++
+			}
+			res.IDs = append(res.IDs, o.id)
+		}
+
+		r, err := tx.Exec(`DELETE FROM tw_locks
+			WHERE acquired_at <= ? AND holder NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON))
+		if err != nil {
+			return err
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return err
+		}
+		res.LocksReleased += int(n)
+
+		// What the grace kept: claims and locks of non-live workers too
+		// young to touch.
+		var young, youngLocks int
+		if err := tx.QueryRow(`SELECT count(*) FROM tw_messages
+			WHERE state = 'running' AND claimed_at > ?
+				AND claimed_by NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON)).Scan(&young); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(`SELECT count(*) FROM tw_locks
+			WHERE acquired_at > ? AND holder NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON)).Scan(&youngLocks); err != nil {
+			return err
+		}
+		res.WithinGrace = young + youngLocks
+		return nil
+	})
+	if err != nil {
+		return broker.ReclaimResult{}, err
+	}
+	if res.Reclaimed+res.DeadLettered+res.LocksReleased > 0 {
+		d.b.log.Info("reclaimed orphans", "reclaimed", res.Reclaimed, "dead_lettered", res.DeadLettered,
+			"locks_released", res.LocksReleased, "within_grace", res.WithinGrace, "ids", res.IDs)
+	}
+	return res, nil
+}

@@ -1,0 +1,94 @@
+package local
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// The schedule store lives in tw_schedules, tw_schedule_fires and
+// tw_reports (migrations/0003_schedules.sql); package sqlstore holds its
+// rules and queries holds the statements. Every write is one IMMEDIATE
+// transaction, as every other write of this broker, so a fire's
+// check-and-record is serialised across processes by the write lock.
+
+// AddReports stores the validated reports in one IMMEDIATE transaction, a
+// row each; a success report naming a schedule moves its last_success up
+// to the report's end.
+func (d dialect) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
+	logs := make([]string, len(rs))
+	for i, r := range rs {
+		logs[i] = "[]"
+		if len(r.Logs) > 0 {
+			js, err := json.Marshal(r.Logs)
+			if err != nil {
+				return nil, broker.Invalid("report of message %d: logs: %v", r.MessageID, err)
+			}
+			logs[i] = string(js)
+		}
+	}
+	ids := make([]int64, len(rs))
+	err := d.b.write(ctx, "add report", func(tx *txn, now time.Time) error {
+		for i, r := range rs {
+			ended, started := r.EndedAt, r.StartedAt
+			if ended.IsZero() {
+				ended = now
+			}
+			if started.IsZero() {
+				started = ended
+			}
+			schedule := sql.NullString{String: r.Schedule, Valid: r.Schedule != ""}
+			result := sql.NullString{String: string(r.Result), Valid: len(r.Result) > 0}
+			err := tx.QueryRow(`INSERT INTO tw_reports (message_id, task, topic, schedule, attempt, worker, status,
+				started_at, ended_at, duration_seconds, error, result, progress, logs)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+				r.MessageID, r.Task, r.Topic, schedule, r.Attempt, r.Worker, r.Status,
+				ns(started), ns(ended), r.Duration, r.Error, result, r.Progress, logs[i]).Scan(&ids[i])
+			if err != nil {
+				return err
+			}
+			if r.Schedule == "" || r.Status != broker.ReportSuccess {
+				continue
+			}
+			if _, err := tx.Exec(`UPDATE tw_schedules SET last_success = max(coalesce(last_success, ?1), ?1) WHERE name = ?2`,
+				ns(ended), r.Schedule); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// PurgeReports deletes the reports that ended before the cutoff and
+// returns how many. It deletes in transactions of at most retainChunk
+// rows, so the write lock is never held long; after an error the count of
+// the chunks already deleted is returned with it.
+func (d dialect) PurgeReports(ctx context.Context, before time.Time) (int, error) {
+	total := 0
+	for {
+		var n int64
+		err := d.b.write(ctx, "purge reports", func(tx *txn, _ time.Time) error {
+			r, err := tx.Exec(`DELETE FROM tw_reports WHERE id IN (
+				SELECT id FROM tw_reports WHERE ended_at < ? LIMIT ?)`, ns(before), retainChunk)
+			if err != nil {
+				return err
+			}
+			n, err = r.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		total += int(n)
+		if n < retainChunk {
+			return total, nil
+		}
+	}
+}

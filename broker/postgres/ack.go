@@ -1,0 +1,237 @@
+package postgres
+
+import (
+	"context"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/taskhost/taskhost/broker"
+)
+
+// releaseLocksSQL deletes the locks held under the claims ($1 ids, $2
+// tokens) that no longer hold their message. It runs as its own statement
+// after the claim-ending one, so it reads a snapshot that includes any lock
+// an AcquireLock committed while the claim-ending statement waited for it
+// (AcquireLock holds the message row FOR SHARE).
+const releaseLocksSQL = `
+	DELETE FROM tw_locks l
+	USING unnest($1::bigint[], $2::text[]) AS u(id, tok)
+	WHERE l.message_id = u.id AND l.token::text = u.tok
+		AND NOT EXISTS (
+			SELECT 1 FROM tw_messages m
+			WHERE m.id = l.message_id AND m.token = l.token)`
+
+// ackSQL marks done the messages whose claims are in the arrays $1 ids
+// and $2 tokens, storing the results $3, and returns the ordinals $4 of
+// the outcomes it applied.
+const ackSQL = `
+	UPDATE tw_messages m
+	SET state = 'done', finished_at = now(), result = u.res::jsonb, token = NULL
+	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[]) AS u(id, tok, res, ord)
+	WHERE m.id = ANY ($1::bigint[]) AND m.id = u.id AND m.token::text = u.tok
+	RETURNING u.ord`
+
+// ackBatch is an Ack call's outcomes as its statements take them: the
+// distinct claims with a token, sorted by id.
+type ackBatch struct {
+	n       int // outcomes in the call
+	ids     []int64
+	toks    []string
+	results []*string
+	ords    []int32
+}
+
+// newAckBatch checks outcomes (a result that is not JSON is
+// broker.ErrInvalid) and arranges them for ackSQL.
+func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
+	if err := broker.CheckOutcomes(outcomes); err != nil {
+		return nil, err
+	}
+	type entry struct {
+		ord int32
+		id  int64
+		tok string
+		res *string
+	}
+	var send []entry
+	seen := make(map[broker.Claim]bool, len(outcomes))
+	for i, o := range outcomes {
+		if o.Claim.Token == "" || seen[o.Claim] {
+			continue
+		}
+		seen[o.Claim] = true
+		var res *string
+		if len(o.Result) > 0 {
+			s := string(o.Result)
+			res = &s
+		}
+		send = append(send, entry{ord: int32(i), id: o.Claim.ID, tok: o.Claim.Token, res: res})
+	}
+	// Lock the rows in id order, as the reaper does, so the two never
+	// deadlock.
+	sort.Slice(send, func(i, j int) bool { return send[i].id < send[j].id })
+	a := &ackBatch{
+		n:       len(outcomes),
+		ids:     make([]int64, len(send)),
+		toks:    make([]string, len(send)),
+		results: make([]*string, len(send)),
+		ords:    make([]int32, len(send)),
+	}
+	for i, e := range send {
+		a.ids[i], a.toks[i], a.results[i], a.ords[i] = e.id, e.tok, e.res, e.ord
+	}
+	return a, nil
+}
+
+// lostAll is the answer when nothing was applied.
+func (a *ackBatch) lostAll() []error {
+	errs := make([]error, a.n)
+	for i := range errs {
+		errs[i] = broker.ErrClaimLost
+	}
+	return errs
+}
+
+// queue adds the ack and the release of the claims' locks to batch.
+func (a *ackBatch) queue(batch *pgx.Batch) {
+	batch.Queue(ackSQL, a.ids, a.toks, a.results, a.ords)
+	batch.Queue(releaseLocksSQL, a.ids, a.toks)
+}
+
+// read reads the answers of the statements queue added.
+func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
+	errs := a.lostAll()
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var ord int32
+		if err := rows.Scan(&ord); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		errs[ord] = nil
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// Ack marks the outcomes' messages done, storing their results, in one
+// statement, and releases the locks held under those claims in the same
+// transaction. It returns one error per outcome: nil, or broker.ErrClaimLost
+// when the claim no longer holds its message (a repeated claim in the batch
+// loses after its first). A result that is not JSON fails the whole call
+// with broker.ErrInvalid before anything changes.
+func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
+	a, err := newAckBatch(outcomes)
+	if err != nil {
+		return nil, err
+	}
+	return b.ack(ctx, a)
+}
+
+func (b *Broker) ack(ctx context.Context, a *ackBatch) ([]error, error) {
+	var errs []error
+	err := b.run(ctx, "ack", func(c *pgx.Conn) error {
+		if len(a.ids) == 0 {
+			errs = a.lostAll()
+			return nil
+		}
+		batch := &pgx.Batch{}
+		a.queue(batch)
+		br := c.SendBatch(ctx, batch)
+		var err error
+		if errs, err = a.read(br); err != nil {
+			br.Close()
+			return err
+		}
+		return br.Close()
+	})
+	if err != nil {
+		return nil, err
+	}
+	return errs, nil
+}
+
+// endClaim runs the claim-ending UPDATE sql (its $1 and $2 are the claim's
+// id and token, args the rest) and releases the claim's locks, in one
+// transaction; broker.ErrClaimLost when the UPDATE matched nothing.
+func (b *Broker) endClaim(ctx context.Context, op string, c broker.Claim, sql string, args ...any) error {
+	if c.Token == "" {
+		if b.closed.Load() {
+			return broker.ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return broker.ErrClaimLost
+	}
+	return b.run(ctx, op, func(conn *pgx.Conn) error {
+		batch := &pgx.Batch{}
+		batch.Queue(sql, append([]any{c.ID, c.Token}, args...)...)
+		batch.Queue(releaseLocksSQL, []int64{c.ID}, []string{c.Token})
+		br := conn.SendBatch(ctx, batch)
+		tag, err := br.Exec()
+		if err != nil {
+			br.Close()
+			return err
+		}
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+		if err := br.Close(); err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return broker.ErrClaimLost
+		}
+		return nil
+	})
+}
+
+// Nack ends an attempt without success, recording req.Error as the last
+// error. With Requeue the message goes back to the queue, available after
+// Delay, its claim fields cleared and its attempts kept; without, it ends
+// dead when its topic dead-letters and failed otherwise.
+func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
+	if err := broker.CheckDelay(req.Delay); err != nil {
+		return err
+	}
+	req.Error = broker.CleanText(req.Error)
+	if req.Requeue {
+		return b.endClaim(ctx, "nack", req.Claim, `
+			UPDATE tw_messages
+			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL, finished_at = NULL,
+				available_at = now() + $3::bigint * interval '1 microsecond', last_error = $4,
+				attempts = CASE WHEN $5 THEN greatest(attempts - 1, 0) ELSE attempts END
+			WHERE id = $1 AND token::text = $2`,
+			micros(req.Delay), req.Error, req.NotRun)
+	}
+	return b.endClaim(ctx, "nack", req.Claim, `
+		UPDATE tw_messages m
+		SET state = CASE
+				WHEN coalesce((SELECT t.dead_letter_enabled FROM tw_topics t WHERE t.name = m.topic), true)
+				THEN 'dead' ELSE 'failed' END,
+			finished_at = now(), token = NULL, last_error = $3
+		WHERE m.id = $1 AND m.token::text = $2`,
+		req.Error)
+}
+
+// DeadLetter ends an attempt dead with reason as its last error, whatever
+// the topic's dead-letter setting.
+func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+	reason = broker.CleanText(reason)
+	return b.endClaim(ctx, "dead letter", c, `
+		UPDATE tw_messages
+		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3
+		WHERE id = $1 AND token::text = $2`,
+		reason)
+}

@@ -1,0 +1,427 @@
+package postgres
+
+import (
+	"context"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/taskhost/taskhost/broker"
+)
+
+// claimLockSQL takes a limited topic's serialisation lock. It is a
+// statement of its own, before the count: in READ COMMITTED each statement
+// reads a snapshot taken when it starts, so the count that follows sees
+// every claim committed by the lock's previous holders. (Locking in the
+// same statement as the count would count from a snapshot taken before the
+// lock was granted, and admit too many.) Unlimited topics match nothing and
+// lock nothing.
+//
+// serialLockSQL takes the same lock whatever the topic's limit: it goes
+// with the claim statements that lock no rows (see claimStatement).
+const (
+	claimLockSQL  = `SELECT 1 FROM tw_topics WHERE name = $1 AND concurrency_limit > 0 FOR UPDATE`
+	serialLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 FOR UPDATE`
+)
+
+// The claim statements claim up to $2 of topic $1's oldest available
+// queued messages for worker $3: none when the topic is paused or unknown,
+// at most limit - running when it is limited. The inner SELECT walks the
+// partial queued index in (available_at, id) order; the outer UPDATE finds
+// the rows by primary key. The From variants start the walk at the key
+// ($4 available_at, $5 id) (see claimFloors).
+//
+// claimSQL and claimFromSQL lock the rows they pick FOR UPDATE SKIP
+// LOCKED, so claimers of an unlimited topic, which run side by side, pass
+// each other's rows by. serialClaimSQL and serialClaimFromSQL lock nothing
+// before the UPDATE: they run only after serialLockSQL, so no other claim
+// of the topic runs at the same time, and the UPDATE's own check that the
+// row is still queued (which PostgreSQL evaluates again on the newest
+// version of a row that changed since the statement's snapshot) keeps a
+// message from being claimed twice whatever else happens. The only other
+// writer of queued rows, Purge, takes the topic lock too, so a serial
+// claim never waits for a row lock held by a transaction waiting for it.
+// Not locking saves a row lock and its WAL record per claimed message.
+//
+// claimed_at is the claim statement's start, not the transaction's: an
+// AckAndClaim waits for its acked rows and the topic lock first, and a
+// claim stamped with that earlier time would look older than it is to the
+// reaper's grace and the oldest-claim gauge.
+//
+// Each row is a claimed message (msgCols and its token) followed by the
+// number the gate allowed and whether the topic is limited; when nothing
+// was claimed one row of NULLs carries those alone. (A LIMIT of 0 reads
+// nothing.)
+var (
+	claimSQL           = claimStatement("", "FOR UPDATE SKIP LOCKED")
+	claimFromSQL       = claimStatement(claimFrom, "FOR UPDATE SKIP LOCKED")
+	serialClaimSQL     = claimStatement("", "")
+	serialClaimFromSQL = claimStatement(claimFrom, "")
+)
+
+const claimFrom = "AND (q.available_at, q.id) >= ($4::timestamptz, $5::bigint)"
+
+func claimStatement(from, lock string) string {
+	return `
+	WITH gate AS MATERIALIZED (
+		SELECT greatest(coalesce(t.n, 0), 0) AS n, coalesce(t.limited, false) AS limited
+		FROM (SELECT 1) one LEFT JOIN LATERAL (
+			SELECT CASE
+				WHEN t.paused THEN 0
+				WHEN t.concurrency_limit = 0 THEN $2::int
+				ELSE least($2::int, t.concurrency_limit - (
+					SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running')::int)
+			END AS n, t.concurrency_limit > 0 AS limited
+			FROM tw_topics t
+			WHERE t.name = $1) t ON true
+	), claimed AS (
+		UPDATE tw_messages m
+		SET state = 'running', claimed_by = $3, claimed_at = statement_timestamp(), attempts = m.attempts + 1,
+			token = gen_random_uuid()
+		WHERE m.id = ANY (ARRAY (
+				SELECT q.id FROM tw_messages q
+				WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now() ` + from + `
+				ORDER BY q.available_at, q.id
+				LIMIT (SELECT n FROM gate)
+				` + lock + `))
+			AND m.state = 'queued'
+		RETURNING ` + msgCols + `, token::text
+	)
+	SELECT c.*, gate.n, gate.limited FROM gate LEFT JOIN claimed c ON true`
+}
+
+// fullScanEvery is how often Claim walks a topic's queued index from its
+// start even when it has a floor for the topic (see claimFloors).
+const fullScanEvery = time.Second
+
+// claimFloors remembers, per topic, where the last claim of this process
+// started in the topic's queued index, so the next one starts there
+// instead of at the beginning, and whether that claim found the topic
+// limited (the next one then takes the serial statements: see
+// claimStatement).
+//
+// Why: every claimed message leaves a dead entry at the head of the queued
+// index (its key is the oldest), and nothing but VACUUM removes those
+// entries, since btree only cleans a page when an insert fills it and
+// inserts land at the tail. A claim that starts at the head walks all of
+// them: with autovacuum off or behind, after a few hundred thousand
+// messages each claim reads a thousand index pages. Starting at the first
+// key the previous claim took skips them.
+//
+// A floor is a hint and never decides what may be claimed: a message that
+// became available behind it (a transaction that committed late with an
+// older now(), a row another claimer held and let go) is found by the
+// next walk from the start, which comes when a claim from the floor
+// returns short, and at least every fullScanEvery. Order stays
+// oldest-first but for those stragglers, which wait at most that long.
+type claimFloors struct {
+	mu sync.Mutex
+	m  map[string]claimFloor
+}
+
+type claimFloor struct {
+	at       time.Time // available_at of the first message the last claim took
+	id       int64     // and its id; 0 when there is no floor (ids start at 1)
+	fullScan time.Time // when the last walk from the start ran
+	limited  bool      // the last claim found the topic limited
+}
+
+// get returns the floor to claim topic from, or ok false when this claim
+// walks from the start (no floor yet, or the last walk is too old), and
+// whether the last claim found the topic limited (then the next one
+// serialises on the topic lock and locks no rows: see claimStatement).
+func (f *claimFloors) get(topic string, now time.Time) (at time.Time, id int64, ok, limited bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fl, found := f.m[topic]
+	if !found || fl.id == 0 || now.Sub(fl.fullScan) >= fullScanEvery {
+		return time.Time{}, 0, false, fl.limited
+	}
+	return fl.at, fl.id, true, fl.limited
+}
+
+// claimed records a claim of topic that the gate allowed to take allowed
+// messages and that got msgs (sorted by key), walking from the start when
+// full is set, and that found the topic limited or not. A claim that got
+// fewer than the gate allowed ran out of queue: what is left may be behind
+// the floor, which it clears.
+func (f *claimFloors) claimed(topic string, full bool, now time.Time, allowed int, limited bool, msgs []broker.Message) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.m == nil {
+		f.m = make(map[string]claimFloor)
+	}
+	fl := f.m[topic]
+	fl.limited = limited
+	if full {
+		fl.fullScan = now
+	}
+	switch {
+	case len(msgs) < allowed:
+		fl.at, fl.id = time.Time{}, 0
+	case len(msgs) > 0:
+		fl.at, fl.id = msgs[0].AvailableAt, msgs[0].ID
+	}
+	if fl.id == 0 && fl.fullScan.IsZero() && !fl.limited {
+		delete(f.m, topic)
+		return
+	}
+	f.m[topic] = fl
+}
+
+// Claim takes up to req.Max available messages of req.Topics for
+// req.WorkerID. The topics are served round-robin from a starting topic
+// that rotates per call: Max is shared out among them in passes (the first
+// topics of the rotation get the remainder) and a topic that yields less
+// than its share drops out, its share going to the others on the next
+// pass. Each topic's share is claimed in its own transaction; see
+// claimLockSQL and claimSQL. Within a topic the messages come oldest
+// (available_at, id) first.
+//
+// When a later topic fails after earlier ones were claimed, Claim returns
+// what it claimed and no error (the claims are running and must reach the
+// caller); the error surfaces on the next call.
+func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
+	msgs, _, err := b.claim(ctx, req, nil)
+	return msgs, err
+}
+
+var _ broker.AckClaimer = (*Broker)(nil)
+
+// AckAndClaim acks outcomes as Ack does and claims as Claim does, in one
+// round trip: the ack statements go first in the transaction that claims
+// from the first topic served, so the count of running messages that gates
+// the claim no longer includes the acked ones, and one commit serves both.
+// When err is set nothing was written.
+//
+// The transaction locks the acked rows (in id order) before it waits for
+// the topic lock. That cannot deadlock: a transaction holding a topic lock
+// only ever waits for queued rows (the acked ones are running), and the
+// only writer that holds queued rows and waits for anything, Purge, takes
+// the topic lock first.
+func (b *Broker) AckAndClaim(ctx context.Context, outcomes []broker.Outcome, req broker.ClaimRequest) ([]error, []broker.Message, error) {
+	a, err := newAckBatch(outcomes)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(a.ids) == 0 {
+		if len(outcomes) > 0 && b.closed.Load() {
+			return nil, nil, broker.ErrClosed
+		}
+		msgs, err := b.Claim(ctx, req)
+		if err != nil {
+			return nil, nil, err
+		}
+		return a.lostAll(), msgs, nil
+	}
+	msgs, errs, err := b.claim(ctx, req, a)
+	if err != nil {
+		return nil, nil, err
+	}
+	if errs == nil { // no topic to claim from: the acks alone
+		errs, err = b.ack(ctx, a)
+		if err != nil {
+			return nil, nil, err
+		}
+	}
+	return errs, msgs, nil
+}
+
+// claim is Claim, with the acks of a (when not nil) written in the first
+// transaction; it returns their errors then (nil when nothing was claimed
+// because no topic was named).
+func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch) ([]broker.Message, []error, error) {
+	if req.WorkerID == "" {
+		return nil, nil, broker.Invalid("worker id is empty")
+	}
+	if b.closed.Load() {
+		return nil, nil, broker.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	var topics []string
+	for _, t := range req.Topics {
+		if t != "" && !slices.Contains(topics, t) {
+			topics = append(topics, t)
+		}
+	}
+	if len(topics) == 0 {
+		return nil, nil, nil
+	}
+	start := int(b.rr.Add(1)-1) % len(topics)
+	active := append(slices.Clone(topics[start:]), topics[:start]...)
+
+	var (
+		out     []broker.Message
+		ackErrs []error
+	)
+	remaining := max(req.Max, 1)
+	for remaining > 0 && len(active) > 0 {
+		base, extra := remaining/len(active), remaining%len(active)
+		var next []string
+		for i, topic := range active {
+			share := base
+			if i < extra {
+				share++
+			}
+			if share == 0 {
+				next = append(next, topic)
+				continue
+			}
+			msgs, errs, err := b.claimTopic(ctx, topic, share, req.WorkerID, a)
+			if err != nil {
+				// Once something was written (claims, or acks that went
+				// with an earlier topic), it must reach the caller.
+				if a == nil && (len(out) > 0 || ackErrs != nil) {
+					b.log.Warn("claim: returning the messages already claimed after an error", "topic", topic, "claimed", len(out), "error", err)
+					return out, ackErrs, nil
+				}
+				return nil, nil, err
+			}
+			if a != nil {
+				ackErrs, a = errs, nil
+			}
+			if out == nil {
+				out = msgs
+			} else {
+				out = append(out, msgs...)
+			}
+			remaining -= len(msgs)
+			if len(msgs) == share {
+				next = append(next, topic)
+			}
+		}
+		active = next
+	}
+	return out, ackErrs, nil
+}
+
+// claimTopic claims up to n messages of topic in one transaction: the
+// topic lock and the claim go as one batch (one round trip), which pgx runs
+// as one implicit transaction. With a, the acks go first in the same
+// batch, and their errors come back.
+//
+// The claim starts at the topic's floor when it has one (claimFloors);
+// when that comes back short, a second transaction claims the rest walking
+// from the start, so a message behind the floor is never left waiting
+// while the queue looks empty.
+func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch) ([]broker.Message, []error, error) {
+	started := time.Now()
+	at, id, hinted, serial := b.floors.get(topic, started)
+	out, allowed, limited, errs, err := b.claimFrom(ctx, topic, n, worker, a, serial, hinted, at, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	b.floors.claimed(topic, !hinted, started, allowed, limited, out)
+	if !hinted || len(out) >= allowed {
+		return out, errs, nil
+	}
+	more, allowed, limited, _, err := b.claimFrom(ctx, topic, n-len(out), worker, nil, limited, false, time.Time{}, 0)
+	if err != nil {
+		// The first claims are running and must reach the caller; the
+		// error shows again on the next claim.
+		b.log.Warn("claim: walking the queue from its start failed", "topic", topic, "error", err)
+		return out, errs, nil
+	}
+	b.floors.claimed(topic, true, started, allowed, limited, more)
+	out = append(out, more...)
+	sortByKey(out)
+	return out, errs, nil
+}
+
+// sortByKey sorts msgs oldest (available_at, id) first.
+func sortByKey(msgs []broker.Message) {
+	sort.Slice(msgs, func(i, j int) bool {
+		if !msgs[i].AvailableAt.Equal(msgs[j].AvailableAt) {
+			return msgs[i].AvailableAt.Before(msgs[j].AvailableAt)
+		}
+		return msgs[i].ID < msgs[j].ID
+	})
+}
+
+// claimFrom is one claim transaction of claimTopic, from the key (at, id)
+// when hinted, serialised on the topic lock without locking rows when
+// serial is set (see claimStatement). It returns the messages claimed, how
+// many the gate allowed and whether the topic is limited.
+func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker string, a *ackBatch,
+	serial, hinted bool, floorAt time.Time, floorID int64) ([]broker.Message, int, bool, []error, error) {
+	var (
+		errs    []error
+		allowed int32
+		limited bool
+	)
+	lockSQL, fullSQL, fromSQL := claimLockSQL, claimSQL, claimFromSQL
+	if serial {
+		lockSQL, fullSQL, fromSQL = serialLockSQL, serialClaimSQL, serialClaimFromSQL
+	}
+	out := make([]broker.Message, 0, n)
+	err := b.run(ctx, "claim", func(c *pgx.Conn) error {
+		out = out[:0]
+		batch := &pgx.Batch{}
+		if a != nil {
+			a.queue(batch)
+		}
+		batch.Queue(lockSQL, topic)
+		if hinted {
+			batch.Queue(fromSQL, topic, n, worker, floorAt, floorID)
+		} else {
+			batch.Queue(fullSQL, topic, n, worker)
+		}
+		br := c.SendBatch(ctx, batch)
+		if a != nil {
+			var err error
+			if errs, err = a.read(br); err != nil {
+				br.Close()
+				return err
+			}
+		}
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+		rows, err := br.Query()
+		if err != nil {
+			br.Close()
+			return err
+		}
+		for rows.Next() {
+			if rows.RawValues()[0] == nil { // nothing claimed: the gate alone
+				if err := rows.Scan(gateOnly(len(rows.FieldDescriptions()), &allowed, &limited)...); err != nil {
+					rows.Close()
+					br.Close()
+					return err
+				}
+				continue
+			}
+			m, err := scanMessage(rows, true, &allowed, &limited)
+			if err != nil {
+				rows.Close()
+				br.Close()
+				return err
+			}
+			out = append(out, m)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			br.Close()
+			return err
+		}
+		return br.Close()
+	})
+	if err != nil {
+		return nil, 0, false, nil, err
+	}
+	sortByKey(out)
+	return out, int(allowed), limited, errs, nil
+}
+
+// gateOnly is the scan destinations of a claim row that claimed nothing:
+// the last two of its n columns into gate and limited, the others skipped.
+func gateOnly(n int, gate *int32, limited *bool) []any {
+	dest := make([]any, n)
+	dest[n-2], dest[n-1] = gate, limited
+	return dest
+}

@@ -1,0 +1,48 @@
+package postgres
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/taskhost/taskhost/broker"
+)
+
+var _ broker.FinishedPurger = (*Broker)(nil)
+
+// purgeChunk bounds the messages one PurgeFinished transaction deletes, so
+// no transaction holds many row locks or runs long.
+const purgeChunk = 5000
+
+// PurgeFinished deletes the done messages that finished before the cutoff,
+// oldest ids first, in transactions of at most purgeChunk, then the
+// schedule fires older than the cutoff (see broker.FinishedPurger). Done
+// messages are found walking the primary key from its start, where the
+// old ones are, so each chunk reads little more than it deletes.
+func (b *Broker) PurgeFinished(ctx context.Context, before time.Time) (int, error) {
+	total := 0
+	for {
+		var n int64
+		err := b.run(ctx, "purge finished messages", func(c *pgx.Conn) error {
+			tag, err := c.Exec(ctx, `
+				DELETE FROM tw_messages WHERE id = ANY (ARRAY (
+					SELECT id FROM tw_messages
+					WHERE state = 'done' AND finished_at < $1
+					ORDER BY id LIMIT $2))`, before, purgeChunk)
+			n = tag.RowsAffected()
+			return err
+		})
+		if err != nil {
+			return total, err
+		}
+		total += int(n)
+		if n < purgeChunk {
+			break
+		}
+	}
+	err := b.run(ctx, "purge schedule fires", func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `DELETE FROM tw_schedule_fires WHERE fired_at < $1`, before)
+		return err
+	})
+	return total, err
+}

@@ -1,0 +1,37 @@
+package postgres
+
+import (
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
+)
+
+// acquireLockSQL takes lock $1 for holder $2 under the claim ($3, $4). It
+// holds the claim's message row FOR SHARE while it inserts, so a
+// concurrent ack, nack or reclaim of that claim waits for it and then
+// releases the new lock too (or, going first, makes this claim check fail).
+// It answers: does the claim hold its message, was the lock inserted, and
+// was it already held under this claim.
+const acquireLockSQL = `
+	WITH m AS (
+		SELECT id, token FROM tw_messages
+		WHERE id = $3 AND token::text = $4
+		FOR SHARE
+	), ins AS (
+		INSERT INTO tw_locks (name, holder, message_id, token, acquired_at)
+		SELECT $1, $2, m.id, m.token, now() FROM m
+		ON CONFLICT (name) DO NOTHING
+		RETURNING 1
+	)
+	SELECT EXISTS (SELECT 1 FROM m), EXISTS (SELECT 1 FROM ins),
+		coalesce((SELECT l.message_id = $3 AND l.token::text = $4 FROM tw_locks l WHERE l.name = $1), false)`
+
+// AcquireLock takes lock name for the claim c in one statement
+// (acquireLockSQL): held says whether c holds its message, ok whether c
+// holds the lock now (taken now, or already held under c).
+func (dialect) AcquireLock(c sqlstore.Conn, name, holder string, cl broker.Claim) (held, ok bool, err error) {
+	var inserted, mine bool
+	if err := c.QueryRow(acquireLockSQL, name, holder, cl.ID, cl.Token).Scan(&held, &inserted, &mine); err != nil {
+		return false, false, err
+	}
+	return held, inserted || mine, nil
+}

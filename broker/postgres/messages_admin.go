@@ -1,0 +1,93 @@
+package postgres
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
+)
+
+// ListMessagesSQL is ListMessages's statement for f (checked) and limit.
+func (dialect) ListMessagesSQL(f broker.MessageFilter, limit int) (string, []any) {
+	return listSQL(f, limit)
+}
+
+// listSQL is ListMessages's statement for f (checked) and limit.
+//
+// Only the filters in use go into the SQL, so each combination gets a plan
+// (and a cached statement) of its own. The state goes in as a literal (it
+// is one of broker.States): the partial indexes that serve a state are usable
+// only when the plan knows which state it is.
+func listSQL(f broker.MessageFilter, limit int) (string, []any) {
+	w := queries.NewFilter()
+	if f.State != "" {
+		w.AddLiteral("state = '" + f.State + "'")
+	}
+	w.MessageFilter(f)
+	if f.Topic != "" && f.State == "" {
+		// A topic's messages: those not running from
+		// tw_messages_topic_idle, the running ones from
+		// tw_messages_running_token, each newest first, merged.
+		where, limitArg := w.Where(), w.Limit(limit)
+		return `SELECT ` + msgCols + ` FROM (
+			(SELECT * FROM tw_messages WHERE ` + where + ` AND state <> 'running' ORDER BY id DESC LIMIT ` + limitArg + `)
+			UNION ALL
+			(SELECT * FROM tw_messages WHERE ` + where + ` AND state = 'running' ORDER BY id DESC LIMIT ` + limitArg + `)
+		) AS m ORDER BY id DESC LIMIT ` + limitArg, w.Args()
+	}
+	return w.Select(msgCols, "tw_messages", limit)
+}
+
+// Requeue puts message id back in the queue, available now, if it is dead
+// or failed, in one statement; otherwise it reports the state it found
+// ("" for no message).
+func (dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {
+	var (
+		state   *string
+		updated bool
+	)
+	err := c.QueryRow(`
+		WITH u AS (
+			UPDATE tw_messages
+			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
+				finished_at = NULL, available_at = now()
+			WHERE id = $1 AND state IN ('dead', 'failed')
+			RETURNING 1
+		)
+		SELECT (SELECT state FROM tw_messages WHERE id = $1), EXISTS (SELECT 1 FROM u)`, id).Scan(&state, &updated)
+	if err != nil || state == nil {
+		return "", false, err
+	}
+	return *state, updated, nil
+}
+
+// Purge deletes the topic's queued messages (delayed ones too) and, when
+// deadLetters is set, its dead ones, in one batch. It holds the topic lock while it
+// deletes, as a claim does (see claimStatement): a claim of the topic
+// waits for it, or it for the claim, never both for each other.
+func (d dialect) Purge(ctx context.Context, topic string, deadLetters bool) (broker.PurgeResult, error) {
+	var res broker.PurgeResult
+	err := d.b.run(ctx, "purge", func(c *pgx.Conn) error {
+		batch := &pgx.Batch{}
+		batch.Queue(serialLockSQL, topic)
+		batch.Queue(`
+			WITH q AS (
+				DELETE FROM tw_messages WHERE topic = $1 AND state = 'queued' RETURNING 1
+			), d AS (
+				DELETE FROM tw_messages WHERE $2 AND topic = $1 AND state = 'dead' RETURNING 1
+			)
+			SELECT (SELECT count(*) FROM q), (SELECT count(*) FROM d)`, topic, deadLetters)
+		br := c.SendBatch(ctx, batch)
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
+		}
+		if err := br.QueryRow().Scan(&res.Queued, &res.DeadLetter); err != nil {
+			br.Close()
+			return err
+		}
+		return br.Close()
+	})
+	return res, err
+}

@@ -1,0 +1,137 @@
+package postgres
+
+import (
+	"context"
+	"slices"
+	"sort"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/taskhost/taskhost/broker"
+)
+
+// reclaimSQL requeues (or, once the message has been orphaned $3 times
+// counting this one, when $3 > 0, dead-letters) the running messages claimed at least $2 µs ago by workers
+// not in $1. Rows are locked in id order first (as Ack does), so a
+// concurrent ack either lands before (and the row is no longer running) or
+// waits and then finds its token gone.
+const reclaimSQL = `
+	WITH orphan AS (
+		SELECT id FROM tw_messages
+		WHERE state = 'running'
+			AND claimed_at <= now() - $2::bigint * interval '1 microsecond'
+			AND NOT (claimed_by = ANY ($1::text[]))
+		ORDER BY id
+		FOR UPDATE
+	)
+	UPDATE tw_messages m SET
+		state = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN 'dead' ELSE 'queued' END,
+		claimed_by = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN m.claimed_by END,
+		claimed_at = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN m.claimed_at END,
+		finished_at = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN now() END,
+		available_at = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN m.available_at ELSE now() END,
+		token = NULL,
+		orphaned = m.orphaned + 1,
+		last_error = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int
+			THEN format('orphaned: worker %s stopped heartbeating; dead-lettered after its claim was orphaned %s times (orphan max %s)',
+				m.claimed_by, m.orphaned + 1, $3::int)
+			ELSE format('orphaned: worker %s stopped heartbeating; requeued by the reaper', m.claimed_by) END
+	WHERE m.id = ANY (ARRAY (SELECT id FROM orphan))
+	RETURNING m.id, m.state`
+
+// reclaimLocksSQL deletes the locks whose holder is not in $1 and that were
+// acquired at least $2 µs ago, and the locks held under claims that no
+// longer hold their message (those the reclaim just ended). It runs after
+// reclaimSQL in the same transaction and sees its changes.
+const reclaimLocksSQL = `
+	DELETE FROM tw_locks l
+	WHERE (NOT (l.holder = ANY ($1::text[])) AND l.acquired_at <= now() - $2::bigint * interval '1 microsecond')
+		OR NOT EXISTS (
+			SELECT 1 FROM tw_messages m
+			WHERE m.id = l.message_id AND m.token = l.token)
+	RETURNING l.name`
+
+// withinGraceSQL counts what the grace protected in this pass: running
+// messages of claimers not in $1 and locks of holders not in $1, younger
+// than $2 µs.
+const withinGraceSQL = `
+	SELECT
+		(SELECT count(*) FROM tw_messages
+			WHERE state = 'running' AND claimed_at > now() - $2::bigint * interval '1 microsecond'
+				AND NOT (claimed_by = ANY ($1::text[])))
+		+ (SELECT count(*) FROM tw_locks
+			WHERE acquired_at > now() - $2::bigint * interval '1 microsecond'
+				AND NOT (holder = ANY ($1::text[])))`
+
+// ReclaimOrphans, in one transaction: running messages whose claimer is
+// not in req.Live and that were claimed at least req.Grace ago go back to
+// queued (claim fields and token cleared, available now) or, once their
+// attempts reached req.MaxAttempts (when positive), to dead; their last
+// error says why. Locks whose holder is not in req.Live, acquired at least
+// req.Grace ago, are deleted, and so are the locks held under the claims
+// just reclaimed. Times are database time. WithinGrace counts the
+// orphan candidates (messages and locks) the grace kept.
+//
+// With req.Fence the pass is a leader-only write: the lease row is locked
+// first and the pass goes ahead only while Fence.Holder holds it at
+// Fence.Term, unexpired (broker.ErrNotLeader otherwise, nothing changed).
+// The request is checked (sqlstore.Store.ReclaimOrphans).
+func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
+	live := slices.Clone(req.Live)
+	var res broker.ReclaimResult
+	err := d.b.run(ctx, "reclaim orphans", func(c *pgx.Conn) error {
+		res = broker.ReclaimResult{}
+		return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+			if err := checkFence(ctx, tx, req.Fence); err != nil {
+				return err
+			}
+			batch := &pgx.Batch{}
+			batch.Queue(reclaimSQL, live, micros(req.Grace), req.MaxAttempts)
+			batch.Queue(reclaimLocksSQL, live, micros(req.Grace))
+			batch.Queue(withinGraceSQL, live, micros(req.Grace))
+			br := tx.SendBatch(ctx, batch)
+			defer br.Close()
+			rows, err := br.Query()
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var (
+					id    int64
+					state string
+				)
+				if err := rows.Scan(&id, &state); err != nil {
+					rows.Close()
+					return err
+				}
+				res.IDs = append(res.IDs, id)
+				if state == broker.StateDead {
+					res.DeadLettered++
+				} else {
+					res.Reclaimed++
+				}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			tag, err := br.Exec()
+			if err != nil {
+				return err
+			}
+			res.LocksReleased = int(tag.RowsAffected())
+			if err := br.QueryRow().Scan(&res.WithinGrace); err != nil {
+				return err
+			}
+			return br.Close()
+		})
+	})
+	if err != nil {
+		return broker.ReclaimResult{}, err
+	}
+	sort.Slice(res.IDs, func(i, j int) bool { return res.IDs[i] < res.IDs[j] })
+	if res.Reclaimed+res.DeadLettered+res.LocksReleased > 0 {
+		d.b.log.Info("reclaimed orphans", "reclaimed", res.Reclaimed, "dead_lettered", res.DeadLettered,
+			"locks_released", res.LocksReleased)
+	}
+	return res, nil
+}

@@ -1,0 +1,152 @@
+package sqlstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+var _ broker.ScheduleStore = (*Store)(nil)
+
+// scanSchedule reads a row of Queries.ScheduleCols.
+func (s *Store) scanSchedule(r Row) (broker.Schedule, error) {
+	var (
+		sc       broker.Schedule
+		payload  string
+		interval *int64
+		cron     *string
+	)
+	err := r.Scan(&sc.Name, &sc.Task, &sc.Topic, &payload, &interval, &cron, &sc.Enabled, &sc.MissedPolicy, &sc.Source,
+		s.d.NullTime(&sc.LastAttempt), s.d.NullTime(&sc.LastSuccess), s.d.NullTime(&sc.ExpectedNextRun),
+		s.d.Time(&sc.CreatedAt), s.d.Time(&sc.UpdatedAt))
+	if err != nil {
+		return broker.Schedule{}, err
+	}
+	sc.Payload = json.RawMessage(payload)
+	if interval != nil {
+		sc.IntervalSeconds = int(*interval)
+	}
+	if cron != nil {
+		sc.Cron = *cron
+	}
+	return sc, nil
+}
+
+// PutSchedule validates s (see broker.NormalizeSchedule) and creates or
+// replaces the schedule named s.Name in one statement. A replaced schedule
+// keeps its run state (last_attempt, last_success, expected_next_run) and
+// created_at, except that expected_next_run is cleared when
+// interval_seconds or cron changed. updated_at (and created_at on
+// creation) is now. It returns the schedule as stored.
+func (s *Store) PutSchedule(ctx context.Context, sc broker.Schedule) (broker.Schedule, error) {
+	sc, err := broker.NormalizeSchedule(sc)
+	if err != nil {
+		return broker.Schedule{}, err
+	}
+	if err := broker.CheckSchedulePayload(sc, s.maxPayload); err != nil {
+		return broker.Schedule{}, err
+	}
+	var interval *int32
+	if sc.IntervalSeconds > 0 {
+		v := int32(sc.IntervalSeconds) // at most broker.MaxIntervalSeconds
+		interval = &v
+	}
+	var cron *string
+	if sc.Cron != "" {
+		cron = &sc.Cron
+	}
+	var out broker.Schedule
+	err = s.d.Write(ctx, "put schedule", func(c Conn) error {
+		var err error
+		out, err = s.scanSchedule(c.QueryRow(s.q.PutSchedule,
+			sc.Name, sc.Task, sc.Topic, string(sc.Payload), interval, cron, sc.Enabled, sc.MissedPolicy, sc.Source, Now))
+		return err
+	})
+	if err != nil {
+		return broker.Schedule{}, err
+	}
+	return out, nil
+}
+
+// GetSchedule returns the schedule; broker.ErrNotFound when there is none.
+func (s *Store) GetSchedule(ctx context.Context, name string) (broker.Schedule, error) {
+	return one(ctx, s, "get schedule", fmt.Sprintf("schedule %q", name), s.scanSchedule, s.q.GetSchedule, name)
+}
+
+// ListSchedules returns every schedule, by name.
+func (s *Store) ListSchedules(ctx context.Context) ([]broker.Schedule, error) {
+	return list(ctx, s, "list schedules", s.scanSchedule, s.q.ListSchedules)
+}
+
+// DeleteSchedule removes the schedule and (by the foreign key's cascade)
+// its record of fired slots, so a schedule created again under the name
+// may fire those slots again; its reports stay. broker.ErrNotFound when
+// there is none.
+func (s *Store) DeleteSchedule(ctx context.Context, name string) error {
+	return s.d.Write(ctx, "delete schedule", func(c Conn) error {
+		return exactlyOne(c, fmt.Sprintf("schedule %q", name), s.q.DeleteSchedule, name)
+	})
+}
+
+// FireSchedule fires slot req.Slot of schedule req.Name, at most once per
+// (name, slot) across every process, in one transaction:
+//
+//   - the request is checked first (broker.ValidateFire: a name, a slot,
+//     and req.Submit as Submit would check it);
+//   - with req.Fence, the lease must be held by Fence.Holder at Fence.Term
+//     and not expired (as a fenced ReclaimOrphans checks it), or nothing
+//     changes and the error is broker.ErrNotLeader;
+//   - the schedule must exist (broker.ErrNotFound); the dialect locks it
+//     against other fires and its deletion where it locks rows;
+//   - the (name, slot) row is inserted ON CONFLICT DO NOTHING: when it
+//     already existed, the result is Fired false and nothing else changes;
+//   - otherwise last_attempt becomes now and expected_next_run req.Next
+//     (NULL when zero), and req.Submit, when set, is queued as Submit
+//     queues it (Dialect.InsertMessage) with header "schedule" set to the
+//     name (broker.FireSubmit); its id is recorded in the fire row and
+//     returned.
+//
+// Slots are compared at the dialect's time resolution.
+func (s *Store) FireSchedule(ctx context.Context, req broker.FireRequest) (broker.FireResult, error) {
+	if err := broker.ValidateFire(req); err != nil {
+		return broker.FireResult{}, err
+	}
+	var sub *broker.SubmitRequest
+	if req.Submit != nil {
+		sr := broker.FireSubmit(req)
+		sub = &sr
+	}
+	var res broker.FireResult
+	err := s.d.Tx(ctx, "fire schedule", func(c Conn) error {
+		res = broker.FireResult{}
+		if err := CheckFence(c, s.q, req.Fence); err != nil {
+			return err
+		}
+		var one int
+		if err := c.QueryRow(s.q.LockSchedule, req.Name).Scan(&one); err != nil {
+			return notFound(err, "schedule %q", req.Name)
+		}
+		n, err := c.Exec(s.q.InsertFire, req.Name, At(req.Slot), Now)
+		if err != nil || n == 0 {
+			return err // n == 0: fired before, nothing changes
+		}
+		if _, err := c.Exec(s.q.MarkFired, req.Name, NullAt(req.Next), Now); err != nil {
+			return err
+		}
+		res.Fired = true
+		if sub == nil {
+			return nil
+		}
+		if res.MessageID, err = s.d.InsertMessage(c, *sub); err != nil {
+			return err
+		}
+		_, err = c.Exec(s.q.FireMessage, req.Name, At(req.Slot), res.MessageID)
+		return err
+	})
+	if err != nil {
+		return broker.FireResult{}, err
+	}
+	return res, nil
+}
