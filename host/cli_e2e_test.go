@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // TestCommandLineClient drives a running host with `host tasks|reclaim|
@@ -182,7 +184,7 @@ func TestBenchRunsInTheTasksWorkerBinary(t *testing.T) {
 // from a binary that does not match its pin.
 func TestMigrateRunsInTheTasksWorkerBinary(t *testing.T) {
 	schema := pgSchema(t)
-	cfg := writeConfig(t, "plugins_dir: PLUGINS\nplugins:\n  tasks_worker:\n    enabled: true\n    config: {broker: postgres, dsn: \""+reaperDSN()+"\", schema: "+schema+"}\n")
+	cfg := writeConfig(t, "plugins_dir: PLUGINS\nplugins:\n  tasks_worker:\n    enabled: true\n    config: {broker: postgres, dsn: \""+testdb.DSN()+"\", schema: "+schema+"}\n")
 	noDB := []string{"TASKHOST_DATABASE_URL="}
 	out, errOut, code := runCLI(t, noDB, "migrate", "-config", cfg)
 	if code != 0 || strings.TrimSpace(out) != "migrated: schema "+schema+" is up to date" {
@@ -200,11 +202,11 @@ func TestMigrateRunsInTheTasksWorkerBinary(t *testing.T) {
 		t.Errorf("migrate with an unreachable database: status %d, stderr:\n%s", code, errOut)
 	}
 	pinned := writeConfig(t, "plugins_dir: PLUGINS\nplugins:\n  tasks_worker:\n    enabled: true\n    sha256: "+strings.Repeat("0", 64)+"\n")
-	if _, errOut, code = runCLI(t, noDB, "migrate", "-config", pinned, "-dsn", reaperDSN()); code != 1 || !strings.Contains(errOut, "does not match its sha256 pin") || !strings.Contains(errOut, "not run") {
+	if _, errOut, code = runCLI(t, noDB, "migrate", "-config", pinned, "-dsn", testdb.DSN()); code != 1 || !strings.Contains(errOut, "does not match its sha256 pin") || !strings.Contains(errOut, "not run") {
 		t.Errorf("migrate from a binary that does not match its pin: status %d, stderr:\n%s", code, errOut)
 	}
 	elsewhere := writeConfig(t, "plugins_dir: "+t.TempDir()+"\n")
-	if _, errOut, code = runCLI(t, noDB, "migrate", "-config", elsewhere, "-dsn", reaperDSN()); code != 1 || !strings.Contains(errOut, "make build") || !strings.Contains(errOut, "the plugins_dir of "+elsewhere) {
+	if _, errOut, code = runCLI(t, noDB, "migrate", "-config", elsewhere, "-dsn", testdb.DSN()); code != 1 || !strings.Contains(errOut, "make build") || !strings.Contains(errOut, "the plugins_dir of "+elsewhere) {
 		t.Errorf("migrate without the plugin binary: status %d, stderr:\n%s", code, errOut)
 	}
 }

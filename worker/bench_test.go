@@ -14,6 +14,7 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/postgres"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // BenchmarkBurnDown: a pool of 100 handlers with the default options runs
@@ -29,7 +30,7 @@ func BenchmarkBurnDown(b *testing.B) {
 		tasks   = 10_000
 		workers = 100
 	)
-	dsn := testDSN()
+	dsn := testdb.DSN()
 	ctx := context.Background()
 	var suffix [6]byte
 	_, _ = rand.Read(suffix[:])

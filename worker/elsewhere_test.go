@@ -10,6 +10,7 @@ import (
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/memory"
 	"github.com/taskhost/taskhost/broker/postgres"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // TestTaskRunByAnotherWorkerWaitsForIt: two workers share a PostgreSQL
@@ -21,7 +22,7 @@ import (
 // still fails at once.
 func TestTaskRunByAnotherWorkerWaitsForIt(t *testing.T) {
 	a, schema := pgBrokerNamed(t)
-	dsn := testDSN()
+	dsn := testdb.DSN()
 	b, err := postgres.New(t.Context(), postgres.Options{DSN: dsn, Schema: schema, MaxConns: 8})
 	if err != nil {
 		t.Fatal(err)

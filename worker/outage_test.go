@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // TestDatabaseConnectionsKilled: while a pool works through 3,000 messages
@@ -47,7 +48,7 @@ func TestDatabaseConnectionsKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dsn := testDSN()
+	dsn := testdb.DSN()
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatalf("PostgreSQL: %v", err)

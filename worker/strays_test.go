@@ -2,21 +2,17 @@ package worker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"net/url"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/memory"
 	"github.com/taskhost/taskhost/broker/postgres"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // lostAnswers passes calls to the broker it wraps, but while lose is above
@@ -69,15 +65,6 @@ func testBrokers(t *testing.T) map[string]func(t *testing.T) broker.Broker {
 	}
 }
 
-// testDSN is the PostgreSQL the tests use: TEST_DATABASE_URL, default the
-// local test database.
-func testDSN() string {
-	if dsn := os.Getenv("TEST_DATABASE_URL"); dsn != "" {
-		return dsn
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
-
 func pgBroker(t *testing.T) broker.Broker {
 	b, _ := pgBrokerNamed(t)
 	return b
@@ -87,30 +74,19 @@ func pgBroker(t *testing.T) broker.Broker {
 // connections carry an application_name of their own, returned too.
 func pgBrokerNamed(t *testing.T) (*postgres.Broker, string) {
 	t.Helper()
-	dsn := testDSN()
-	var suffix [6]byte
-	_, _ = rand.Read(suffix[:])
-	schema := "tw_worker_" + hex.EncodeToString(suffix[:])
-	u, err := url.Parse(dsn)
+	schema := testdb.FreshSchema(t, "tw_worker_")
+	u, err := url.Parse(testdb.DSN())
 	if err != nil {
-		t.Fatalf("TEST_DATABASE_URL: %v", err)
+		t.Fatalf("%s: %v", testdb.Env, err)
 	}
 	q := u.Query()
 	q.Set("application_name", schema)
 	u.RawQuery = q.Encode()
-	ctx := context.Background()
-	b, err := postgres.New(ctx, postgres.Options{DSN: u.String(), Schema: schema, MaxConns: 8})
+	b, err := postgres.New(context.Background(), postgres.Options{DSN: u.String(), Schema: schema, MaxConns: 8})
 	if err != nil {
-		t.Fatalf("PostgreSQL broker: %v\nstart PostgreSQL with: pg_ctlcluster 15 main start, or set TEST_DATABASE_URL "+
-			"to a database the tests may create schemas in", err)
+		t.Fatalf("PostgreSQL broker: %v\n%s", err, testdb.HowToStart)
 	}
-	t.Cleanup(func() {
-		_ = b.Close()
-		if c, err := pgx.Connect(ctx, dsn); err == nil {
-			_, _ = c.Exec(ctx, `DROP SCHEMA IF EXISTS `+pgx.Identifier{schema}.Sanitize()+` CASCADE`)
-			_ = c.Close(ctx)
-		}
-	})
+	t.Cleanup(func() { _ = b.Close() })
 	return b, schema
 }
 

@@ -87,9 +87,14 @@ func submit(t *testing.T, b broker.Broker, task, payload string) int64 {
 }
 
 // waitState polls until message id is in state and returns it.
+// waitDeadline bounds the waits on a condition: generous, since a loaded
+// 2-core machine can hold a goroutine back for seconds, and a message
+// requeued for another worker comes back only after a delay of seconds.
+const waitDeadline = 60 * time.Second
+
 func waitState(t *testing.T, b broker.Broker, id int64, state string) broker.Message {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(waitDeadline)
 	var m broker.Message
 	for time.Now().Before(deadline) {
 		var err error
@@ -108,7 +113,7 @@ func waitState(t *testing.T, b broker.Broker, id int64, state string) broker.Mes
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(waitDeadline)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
