@@ -52,7 +52,8 @@
 //     holder retaking it after expiry too); leases are independent by name.
 //   - Orphan reclaim (OrphanReclaimer, the stores whose messages outlive
 //     their workers): a pass fails closed on an empty live set; a reclaimed
-//     message's last error starts with OrphanedErrorPrefix; only orphanings
+//     message is marked Suspect and its last error starts with
+//     OrphanedErrorPrefix (for people: no code reads it); only orphanings
 //     count toward ReclaimRequest.MaxAttempts, error retries do not; a
 //     fenced pass lands only while its lease term holds, unexpired.
 //   - After Close, calls return ErrClosed; closing twice is allowed.
@@ -200,6 +201,16 @@ type Message struct {
 	FinishedAt  *time.Time        `json:"finished_at,omitempty"`
 	LastError   string            `json:"last_error,omitempty"`
 	Result      json.RawMessage   `json:"result,omitempty"`
+	// Suspect says the message's last claim ended with its worker dead:
+	// the reaper requeued (or dead-lettered) it as an orphan, and no
+	// attempt has ended since, except requeues that did not run it
+	// (NackRequest.Suspect). It may be what killed that worker, so a
+	// worker runs it alone.
+	Suspect bool `json:"suspect,omitempty"`
+	// WaitingSince is when the message began to wait for a live worker
+	// that runs its task (nil when it is not waiting). It is kept across
+	// requeues, so the wait counts across processes and hosts.
+	WaitingSince *time.Time `json:"waiting_since,omitempty"`
 }
 
 // Claim names one attempt of one message: the fencing token that ack, nack
@@ -240,6 +251,12 @@ type NackRequest struct {
 	// the claim never reached it): the claim's count in the message's
 	// attempts is taken back, so waiting does not use up its retries.
 	NotRun bool
+	// Suspect keeps the message a suspect (Message.Suspect) when it is
+	// requeued without running; any other Nack clears the mark.
+	Suspect bool
+	// WaitingSince, with Requeue, is when the message began to wait for a
+	// worker that runs its task (Message.WaitingSince); nil clears it.
+	WaitingSince *time.Time
 }
 
 // WorkerInfo describes a worker process.

@@ -7,8 +7,8 @@ import (
 
 // OrphanedErrorPrefix starts the last error of every message the reaper
 // requeued or dead-lettered as an orphan (its worker died holding it), in
-// every store: a worker tells by it that the message may be what killed
-// that worker.
+// every store, for the people who read it. Code tells such a message by
+// Message.Suspect, never by this text.
 const OrphanedErrorPrefix = "orphaned:"
 
 // ReclaimRequest is one reaper pass's instruction. Live is the live-worker

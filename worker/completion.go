@@ -22,11 +22,15 @@ type completion struct {
 	lost    bool
 	requeue bool
 	notRan  bool // with requeue: the task never ran (NackRequest.NotRun)
-	resent  bool // ack: written again after a call whose answer was lost
-	delay   time.Duration
-	errText string
-	started time.Time
-	dur     time.Duration
+	suspect bool // with notRan: the message stays a suspect (NackRequest.Suspect)
+	// waitingSince, with requeue: when the message began to wait for a
+	// worker that runs its task (NackRequest.WaitingSince).
+	waitingSince *time.Time
+	resent       bool // ack: written again after a call whose answer was lost
+	delay        time.Duration
+	errText      string
+	started      time.Time
+	dur          time.Duration
 	// For the attempt's report: the message as claimed, the handler's
 	// context (nil when the handler never ran) and whether it timed out.
 	msg      broker.Message
@@ -39,7 +43,9 @@ type completion struct {
 func (c *completion) notRun(d time.Duration, reason, status string) *completion {
 	c.notRan = true
 	if suspect(c.msg) {
-		// It did not run here: it stays a suspect (see suspect).
+		// It did not run here: it stays a suspect (see suspect), and its
+		// error still says why for the people who read it.
+		c.suspect = true
 		reason = broker.OrphanedErrorPrefix + " its last worker died running it; requeued without running: " + reason
 	}
 	return c.requeueAfter(d, reason, status)
@@ -61,5 +67,12 @@ func (c *completion) fail(reason string, requeue bool, d time.Duration) *complet
 // or ended, with reason as the message's last error.
 func (c *completion) nackWith(requeue bool, d time.Duration, reason, status string) *completion {
 	c.requeue, c.delay, c.errText, c.status = requeue, min(max(d, 0), broker.MaxDelay), reason, status
+	return c
+}
+
+// waiting marks c, a requeue, as a message waiting for a worker that runs
+// its task since since (nil: not waiting).
+func (c *completion) waiting(since *time.Time) *completion {
+	c.waitingSince = since
 	return c
 }

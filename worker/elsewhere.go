@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"slices"
 	"sync"
 	"time"
@@ -58,12 +57,12 @@ func (p *Pool) unknownTask(c *completion, log *msgLogger) *completion {
 	if wait := p.opts.UnknownTaskGrace - time.Since(p.startedAt); wait > 0 {
 		wait = min(wait, unknownTaskRetry)
 		log.Info("claimed a message of a task not registered yet; requeueing it", "retry_in", wait.String())
-		return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID)+p.carriedWait(m), StatusDeferred)
+		return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID)+p.carriedWait(m), StatusDeferred).waiting(m.WaitingSince)
 	}
 	runs, err := p.RunsElsewhere(m.Task, m.Topic)
 	if err != nil {
 		// Failing it over a passing error would lose it.
-		return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s, and which tasks other workers run could not be read (%v); requeued", m.Task, p.opts.WorkerID, err)+p.carriedWait(m), StatusDeferred)
+		return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s, and which tasks other workers run could not be read (%v); requeued", m.Task, p.opts.WorkerID, err)+p.carriedWait(m), StatusDeferred).waiting(m.WaitingSince)
 	}
 	if runs {
 		p.knownAgain(m.Task, m.Topic)
@@ -76,7 +75,7 @@ func (p *Pool) unknownTask(c *completion, log *msgLogger) *completion {
 			log.Warn("no live worker runs this task: its messages wait for one (the host or plugin that runs it may be restarting) and fail as unknown if none comes",
 				"wait", p.opts.UnknownTaskWait.String())
 		}
-		return c.notRun(min(wait, unknownWaitRetry), p.waitNote(m, since), StatusDeferred)
+		return c.notRun(min(wait, unknownWaitRetry), p.waitNote(m, since), StatusDeferred).waiting(&since)
 	}
 	log.Warn("claimed a message of an unknown task; ending it")
 	return c.fail(fmt.Sprintf("unknown task %q: no task of that name is registered in worker %s", m.Task, p.opts.WorkerID), false, 0)
@@ -177,12 +176,9 @@ func (p *Pool) knownAgain(task, topic string) {
 	p.elsewhere.mu.Unlock()
 }
 
-// unknownSince finds the start of the wait in the last error of a message
-// that waited for a worker already (see unknownTask).
-var unknownSince = regexp.MustCompile(`no live worker runs task .* since (\S+); requeued to wait`)
-
 // waitNote is the error of a message requeued to wait for a worker that
-// runs its task, since since; unknownSince reads since back from it.
+// runs its task, since since, for the people who read it (the time is
+// kept in broker.Message.WaitingSince).
 func (p *Pool) waitNote(m broker.Message, since time.Time) string {
 	return fmt.Sprintf("no live worker runs task %q on topic %q since %s; requeued to wait up to %s for one",
 		m.Task, m.Topic, since.UTC().Format(time.RFC3339), p.opts.UnknownTaskWait)
@@ -201,15 +197,10 @@ func (p *Pool) carriedWait(m broker.Message) string {
 }
 
 // unknownSinceOf returns when m's wait for a worker that runs its task
-// began, as its last error says; zero when it does not say.
+// began; zero when it is not waiting.
 func unknownSinceOf(m broker.Message) time.Time {
-	sub := unknownSince.FindStringSubmatch(m.LastError)
-	if sub == nil {
+	if m.WaitingSince == nil {
 		return time.Time{}
 	}
-	t, err := time.Parse(time.RFC3339, sub[1])
-	if err != nil {
-		return time.Time{}
-	}
-	return t
+	return *m.WaitingSince
 }

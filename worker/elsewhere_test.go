@@ -156,8 +156,8 @@ func TestMessagesWaitForTheWorkerThatRunsTheirTask(t *testing.T) {
 }
 
 // TestTheWaitForAWorkerOutlivesTheProcess: a message that already waited
-// for a worker that runs its task carries when the wait began in its last
-// error, so a worker that starts later (this process restarted, another
+// for a worker that runs its task carries when the wait began
+// (broker.Message.WaitingSince), so a worker that starts later (this process restarted, another
 // host) counts from then: with 20 s of a 30 s wait gone, the message fails
 // as unknown within about 10 s, not 30 s after this worker first saw it.
 func TestTheWaitForAWorkerOutlivesTheProcess(t *testing.T) {
@@ -171,9 +171,9 @@ func TestTheWaitForAWorkerOutlivesTheProcess(t *testing.T) {
 	if err != nil || len(ms) != 1 {
 		t.Fatalf("claim: %v, %v", ms, err)
 	}
-	began := time.Now().Add(-20 * time.Second).UTC().Format(time.RFC3339)
-	if err := b.Nack(ctx, broker.NackRequest{Claim: ms[0].ClaimOf(), Requeue: true, NotRun: true,
-		Error: `no live worker runs task "gone" on topic "default" since ` + began + `; requeued to wait up to 30s for one`}); err != nil {
+	began := time.Now().Add(-20 * time.Second)
+	if err := b.Nack(ctx, broker.NackRequest{Claim: ms[0].ClaimOf(), Requeue: true, NotRun: true, WaitingSince: &began,
+		Error: "requeued by a worker that is gone"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.UnregisterWorker(ctx, "before"); err != nil {

@@ -157,7 +157,8 @@ func (o *completer) ackedEarlier(c *completion) bool {
 // nack writes a retry, a requeue or an end (dead letter), retrying as
 // retry does.
 func (o *completer) nack(c *completion) {
-	req := broker.NackRequest{Claim: c.claim, Requeue: c.requeue, Delay: c.delay, Error: c.errText, NotRun: c.notRan}
+	req := broker.NackRequest{Claim: c.claim, Requeue: c.requeue, Delay: c.delay, Error: c.errText, NotRun: c.notRan,
+		Suspect: c.suspect, WaitingSince: c.waitingSince}
 	if err := o.retry("nack", func(ctx context.Context) error { return o.b.Nack(ctx, req) }); err != nil {
 		o.lose(c, "nack", err)
 	}

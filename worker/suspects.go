@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"strings"
 	"sync"
 	"time"
 
@@ -19,12 +18,12 @@ import (
 var suspectHoldMax = 30 * time.Second
 
 // suspect reports whether m's last claim ended with its worker dead (the
-// reaper requeued it as an orphan). Such a message may be what killed that
+// reaper requeued it as an orphan: broker.Message.Suspect). Such a message may be what killed that
 // worker's process: the pool runs it alone, so that if it kills this one
 // too, the messages running beside it are not orphaned with it, again and
 // again until orphan_max_attempts dead-letters them with the poison.
 func suspect(m broker.Message) bool {
-	return strings.HasPrefix(m.LastError, broker.OrphanedErrorPrefix)
+	return m.Suspect
 }
 
 // isolation is the dispatcher's state about suspects: a suspect waits in

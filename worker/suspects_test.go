@@ -110,8 +110,8 @@ func TestOnlyOneSuspectIsHeld(t *testing.T) {
 			continue
 		}
 		m := waitState(t, b, id, broker.StateQueued)
-		if !strings.HasPrefix(m.LastError, broker.OrphanedErrorPrefix) {
-			t.Errorf("message %d given back with last error %q: it lost its suspect mark", id, m.LastError)
+		if !m.Suspect || !strings.HasPrefix(m.LastError, broker.OrphanedErrorPrefix) {
+			t.Errorf("message %d given back (suspect %t) with last error %q: it lost its suspect mark", id, m.Suspect, m.LastError)
 		}
 	}
 	if m, err := b.GetMessage(ctx, first); err != nil || m.State != broker.StateRunning || m.ClaimedBy != p.WorkerID() {
@@ -198,7 +198,7 @@ func TestASuspectDoesNotStallABusyPool(t *testing.T) {
 				t.Fatalf("the long task: %+v, %v; want it still running", m, err)
 			}
 			m, err := b.GetMessage(context.Background(), ids[0])
-			if err != nil || !strings.HasPrefix(m.LastError, broker.OrphanedErrorPrefix) {
+			if err != nil || !m.Suspect {
 				t.Fatalf("the suspect: %+v, %v; want it still marked", m, err)
 			}
 		})

@@ -40,6 +40,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"NackRequeueRedelivers", testNackRequeue},
 		{"NackNotRunGivesTheAttemptBack", testNackNotRun},
 		{"NackWithoutRequeue", testNackNoRequeue},
+		{"NackKeepsStateInFields", testNackKeepsStateInFields},
 		{"DrainAndResume", testDrain},
 		{"Purge", testPurge},
 		{"DeadLetterAndRequeue", testDeadLetterRequeue},

@@ -149,8 +149,8 @@ func testReclaimOrphans(t *testing.T, s Store) {
 	// The old orphan is queued again with its claim cleared, its attempts
 	// kept and a last error saying what happened.
 	q := wantState(t, b, old.ID, broker.StateQueued)
-	if q.ClaimedBy != "" || q.ClaimedAt != nil || q.Attempts != 1 || !strings.HasPrefix(q.LastError, broker.OrphanedErrorPrefix) {
-		t.Fatalf("reclaimed message = %+v, want claim cleared, attempts 1, last error starting with %q", q, broker.OrphanedErrorPrefix)
+	if q.ClaimedBy != "" || q.ClaimedAt != nil || q.Attempts != 1 || !q.Suspect || !strings.HasPrefix(q.LastError, broker.OrphanedErrorPrefix) {
+		t.Fatalf("reclaimed message = %+v, want claim cleared, attempts 1, suspect, last error starting with %q", q, broker.OrphanedErrorPrefix)
 	}
 	// The dead worker's late writes are refused.
 	wantErr(t, "Ack with the reclaimed token", ackErr(t, b, old.ClaimOf()), broker.ErrClaimLost)
@@ -217,8 +217,10 @@ func testOrphanBudget(t *testing.T, s Store) {
 			t.Fatalf("orphaning %d after 4 error retries: %+v, state %s; want requeued", orphaning, res, got.State)
 		case orphaning == 3 && (res.DeadLettered != 1 || got.State != broker.StateDead):
 			t.Fatalf("third orphaning: %+v, state %s; want dead-lettered", res, got.State)
-		case !strings.HasPrefix(got.LastError, broker.OrphanedErrorPrefix):
+		case !got.Suspect:
 			// Workers tell a message that may have killed its worker by it.
+			t.Fatalf("orphaning %d: the message is not marked suspect", orphaning)
+		case !strings.HasPrefix(got.LastError, broker.OrphanedErrorPrefix):
 			t.Fatalf("orphaning %d: last error %q does not start with %q", orphaning, got.LastError, broker.OrphanedErrorPrefix)
 		}
 	}

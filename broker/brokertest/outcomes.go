@@ -80,6 +80,37 @@ func testNackNotRun(t *testing.T, b broker.Broker) {
 	}
 }
 
+// testNackKeepsStateInFields: the suspect mark and the start of a wait
+// for a worker ride on a requeue in fields of their own, reach the next
+// claim and every read, and a Nack without them clears them; the last
+// error plays no part.
+func testNackKeepsStateInFields(t *testing.T, b broker.Broker) {
+	ctx := ctxOf(t)
+	id := submitN(t, b, "fields", 1)[0]
+	since := time.Now().Add(-time.Minute).Truncate(time.Second)
+	m := claimOne(t, b, "w", "fields")
+	if m.Suspect || m.WaitingSince != nil {
+		t.Fatalf("a new message claimed as suspect %t, waiting since %v; want neither", m.Suspect, m.WaitingSince)
+	}
+	if err := b.Nack(ctx, broker.NackRequest{Claim: m.ClaimOf(), Requeue: true, NotRun: true, Suspect: true, WaitingSince: &since,
+		Error: "any text at all"}); err != nil {
+		t.Fatalf("Nack: %v", err)
+	}
+	read := get(t, b, id)
+	m = claimOne(t, b, "w", "fields")
+	for what, got := range map[string]broker.Message{"read": read, "claimed": m} {
+		if !got.Suspect || got.WaitingSince == nil || !got.WaitingSince.Equal(since) {
+			t.Fatalf("%s after a requeue with both: suspect %t, waiting since %v; want true, %v", what, got.Suspect, got.WaitingSince, since)
+		}
+	}
+	if err := b.Nack(ctx, broker.NackRequest{Claim: m.ClaimOf(), Requeue: true, Error: "orphaned: reads like a mark, is not one"}); err != nil {
+		t.Fatalf("Nack: %v", err)
+	}
+	if got := claimOne(t, b, "w", "fields"); got.Suspect || got.WaitingSince != nil {
+		t.Fatalf("after a requeue with neither: suspect %t, waiting since %v; want both cleared", got.Suspect, got.WaitingSince)
+	}
+}
+
 func testStaleToken(t *testing.T, b broker.Broker) {
 	id := submitN(t, b, "s", 1)[0]
 	m := claimOne(t, b, "w", "s")

@@ -163,8 +163,9 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 			_, err := tx.Exec(`UPDATE tw_messages
 				SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
 					finished_at = NULL, available_at = ?, last_error = ?,
-					attempts = CASE WHEN ? THEN max(attempts - 1, 0) ELSE attempts END
-				WHERE id = ?`, addNS(now, req.Delay), req.Error, req.NotRun, req.Claim.ID)
+					attempts = CASE WHEN ? THEN max(attempts - 1, 0) ELSE attempts END,
+					suspect = ?, waiting_since = ?
+				WHERE id = ?`, addNS(now, req.Delay), req.Error, req.NotRun, req.Suspect, nullNS(req.WaitingSince), req.Claim.ID)
 			return err
 		}
 		deadLetter := true
@@ -176,16 +177,16 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		if deadLetter {
 			state = broker.StateDead
 		}
-		return finish(tx, req.Claim.ID, state, req.Error, now)
+		return finish(tx, req.Claim.ID, state, req.Error, req.Suspect, now)
 	})
 }
 
 // finish ends a running message (whose locks are already released) in
-// state, with lastError.
-func finish(tx *txn, id int64, state, lastError string, now time.Time) error {
+// state, with lastError, marked suspect or not (broker.Message.Suspect).
+func finish(tx *txn, id int64, state, lastError string, suspect bool, now time.Time) error {
 	_, err := tx.Exec(`UPDATE tw_messages
-		SET state = ?, token = NULL, finished_at = ?, last_error = ?
-		WHERE id = ?`, state, ns(now), lastError, id)
+		SET state = ?, token = NULL, finished_at = ?, last_error = ?, suspect = ?, waiting_since = NULL
+		WHERE id = ?`, state, ns(now), lastError, suspect, id)
 	return err
 }
 
@@ -197,6 +198,6 @@ func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) 
 		if _, err := heldTopic(tx, c); err != nil {
 			return err
 		}
-		return finish(tx, c.ID, broker.StateDead, reason, now)
+		return finish(tx, c.ID, broker.StateDead, reason, false, now)
 	})
 }

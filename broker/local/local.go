@@ -282,6 +282,14 @@ func newToken() string {
 // ns converts a time to the stored form.
 func ns(t time.Time) int64 { return t.UnixNano() }
 
+// nullNS converts an optional time to the stored form (NULL for nil).
+func nullNS(t *time.Time) any {
+	if t == nil {
+		return nil
+	}
+	return t.UnixNano()
+}
+
 // fromNS converts a stored time back.
 func fromNS(v int64) time.Time { return time.Unix(0, v) }
 

@@ -10,7 +10,8 @@ import (
 
 // msgCols are the columns scanMessage reads, in its order.
 const msgCols = `id, topic, task, payload, headers, state, attempts, max_attempts,
-	claimed_by, claimed_at, token, available_at, created_at, finished_at, last_error, result`
+	claimed_by, claimed_at, token, available_at, created_at, finished_at, last_error, result,
+	suspect, waiting_since`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -23,10 +24,12 @@ func scanMessage(s scanner, withToken bool) (broker.Message, error) {
 		headers, claimedBy, token sql.NullString
 		result                    sql.NullString
 		claimedAt, finishedAt     sql.NullInt64
+		waitingSince              sql.NullInt64
 		availableAt, createdAt    int64
 	)
 	err := s.Scan(&m.ID, &m.Topic, &m.Task, &payload, &headers, &m.State, &m.Attempts, &m.MaxAttempts,
-		&claimedBy, &claimedAt, &token, &availableAt, &createdAt, &finishedAt, &m.LastError, &result)
+		&claimedBy, &claimedAt, &token, &availableAt, &createdAt, &finishedAt, &m.LastError, &result,
+		&m.Suspect, &waitingSince)
 	if err != nil {
 		return broker.Message{}, err
 	}
@@ -52,6 +55,10 @@ func scanMessage(s scanner, withToken bool) (broker.Message, error) {
 	if finishedAt.Valid {
 		t := fromNS(finishedAt.Int64)
 		m.FinishedAt = &t
+	}
+	if waitingSince.Valid {
+		t := fromNS(waitingSince.Int64)
+		m.WaitingSince = &t
 	}
 	if result.Valid {
 		m.Result = json.RawMessage(result.String)

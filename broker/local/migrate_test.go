@@ -25,7 +25,15 @@ func TestMigrationUpgrade(t *testing.T) {
 	}
 	execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN orphaned`)
 	execSQL(t, b, `ALTER TABLE tw_workers DROP COLUMN tasks`)
+	execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN suspect`)
+	execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN waiting_since`)
 	execSQL(t, b, `DELETE FROM tw_schema_migrations WHERE version > 1`)
+	// Before columns of their own, a message's last error held its state.
+	orphan, waiter := mustSubmit(t, b, "u"), mustSubmit(t, b, "u")
+	execSQL(t, b, `UPDATE tw_messages SET last_error = ? WHERE id = ?`,
+		`orphaned: worker "w" stopped heartbeating during attempt 1; requeued by the reaper`, orphan)
+	execSQL(t, b, `UPDATE tw_messages SET last_error = ? WHERE id = ?`,
+		`task "t" is not registered in worker w yet; requeued; before that, no live worker runs task "t" on topic "u since x" since 2026-11-30T10:20:30Z; requeued to wait up to 10m0s for one`, waiter)
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -34,9 +42,32 @@ func TestMigrationUpgrade(t *testing.T) {
 		t.Fatalf("TryLease after the upgrade = %v, %v", held, err)
 	}
 	mustState(t, b, id, broker.StateQueued)
+	wantCarried(t, b, id, orphan, waiter)
 	ms, _ := loadMigrations()
 	var n int
 	if err := b.reader.QueryRow(`SELECT count(*) FROM tw_schema_migrations`).Scan(&n); err != nil || n != len(ms) {
 		t.Fatalf("versions recorded: %d, %v; want %d", n, err, len(ms))
+	}
+}
+
+// wantCarried checks what the migration to state columns read out of the
+// last errors that TestMigrationUpgrade wrote: plain is neither a suspect
+// nor waiting, orphan a suspect, waiter waiting since 2026-11-30T10:20:30Z.
+func wantCarried(t *testing.T, b broker.Broker, plain, orphan, waiter int64) {
+	t.Helper()
+	since := time.Date(2026, 11, 30, 10, 20, 30, 0, time.UTC)
+	for _, c := range []struct {
+		id      int64
+		suspect bool
+		waiting *time.Time
+	}{{plain, false, nil}, {orphan, true, nil}, {waiter, false, &since}} {
+		m, err := b.GetMessage(context.Background(), c.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Suspect != c.suspect || (m.WaitingSince == nil) != (c.waiting == nil) || (c.waiting != nil && !m.WaitingSince.Equal(*c.waiting)) {
+			t.Errorf("message %d after the upgrade: suspect %t, waiting since %v; want %t, %v (last error %q)",
+				c.id, m.Suspect, m.WaitingSince, c.suspect, c.waiting, m.LastError)
+		}
 	}
 }

@@ -72,7 +72,7 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 			if req.MaxAttempts > 0 && o.orphaned+1 >= req.MaxAttempts {
 				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; its claim was orphaned %d times (orphan max %d); dead-lettered by the reaper",
 					o.by, o.attempts, o.orphaned+1, req.MaxAttempts)
-				if err := finish(tx, o.id, broker.StateDead, reason, now); err != nil {
+				if err := finish(tx, o.id, broker.StateDead, reason, true, now); err != nil {
 					return err
 				}
 				res.DeadLettered++
@@ -80,7 +80,7 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; requeued by the reaper", o.by, o.attempts)
 				_, err := tx.Exec(`UPDATE tw_messages
 					SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
-						available_at = ?, last_error = ?
+						available_at = ?, last_error = ?, suspect = 1
 					WHERE id = ?`, ns(now), reason, o.id)
 				if err != nil {
 					return err

@@ -305,7 +305,12 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	now := b.now()
 	b.release(e)
 	e.m.LastError = req.Error
+	e.m.Suspect, e.m.WaitingSince = req.Suspect, nil
 	if req.Requeue {
+		if req.WaitingSince != nil {
+			t := *req.WaitingSince
+			e.m.WaitingSince = &t
+		}
 		if req.NotRun && e.m.Attempts > 0 {
 			e.m.Attempts--
 		}
@@ -347,6 +352,7 @@ func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) 
 	}
 	b.release(e)
 	e.m.LastError = reason
+	e.m.Suspect, e.m.WaitingSince = false, nil
 	b.finish(e, broker.StateDead, b.now())
 	return nil
 }

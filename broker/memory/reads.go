@@ -91,6 +91,10 @@ func copyMessage(m *broker.Message) broker.Message {
 		t := *m.FinishedAt
 		c.FinishedAt = &t
 	}
+	if m.WaitingSince != nil {
+		t := *m.WaitingSince
+		c.WaitingSince = &t
+	}
 	return c
 }
 

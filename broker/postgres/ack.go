@@ -211,18 +211,19 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 			UPDATE tw_messages
 			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL, finished_at = NULL,
 				available_at = now() + $3::bigint * interval '1 microsecond', last_error = $4,
-				attempts = CASE WHEN $5 THEN greatest(attempts - 1, 0) ELSE attempts END
+				attempts = CASE WHEN $5 THEN greatest(attempts - 1, 0) ELSE attempts END,
+				suspect = $6, waiting_since = $7
 			WHERE id = $1 AND token::text = $2`,
-			micros(req.Delay), req.Error, req.NotRun)
+			micros(req.Delay), req.Error, req.NotRun, req.Suspect, req.WaitingSince)
 	}
 	return b.endClaim(ctx, "nack", req.Claim, `
 		UPDATE tw_messages m
 		SET state = CASE
 				WHEN coalesce((SELECT t.dead_letter_enabled FROM tw_topics t WHERE t.name = m.topic), true)
 				THEN 'dead' ELSE 'failed' END,
-			finished_at = now(), token = NULL, last_error = $3
+			finished_at = now(), token = NULL, last_error = $3, suspect = $4, waiting_since = NULL
 		WHERE m.id = $1 AND m.token::text = $2`,
-		req.Error)
+		req.Error, req.Suspect)
 }
 
 // DeadLetter ends an attempt dead with reason as its last error, whatever
@@ -231,7 +232,7 @@ func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) 
 	reason = broker.CleanText(reason)
 	return b.endClaim(ctx, "dead letter", c, `
 		UPDATE tw_messages
-		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3
+		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3, suspect = false, waiting_since = NULL
 		WHERE id = $1 AND token::text = $2`,
 		reason)
 }

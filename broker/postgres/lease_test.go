@@ -61,8 +61,23 @@ func TestMigrationUpgrade(t *testing.T) {
 	c := schemaConn(t, b)
 	// Roll the schema back to version 1.
 	if _, err := c.Exec(ctx, `DROP TABLE tw_reports, tw_schedule_fires, tw_schedules, tw_leases;
-		ALTER TABLE tw_messages DROP COLUMN orphaned;
+		ALTER TABLE tw_messages DROP COLUMN orphaned, DROP COLUMN suspect, DROP COLUMN waiting_since;
 		DELETE FROM tw_schema_migrations WHERE version > 1`); err != nil {
+		t.Fatal(err)
+	}
+	// Before columns of their own, a message's last error held its state.
+	var orphan, waiter int64
+	for _, p := range []*int64{&orphan, &waiter} {
+		if *p, err = b.Submit(ctx, broker.SubmitRequest{Topic: "u", Task: "x"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Exec(ctx, `UPDATE tw_messages SET last_error = $1 WHERE id = $2`,
+		`orphaned: worker w stopped heartbeating; requeued by the reaper`, orphan); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, `UPDATE tw_messages SET last_error = $1 WHERE id = $2`,
+		`task "t" is not registered in worker w yet; requeued; before that, no live worker runs task "t" on topic "u since x" since 2026-11-30T10:20:30Z; requeued to wait up to 10m0s for one`, waiter); err != nil {
 		t.Fatal(err)
 	}
 	b2, err := New(ctx, Options{DSN: testdb.DSN(), Schema: b.schema})
@@ -75,6 +90,13 @@ func TestMigrationUpgrade(t *testing.T) {
 	}
 	if _, err := b2.GetMessage(ctx, id); err != nil {
 		t.Fatalf("message lost in the upgrade: %v", err)
+	}
+	since := time.Date(2026, 11, 30, 10, 20, 30, 0, time.UTC)
+	if m, err := b2.GetMessage(ctx, orphan); err != nil || !m.Suspect || m.WaitingSince != nil {
+		t.Errorf("orphaned message after the upgrade: %+v, %v; want a suspect, not waiting", m, err)
+	}
+	if m, err := b2.GetMessage(ctx, waiter); err != nil || m.Suspect || m.WaitingSince == nil || !m.WaitingSince.Equal(since) {
+		t.Errorf("waiting message after the upgrade: %+v, %v; want waiting since %v, not a suspect", m, err, since)
 	}
 	all, err := migrations()
 	if err != nil {

@@ -12,7 +12,8 @@ import (
 // msgCols are the columns scanMessage reads, in its order. Claim adds the
 // token after them; nothing else ever reads it.
 const msgCols = `id, topic, task, payload::text, headers::text, state, attempts, max_attempts,
-	claimed_by, claimed_at, available_at, created_at, finished_at, last_error, result::text`
+	claimed_by, claimed_at, available_at, created_at, finished_at, last_error, result::text,
+	suspect, waiting_since`
 
 // scanMessage reads one row of msgCols (and the token when tok is set),
 // then any extra columns into extra.
@@ -22,8 +23,9 @@ func scanMessage(row pgx.Row, tok bool, extra ...any) (broker.Message, error) {
 		headers                 []byte
 		claimedBy, lastErr, tkn pgtype.Text
 	)
-	dest := append(make([]any, 0, 16), &m.ID, &m.Topic, &m.Task, (*[]byte)(&m.Payload), &headers, &m.State, &m.Attempts, &m.MaxAttempts,
-		&claimedBy, &m.ClaimedAt, &m.AvailableAt, &m.CreatedAt, &m.FinishedAt, &lastErr, (*[]byte)(&m.Result))
+	dest := append(make([]any, 0, 20), &m.ID, &m.Topic, &m.Task, (*[]byte)(&m.Payload), &headers, &m.State, &m.Attempts, &m.MaxAttempts,
+		&claimedBy, &m.ClaimedAt, &m.AvailableAt, &m.CreatedAt, &m.FinishedAt, &lastErr, (*[]byte)(&m.Result),
+		&m.Suspect, &m.WaitingSince)
 	if tok {
 		dest = append(dest, &tkn)
 	}

@@ -11,7 +11,7 @@ import (
 
 // reclaimSQL requeues (or, once the message has been orphaned $3 times
 // counting this one, when $3 > 0, dead-letters) the running messages claimed at least $2 µs ago by workers
-// not in $1. Rows are locked in id order first (as Ack does), so a
+// not in $1, marking them suspect; $4 starts their last error. Rows are locked in id order first (as Ack does), so a
 // concurrent ack either lands before (and the row is no longer running) or
 // waits and then finds its token gone.
 const reclaimSQL = `
@@ -31,10 +31,11 @@ const reclaimSQL = `
 		available_at = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN m.available_at ELSE now() END,
 		token = NULL,
 		orphaned = m.orphaned + 1,
+		suspect = true,
 		last_error = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int
-			THEN format('orphaned: worker %s stopped heartbeating; dead-lettered after its claim was orphaned %s times (orphan max %s)',
-				m.claimed_by, m.orphaned + 1, $3::int)
-			ELSE format('orphaned: worker %s stopped heartbeating; requeued by the reaper', m.claimed_by) END
+			THEN format('%s worker %s stopped heartbeating; dead-lettered after its claim was orphaned %s times (orphan max %s)',
+				$4::text, m.claimed_by, m.orphaned + 1, $3::int)
+			ELSE format('%s worker %s stopped heartbeating; requeued by the reaper', $4::text, m.claimed_by) END
 	WHERE m.id = ANY (ARRAY (SELECT id FROM orphan))
 	RETURNING m.id, m.state`
 
@@ -85,7 +86,7 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 				return err
 			}
 			batch := &pgx.Batch{}
-			batch.Queue(reclaimSQL, live, micros(req.Grace), req.MaxAttempts)
+			batch.Queue(reclaimSQL, live, micros(req.Grace), req.MaxAttempts, broker.OrphanedErrorPrefix)
 			batch.Queue(reclaimLocksSQL, live, micros(req.Grace))
 			batch.Queue(withinGraceSQL, live, micros(req.Grace))
 			br := tx.SendBatch(ctx, batch)
