@@ -20,17 +20,9 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-// Request limits of the HTTP API.
-const (
-	// bodySlack is what a submit body may hold besides its payload.
-	bodySlack = 64 << 10
-	// maxDelay bounds delay_seconds.
-	maxDelay = 365 * 24 * time.Hour
-	// maxSubmitAttempts bounds max_attempts.
-	maxSubmitAttempts = 1000
-	defaultListLimit  = 50
-	maxListLimit      = 1000
-)
+// bodySlack is what a request body may hold besides its payload. The
+// limits on what a request asks for are the broker's (broker/limits.go).
+const bodySlack = 64 << 10
 
 var messageStates = []string{broker.StateQueued, broker.StateRunning, broker.StateDone, broker.StateFailed, broker.StateDead}
 
@@ -294,12 +286,12 @@ func (p *Plugin) submitTask(w http.ResponseWriter, r *http.Request, rt *runtime)
 		writeError(w, http.StatusBadRequest, "payload is %d bytes, the limit is %d (max_payload_bytes); send less, or store the data elsewhere and pass a reference", len(payload), rt.cfg.MaxPayloadBytes)
 		return
 	}
-	if req.DelaySeconds < 0 || req.DelaySeconds > maxDelay.Seconds() {
-		writeError(w, http.StatusBadRequest, "delay_seconds must be from 0 to %.0f, got %v", maxDelay.Seconds(), req.DelaySeconds)
+	if req.DelaySeconds < 0 || req.DelaySeconds > broker.MaxDelay.Seconds() {
+		writeError(w, http.StatusBadRequest, "delay_seconds must be from 0 to %.0f, got %v", broker.MaxDelay.Seconds(), req.DelaySeconds)
 		return
 	}
-	if req.MaxAttempts < 0 || req.MaxAttempts > maxSubmitAttempts {
-		writeError(w, http.StatusBadRequest, "max_attempts must be from 0 (the task's default, %d) to %d, got %d", task.MaxAttempts, maxSubmitAttempts, req.MaxAttempts)
+	if req.MaxAttempts < 0 || req.MaxAttempts > broker.MaxAttempts {
+		writeError(w, http.StatusBadRequest, "max_attempts must be from 0 (the task's default, %d) to %d, got %d", task.MaxAttempts, broker.MaxAttempts, req.MaxAttempts)
 		return
 	}
 	maxAttempts := req.MaxAttempts
@@ -379,15 +371,15 @@ func (p *Plugin) getTask(w http.ResponseWriter, r *http.Request, rt *runtime) {
 
 func (p *Plugin) listTasks(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	q := r.URL.Query()
-	f := broker.MessageFilter{State: q.Get("state"), Topic: q.Get("topic"), Task: q.Get("task"), Limit: defaultListLimit}
+	f := broker.MessageFilter{State: q.Get("state"), Topic: q.Get("topic"), Task: q.Get("task"), Limit: broker.DefaultListLimit}
 	if f.State != "" && !contains(messageStates, f.State) {
 		writeError(w, http.StatusBadRequest, "unknown state %q; use one of %s", f.State, strings.Join(messageStates, ", "))
 		return
 	}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > maxListLimit {
-			writeError(w, http.StatusBadRequest, "limit must be a whole number from 1 to %d, got %q", maxListLimit, s)
+		if err != nil || n < 1 || n > broker.MaxListLimit {
+			writeError(w, http.StatusBadRequest, "limit must be a whole number from 1 to %d, got %q", broker.MaxListLimit, s)
 			return
 		}
 		f.Limit = n

@@ -32,7 +32,7 @@ type scheduleBody struct {
 
 const scheduleExample = `{"name": "nightly-report", "task": "demo.echo", "payload": {}, "cron": "0 3 * * *", "enabled": true}`
 
-var scheduleName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$`)
+var scheduleName = regexp.MustCompile(fmt.Sprintf(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,%d}$`, broker.MaxScheduleNameLen-1))
 
 // toSchedule checks a declared schedule against the registry and returns
 // it, or an error that says which field is wrong and why.
@@ -40,7 +40,7 @@ var scheduleName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$`)
 // missed policy and payload; it returns the payload to store.
 func (b scheduleBody) check() (json.RawMessage, error) {
 	if !scheduleName.MatchString(b.Name) {
-		return nil, fmt.Errorf("name %q: use letters, digits and . _ : -, starting with a letter or digit, at most 200 characters", b.Name)
+		return nil, fmt.Errorf("name %q: use letters, digits and . _ : -, starting with a letter or digit, at most %d characters", b.Name, broker.MaxScheduleNameLen)
 	}
 	if b.Task == "" {
 		return nil, fmt.Errorf("task is required")
@@ -219,7 +219,7 @@ var reportStatuses = []string{broker.ReportSuccess, broker.ReportFailed, broker.
 
 func listReports(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	q := r.URL.Query()
-	f := broker.ReportFilter{Task: q.Get("task"), Status: q.Get("status"), Schedule: q.Get("schedule"), Limit: defaultListLimit}
+	f := broker.ReportFilter{Task: q.Get("task"), Status: q.Get("status"), Schedule: q.Get("schedule"), Limit: broker.DefaultListLimit}
 	if f.Status != "" && !contains(reportStatuses, f.Status) {
 		writeError(w, http.StatusBadRequest, "unknown status %q; use one of %s", f.Status, strings.Join(reportStatuses, ", "))
 		return
@@ -236,8 +236,8 @@ func listReports(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > maxListLimit {
-			writeError(w, http.StatusBadRequest, "limit must be a whole number from 1 to %d, got %q", maxListLimit, s)
+		if err != nil || n < 1 || n > broker.MaxListLimit {
+			writeError(w, http.StatusBadRequest, "limit must be a whole number from 1 to %d, got %q", broker.MaxListLimit, s)
 			return
 		}
 		f.Limit = n
