@@ -20,6 +20,7 @@ import (
 	"github.com/taskhost/taskhost/broker/memory"
 	"github.com/taskhost/taskhost/broker/postgres"
 	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 	"github.com/taskhost/taskhost/reaper"
 )
 
@@ -61,7 +62,7 @@ type Config struct {
 	// BeatTick is how often the leader looks for due schedules.
 	BeatTick time.Duration
 	// Schedules are declared in the config and upserted at start.
-	Schedules []scheduleBody
+	Schedules []service.ScheduleSpec
 	// ReportRetention: task reports older than this are purged.
 	ReportRetention time.Duration
 	// MessageRetention: with the postgres broker, done messages that
@@ -220,20 +221,20 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 
 // schedulesSetting reads the declared schedules strictly; the checks that
 // need the task registry run at start.
-func schedulesSetting(v json.RawMessage) ([]scheduleBody, error) {
+func schedulesSetting(v json.RawMessage) ([]service.ScheduleSpec, error) {
 	var raw []json.RawMessage
 	if err := json.Unmarshal(v, &raw); err != nil {
-		return nil, invalid("schedules", "must be a list of schedules, such as [%s]", scheduleExample)
+		return nil, invalid("schedules", "must be a list of schedules, such as [%s]", service.ScheduleExample)
 	}
-	out := make([]scheduleBody, 0, len(raw))
+	out := make([]service.ScheduleSpec, 0, len(raw))
 	names := map[string]bool{}
 	for i, r := range raw {
 		key := fmt.Sprintf("schedules[%d]", i)
-		var b scheduleBody
+		var b service.ScheduleSpec
 		d := json.NewDecoder(bytes.NewReader(r))
 		d.DisallowUnknownFields()
 		if err := d.Decode(&b); err != nil {
-			return nil, invalid(key, "%v; a schedule looks like %s", strings.TrimPrefix(err.Error(), "json: "), scheduleExample)
+			return nil, invalid(key, "%v; a schedule looks like %s", strings.TrimPrefix(err.Error(), "json: "), service.ScheduleExample)
 		}
 		if names[b.Name] {
 			return nil, invalid(key, "schedule %q is declared twice", b.Name)

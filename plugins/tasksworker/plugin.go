@@ -3,6 +3,7 @@ package tasksworker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 	"github.com/taskhost/taskhost/reaper"
 	"github.com/taskhost/taskhost/scheduler"
 	"github.com/taskhost/taskhost/worker"
@@ -51,6 +53,9 @@ type runtime struct {
 	leader *scheduler.Leader // nil when this process is no beat candidate
 	// reports stores task reports off the workers' path.
 	reports *worker.ReportWriter
+	// svc is the task system's operations over the above: the API, the
+	// UI, the config's schedules, the beat and the actions use it.
+	svc *service.Service
 	// cancel stops the runtime's own goroutines; wg waits for them.
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -131,7 +136,7 @@ func (p *Plugin) CheckConfig(raw json.RawMessage) error {
 		return err
 	}
 	for i, b := range cfg.Schedules {
-		if _, err := b.check(); err != nil {
+		if _, err := b.Check(); err != nil {
 			return invalid(fmt.Sprintf("schedules[%d]", i), "%v", err)
 		}
 	}
@@ -232,8 +237,9 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	if err := pool.Start(ctx); err != nil {
 		return nil, err
 	}
-	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp, reports: reports}
-	if err := applyConfigSchedules(ctx, rt); err != nil {
+	svc := p.newService(cfg, b, reg, pool, rp)
+	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp, reports: reports, svc: svc}
+	if err := applyConfigSchedules(ctx, svc, cfg.Schedules); err != nil {
 		_ = pool.Stop(ctx)
 		reports.Close(closeWithin(ctx))
 		return nil, err
@@ -251,23 +257,8 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 		beat := &scheduler.Beat{
 			Reaper: rp, Settings: cfg.Reaper, Logger: p.log.Named("beat"),
 			Schedules: &scheduler.Ticker{
-				Store: b,
-				// The beat leader need not run every scheduled task:
-				// a schedule fires when some live worker runs it.
-				Lookup: func(task, topic string) (string, bool) {
-					if t, ok := reg.Lookup(task); ok {
-						return t.Topic, true
-					}
-					if topic == "" {
-						return "", false
-					}
-					// When the worker list cannot be read, the slot
-					// fires all the same: a message of a task that no
-					// worker runs fails as unknown in the end, where a
-					// slot fired without one would be lost unseen.
-					runs, err := pool.RunsElsewhere(task, topic)
-					return topic, runs || err != nil
-				},
+				Store:     b,
+				Lookup:    svc.ScheduleLookup,
 				Logger:    p.log.Named("schedules"),
 				Submitted: p.metrics.Submitted,
 			},
@@ -295,11 +286,32 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 			OnElected: beat.Run,
 			Logger:    p.log.Named("leader"),
 		})
+		svc.SetLeader(rt.leader)
 		rt.leader.Start(ctx)
 	} else if cfg.Beat {
 		p.log.Warn("this broker cannot elect a beat leader; no beat runs", "broker", b.Kind())
 	}
 	return rt, nil
+}
+
+// newService is the task system's operations over one runtime's parts.
+func (p *Plugin) newService(cfg Config, b broker.Broker, reg *worker.Registry, pool *worker.Pool, rp *reaper.Reaper) *service.Service {
+	return service.New(service.Deps{
+		Broker: b, Tasks: reg, Pool: pool, Reaper: rp, Submitted: p.metrics.Submitted,
+		Settings: service.Settings{
+			MaxPayloadBytes: cfg.MaxPayloadBytes, Beat: cfg.Beat, HeartbeatInterval: cfg.HeartbeatInterval, Reaper: cfg.Reaper,
+		},
+	})
+}
+
+// applyConfigSchedules upserts the schedules the config declares.
+func applyConfigSchedules(ctx context.Context, svc *service.Service, specs []service.ScheduleSpec) error {
+	err := svc.ApplySchedules(ctx, specs)
+	var bad *service.SpecError
+	if errors.As(err, &bad) {
+		return invalid(fmt.Sprintf("schedules[%d]", bad.Index), "%v", bad.Err)
+	}
+	return err
 }
 
 func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
@@ -419,7 +431,7 @@ func (p *Plugin) InvokeAction(ctx context.Context, req capability.ActionRequest)
 	if rt == nil {
 		return capability.ActionResult{}, fmt.Errorf("tasks_worker is not running: %w", capability.ErrUnavailable)
 	}
-	res := rt.reaper.Pass(ctx)
+	res := rt.svc.Reclaim(ctx)
 	body, err := json.Marshal(res)
 	if err != nil {
 		return capability.ActionResult{}, err

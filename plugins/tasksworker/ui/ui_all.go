@@ -1,4 +1,4 @@
-package tasksworker
+package ui
 
 // The operator's web UI of the task system, served under /ui/ (through the
 // host: /plugin-pkg/tasks_worker/ui/). Server-rendered html/template pages;
@@ -48,6 +48,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -55,8 +56,10 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 	"github.com/taskhost/taskhost/scheduler"
 	"github.com/taskhost/taskhost/worker"
 )
@@ -64,7 +67,7 @@ import (
 const (
 	uiCSRFField  = "csrf_token"
 	uiCSRFMaxAge = 12 * time.Hour
-	uiListLimit  = 50
+	uiListLimit  = broker.DefaultListLimit
 	// uiActionTimeout bounds a reaper pass started from the UI.
 	uiActionTimeout = 30 * time.Second
 )
@@ -117,8 +120,35 @@ var uiNav = []struct{ Key, Path, Label string }{
 	{"run", "/run", "Run a task"},
 }
 
-// ui serves the pages; it reads the runtime on each request.
-type ui struct{ p *Plugin }
+// Options are what the UI reads from the plugin.
+type Options struct {
+	// Current is the running task system, nil while the plugin does not
+	// run; the UI reads it on each request.
+	Current func() *service.Service
+	// Throughput are this process's counts of finished attempts, for the
+	// dashboard's charts; may be nil.
+	Throughput func() (done, failed float64)
+	Logger     hclog.Logger
+}
+
+// UI serves the pages; it reads the running service on each request.
+type UI struct {
+	current    func() *service.Service
+	throughput func() (done, failed float64)
+	log        hclog.Logger
+}
+
+// New returns the UI of opts.
+func New(opts Options) *UI {
+	u := &UI{current: opts.Current, throughput: opts.Throughput, log: opts.Logger}
+	if u.throughput == nil {
+		u.throughput = func() (float64, float64) { return 0, 0 }
+	}
+	if u.log == nil {
+		u.log = hclog.NewNullLogger()
+	}
+	return u
+}
 
 // uiPage is what every template gets; D is the page's own data.
 type uiPage struct {
@@ -141,8 +171,8 @@ type uiFlash struct {
 	Detail  string
 }
 
-func uiRoutes(p *Plugin, r chi.Router) {
-	u := &ui{p: p}
+// Routes serves the UI's pages on r, mounted at /ui.
+func (u *UI) Routes(r chi.Router) {
 	// The parent router's GetHead sees this whole subtree as one route
 	// that takes HEAD: HEAD becomes GET here.
 	r.Use(middleware.GetHead)
@@ -176,7 +206,7 @@ func uiRoutes(p *Plugin, r chi.Router) {
 
 // guard sets the security headers of every page and checks every POST:
 // size, Origin (or Referer) and CSRF token; see the comment at the top.
-func (u *ui) guard(next http.Handler) http.Handler {
+func (u *UI) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
 		h.Set("Cache-Control", "no-store")
@@ -194,9 +224,9 @@ func (u *ui) guard(next http.Handler) http.Handler {
 			return
 		}
 		// A URL-encoded payload takes up to three times its size.
-		limit := int64(3*broker.MaxPayloadSize) + bodySlack
-		if rt := u.p.current(); rt != nil {
-			limit = int64(3*rt.cfg.MaxPayloadBytes) + bodySlack
+		limit := int64(3*broker.MaxPayloadSize) + service.BodySlack
+		if svc := u.current(); svc != nil {
+			limit = int64(3*svc.Settings().MaxPayloadBytes) + service.BodySlack
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, limit)
 		if err := r.ParseForm(); err != nil {
@@ -209,12 +239,12 @@ func (u *ui) guard(next http.Handler) http.Handler {
 			return
 		}
 		if err := uiCheckOrigin(r); err != nil {
-			u.p.log.Warn("UI form refused", "path", r.URL.Path, "reason", err.Error(), "remote", r.Header.Get("X-Forwarded-For"))
+			u.log.Warn("UI form refused", "path", r.URL.Path, "reason", err.Error(), "remote", r.Header.Get("X-Forwarded-For"))
 			u.problem(w, r, http.StatusForbidden, "Form refused", "This form was refused: "+err.Error()+". Open the page from this host and submit it again.")
 			return
 		}
 		if err := uiCheckCSRF(r.PostForm.Get(uiCSRFField), time.Now()); err != nil {
-			u.p.log.Warn("UI form refused", "path", r.URL.Path, "reason", err.Error(), "remote", r.Header.Get("X-Forwarded-For"))
+			u.log.Warn("UI form refused", "path", r.URL.Path, "reason", err.Error(), "remote", r.Header.Get("X-Forwarded-For"))
 			u.problem(w, r, http.StatusForbidden, "Form refused", "This form was refused: "+err.Error()+". Reload the page and submit it again.")
 			return
 		}
@@ -240,6 +270,14 @@ func uiCSRFToken(now time.Time) string {
 	n := base64.RawURLEncoding.EncodeToString(nonce)
 	return ts + "." + n + "." + base64.RawURLEncoding.EncodeToString(uiMAC("csrf", ts, n))
 }
+
+// CSRFToken is a form token as the pages carry, signed at now with this
+// process's secret: for tests that drive the forms through the plugin.
+func CSRFToken(now time.Time) string { return uiCSRFToken(now) }
+
+// SignFlash is the signature of a flash message, as the redirect after a
+// form carries it: for tests that drive the pages through the plugin.
+func SignFlash(kind, msg, detail string) string { return uiFlashSig(kind, msg, detail) }
 
 // uiCheckCSRF says what is wrong with a form token, or nil.
 func uiCheckCSRF(tok string, now time.Time) error {
@@ -356,20 +394,20 @@ func uiBack(r *http.Request, def string) string {
 	return b
 }
 
-func (u *ui) with(h func(http.ResponseWriter, *http.Request, *runtime)) http.HandlerFunc {
+func (u *UI) with(h func(http.ResponseWriter, *http.Request, *service.Service)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		rt := u.p.current()
-		if rt == nil {
+		svc := u.current()
+		if svc == nil {
 			w.Header().Set("Retry-After", "5")
 			u.problem(w, r, http.StatusServiceUnavailable, "tasks_worker is not running",
 				"It is not configured yet, restarting or stopped. Retry in a few seconds; the host's admin page shows its state.")
 			return
 		}
-		h(w, r, rt)
+		h(w, r, svc)
 	}
 }
 
-func (u *ui) render(w http.ResponseWriter, r *http.Request, rt *runtime, status int, name string, pg *uiPage) {
+func (u *UI) render(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, name string, pg *uiPage) {
 	pg.Base = uiBase(r)
 	pg.HostUI = pg.Base != "/ui"
 	pg.Navs = uiNav
@@ -380,13 +418,13 @@ func (u *ui) render(w http.ResponseWriter, r *http.Request, rt *runtime, status 
 	if pg.Flash == nil {
 		pg.Flash = uiFlashFrom(r)
 	}
-	if rt != nil {
-		pg.Broker = rt.broker.Kind()
-		pg.WorkerID = rt.pool.WorkerID()
+	if svc != nil {
+		pg.Broker = svc.Kind()
+		pg.WorkerID = svc.WorkerID()
 	}
 	var buf bytes.Buffer
 	if err := uiPages[name].ExecuteTemplate(&buf, "layout", pg); err != nil {
-		u.p.log.Error("render UI page", "page", name, "error", err)
+		u.log.Error("render UI page", "page", name, "error", err)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.WriteHeader(http.StatusInternalServerError)
 		_, _ = w.Write([]byte("internal error rendering the page; the plugin's log (in the host's log) says why\n"))
@@ -400,13 +438,13 @@ func (u *ui) render(w http.ResponseWriter, r *http.Request, rt *runtime, status 
 type uiProblem struct{ Title, Message string }
 
 // problem renders a page that says what went wrong, in plain words.
-func (u *ui) problem(w http.ResponseWriter, r *http.Request, status int, title, msg string) {
-	u.render(w, r, u.p.current(), status, "error", &uiPage{Title: title, Nav: "-", D: uiProblem{Title: title, Message: msg}})
+func (u *UI) problem(w http.ResponseWriter, r *http.Request, status int, title, msg string) {
+	u.render(w, r, u.current(), status, "error", &uiPage{Title: title, Nav: "-", D: uiProblem{Title: title, Message: msg}})
 }
 
 // redirect answers a POST: 303 to path (relative to the UI root) with a
 // signed flash message.
-func (u *ui) redirect(w http.ResponseWriter, r *http.Request, path, kind, msg, detail string) {
+func (u *UI) redirect(w http.ResponseWriter, r *http.Request, path, kind, msg, detail string) {
 	target, err := url.Parse(uiBase(r) + path)
 	if err != nil {
 		target, _ = url.Parse(uiBase(r) + "/")
@@ -424,9 +462,33 @@ func (u *ui) redirect(w http.ResponseWriter, r *http.Request, path, kind, msg, d
 }
 
 // audit logs an operator's action.
-func (u *ui) audit(r *http.Request, action string, args ...any) {
+func (u *UI) audit(r *http.Request, action string, args ...any) {
 	args = append([]any{"action", action, "actor", r.Header.Get("X-Taskhost-Actor"), "remote", r.Header.Get("X-Forwarded-For")}, args...)
-	u.p.log.Info("audit: UI action", args...)
+	u.log.Info("audit: UI action", args...)
+}
+
+// uiFailure is the one mapping of the service's errors to a page's
+// status and a message: a refusal of the service (a *service.Problem)
+// says what is wrong in its own words; a broker's failure is told by
+// uiBrokerProblem, what being what could not be done.
+func uiFailure(what string, err error) (int, string) {
+	if p, ok := service.IsProblem(err); ok {
+		switch {
+		case errors.Is(p, service.ErrConflict):
+			return http.StatusConflict, p.Msg
+		case errors.Is(p, service.ErrUnavailable):
+			return http.StatusServiceUnavailable, p.Msg
+		}
+		return http.StatusBadRequest, p.Msg
+	}
+	status := http.StatusServiceUnavailable
+	switch {
+	case errors.Is(err, broker.ErrInvalid):
+		status = http.StatusBadRequest
+	case errors.Is(err, broker.ErrNotFound):
+		status = http.StatusNotFound
+	}
+	return status, uiBrokerProblem(what, err)
 }
 
 // uiBrokerProblem says in plain words why a broker call failed.
@@ -480,8 +542,8 @@ type uiDashboard struct {
 	}
 }
 
-func (u *ui) workers(ctx context.Context, rt *runtime) ([]uiWorkerRow, error) {
-	ws, err := rt.broker.Workers(ctx)
+func (u *UI) workers(ctx context.Context, svc *service.Service) ([]uiWorkerRow, error) {
+	ws, err := svc.Workers(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -489,17 +551,17 @@ func (u *ui) workers(ctx context.Context, rt *runtime) ([]uiWorkerRow, error) {
 	out := make([]uiWorkerRow, 0, len(ws))
 	for _, w := range ws {
 		age := max(0, now.Sub(w.HeartbeatAt))
-		out = append(out, uiWorkerRow{WorkerInfo: w, Self: w.ID == rt.pool.WorkerID(), Age: age,
-			Stale: age > rt.cfg.Reaper.After, Late: age > 2*rt.cfg.HeartbeatInterval})
+		out = append(out, uiWorkerRow{WorkerInfo: w, Self: w.ID == svc.WorkerID(), Age: age,
+			Stale: age > svc.Settings().Reaper.After, Late: age > 2*svc.Settings().HeartbeatInterval})
 	}
 	return out, nil
 }
 
-func (u *ui) dashboard(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) dashboard(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	ctx := r.Context()
-	d := uiDashboard{HereRunning: rt.pool.Running(), HereCapacity: rt.pool.Concurrency()}
+	d := uiDashboard{HereRunning: svc.Running(), HereCapacity: svc.Concurrency()}
 	var problems []string
-	st, statsErr := rt.broker.Stats(ctx)
+	st, statsErr := svc.Stats(ctx)
 	if statsErr != nil {
 		problems = append(problems, uiBrokerProblem("read the topics", statsErr))
 	} else {
@@ -511,23 +573,21 @@ func (u *ui) dashboard(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		}
 	}
 	var err error
-	if d.Workers, err = u.workers(ctx, rt); err != nil {
+	if d.Workers, err = u.workers(ctx, svc); err != nil {
 		problems = append(problems, uiBrokerProblem("read the workers", err))
 	}
-	d.Beat = uiBeat{Enabled: rt.cfg.Beat, Candidate: rt.leader != nil, Beats: st.Beats}
-	if rt.leader != nil {
-		f, ok := rt.leader.Fence()
-		d.Beat.Leader, d.Beat.Term = ok, f.Term
-	}
-	d.Reaper.Enabled, d.Reaper.Every, d.Reaper.After = rt.cfg.Reaper.Enabled, rt.cfg.Reaper.Interval, rt.cfg.Reaper.After
-	d.Reaper.Grace, d.Reaper.MaxAttempts = rt.cfg.Reaper.Grace, rt.cfg.Reaper.MaxAttempts
-	_, d.Reaper.Reclaims = rt.broker.(broker.OrphanReclaimer)
+	b := svc.Beat()
+	d.Beat = uiBeat{Enabled: b.Enabled, Candidate: b.Candidate, Leader: b.Leader, Term: b.Term, Beats: st.Beats}
+	d.Reaper.Enabled, d.Reaper.Every, d.Reaper.After = svc.Settings().Reaper.Enabled, svc.Settings().Reaper.Interval, svc.Settings().Reaper.After
+	d.Reaper.Grace, d.Reaper.MaxAttempts = svc.Settings().Reaper.Grace, svc.Settings().Reaper.MaxAttempts
+	d.Reaper.Reclaims = svc.ReclaimsOrphans()
 
 	// The stats just read are a sample too, so the charts agree with the
 	// numbers above them.
-	s := u.sampler(rt)
+	s := u.sampler(svc)
 	if statsErr == nil {
-		s.record(time.Now(), st, counterValue(u.p.metrics.completed), counterValue(u.p.metrics.failed))
+		done, failed := u.throughput()
+		s.record(time.Now(), st, done, failed)
 	}
 	d.Charts = s.charts(time.Now())
 	d.Err = strings.Join(problems, " ")
@@ -535,13 +595,13 @@ func (u *ui) dashboard(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	if d.Err != "" {
 		status = http.StatusServiceUnavailable
 	}
-	u.render(w, r, rt, status, "dashboard", &uiPage{Title: "Dashboard", D: d})
+	u.render(w, r, svc, status, "dashboard", &uiPage{Title: "Dashboard", D: d})
 }
 
-func (u *ui) reclaim(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) reclaim(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	ctx, cancel := context.WithTimeout(r.Context(), uiActionTimeout)
 	defer cancel()
-	res := rt.reaper.Pass(ctx)
+	res := svc.Reclaim(ctx)
 	u.audit(r, "reclaim orphaned messages", "result", res.Summary())
 	kind := "ok"
 	if res.Skipped != "" || res.NotLeader || res.Reason == "cancelled" {
@@ -576,17 +636,17 @@ type uiTaskRow struct {
 
 // listPage reads a page of messages filtered by the query (state, topic,
 // task, before), for the tasks, running and dead pages.
-func (u *ui) listPage(r *http.Request, rt *runtime, path, forceState string) uiList {
+func (u *UI) listPage(r *http.Request, svc *service.Service, path, forceState string) uiList {
 	ctx := r.Context()
 	q := r.URL.Query()
-	l := uiList{State: q.Get("state"), Topic: q.Get("topic"), Task: q.Get("task"), States: messageStates, Back: uiSelf(r), ListedAt: time.Now()}
+	l := uiList{State: q.Get("state"), Topic: q.Get("topic"), Task: q.Get("task"), States: service.MessageStates, Back: uiSelf(r), ListedAt: time.Now()}
 	if forceState != "" {
 		l.State = forceState
 	}
 	f := broker.MessageFilter{State: l.State, Topic: l.Topic, Task: l.Task, Limit: uiListLimit}
 	var problems []string
-	if f.State != "" && !contains(messageStates, f.State) {
-		problems = append(problems, fmt.Sprintf("There is no state %q; the states are %s.", f.State, strings.Join(messageStates, ", ")))
+	if f.State != "" && !slices.Contains(service.MessageStates, f.State) {
+		problems = append(problems, fmt.Sprintf("There is no state %q; the states are %s.", f.State, strings.Join(service.MessageStates, ", ")))
 		f.State, l.State = "", ""
 	}
 	if s := q.Get("before"); s != "" {
@@ -598,18 +658,18 @@ func (u *ui) listPage(r *http.Request, rt *runtime, path, forceState string) uiL
 			l.NewURL = uiBase(r) + path + uiQuery(map[string]string{"state": l.State, "topic": l.Topic, "task": l.Task}, forceState)
 		}
 	}
-	if topics, err := rt.broker.Topics(ctx); err == nil {
+	if topics, err := svc.Topics(ctx); err == nil {
 		for _, t := range topics {
 			l.Topics = append(l.Topics, t.Name)
 		}
 	}
-	l.Tasks = rt.reg.Names()
-	msgs, err := rt.broker.ListMessages(ctx, f)
+	l.Tasks = svc.TaskNames()
+	msgs, err := svc.Messages(ctx, f)
 	if err != nil {
 		problems = append(problems, uiBrokerProblem("list the tasks", err))
 		l.Down = true
 	}
-	if ws, err := u.workers(ctx, rt); err == nil {
+	if ws, err := u.workers(ctx, svc); err == nil {
 		l.Workers = map[string]uiWorkerRow{}
 		for _, w := range ws {
 			l.Workers[w.ID] = w
@@ -619,7 +679,7 @@ func (u *ui) listPage(r *http.Request, rt *runtime, path, forceState string) uiL
 	for _, m := range msgs {
 		row := uiTaskRow{Message: m, MaxAttempts: m.MaxAttempts}
 		if row.MaxAttempts == 0 {
-			if t, ok := rt.reg.Lookup(m.Task); ok {
+			if t, ok := svc.Task(m.Task); ok {
 				row.MaxAttempts = t.MaxAttempts
 			}
 		}
@@ -653,21 +713,21 @@ func uiQuery(v map[string]string, forceState string) string {
 	return "?" + q.Encode()
 }
 
-func (u *ui) tasks(w http.ResponseWriter, r *http.Request, rt *runtime) {
-	l := u.listPage(r, rt, "/tasks", "")
-	u.render(w, r, rt, uiStatus(l.Down), "tasks", &uiPage{Title: "Tasks", D: l})
+func (u *UI) tasks(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	l := u.listPage(r, svc, "/tasks", "")
+	u.render(w, r, svc, uiStatus(l.Down), "tasks", &uiPage{Title: "Tasks", D: l})
 }
 
-func (u *ui) running(w http.ResponseWriter, r *http.Request, rt *runtime) {
-	l := u.listPage(r, rt, "/running", broker.StateRunning)
+func (u *UI) running(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	l := u.listPage(r, svc, "/running", broker.StateRunning)
 	// Oldest claims first: those are the ones to look at.
 	sort.SliceStable(l.Rows, func(i, j int) bool { return l.Rows[i].ClaimAge > l.Rows[j].ClaimAge })
-	u.render(w, r, rt, uiStatus(l.Down), "running", &uiPage{Title: "Running", D: l, Refresh: 10})
+	u.render(w, r, svc, uiStatus(l.Down), "running", &uiPage{Title: "Running", D: l, Refresh: 10})
 }
 
-func (u *ui) dead(w http.ResponseWriter, r *http.Request, rt *runtime) {
-	l := u.listPage(r, rt, "/dead", broker.StateDead)
-	u.render(w, r, rt, uiStatus(l.Down), "dead", &uiPage{Title: "Dead letters", D: l})
+func (u *UI) dead(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	l := u.listPage(r, svc, "/dead", broker.StateDead)
+	u.render(w, r, svc, uiStatus(l.Down), "dead", &uiPage{Title: "Dead letters", D: l})
 }
 
 // uiStatus is 503 when the broker failed: the page shows what it could.
@@ -692,9 +752,9 @@ type uiTask struct {
 	Lock        string
 }
 
-func (u *ui) taskID(w http.ResponseWriter, r *http.Request) (int64, bool) {
+func (u *UI) taskID(w http.ResponseWriter, r *http.Request) (int64, bool) {
 	raw := chi.URLParam(r, "id")
-	id, ok := parseID(raw)
+	id, ok := service.ParseID(raw)
 	if !ok {
 		u.problem(w, r, http.StatusNotFound, "No such task", fmt.Sprintf("%q is not a task id: ids are positive whole numbers.", raw))
 		return 0, false
@@ -702,12 +762,12 @@ func (u *ui) taskID(w http.ResponseWriter, r *http.Request) (int64, bool) {
 	return id, true
 }
 
-func (u *ui) task(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) task(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	id, ok := u.taskID(w, r)
 	if !ok {
 		return
 	}
-	m, err := rt.broker.GetMessage(r.Context(), id)
+	m, err := svc.Message(r.Context(), id)
 	if errors.Is(err, broker.ErrNotFound) {
 		u.problem(w, r, http.StatusNotFound, "No such task", fmt.Sprintf("There is no task %d: it never existed, or it finished long ago and was dropped.", id))
 		return
@@ -716,8 +776,8 @@ func (u *ui) task(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		u.problem(w, r, http.StatusServiceUnavailable, "Task unavailable", uiBrokerProblem(fmt.Sprintf("read task %d", id), err))
 		return
 	}
-	d := uiTask{M: m, MaxAttempts: m.MaxAttempts, Back: uiSelf(r), Lock: payloadLock(m.Payload)}
-	if t, ok := rt.reg.Lookup(m.Task); ok {
+	d := uiTask{M: m, MaxAttempts: m.MaxAttempts, Back: uiSelf(r), Lock: service.PayloadLock(m.Payload)}
+	if t, ok := svc.Task(m.Task); ok {
 		d.Description = t.Description
 		if d.MaxAttempts == 0 {
 			d.MaxAttempts = t.MaxAttempts
@@ -725,7 +785,7 @@ func (u *ui) task(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	}
 	d.Final = m.State == broker.StateDone || m.State == broker.StateFailed || m.State == broker.StateDead
 	d.CanRequeue = m.State == broker.StateFailed || m.State == broker.StateDead
-	d.Reports, err = rt.broker.ListReports(r.Context(), broker.ReportFilter{MessageID: id, Limit: 100})
+	d.Reports, err = svc.Reports(r.Context(), broker.ReportFilter{MessageID: id, Limit: 100})
 	if err != nil {
 		d.ReportsErr = uiBrokerProblem("read the task's reports", err)
 	}
@@ -737,22 +797,21 @@ func (u *ui) task(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	default:
 		pg.Refresh = 2
 	}
-	u.render(w, r, rt, http.StatusOK, "task", pg)
+	u.render(w, r, svc, http.StatusOK, "task", pg)
 }
 
-func (u *ui) requeue(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) requeue(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	id, ok := u.taskID(w, r)
 	if !ok {
 		return
 	}
 	back := uiBack(r, fmt.Sprintf("/tasks/%d", id))
-	err := rt.broker.Requeue(r.Context(), id)
+	err := svc.Requeue(r.Context(), id)
 	u.audit(r, "requeue", "message_id", id, "error", err)
 	if err != nil {
 		u.redirect(w, r, back, "error", uiBrokerProblem(fmt.Sprintf("requeue task %d", id), err), "")
 		return
 	}
-	rt.pool.Wake()
 	u.redirect(w, r, back, "ok", fmt.Sprintf("Task %d is queued again.", id), "")
 }
 
@@ -768,31 +827,31 @@ type uiRun struct {
 	Form   uiRunForm
 }
 
-func (u *ui) runPage(w http.ResponseWriter, r *http.Request, rt *runtime, status int, f uiRunForm, fl *uiFlash) {
-	d := uiRun{Tasks: rt.reg.Tasks(), Topics: rt.pool.Topics(), Form: f}
-	u.render(w, r, rt, status, "run", &uiPage{Title: "Run a task", Flash: fl, D: d})
+func (u *UI) runPage(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, f uiRunForm, fl *uiFlash) {
+	d := uiRun{Tasks: svc.Tasks(), Topics: svc.Served(), Form: f}
+	u.render(w, r, svc, status, "run", &uiPage{Title: "Run a task", Flash: fl, D: d})
 }
 
-func (u *ui) runForm(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) runForm(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	q := r.URL.Query()
 	f := uiRunForm{Task: q.Get("task"), Payload: "{}"}
 	if from := q.Get("from"); from != "" {
 		// "Run again": start from a stored message.
 		if id, err := strconv.ParseInt(from, 10, 64); err == nil && id > 0 {
-			if m, err := rt.broker.GetMessage(r.Context(), id); err == nil {
+			if m, err := svc.Message(r.Context(), id); err == nil {
 				f.Task, f.Topic, f.Payload = m.Task, m.Topic, uiPrettyJSON(m.Payload)
 			}
 		}
 	}
-	u.runPage(w, r, rt, http.StatusOK, f, nil)
+	u.runPage(w, r, svc, http.StatusOK, f, nil)
 }
 
-func (u *ui) run(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) run(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	pf := r.PostForm
 	f := uiRunForm{Task: pf.Get("task"), Topic: strings.TrimSpace(pf.Get("topic")), Payload: pf.Get("payload"),
 		Delay: strings.TrimSpace(pf.Get("delay_seconds")), MaxAttempts: strings.TrimSpace(pf.Get("max_attempts"))}
 	fail := func(status int, msg string) {
-		u.runPage(w, r, rt, status, f, &uiFlash{Kind: "error", Message: msg})
+		u.runPage(w, r, svc, status, f, &uiFlash{Kind: "error", Message: msg})
 	}
 	payload := strings.TrimSpace(f.Payload)
 	if payload == "" {
@@ -802,7 +861,7 @@ func (u *ui) run(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		fail(http.StatusBadRequest, msg)
 		return
 	}
-	req := submitRequest{Task: f.Task, Topic: f.Topic, Payload: json.RawMessage(payload)}
+	req := service.SubmitRequest{Task: f.Task, Topic: f.Topic, Payload: json.RawMessage(payload)}
 	if f.Delay != "" {
 		n, err := strconv.ParseFloat(f.Delay, 64)
 		if err != nil || math.IsNaN(n) || math.IsInf(n, 0) {
@@ -819,54 +878,19 @@ func (u *ui) run(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		}
 		req.MaxAttempts = n
 	}
-	// The API's own handler checks and submits, so the UI accepts exactly
-	// what POST /api/tasks accepts, and counts it the same way.
-	body, err := json.Marshal(req)
+	// The service checks and submits, so the UI accepts exactly what
+	// POST /api/tasks accepts, and counts it the same way.
+	id, _, err := svc.Submit(r.Context(), req)
 	if err != nil {
-		fail(http.StatusBadRequest, "The form could not be turned into a task: "+err.Error()+".")
+		status, msg := uiFailure("submit the task", err)
+		if _, ok := service.IsProblem(err); ok {
+			msg = "The task was not submitted: " + strings.TrimSuffix(msg, ".") + "."
+		}
+		fail(status, msg)
 		return
 	}
-	sub, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, "/api/tasks", bytes.NewReader(body))
-	sub.Header.Set("Content-Type", "application/json")
-	rec := &uiRecorder{header: http.Header{}}
-	u.p.submitTask(rec, sub, rt)
-	var out struct {
-		ID    string `json:"id"`
-		Error string `json:"error"`
-	}
-	_ = json.Unmarshal(rec.body.Bytes(), &out)
-	if rec.status != http.StatusCreated || out.ID == "" {
-		msg := out.Error
-		if msg == "" {
-			msg = "the task system gave no reason"
-		}
-		status := rec.status
-		if status < 400 {
-			status = http.StatusInternalServerError
-		}
-		fail(status, "The task was not submitted: "+strings.TrimSuffix(msg, ".")+".")
-		return
-	}
-	u.audit(r, "run task", "task", f.Task, "topic", f.Topic, "message_id", out.ID)
-	u.redirect(w, r, "/tasks/"+out.ID, "ok", fmt.Sprintf("Task %s submitted (%s).", out.ID, f.Task), "")
-}
-
-// uiRecorder captures a handler's answer (net/http/httptest is for tests).
-type uiRecorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (w *uiRecorder) Header() http.Header { return w.header }
-func (w *uiRecorder) WriteHeader(code int) {
-	if w.status == 0 {
-		w.status = code
-	}
-}
-func (w *uiRecorder) Write(b []byte) (int, error) {
-	w.WriteHeader(http.StatusOK)
-	return w.body.Write(b)
+	u.audit(r, "run task", "task", f.Task, "topic", f.Topic, "message_id", strconv.FormatInt(id, 10))
+	u.redirect(w, r, fmt.Sprintf("/tasks/%d", id), "ok", fmt.Sprintf("Task %d submitted (%s).", id, f.Task), "")
 }
 
 // uiJSONProblem says in plain words what is wrong with a JSON text, or "".
@@ -948,66 +972,65 @@ func uiSchedFormFrom(r *http.Request) uiSchedForm {
 		MissedPolicy: pf.Get("missed_policy"), Enabled: pf.Get("enabled") != ""}
 }
 
-// body turns the form into what the API takes; toSchedule then checks it
-// exactly as the API does.
-func (f uiSchedForm) body() (scheduleBody, error) {
+// body turns the form into what the API takes; the service then checks
+// it exactly as it checks the API's.
+func (f uiSchedForm) body() (service.ScheduleSpec, error) {
 	payload := strings.TrimSpace(f.Payload)
 	if payload == "" {
 		payload = "{}"
 	}
 	if msg := uiJSONProblem("payload", payload); msg != "" {
-		return scheduleBody{}, errors.New(msg)
+		return service.ScheduleSpec{}, errors.New(msg)
 	}
 	interval := 0
 	if f.Interval != "" {
 		n, err := strconv.Atoi(f.Interval)
 		if err != nil {
-			return scheduleBody{}, fmt.Errorf("the interval must be a whole number of seconds, such as 60; %q is not", f.Interval)
+			return service.ScheduleSpec{}, fmt.Errorf("the interval must be a whole number of seconds, such as 60; %q is not", f.Interval)
 		}
 		interval = n
 	}
 	enabled := f.Enabled
-	return scheduleBody{Name: f.Name, Task: f.Task, Topic: f.Topic, Payload: json.RawMessage(payload),
+	return service.ScheduleSpec{Name: f.Name, Task: f.Task, Topic: f.Topic, Payload: json.RawMessage(payload),
 		IntervalSeconds: interval, Cron: f.Cron, Enabled: &enabled, MissedPolicy: f.MissedPolicy}, nil
 }
 
-func (u *ui) schedulesPage(w http.ResponseWriter, r *http.Request, rt *runtime, status int, f uiSchedForm, fl *uiFlash) {
-	d := uiSchedules{Form: f, Tasks: rt.reg.Names(), Topics: rt.pool.Topics(), Policies: []string{broker.MissedSkip, broker.MissedFireOnce}}
-	list, err := rt.broker.ListSchedules(r.Context())
+func (u *UI) schedulesPage(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, f uiSchedForm, fl *uiFlash) {
+	d := uiSchedules{Form: f, Tasks: svc.TaskNames(), Topics: svc.Served(), Policies: []string{broker.MissedSkip, broker.MissedFireOnce}}
+	list, err := svc.Schedules(r.Context())
 	if err != nil {
 		d.Err = uiBrokerProblem("list the schedules", err)
 	}
 	for _, s := range list {
 		d.Rows = append(d.Rows, uiSchedRowOf(s))
 	}
-	u.render(w, r, rt, status, "schedules", &uiPage{Title: "Schedules", Flash: fl, D: d})
+	u.render(w, r, svc, status, "schedules", &uiPage{Title: "Schedules", Flash: fl, D: d})
 }
 
-func (u *ui) schedules(w http.ResponseWriter, r *http.Request, rt *runtime) {
-	u.schedulesPage(w, r, rt, http.StatusOK, uiSchedForm{Payload: "{}", Enabled: true, Interval: "3600"}, nil)
+func (u *UI) schedules(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	u.schedulesPage(w, r, svc, http.StatusOK, uiSchedForm{Payload: "{}", Enabled: true, Interval: "3600"}, nil)
 }
 
-func (u *ui) createSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) createSchedule(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	f := uiSchedFormFrom(r)
 	fail := func(status int, msg string) {
-		u.schedulesPage(w, r, rt, status, f, &uiFlash{Kind: "error", Message: msg})
+		u.schedulesPage(w, r, svc, status, f, &uiFlash{Kind: "error", Message: msg})
 	}
 	b, err := f.body()
 	if err != nil {
 		fail(http.StatusBadRequest, "Schedule not created: "+err.Error())
 		return
 	}
-	if _, err := rt.broker.GetSchedule(r.Context(), b.Name); err == nil {
-		fail(http.StatusConflict, fmt.Sprintf("Schedule not created: a schedule named %q exists. Edit it, or choose another name.", b.Name))
+	stored, err := svc.CreateSchedule(r.Context(), b)
+	if p, ok := service.IsProblem(err); ok {
+		if errors.Is(p, service.ErrConflict) {
+			fail(http.StatusConflict, fmt.Sprintf("Schedule not created: a schedule named %q exists. Edit it, or choose another name.", b.Name))
+		} else {
+			fail(http.StatusBadRequest, "Schedule not created: "+p.Msg+".")
+		}
 		return
 	}
-	s, err := b.toSchedule(rt, broker.SourceAPI)
-	if err != nil {
-		fail(http.StatusBadRequest, "Schedule not created: "+err.Error()+".")
-		return
-	}
-	stored, err := rt.broker.PutSchedule(r.Context(), s)
-	u.audit(r, "create schedule", "schedule", s.Name, "error", err)
+	u.audit(r, "create schedule", "schedule", b.Name, "error", err)
 	if err != nil {
 		fail(http.StatusServiceUnavailable, uiBrokerProblem("store the schedule", err))
 		return
@@ -1023,20 +1046,20 @@ func uiSchedName(r *http.Request) string {
 	return name
 }
 
-func (u *ui) schedulePage(w http.ResponseWriter, r *http.Request, rt *runtime, status int, stored broker.Schedule, f uiSchedForm, fl *uiFlash) {
+func (u *UI) schedulePage(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, stored broker.Schedule, f uiSchedForm, fl *uiFlash) {
 	row := uiSchedRowOf(stored)
-	d := uiSchedules{Form: f, Tasks: rt.reg.Names(), Topics: rt.pool.Topics(), Policies: []string{broker.MissedSkip, broker.MissedFireOnce},
+	d := uiSchedules{Form: f, Tasks: svc.TaskNames(), Topics: svc.Served(), Policies: []string{broker.MissedSkip, broker.MissedFireOnce},
 		Edit: true, Stored: &row}
 	var err error
-	if d.Reports, err = rt.broker.ListReports(r.Context(), broker.ReportFilter{Schedule: stored.Name, Limit: 20}); err != nil {
+	if d.Reports, err = svc.Reports(r.Context(), broker.ReportFilter{Schedule: stored.Name, Limit: 20}); err != nil {
 		d.ReportsErr = uiBrokerProblem("read the schedule's reports", err)
 	}
-	u.render(w, r, rt, status, "schedule", &uiPage{Title: "Schedule " + stored.Name, Nav: "schedules", Flash: fl, D: d})
+	u.render(w, r, svc, status, "schedule", &uiPage{Title: "Schedule " + stored.Name, Nav: "schedules", Flash: fl, D: d})
 }
 
-func (u *ui) loadSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) (broker.Schedule, bool) {
+func (u *UI) loadSchedule(w http.ResponseWriter, r *http.Request, svc *service.Service) (broker.Schedule, bool) {
 	name := uiSchedName(r)
-	s, err := rt.broker.GetSchedule(r.Context(), name)
+	s, err := svc.Schedule(r.Context(), name)
 	if errors.Is(err, broker.ErrNotFound) {
 		u.problem(w, r, http.StatusNotFound, "No such schedule", fmt.Sprintf("There is no schedule named %q (deleted?).", name))
 		return s, false
@@ -1048,36 +1071,35 @@ func (u *ui) loadSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) (
 	return s, true
 }
 
-func (u *ui) schedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
-	s, ok := u.loadSchedule(w, r, rt)
+func (u *UI) schedule(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	s, ok := u.loadSchedule(w, r, svc)
 	if !ok {
 		return
 	}
-	u.schedulePage(w, r, rt, http.StatusOK, s, uiSchedFormOf(s), nil)
+	u.schedulePage(w, r, svc, http.StatusOK, s, uiSchedFormOf(s), nil)
 }
 
-func (u *ui) updateSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
-	stored, ok := u.loadSchedule(w, r, rt)
+func (u *UI) updateSchedule(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	stored, ok := u.loadSchedule(w, r, svc)
 	if !ok {
 		return
 	}
 	f := uiSchedFormFrom(r)
 	f.Name, f.Source = stored.Name, stored.Source // a schedule cannot be renamed
 	fail := func(status int, msg string) {
-		u.schedulePage(w, r, rt, status, stored, f, &uiFlash{Kind: "error", Message: msg})
+		u.schedulePage(w, r, svc, status, stored, f, &uiFlash{Kind: "error", Message: msg})
 	}
 	b, err := f.body()
 	if err != nil {
 		fail(http.StatusBadRequest, "Not saved: "+err.Error())
 		return
 	}
-	s, err := b.toSchedule(rt, broker.SourceAPI)
-	if err != nil {
-		fail(http.StatusBadRequest, "Not saved: "+err.Error()+".")
+	saved, err := svc.UpdateSchedule(r.Context(), b)
+	if p, ok := service.IsProblem(err); ok {
+		fail(http.StatusBadRequest, "Not saved: "+p.Msg+".")
 		return
 	}
-	saved, err := rt.broker.PutSchedule(r.Context(), s)
-	u.audit(r, "update schedule", "schedule", s.Name, "error", err)
+	u.audit(r, "update schedule", "schedule", b.Name, "error", err)
 	if err != nil {
 		fail(http.StatusServiceUnavailable, uiBrokerProblem("store the schedule", err))
 		return
@@ -1085,29 +1107,15 @@ func (u *ui) updateSchedule(w http.ResponseWriter, r *http.Request, rt *runtime)
 	u.redirect(w, r, "/schedules", "ok", fmt.Sprintf("Schedule %s saved: %s.", saved.Name, uiSchedRowOf(saved).Timing), "")
 }
 
-func (u *ui) toggleSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) toggleSchedule(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	name := uiSchedName(r)
-	s, err := rt.broker.GetSchedule(r.Context(), name)
-	if err != nil {
-		u.redirect(w, r, "/schedules", "error", uiBrokerProblem(fmt.Sprintf("toggle schedule %q", name), err), "")
+	// Disabling always works, even for a task that is gone; enabling
+	// checks the schedule as the API would.
+	s, err := svc.ToggleSchedule(r.Context(), name)
+	if p, ok := service.IsProblem(err); ok {
+		u.redirect(w, r, "/schedules", "error", fmt.Sprintf("Schedule %s stays disabled: %s.", name, p.Msg), "")
 		return
 	}
-	if s.Enabled {
-		// Disabling always works, even for a task that is gone.
-		s.Enabled = false
-	} else {
-		// Enabling checks the schedule as the API would.
-		enabled := true
-		b := scheduleBody{Name: s.Name, Task: s.Task, Topic: s.Topic, Payload: s.Payload, IntervalSeconds: s.IntervalSeconds,
-			Cron: s.Cron, Enabled: &enabled, MissedPolicy: s.MissedPolicy}
-		checked, err := b.toSchedule(rt, s.Source)
-		if err != nil {
-			u.redirect(w, r, "/schedules", "error", fmt.Sprintf("Schedule %s stays disabled: %v.", name, err), "")
-			return
-		}
-		s = checked
-	}
-	_, err = rt.broker.PutSchedule(r.Context(), s)
 	u.audit(r, "toggle schedule", "schedule", name, "enabled", s.Enabled, "error", err)
 	if err != nil {
 		u.redirect(w, r, "/schedules", "error", uiBrokerProblem(fmt.Sprintf("toggle schedule %q", name), err), "")
@@ -1120,9 +1128,9 @@ func (u *ui) toggleSchedule(w http.ResponseWriter, r *http.Request, rt *runtime)
 	u.redirect(w, r, "/schedules", "ok", fmt.Sprintf("Schedule %s %s.", name, state), "")
 }
 
-func (u *ui) deleteSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) deleteSchedule(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	name := uiSchedName(r)
-	err := rt.broker.DeleteSchedule(r.Context(), name)
+	err := svc.DeleteSchedule(r.Context(), name)
 	u.audit(r, "delete schedule", "schedule", name, "error", err)
 	if err != nil {
 		u.redirect(w, r, "/schedules", "error", uiBrokerProblem(fmt.Sprintf("delete schedule %q", name), err), "")
@@ -1144,14 +1152,14 @@ type uiLocks struct {
 	Rows []uiLockRow
 }
 
-func (u *ui) locks(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) locks(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	var d uiLocks
-	locks, err := rt.broker.Locks(r.Context())
+	locks, err := svc.Locks(r.Context())
 	if err != nil {
 		d.Err = uiBrokerProblem("list the locks", err)
 	}
 	workers := map[string]uiWorkerRow{}
-	if ws, err := u.workers(r.Context(), rt); err == nil {
+	if ws, err := u.workers(r.Context(), svc); err == nil {
 		for _, w := range ws {
 			workers[w.ID] = w
 		}
@@ -1164,16 +1172,16 @@ func (u *ui) locks(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		}
 		d.Rows = append(d.Rows, row)
 	}
-	u.render(w, r, rt, uiStatus(d.Err != ""), "locks", &uiPage{Title: "Locks", D: d})
+	u.render(w, r, svc, uiStatus(d.Err != ""), "locks", &uiPage{Title: "Locks", D: d})
 }
 
-func (u *ui) releaseLock(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) releaseLock(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	name := r.PostForm.Get("name")
 	if name == "" {
 		u.redirect(w, r, "/locks", "error", "No lock named: the form lacks the lock's name.", "")
 		return
 	}
-	released, err := rt.broker.ForceReleaseLock(r.Context(), name)
+	released, err := svc.ReleaseLock(r.Context(), name)
 	u.audit(r, "force-release lock", "lock", name, "released", released, "error", err)
 	switch {
 	case err != nil:
@@ -1193,17 +1201,17 @@ type uiTopics struct {
 	Served []string
 }
 
-func (u *ui) topics(w http.ResponseWriter, r *http.Request, rt *runtime) {
-	d := uiTopics{Served: rt.pool.Topics()}
-	st, err := rt.broker.Stats(r.Context())
+func (u *UI) topics(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	d := uiTopics{Served: svc.Served()}
+	st, err := svc.Stats(r.Context())
 	if err != nil {
 		d.Err = uiBrokerProblem("read the topics", err)
 	}
 	d.Topics = st.Topics
-	u.render(w, r, rt, uiStatus(d.Err != ""), "topics", &uiPage{Title: "Topics", D: d})
+	u.render(w, r, svc, uiStatus(d.Err != ""), "topics", &uiPage{Title: "Topics", D: d})
 }
 
-func (u *ui) topicAction(w http.ResponseWriter, r *http.Request, rt *runtime) {
+func (u *UI) topicAction(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	op := chi.URLParam(r, "op")
 	topic := r.PostForm.Get("topic")
 	if err := broker.ValidateTopicName(topic); err != nil {
@@ -1229,14 +1237,14 @@ func (u *ui) topicAction(w http.ResponseWriter, r *http.Request, rt *runtime) {
 			u.redirect(w, r, "/topics", "error", fmt.Sprintf("The concurrency limit of %s must be a whole number, 0 for unlimited; %q is not.", topic, s), "")
 			return
 		}
-		_, err = rt.broker.SetTopic(ctx, topic, broker.TopicPatch{ConcurrencyLimit: &n})
+		_, err = svc.SetTopic(ctx, topic, broker.TopicPatch{ConcurrencyLimit: &n})
 		msg = fmt.Sprintf("Topic %s: at most %s running at once.", topic, uiFuncs["limit"].(func(int) string)(n))
 	case "pause":
 		v, ok := setBool("paused")
 		if !ok {
 			return
 		}
-		_, err = rt.broker.SetTopic(ctx, topic, broker.TopicPatch{Paused: &v})
+		_, err = svc.SetTopic(ctx, topic, broker.TopicPatch{Paused: &v})
 		msg = fmt.Sprintf("Topic %s resumed: its queued tasks are claimed again.", topic)
 		if v {
 			msg = fmt.Sprintf("Topic %s paused: no new claims; running tasks finish.", topic)
@@ -1246,18 +1254,18 @@ func (u *ui) topicAction(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		if !ok {
 			return
 		}
-		_, err = rt.broker.SetTopic(ctx, topic, broker.TopicPatch{DeadLetterEnabled: &v})
+		_, err = svc.SetTopic(ctx, topic, broker.TopicPatch{DeadLetterEnabled: &v})
 		msg = fmt.Sprintf("Topic %s: tasks that fail for good now end failed (no dead letters).", topic)
 		if v {
 			msg = fmt.Sprintf("Topic %s: tasks that fail for good now become dead letters.", topic)
 		}
 	case "drain":
-		err = rt.broker.Drain(ctx, topic)
+		err = svc.Drain(ctx, topic)
 		msg = fmt.Sprintf("Topic %s is draining: it takes no new work, and its running tasks finish. Resume it to take work again.", topic)
 	case "purge":
 		deadLetters := r.PostForm.Get("dead_letters") != ""
 		var res broker.PurgeResult
-		res, err = rt.broker.Purge(ctx, topic, deadLetters)
+		res, err = svc.Purge(ctx, topic, deadLetters)
 		msg = fmt.Sprintf("Topic %s purged: %d queued task(s) deleted", topic, res.Queued)
 		if deadLetters {
 			msg += fmt.Sprintf(", and %d dead letter(s)", res.DeadLetter)
@@ -1272,7 +1280,6 @@ func (u *ui) topicAction(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		u.redirect(w, r, "/topics", "error", uiBrokerProblem(fmt.Sprintf("%s topic %s", op, topic), err), "")
 		return
 	}
-	rt.pool.Wake() // a resumed or widened topic may have work
 	u.redirect(w, r, "/topics", "ok", msg, "")
 }
 

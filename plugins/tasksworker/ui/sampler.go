@@ -1,4 +1,4 @@
-package tasksworker
+package ui
 
 // The dashboard's charts: an in-memory ring of per-minute samples of the
 // broker's counts (queue depth) and of this process's task counters
@@ -19,16 +19,16 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 )
 
 const (
 	// uiSampleEvery is how often the sampler reads the broker's stats.
 	uiSampleEvery  = 30 * time.Second
 	uiChartMinutes = 60
+	// uiStatsTimeout bounds the broker.Stats call of one sample.
+	uiStatsTimeout = 5 * time.Second
 )
 
 // uiMinute is one minute of samples. Depths are the highest seen in the
@@ -50,48 +50,41 @@ type uiSampler struct {
 // uiSamplers maps each live *runtime to its sampler.
 var uiSamplers sync.Map
 
-// sampler returns rt's sampler, starting it on first use.
-func (u *ui) sampler(rt *runtime) *uiSampler {
-	if v, ok := uiSamplers.Load(rt); ok {
+// sampler returns svc's sampler, starting it on first use.
+func (u *UI) sampler(svc *service.Service) *uiSampler {
+	if v, ok := uiSamplers.Load(svc); ok {
 		return v.(*uiSampler)
 	}
 	s := &uiSampler{}
-	if v, loaded := uiSamplers.LoadOrStore(rt, s); loaded {
+	if v, loaded := uiSamplers.LoadOrStore(svc, s); loaded {
 		return v.(*uiSampler)
 	}
-	go u.runSampler(rt, s)
+	go u.runSampler(svc, s)
 	return s
 }
 
-func (u *ui) runSampler(rt *runtime, s *uiSampler) {
-	defer uiSamplers.Delete(rt)
+func (u *UI) runSampler(svc *service.Service, s *uiSampler) {
+	defer uiSamplers.Delete(svc)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for range tick.C {
-		if u.p.current() != rt {
+		if u.current() != svc {
 			return
 		}
 		if !s.due(time.Now(), uiSampleEvery) {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
-		st, err := rt.broker.Stats(ctx)
+		ctx, cancel := context.WithTimeout(context.Background(), uiStatsTimeout)
+		st, err := svc.Stats(ctx)
 		cancel()
 		if err != nil {
 			// A gap in the chart says it; the dashboard says why.
 			s.skip(time.Now())
 			continue
 		}
-		s.record(time.Now(), st, counterValue(u.p.metrics.completed), counterValue(u.p.metrics.failed))
+		done, failed := u.throughput()
+		s.record(time.Now(), st, done, failed)
 	}
-}
-
-func counterValue(c prometheus.Counter) float64 {
-	var m dto.Metric
-	if c.Write(&m) != nil {
-		return 0
-	}
-	return m.GetCounter().GetValue()
 }
 
 // due says whether the last sample is at least every old.
