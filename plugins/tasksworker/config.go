@@ -1,5 +1,8 @@
 package tasksworker
 
+// The plugin's config block: its settings, their defaults and strict
+// parsing (ParseConfig), and the choice of broker (openBroker).
+
 import (
 	"bytes"
 	"context"

@@ -1,5 +1,8 @@
 package tasksworker
 
+// The plugin's Prometheus registry: broker gauges read at scrape time and
+// the process-local task counters.
+
 import (
 	"bytes"
 	"context"

@@ -1,5 +1,9 @@
 package tasksworker
 
+// The Plugin type: its lifecycle (Configure starts a runtime: broker,
+// worker pool, reaper, beat and the service over them; Stop drains it),
+// health, metrics, the HTTP handler and the reclaim action.
+
 import (
 	"context"
 	"encoding/json"

@@ -1,5 +1,8 @@
 package tasksworker
 
+// Tasks provided by other plugins: discovered through the host and run
+// in their plugin.
+
 import (
 	"context"
 	"encoding/json"

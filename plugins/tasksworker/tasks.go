@@ -1,5 +1,8 @@
 package tasksworker
 
+// The built-in tasks every tasks_worker registers (demo.*, the
+// watchdog's reclaim pass).
+
 import (
 	"bytes"
 	"context"
