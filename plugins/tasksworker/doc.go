@@ -23,11 +23,13 @@
 //   - package ui (plugins/tasksworker/ui): the web UI under /ui, with its
 //     templates embedded. It depends on the service alone and maps its
 //     errors to the pages' messages, once.
-//   - plugin.go: the lifecycle. Configure starts a runtime (broker, worker
-//     pool, reaper, beat, and the service over them); the config's
-//     schedules, the beat's schedule lookup and the reclaim action go
+//   - plugin.go: the Plugin and its capabilities; runtime.go: what
+//     Configure starts (broker, worker pool, reaper, beat, and the service
+//     over them), where the config's schedules and the beat's schedule
+//     lookup go through the service; actions.go: the reclaim action,
 //     through the service.
-//   - config.go parses the config; topics.go applies its topics;
+//   - config.go parses the config (config_values.go, one value; brokers.go
+//     opens the broker it names); topics.go applies its topics;
 //     providers.go registers the tasks of other plugins; tasks.go holds
 //     the built-in tasks; fastpath.go reclaims the work of a crashed
 //     neighbour on this machine early; metrics.go is the Prometheus
