@@ -128,26 +128,13 @@ const (
 	RoleBeat   = "beat"
 )
 
-// Limits on input. They are checked by every implementation through
-// ValidateSubmit and ValidateTopicName.
-const (
-	MaxTopicLen    = 200
-	MaxTaskLen     = 200
-	MaxPayloadSize = 1 << 20 // default, see SubmitRequest
-	// MaxResultSize bounds a task's result (JSON bytes): a larger one
-	// fails the attempt in the worker instead of being written.
-	MaxResultSize = 1 << 20
-	// MaxDelay bounds a submit's or a requeue's delay.
-	MaxDelay = 10 * 365 * 24 * time.Hour
-)
-
 // CheckDelay refuses a delay that is negative or over MaxDelay.
 func CheckDelay(d time.Duration) error {
 	if d < 0 {
 		return Invalid("delay is negative")
 	}
 	if d > MaxDelay {
-		return Invalid("delay is %s, the limit is %s (10 years)", d, MaxDelay)
+		return Invalid("delay is %s, the limit is %s (%s)", d, MaxDelay, maxDelayText)
 	}
 	return nil
 }
@@ -469,6 +456,9 @@ func ValidateSubmit(req SubmitRequest, maxPayload int) error {
 	}
 	if req.MaxAttempts < 0 {
 		return Invalid("max_attempts is negative")
+	}
+	if req.MaxAttempts > MaxAttempts {
+		return Invalid("max_attempts is %d, the limit is %d", req.MaxAttempts, MaxAttempts)
 	}
 	return nil
 }

@@ -2,12 +2,6 @@ package broker
 
 import "slices"
 
-// ListMessages limits.
-const (
-	DefaultListLimit = 50
-	MaxListLimit     = 1000
-)
-
 // States are the message states, in the order a message may pass them.
 var States = []string{StateQueued, StateRunning, StateDone, StateFailed, StateDead}
 

@@ -15,22 +15,8 @@ import (
 // submits: the name of the schedule that fired it.
 const ScheduleHeader = "schedule"
 
-// MaxScheduleNameLen bounds a schedule's name, in characters.
-const MaxScheduleNameLen = 200
-
-// MaxIntervalSeconds bounds a schedule's interval (a 32-bit column in the
-// SQL stores; some 68 years).
-const MaxIntervalSeconds = 1<<31 - 1
-
 // SourceAPI is the source a schedule gets when none is given.
 const SourceAPI = "api"
-
-// ListReports limits: Limit 0 or less means DefaultReportLimit, and it is
-// capped at MaxReportLimit.
-const (
-	DefaultReportLimit = 50
-	MaxReportLimit     = 1000
-)
 
 // ReportStatuses are the statuses a report may have.
 var ReportStatuses = []string{ReportSuccess, ReportFailed, ReportError, ReportTimeout, ReportCancelled, ReportSkipped, ReportLost}

@@ -1,25 +1,20 @@
 package tasksworker
 
+// The plugin's config block: its settings, their defaults and strict
+// parsing (ParseConfig), and the choice of broker (openBroker).
+
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
-	"math"
 	"os"
-	"path/filepath"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-
 	"github.com/taskhost/taskhost/broker"
-	"github.com/taskhost/taskhost/broker/local"
-	"github.com/taskhost/taskhost/broker/memory"
 	"github.com/taskhost/taskhost/broker/postgres"
 	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 	"github.com/taskhost/taskhost/reaper"
 )
 
@@ -61,7 +56,7 @@ type Config struct {
 	// BeatTick is how often the leader looks for due schedules.
 	BeatTick time.Duration
 	// Schedules are declared in the config and upserted at start.
-	Schedules []scheduleBody
+	Schedules []service.ScheduleSpec
 	// ReportRetention: task reports older than this are purged.
 	ReportRetention time.Duration
 	// MessageRetention: with the postgres broker, done messages that
@@ -220,20 +215,20 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 
 // schedulesSetting reads the declared schedules strictly; the checks that
 // need the task registry run at start.
-func schedulesSetting(v json.RawMessage) ([]scheduleBody, error) {
+func schedulesSetting(v json.RawMessage) ([]service.ScheduleSpec, error) {
 	var raw []json.RawMessage
 	if err := json.Unmarshal(v, &raw); err != nil {
-		return nil, invalid("schedules", "must be a list of schedules, such as [%s]", scheduleExample)
+		return nil, invalid("schedules", "must be a list of schedules, such as [%s]", service.ScheduleExample)
 	}
-	out := make([]scheduleBody, 0, len(raw))
+	out := make([]service.ScheduleSpec, 0, len(raw))
 	names := map[string]bool{}
 	for i, r := range raw {
 		key := fmt.Sprintf("schedules[%d]", i)
-		var b scheduleBody
+		var b service.ScheduleSpec
 		d := json.NewDecoder(bytes.NewReader(r))
 		d.DisallowUnknownFields()
 		if err := d.Decode(&b); err != nil {
-			return nil, invalid(key, "%v; a schedule looks like %s", strings.TrimPrefix(err.Error(), "json: "), scheduleExample)
+			return nil, invalid(key, "%v; a schedule looks like %s", strings.TrimPrefix(err.Error(), "json: "), service.ScheduleExample)
 		}
 		if names[b.Name] {
 			return nil, invalid(key, "schedule %q is declared twice", b.Name)
@@ -242,177 +237,4 @@ func schedulesSetting(v json.RawMessage) ([]scheduleBody, error) {
 		out = append(out, b)
 	}
 	return out, nil
-}
-
-// LocalDBFile is the local broker's database file inside data_dir.
-const LocalDBFile = "taskhost.db"
-
-func durationSetting(key string, v json.RawMessage, zeroOK bool) (time.Duration, error) {
-	s, err := secondsSetting(key, v, zeroOK)
-	return time.Duration(s * float64(time.Second)), err
-}
-
-// openBroker is the one place that maps the broker setting to an
-// implementation. It checks everything it can before the caller stops the
-// running broker, and returns the function that opens the new one.
-func openBroker(cfg Config, log hclog.Logger) (func(ctx context.Context) (broker.Broker, error), error) {
-	switch cfg.Broker {
-	case "memory":
-		return func(context.Context) (broker.Broker, error) { return memory.New(), nil }, nil
-	case "local":
-		path := filepath.Join(cfg.DataDir, LocalDBFile)
-		return func(ctx context.Context) (broker.Broker, error) {
-			return local.Open(ctx, local.Options{
-				Path:       path,
-				LiveAfter:  cfg.Reaper.After,
-				WorkerTTL:  cfg.Reaper.WorkerTTL,
-				MaxPayload: cfg.MaxPayloadBytes,
-				Logger:     log.Named("local"),
-			})
-		}, nil
-	case "postgres":
-		return func(ctx context.Context) (broker.Broker, error) {
-			return postgres.New(ctx, postgres.Options{
-				DSN:        cfg.DSN,
-				Schema:     cfg.Schema,
-				LiveAfter:  cfg.Reaper.After,
-				WorkerTTL:  cfg.Reaper.WorkerTTL,
-				MaxPayload: cfg.MaxPayloadBytes,
-				Logger:     log.Named("postgres"),
-			})
-		}, nil
-	}
-	return nil, invalid("broker", "unknown broker %q; use one of %s", cfg.Broker, strings.Join(brokerKinds, ", "))
-}
-
-func stringSetting(key string, v json.RawMessage) (string, error) {
-	var s *string
-	if err := json.Unmarshal(v, &s); err != nil {
-		return "", invalid(key, "must be a string, got %s", clip(v))
-	}
-	if s == nil {
-		return "", nil
-	}
-	return *s, nil
-}
-
-func boolSetting(key string, v json.RawMessage) (bool, error) {
-	var b bool
-	if err := json.Unmarshal(v, &b); err != nil {
-		return false, invalid(key, "must be true or false, got %s", clip(v))
-	}
-	return b, nil
-}
-
-func number(v json.RawMessage) (json.Number, bool) {
-	d := json.NewDecoder(bytes.NewReader(v))
-	d.UseNumber()
-	var n any
-	if err := d.Decode(&n); err != nil {
-		return "", false
-	}
-	num, ok := n.(json.Number)
-	return num, ok
-}
-
-func intSetting(key string, v json.RawMessage, lo, hi int) (int, error) {
-	num, ok := number(v)
-	i, err := strconv.ParseInt(string(num), 10, 64)
-	if !ok || err != nil || i < int64(lo) || i > int64(hi) {
-		return 0, invalid(key, "must be a whole number from %d to %d, got %s", lo, hi, clip(v))
-	}
-	return int(i), nil
-}
-
-func secondsSetting(key string, v json.RawMessage, zeroOK bool) (float64, error) {
-	const maxSeconds = 7 * 24 * 3600
-	num, ok := number(v)
-	f, err := strconv.ParseFloat(string(num), 64)
-	bad := !ok || err != nil || math.IsNaN(f) || f < 0 || f > maxSeconds || (f == 0 && !zeroOK)
-	if bad {
-		if zeroOK {
-			return 0, invalid(key, "must be a number of seconds from 0 to %d, got %s", maxSeconds, clip(v))
-		}
-		return 0, invalid(key, "must be a number of seconds above 0 and at most %d, got %s", maxSeconds, clip(v))
-	}
-	return f, nil
-}
-
-func topicsSetting(v json.RawMessage) (map[string]TopicSetting, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(v, &m); err != nil {
-		return nil, invalid("topics", "must be a map from topic name to {%s}, got %s", strings.Join(topicKeys, ", "), clip(v))
-	}
-	out := make(map[string]TopicSetting, len(m))
-	for _, name := range sortedKeys(m) {
-		key := "topics." + name
-		if err := broker.ValidateTopicName(name); err != nil {
-			return nil, invalid(key, "bad topic name: %v", err)
-		}
-		var fields map[string]json.RawMessage
-		if err := json.Unmarshal(m[name], &fields); err != nil {
-			return nil, invalid(key, "must be an object with %s, got %s", strings.Join(topicKeys, ", "), clip(m[name]))
-		}
-		var p TopicSetting
-		for _, f := range sortedKeys(fields) {
-			fk := key + "." + f
-			switch f {
-			case "concurrency_limit":
-				n, err := intSetting(fk, fields[f], 0, math.MaxInt32)
-				if err != nil {
-					return nil, invalid(fk, "must be a whole number, 0 for unlimited, got %s", clip(fields[f]))
-				}
-				p.ConcurrencyLimit = &n
-			case "dead_letter_enabled":
-				b, err := boolSetting(fk, fields[f])
-				if err != nil {
-					return nil, err
-				}
-				p.DeadLetterEnabled = &b
-			case "paused":
-				b, err := boolSetting(fk, fields[f])
-				if err != nil {
-					return nil, err
-				}
-				p.Paused = &b
-			case "enforce":
-				b, err := boolSetting(fk, fields[f])
-				if err != nil {
-					return nil, err
-				}
-				p.Enforce = b
-			default:
-				return nil, invalid(fk, "unknown topic setting; the settings are %s", strings.Join(topicKeys, ", "))
-			}
-		}
-		out[name] = p
-	}
-	return out, nil
-}
-
-// clip shows a bad value in a message without flooding it.
-func clip(v json.RawMessage) string {
-	s := string(bytes.TrimSpace(v))
-	if len(s) > 60 {
-		s = s[:60] + "..."
-	}
-	return s
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -1,5 +1,8 @@
 package tasksworker
 
+// Duplicate and wrongly-cased keys in a JSON request body, which
+// encoding/json would silently accept.
+
 import (
 	"bytes"
 	"encoding/json"

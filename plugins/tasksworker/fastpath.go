@@ -1,5 +1,9 @@
 package tasksworker
 
+// The fast path of the orphan reclaim: a neighbour worker on this machine
+// whose process is gone has its work reclaimed without waiting for the
+// reaper's full timeout.
+
 import (
 	"context"
 	"errors"

@@ -1,5 +1,8 @@
 package tasksworker
 
+// The plugin's Prometheus registry: broker gauges read at scrape time and
+// the process-local task counters.
+
 import (
 	"bytes"
 	"context"
@@ -9,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/taskhost/taskhost/broker"
@@ -244,4 +248,13 @@ func boolGauge(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// counterValue is a counter's value now.
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if c.Write(&m) != nil {
+		return 0
+	}
+	return m.GetCounter().GetValue()
 }

@@ -219,7 +219,8 @@ func (failingStats) Stats(context.Context) (broker.Stats, error) {
 func TestBrokerGaugesAreLeftOutWhenStatsFails(t *testing.T) {
 	f := start(t, nil)
 	rt := f.plugin.current()
-	f.plugin.swap(&runtime{cfg: rt.cfg, broker: failingStats{rt.broker}, reg: rt.reg, pool: rt.pool})
+	f.plugin.swap(&runtime{cfg: rt.cfg, broker: failingStats{rt.broker}, reg: rt.reg, pool: rt.pool,
+		svc: f.plugin.newService(rt.cfg, failingStats{rt.broker}, rt.reg, rt.pool, rt.reaper)})
 	defer f.plugin.swap(rt)
 
 	fams := f.scrape()
@@ -293,7 +294,7 @@ func TestRefusedHeartbeatsDegradeHealthAndShowInTheAge(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = pool.Stop(context.Background()) }()
-	f.plugin.swap(&runtime{cfg: rt.cfg, broker: b, reg: reg, pool: pool})
+	f.plugin.swap(&runtime{cfg: rt.cfg, broker: b, reg: reg, pool: pool, svc: f.plugin.newService(rt.cfg, b, reg, pool, nil)})
 	defer f.plugin.swap(rt)
 
 	deadline := time.Now().Add(5 * time.Second)
@@ -343,7 +344,7 @@ func TestSubmitsAndSchedulesOfOtherHostsTasksWaitForTheWorkerList(t *testing.T) 
 		t.Fatal(err)
 	}
 	defer func() { _ = pool.Stop(context.Background()) }()
-	f.plugin.swap(&runtime{cfg: rt.cfg, broker: b, reg: reg, pool: pool})
+	f.plugin.swap(&runtime{cfg: rt.cfg, broker: b, reg: reg, pool: pool, svc: f.plugin.newService(rt.cfg, b, reg, pool, nil)})
 	defer f.plugin.swap(rt)
 
 	if res := f.do("POST", "/api/tasks", `{"task": "elsewhere.task", "topic": "default"}`); res.status != http.StatusServiceUnavailable {

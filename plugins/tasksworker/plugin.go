@@ -1,5 +1,9 @@
 package tasksworker
 
+// The Plugin type and its capabilities: Describe, CheckConfig, Configure
+// (which starts a runtime, runtime.go) and Stop, health, metrics and the
+// HTTP handler (the API and the UI). The actions are in actions.go.
+
 import (
 	"context"
 	"encoding/json"
@@ -15,7 +19,6 @@ import (
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/reaper"
 	"github.com/taskhost/taskhost/scheduler"
-	"github.com/taskhost/taskhost/worker"
 )
 
 // Name is the plugin's name: its config key, URL segment and metric prefix.
@@ -38,22 +41,6 @@ type Plugin struct {
 	life sync.Mutex
 	mu   sync.RWMutex
 	rt   *runtime
-}
-
-// runtime is what one Configure starts and Stop (or the next Configure)
-// stops.
-type runtime struct {
-	cfg    Config
-	broker broker.Broker
-	reg    *worker.Registry
-	pool   *worker.Pool
-	reaper *reaper.Reaper
-	leader *scheduler.Leader // nil when this process is no beat candidate
-	// reports stores task reports off the workers' path.
-	reports *worker.ReportWriter
-	// cancel stops the runtime's own goroutines; wg waits for them.
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
 }
 
 var (
@@ -131,7 +118,7 @@ func (p *Plugin) CheckConfig(raw json.RawMessage) error {
 		return err
 	}
 	for i, b := range cfg.Schedules {
-		if _, err := b.check(); err != nil {
+		if _, err := b.Check(); err != nil {
 			return invalid(fmt.Sprintf("schedules[%d]", i), "%v", err)
 		}
 	}
@@ -176,160 +163,6 @@ func (p *Plugin) Configure(ctx context.Context, req capability.ConfigureRequest)
 	p.log.Info("tasks_worker configured", "broker", cfg.Broker, "workers", cfg.Workers,
 		"worker_id", rt.pool.WorkerID(), "topics", rt.pool.Topics())
 	return nil
-}
-
-func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host capability.HostServices) (*runtime, error) {
-	reg := worker.NewRegistry()
-	// The watchdog task runs the same pass as the beat and the admin
-	// action; the reaper needs the pool's worker id, so it is bound below,
-	// before any task can run.
-	var rp *reaper.Reaper
-	reclaim := func(ctx context.Context) reaper.Result { return rp.Pass(ctx) }
-	if err := registerBuiltins(reg, cfg, reclaim); err != nil {
-		return nil, fmt.Errorf("register built-in tasks: %w", err)
-	}
-	if err := applyTopics(ctx, b, cfg.Topics, p.log); err != nil {
-		return nil, err
-	}
-	topics := sortedKeys(cfg.Topics)
-	drain := cfg.DrainTimeout
-	if drain == 0 {
-		drain = -1 // the pool's "cancel at once"
-	}
-	reports := worker.NewReportWriter(b, p.log.Named("reports"), func(n int) { p.metrics.reportsDropped.Add(float64(n)) })
-	roles := []string{broker.RoleWorker}
-	leaser, canLead := b.(broker.Leaser)
-	if cfg.Beat && canLead {
-		roles = append(roles, broker.RoleBeat)
-	}
-	pool := worker.NewPool(b, reg, worker.Options{
-		Roles:             roles,
-		Topics:            topics,
-		Concurrency:       cfg.Workers,
-		HeartbeatInterval: cfg.HeartbeatInterval,
-		DrainTimeout:      drain,
-		Logger:            p.log.Named("pool"),
-		Observer:          p.metrics,
-		Reporter:          reports,
-		Strays:            func(n int) { p.metrics.straysRequeued.Add(float64(n)) },
-		UnknownTaskGrace:  unknownTaskGrace,
-		UnknownTaskWait:   unknownTaskWait,
-	})
-	// Every topic this process claims exists in the broker from the start,
-	// so its gauges are there (at zero) before the first submit.
-	for _, name := range pool.Topics() {
-		if _, ok := cfg.Topics[name]; ok {
-			continue
-		}
-		if _, err := b.SetTopic(ctx, name, broker.TopicPatch{}); err != nil {
-			return nil, fmt.Errorf("create topic %q: %w", name, err)
-		}
-	}
-	rp = reaper.New(b, pool.WorkerID(), cfg.Reaper, p.log.Named("reaper"), p.reaperMetrics)
-	// Start registers the worker and writes its first heartbeat before it
-	// returns; the beat starts after that, so its first pass never finds
-	// its own process missing from the live set.
-	if err := pool.Start(ctx); err != nil {
-		return nil, err
-	}
-	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp, reports: reports}
-	if err := applyConfigSchedules(ctx, rt); err != nil {
-		_ = pool.Stop(ctx)
-		reports.Close(closeWithin(ctx))
-		return nil, err
-	}
-	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	rt.cancel = cancel
-	rt.wg.Go(func() { watchProviders(bg, host, reg, p.log.Named("providers")) })
-	if cfg.Reaper.Enabled {
-		rt.wg.Go(func() {
-			reclaimDeadNeighbours(bg, b, rp, pool.WorkerID(), cfg.Reaper.Grace,
-				fastReclaimWindow(cfg.HeartbeatInterval, cfg.Reaper.After), p.log.Named("reaper"))
-		})
-	}
-	if cfg.Beat && canLead {
-		beat := &scheduler.Beat{
-			Reaper: rp, Settings: cfg.Reaper, Logger: p.log.Named("beat"),
-			Schedules: &scheduler.Ticker{
-				Store: b,
-				// The beat leader need not run every scheduled task:
-				// a schedule fires when some live worker runs it.
-				Lookup: func(task, topic string) (string, bool) {
-					if t, ok := reg.Lookup(task); ok {
-						return t.Topic, true
-					}
-					if topic == "" {
-						return "", false
-					}
-					// When the worker list cannot be read, the slot
-					// fires all the same: a message of a task that no
-					// worker runs fails as unknown in the end, where a
-					// slot fired without one would be lost unseen.
-					runs, err := pool.RunsElsewhere(task, topic)
-					return topic, runs || err != nil
-				},
-				Logger:    p.log.Named("schedules"),
-				Submitted: p.metrics.Submitted,
-			},
-			TickEvery: cfg.BeatTick,
-			Purge: func(ctx context.Context) {
-				n, err := b.PurgeReports(ctx, time.Now().Add(-cfg.ReportRetention))
-				if err != nil {
-					p.log.Warn("purging old task reports failed", "error", err)
-				} else if n > 0 {
-					p.log.Info("purged old task reports", "count", n, "retention", cfg.ReportRetention.String())
-				}
-				if fp, ok := b.(broker.FinishedPurger); ok && cfg.MessageRetention > 0 {
-					n, err := fp.PurgeFinished(ctx, time.Now().Add(-cfg.MessageRetention))
-					if err != nil {
-						p.log.Warn("purging old done messages failed", "purged", n, "error", err)
-					} else if n > 0 {
-						p.log.Info("purged old done messages", "count", n, "retention", cfg.MessageRetention.String())
-					}
-				}
-			},
-		}
-		rt.leader = scheduler.NewLeader(leaser, scheduler.LeaderOptions{
-			Holder:    pool.WorkerID(),
-			TTL:       cfg.BeatLeaseTTL,
-			OnElected: beat.Run,
-			Logger:    p.log.Named("leader"),
-		})
-		rt.leader.Start(ctx)
-	} else if cfg.Beat {
-		p.log.Warn("this broker cannot elect a beat leader; no beat runs", "broker", b.Kind())
-	}
-	return rt, nil
-}
-
-func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
-	rt.cancel()
-	rt.wg.Wait()
-	if rt.leader != nil {
-		// Hand the beat over first, so a standby leads while this
-		// process drains.
-		rt.leader.Stop(ctx)
-	}
-	err := rt.pool.Stop(ctx)
-	rt.reports.Close(closeWithin(ctx))
-	if cerr := rt.broker.Close(); cerr != nil {
-		log.Warn("closing the broker", "error", cerr)
-	}
-	return err
-}
-
-// closeWithin is the context for storing the last task reports at stop:
-// what is left of ctx's deadline, at least a second, and ten seconds when
-// ctx has none. The pool's Stop may have used ctx up; reports still get a
-// moment.
-func closeWithin(ctx context.Context) context.Context {
-	d := 10 * time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		d = max(time.Until(dl), time.Second)
-	}
-	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
-	context.AfterFunc(c, cancel)
-	return c
 }
 
 // CheckHealth implements capability.Lifecycle.
@@ -391,39 +224,3 @@ func (p *Plugin) CollectMetrics(context.Context) (capability.MetricsPayload, err
 
 // ServeHTTP implements capability.HTTPHandler.
 func (p *Plugin) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.router.ServeHTTP(w, r) }
-
-// ActionReclaim is the id of the "reclaim orphaned messages now" action.
-const ActionReclaim = "reclaim_orphaned_messages"
-
-// ListActions implements capability.ActionProvider.
-func (p *Plugin) ListActions(context.Context) ([]capability.ActionSpec, error) {
-	return []capability.ActionSpec{{
-		ID:    ActionReclaim,
-		Title: "Reclaim orphaned messages now",
-		Description: "Runs one orphan-reclaim pass: running messages whose worker stopped heartbeating are requeued " +
-			"(or dead-lettered past their attempt limit) and the locks such workers held are released. " +
-			"It fails closed: when the live-worker set cannot be trusted it changes nothing.",
-		Confirm:        true,
-		TimeoutSeconds: 30,
-	}}, nil
-}
-
-// InvokeAction implements capability.ActionProvider. The reclaim action
-// calls the reaper's pass directly, not through the queue, so it works
-// while a topic is wedged.
-func (p *Plugin) InvokeAction(ctx context.Context, req capability.ActionRequest) (capability.ActionResult, error) {
-	if req.ActionID != ActionReclaim {
-		return capability.ActionResult{}, fmt.Errorf("action %q (tasks_worker has %s): %w", req.ActionID, ActionReclaim, capability.ErrNotFound)
-	}
-	rt := p.current()
-	if rt == nil {
-		return capability.ActionResult{}, fmt.Errorf("tasks_worker is not running: %w", capability.ErrUnavailable)
-	}
-	res := rt.reaper.Pass(ctx)
-	body, err := json.Marshal(res)
-	if err != nil {
-		return capability.ActionResult{}, err
-	}
-	p.log.Info("reclaim pass requested by an operator", "actor", req.Actor, "result", res.Summary())
-	return capability.ActionResult{Message: res.Summary(), Result: body}, nil
-}

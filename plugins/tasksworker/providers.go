@@ -1,5 +1,8 @@
 package tasksworker
 
+// Tasks provided by other plugins: discovered through the host and run
+// in their plugin.
+
 import (
 	"context"
 	"encoding/json"
@@ -9,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/worker"
 )
@@ -100,7 +104,7 @@ func providedTask(host capability.HostServices, plugin string, spec capability.T
 		Name:        spec.Name,
 		Description: fmt.Sprintf("%s (provided by plugin %s)", spec.Description, plugin),
 		Topic:       spec.Topic,
-		MaxAttempts: max(spec.MaxAttempts, 3),
+		MaxAttempts: min(max(spec.MaxAttempts, 3), broker.MaxAttempts), // what a submit may ask for
 		Handler: func(ctx context.Context, tc *worker.TaskContext) (any, error) {
 			res, err := host.RunTask(ctx, plugin, capability.TaskRun{
 				Task: spec.Name, Payload: tc.Payload, MessageID: fmt.Sprint(tc.MessageID), Attempt: tc.Attempt,

@@ -1,5 +1,8 @@
 package tasksworker
 
+// The built-in tasks every tasks_worker registers (demo.*, the
+// watchdog's reclaim pass).
+
 import (
 	"bytes"
 	"context"
@@ -9,6 +12,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 	"github.com/taskhost/taskhost/reaper"
 	"github.com/taskhost/taskhost/worker"
 )
@@ -26,13 +30,13 @@ func registerBuiltins(reg *worker.Registry, cfg Config, reclaim func(context.Con
 			Handler: func(_ context.Context, tc *worker.TaskContext) (any, error) {
 				return tc.Payload, nil
 			},
-			LockKey: payloadLock,
+			LockKey: service.PayloadLock,
 		},
 		{
 			Name:           "demo.sleep",
 			Description:    `Sleeps for payload {"seconds": n, "lock": "name"}, 0 <= n <= 3600; stops early when cancelled. With "lock", it holds that lock while it sleeps (a busy lock requeues the message).`,
 			Handler:        demoSleep,
-			LockKey:        payloadLock,
+			LockKey:        service.PayloadLock,
 			OnLockConflict: worker.LockRequeue,
 			LockRetryDelay: time.Second,
 		},
@@ -93,15 +97,6 @@ func demoSleep(ctx context.Context, tc *worker.TaskContext) (any, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("demo.sleep interrupted: %w", ctx.Err())
 	}
-}
-
-// payloadLock is the lock key a demo task's payload names, if any.
-func payloadLock(payload json.RawMessage) string {
-	var p struct {
-		Lock string `json:"lock"`
-	}
-	_ = json.Unmarshal(payload, &p)
-	return p.Lock
 }
 
 // demoCrash kills the process it runs in, the way an OOM kill would.

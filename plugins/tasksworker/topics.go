@@ -1,5 +1,8 @@
 package tasksworker
 
+// The config's topics: setting up a new topic at start without undoing
+// an operator's change.
+
 import (
 	"context"
 	"errors"

@@ -1,10 +1,6 @@
 package tasksworker
 
 import (
-	"bytes"
-	"context"
-	"errors"
-	"fmt"
 	"html"
 	"net/http"
 	"net/http/httptest"
@@ -15,150 +11,11 @@ import (
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
-	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/internal/testdb"
+	"github.com/taskhost/taskhost/plugins/tasksworker/ui"
 )
-
-// The UI is tested over the real gRPC HTTP capability, with the headers the
-// host proxy sets.
-const (
-	uiTestHost   = "tw.test"
-	uiTestPrefix = "/plugin-pkg/tasks_worker"
-)
-
-type uiResp struct {
-	status int
-	header http.Header
-	body   string
-}
-
-// text is the body with HTML entities decoded, for assertions on messages.
-func (r uiResp) text() string { return html.UnescapeString(r.body) }
-
-// uiRequest sends a request as the host proxy would, with extra headers.
-func (f *fixture) uiRequest(method, target string, form url.Values, hdr http.Header) uiResp {
-	f.t.Helper()
-	path, query, _ := strings.Cut(target, "?")
-	h := http.Header{"X-Forwarded-Host": {uiTestHost}, "X-Forwarded-Prefix": {uiTestPrefix}, "X-Forwarded-For": {"127.0.0.1"}}
-	var body []byte
-	if form != nil {
-		body = []byte(form.Encode())
-		h.Set("Content-Type", "application/x-www-form-urlencoded")
-	}
-	for k, v := range hdr {
-		h[k] = v
-	}
-	var res uiResp
-	var buf bytes.Buffer
-	err := f.client.ProxyHTTP(context.Background(), capability.ProxyRequest{
-		Method: method, Path: path, RawQuery: query, Body: body, Header: h, Actor: "local",
-	}, func(status int, h http.Header) {
-		res.status, res.header = status, h
-	}, func(b []byte) error {
-		buf.Write(b)
-		return nil
-	})
-	if err != nil {
-		f.t.Fatalf("%s %s: %v", method, target, err)
-	}
-	res.body = buf.String()
-	return res
-}
-
-func (f *fixture) uiGet(target string) uiResp {
-	f.t.Helper()
-	return f.uiRequest("GET", target, nil, nil)
-}
 
 var csrfField = regexp.MustCompile(`name="csrf_token" value="([^"]+)"`)
-
-// uiToken reads a form token from a page, as a browser would.
-func (f *fixture) uiToken() string {
-	f.t.Helper()
-	m := csrfField.FindStringSubmatch(f.uiGet("/ui/run").body)
-	if m == nil {
-		f.t.Fatal("the run page has no csrf_token field")
-	}
-	return html.UnescapeString(m[1])
-}
-
-// uiPost submits a form as a browser on the same host would.
-func (f *fixture) uiPost(target string, form url.Values) uiResp {
-	f.t.Helper()
-	if form == nil {
-		form = url.Values{}
-	}
-	form.Set("csrf_token", f.uiToken())
-	return f.uiRequest("POST", target, form, http.Header{"Origin": {"http://" + uiTestHost}})
-}
-
-// follow checks a POST's 303 and loads the page it redirects to.
-func (f *fixture) follow(r uiResp) uiResp {
-	f.t.Helper()
-	if r.status != http.StatusSeeOther {
-		f.t.Fatalf("status %d, want 303; body:\n%s", r.status, r.body)
-	}
-	loc := r.header.Get("Location")
-	if !strings.HasPrefix(loc, uiTestPrefix+"/ui/") {
-		f.t.Fatalf("redirect to %q, want a page under %s/ui/", loc, uiTestPrefix)
-	}
-	return f.uiGet(strings.TrimPrefix(loc, uiTestPrefix))
-}
-
-// flash returns the flash message of a page, or "".
-func flashOf(r uiResp) string {
-	m := regexp.MustCompile(`(?s)<div id="flash-message">(.*?)</div>`).FindStringSubmatch(r.body)
-	if m == nil {
-		return ""
-	}
-	return html.UnescapeString(m[1])
-}
-
-func uiWait(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting until %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func (f *fixture) apiJSON(target string) map[string]any {
-	f.t.Helper()
-	res := f.do("GET", target, "")
-	if res.status != http.StatusOK {
-		f.t.Fatalf("GET %s: %d %s", target, res.status, res.body)
-	}
-	return res.json(f.t)
-}
-
-func (f *fixture) topic(name string) map[string]any {
-	f.t.Helper()
-	for _, t := range f.apiJSON("/api/topics")["topics"].([]any) {
-		if m := t.(map[string]any); m["name"] == name {
-			return m
-		}
-	}
-	f.t.Fatalf("no topic %q", name)
-	return nil
-}
-
-func (f *fixture) locks() []any {
-	f.t.Helper()
-	return f.apiJSON("/api/locks")["locks"].([]any)
-}
-
-func mustContain(t *testing.T, page string, r uiResp, wants ...string) {
-	t.Helper()
-	body := r.text()
-	for _, w := range wants {
-		if !strings.Contains(body, w) {
-			t.Errorf("%s lacks %q", page, w)
-		}
-	}
-}
 
 func TestUIPagesRender(t *testing.T) { flowUIPagesRender(t, nil) }
 
@@ -251,7 +108,7 @@ func TestUITaskListPages(t *testing.T) { flowUITaskListPages(t, nil) }
 func flowUITaskListPages(t *testing.T, cfg map[string]any) {
 	f := start(t, cfg)
 	var ids []string
-	for range uiListLimit + 3 {
+	for range broker.DefaultListLimit + 3 {
 		ids = append(ids, f.submit(`{"task": "demo.echo"}`))
 	}
 	first := f.uiGet("/ui/tasks?task=demo.echo")
@@ -567,7 +424,7 @@ func TestUIRefusesFormsWithoutAValidToken(t *testing.T) {
 	f := start(t, nil)
 	f.waitState(f.submit(`{"task": "demo.echo"}`), "done") // the topic exists
 	good := f.uiToken()
-	other := uiCSRFToken(time.Now())
+	other := ui.CSRFToken(time.Now())
 	forged := other[:strings.LastIndex(other, ".")+1] + "AAAA" + other[strings.LastIndex(other, ".")+5:]
 	origin := http.Header{"Origin": {"http://" + uiTestHost}}
 	limit := func() any { return f.topic("default")["concurrency_limit"] }
@@ -582,7 +439,7 @@ func TestUIRefusesFormsWithoutAValidToken(t *testing.T) {
 		{"malformed token", "abc", origin, "its security token is malformed"},
 		{"forged mac", forged, origin, "its security token is not valid"},
 		{"another secret", "1700000000.bm9uY2U." + strings.Repeat("A", 43), origin, "its security token is not valid"},
-		{"expired token", uiCSRFToken(time.Now().Add(-13 * time.Hour)), origin, "the page is older than 12h"},
+		{"expired token", ui.CSRFToken(time.Now().Add(-13 * time.Hour)), origin, "the page is older than 12h"},
 		{"other origin", good, http.Header{"Origin": {"http://evil.example"}}, "it was sent from evil.example, not from tw.test"},
 		{"null origin", good, http.Header{"Origin": {"null"}}, "opaque origin"},
 		{"other referer", good, http.Header{"Referer": {"http://evil.example/page"}}, "it was sent from evil.example"},
@@ -608,10 +465,6 @@ func TestUIRefusesFormsWithoutAValidToken(t *testing.T) {
 			t.Errorf("good token with %v: %d, limit %v", hdr, res.status, limit())
 		}
 	}
-	// Without X-Forwarded-Host (called directly) the Host header counts.
-	if err := uiCheckOrigin(&http.Request{Host: "direct:1", Header: http.Header{"Origin": {"http://direct:1"}}}); err != nil {
-		t.Errorf("direct request: %v", err)
-	}
 	// Other methods are refused.
 	if res := f.uiRequest("PUT", "/ui/topics/limit", url.Values{"csrf_token": {good}}, origin); res.status != http.StatusMethodNotAllowed {
 		t.Errorf("PUT: %d", res.status)
@@ -624,7 +477,7 @@ func TestUIFlashMessagesAreSigned(t *testing.T) {
 	if strings.Contains(res.body, "Your data was deleted") {
 		t.Errorf("an unsigned flash message is shown")
 	}
-	q := url.Values{"flash": {"Signed <b>message</b>"}, "fk": {"error"}, "fs": {uiFlashSig("error", "Signed <b>message</b>", "")}}
+	q := url.Values{"flash": {"Signed <b>message</b>"}, "fk": {"error"}, "fs": {ui.SignFlash("error", "Signed <b>message</b>", "")}}
 	res = f.uiGet("/ui/?" + q.Encode())
 	if !strings.Contains(res.body, "Signed &lt;b&gt;message&lt;/b&gt;") || !strings.Contains(res.body, `class="flash error"`) {
 		t.Errorf("a signed flash message is not shown, escaped:\n%s", res.body)
@@ -637,91 +490,6 @@ func TestUINotRunning(t *testing.T) {
 	p.ServeHTTP(rec, httptest.NewRequest("GET", "/ui/", nil))
 	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "tasks_worker is not running") {
 		t.Errorf("before Configure: %d\n%s", rec.Code, rec.Body.String())
-	}
-}
-
-func TestUISamplerRing(t *testing.T) {
-	s := &uiSampler{}
-	t0 := time.Date(2030, 1, 1, 12, 0, 10, 0, time.UTC)
-	st := func(q, r, d int) broker.Stats {
-		return broker.Stats{Topics: []broker.TopicStats{{Queued: q, Running: r, DeadLetter: d}, {Queued: 1}}}
-	}
-	s.record(t0, st(4, 1, 0), 10, 1)                     // baseline: counters not counted
-	s.record(t0.Add(30*time.Second), st(2, 2, 1), 15, 1) // same minute: max depth, +5 done
-	s.record(t0.Add(65*time.Second), st(0, 0, 1), 18, 3) // next minute
-	s.record(t0.Add(5*time.Minute), st(0, 0, 0), 18, 3)  // a gap of three minutes
-	mins := s.minutes(t0.Add(5 * time.Minute))
-	if len(mins) != uiChartMinutes {
-		t.Fatalf("%d minutes", len(mins))
-	}
-	last := mins[len(mins)-1]
-	m0, m1 := mins[len(mins)-6], mins[len(mins)-5]
-	if m0.Queued != 5 || m0.Running != 2 || m0.Dead != 1 || m0.Done != 5 || m0.Failed != 0 {
-		t.Errorf("first minute %+v", m0)
-	}
-	if m1.Queued != 1 || m1.Done != 3 || m1.Failed != 2 {
-		t.Errorf("second minute %+v", m1)
-	}
-	if !mins[len(mins)-4].At.IsZero() || last.At.IsZero() {
-		t.Errorf("gap not kept: %+v / %+v", mins[len(mins)-4], last)
-	}
-	// An hour later the first minute is gone (its slot is reused), and
-	// the window starts at 12:01.
-	s.record(t0.Add(time.Hour), st(9, 0, 0), 18, 3)
-	mins = s.minutes(t0.Add(time.Hour))
-	n := 0
-	for _, m := range mins {
-		if !m.At.IsZero() {
-			n++
-		}
-	}
-	if n != 3 || mins[len(mins)-1].Queued != 10 || !mins[0].At.Equal(t0.Add(time.Minute).Truncate(time.Minute)) {
-		t.Errorf("after an hour: %d sampled minute(s), last %+v", n, mins[len(mins)-1])
-	}
-	charts := s.charts(t0.Add(time.Hour))
-	if len(charts) != 2 || charts[0].ID != "depth" || len(charts[0].Series) != 3 {
-		t.Fatalf("charts %+v", charts)
-	}
-	q := charts[0].Series[0]
-	if len(q.Segments)+len(q.Dots) != 3 || q.Last != "10" || charts[0].Ticks[2].Label != "10" {
-		t.Errorf("queued series %+v, ticks %+v", q, charts[0].Ticks)
-	}
-	for _, c := range []struct{ in, want float64 }{{0, 1}, {1, 1}, {3, 5}, {7, 10}, {12, 20}, {230, 500}} {
-		if got := uiNiceCeil(c.in); got != c.want {
-			t.Errorf("uiNiceCeil(%v) = %v, want %v", c.in, got, c.want)
-		}
-	}
-}
-
-func TestUIDurationsAndJSONProblems(t *testing.T) {
-	for d, want := range map[time.Duration]string{0: "0s", 1500 * time.Millisecond: "1s", 5 * time.Minute: "5m", 185 * time.Second: "3m 05s",
-		2*time.Hour + 3*time.Minute: "2h 03m", 80 * time.Hour: "3d 08h"} {
-		if got := uiDuration(d); got != want {
-			t.Errorf("uiDuration(%s) = %q, want %q", d, got, want)
-		}
-	}
-	if got := uiJSONProblem("payload", "{\n\"a\": 1,\n}"); !strings.Contains(got, "near line 3, column 1") {
-		t.Errorf("problem %q", got)
-	}
-	if got := uiJSONProblem("payload", `{"a": 1}`); got != "" {
-		t.Errorf("valid JSON: %q", got)
-	}
-}
-
-func TestUIBrokerProblemsArePlainWords(t *testing.T) {
-	for _, c := range []struct {
-		err  error
-		want string
-	}{
-		{broker.Invalid("message 5 is queued; only dead or failed messages can be requeued"), "Could not requeue task 5: message 5 is queued; only dead or failed messages can be requeued."},
-		{fmt.Errorf("message 5: %w", broker.ErrNotFound), "Could not requeue task 5: it does not exist (any more)."},
-		{broker.ErrClosed, "Could not requeue task 5: the broker is closed (the plugin is stopping or restarting). Retry in a few seconds."},
-		{context.DeadlineExceeded, "Could not requeue task 5: the broker did not answer in time."},
-		{errors.New("connection refused"), "Could not requeue task 5: the broker failed (connection refused)."},
-	} {
-		if got := uiBrokerProblem("requeue task 5", c.err); !strings.HasPrefix(got, c.want) {
-			t.Errorf("%v: %q, want %q", c.err, got, c.want)
-		}
 	}
 }
 

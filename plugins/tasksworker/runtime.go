@@ -1,0 +1,201 @@
+package tasksworker
+
+// The runtime one Configure starts: the broker, the worker pool, the
+// reaper, the beat and the service over them, and how it stops.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/plugins/tasksworker/service"
+	"github.com/taskhost/taskhost/reaper"
+	"github.com/taskhost/taskhost/scheduler"
+	"github.com/taskhost/taskhost/worker"
+)
+
+// runtime is what one Configure starts and Stop (or the next Configure)
+// stops.
+type runtime struct {
+	cfg    Config
+	broker broker.Broker
+	reg    *worker.Registry
+	pool   *worker.Pool
+	reaper *reaper.Reaper
+	leader *scheduler.Leader // nil when this process is no beat candidate
+	// reports stores task reports off the workers' path.
+	reports *worker.ReportWriter
+	// svc is the task system's operations over the above: the API, the
+	// UI, the config's schedules, the beat and the actions use it.
+	svc *service.Service
+	// cancel stops the runtime's own goroutines; wg waits for them.
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host capability.HostServices) (*runtime, error) {
+	reg := worker.NewRegistry()
+	// The watchdog task runs the same pass as the beat and the admin
+	// action; the reaper needs the pool's worker id, so it is bound below,
+	// before any task can run.
+	var rp *reaper.Reaper
+	reclaim := func(ctx context.Context) reaper.Result { return rp.Pass(ctx) }
+	if err := registerBuiltins(reg, cfg, reclaim); err != nil {
+		return nil, fmt.Errorf("register built-in tasks: %w", err)
+	}
+	if err := applyTopics(ctx, b, cfg.Topics, p.log); err != nil {
+		return nil, err
+	}
+	topics := sortedKeys(cfg.Topics)
+	drain := cfg.DrainTimeout
+	if drain == 0 {
+		drain = -1 // the pool's "cancel at once"
+	}
+	reports := worker.NewReportWriter(b, p.log.Named("reports"), func(n int) { p.metrics.reportsDropped.Add(float64(n)) })
+	roles := []string{broker.RoleWorker}
+	leaser, canLead := b.(broker.Leaser)
+	if cfg.Beat && canLead {
+		roles = append(roles, broker.RoleBeat)
+	}
+	pool := worker.NewPool(b, reg, worker.Options{
+		Roles:             roles,
+		Topics:            topics,
+		Concurrency:       cfg.Workers,
+		HeartbeatInterval: cfg.HeartbeatInterval,
+		DrainTimeout:      drain,
+		Logger:            p.log.Named("pool"),
+		Observer:          p.metrics,
+		Reporter:          reports,
+		Strays:            func(n int) { p.metrics.straysRequeued.Add(float64(n)) },
+		UnknownTaskGrace:  unknownTaskGrace,
+		UnknownTaskWait:   unknownTaskWait,
+	})
+	// Every topic this process claims exists in the broker from the start,
+	// so its gauges are there (at zero) before the first submit.
+	for _, name := range pool.Topics() {
+		if _, ok := cfg.Topics[name]; ok {
+			continue
+		}
+		if _, err := b.SetTopic(ctx, name, broker.TopicPatch{}); err != nil {
+			return nil, fmt.Errorf("create topic %q: %w", name, err)
+		}
+	}
+	rp = reaper.New(b, pool.WorkerID(), cfg.Reaper, p.log.Named("reaper"), p.reaperMetrics)
+	// Start registers the worker and writes its first heartbeat before it
+	// returns; the beat starts after that, so its first pass never finds
+	// its own process missing from the live set.
+	if err := pool.Start(ctx); err != nil {
+		return nil, err
+	}
+	svc := p.newService(cfg, b, reg, pool, rp)
+	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp, reports: reports, svc: svc}
+	if err := applyConfigSchedules(ctx, svc, cfg.Schedules); err != nil {
+		_ = pool.Stop(ctx)
+		reports.Close(closeWithin(ctx))
+		return nil, err
+	}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	rt.cancel = cancel
+	rt.wg.Go(func() { watchProviders(bg, host, reg, p.log.Named("providers")) })
+	if cfg.Reaper.Enabled {
+		rt.wg.Go(func() {
+			reclaimDeadNeighbours(bg, b, rp, pool.WorkerID(), cfg.Reaper.Grace,
+				fastReclaimWindow(cfg.HeartbeatInterval, cfg.Reaper.After), p.log.Named("reaper"))
+		})
+	}
+	if cfg.Beat && canLead {
+		beat := &scheduler.Beat{
+			Reaper: rp, Settings: cfg.Reaper, Logger: p.log.Named("beat"),
+			Schedules: &scheduler.Ticker{
+				Store:     b,
+				Lookup:    svc.ScheduleLookup,
+				Logger:    p.log.Named("schedules"),
+				Submitted: p.metrics.Submitted,
+			},
+			TickEvery: cfg.BeatTick,
+			Purge: func(ctx context.Context) {
+				n, err := b.PurgeReports(ctx, time.Now().Add(-cfg.ReportRetention))
+				if err != nil {
+					p.log.Warn("purging old task reports failed", "error", err)
+				} else if n > 0 {
+					p.log.Info("purged old task reports", "count", n, "retention", cfg.ReportRetention.String())
+				}
+				if fp, ok := b.(broker.FinishedPurger); ok && cfg.MessageRetention > 0 {
+					n, err := fp.PurgeFinished(ctx, time.Now().Add(-cfg.MessageRetention))
+					if err != nil {
+						p.log.Warn("purging old done messages failed", "purged", n, "error", err)
+					} else if n > 0 {
+						p.log.Info("purged old done messages", "count", n, "retention", cfg.MessageRetention.String())
+					}
+				}
+			},
+		}
+		rt.leader = scheduler.NewLeader(leaser, scheduler.LeaderOptions{
+			Holder:    pool.WorkerID(),
+			TTL:       cfg.BeatLeaseTTL,
+			OnElected: beat.Run,
+			Logger:    p.log.Named("leader"),
+		})
+		svc.SetLeader(rt.leader)
+		rt.leader.Start(ctx)
+	} else if cfg.Beat {
+		p.log.Warn("this broker cannot elect a beat leader; no beat runs", "broker", b.Kind())
+	}
+	return rt, nil
+}
+
+// newService is the task system's operations over one runtime's parts.
+func (p *Plugin) newService(cfg Config, b broker.Broker, reg *worker.Registry, pool *worker.Pool, rp *reaper.Reaper) *service.Service {
+	return service.New(service.Deps{
+		Broker: b, Tasks: reg, Pool: pool, Reaper: rp, Submitted: p.metrics.Submitted,
+		Settings: service.Settings{
+			MaxPayloadBytes: cfg.MaxPayloadBytes, Beat: cfg.Beat, HeartbeatInterval: cfg.HeartbeatInterval, Reaper: cfg.Reaper,
+		},
+	})
+}
+
+// applyConfigSchedules upserts the schedules the config declares.
+func applyConfigSchedules(ctx context.Context, svc *service.Service, specs []service.ScheduleSpec) error {
+	err := svc.ApplySchedules(ctx, specs)
+	var bad *service.SpecError
+	if errors.As(err, &bad) {
+		return invalid(fmt.Sprintf("schedules[%d]", bad.Index), "%v", bad.Err)
+	}
+	return err
+}
+
+func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
+	rt.cancel()
+	rt.wg.Wait()
+	if rt.leader != nil {
+		// Hand the beat over first, so a standby leads while this
+		// process drains.
+		rt.leader.Stop(ctx)
+	}
+	err := rt.pool.Stop(ctx)
+	rt.reports.Close(closeWithin(ctx))
+	if cerr := rt.broker.Close(); cerr != nil {
+		log.Warn("closing the broker", "error", cerr)
+	}
+	return err
+}
+
+// closeWithin is the context for storing the last task reports at stop:
+// what is left of ctx's deadline, at least a second, and ten seconds when
+// ctx has none. The pool's Stop may have used ctx up; reports still get a
+// moment.
+func closeWithin(ctx context.Context) context.Context {
+	d := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		d = max(time.Until(dl), time.Second)
+	}
+	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	context.AfterFunc(c, cancel)
+	return c
+}

@@ -1,0 +1,143 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/memory"
+	"github.com/taskhost/taskhost/worker"
+)
+
+// newTestService is a service over a memory broker (or b) whose worker
+// serves topic "default" and runs task "t.echo" there.
+func newTestService(t *testing.T, b broker.Broker) *Service {
+	t.Helper()
+	if b == nil {
+		b = memory.New()
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	reg := worker.NewRegistry()
+	reg.MustRegister(worker.Task{Name: "t.echo", Topic: "default", MaxAttempts: 3,
+		Handler: func(_ context.Context, tc *worker.TaskContext) (any, error) { return tc.Payload, nil }})
+	pool := worker.NewPool(b, reg, worker.Options{Topics: []string{"default"}})
+	if err := pool.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pool.Stop(context.Background()) })
+	return New(Deps{Broker: b, Tasks: reg, Pool: pool, Settings: Settings{MaxPayloadBytes: 100}})
+}
+
+func TestSubmitChecksAndStores(t *testing.T) {
+	ctx := context.Background()
+	s := newTestService(t, nil)
+	for _, c := range []struct {
+		name string
+		req  SubmitRequest
+		want string
+	}{
+		{"no task", SubmitRequest{}, "task is required"},
+		{"unknown task", SubmitRequest{Task: "nope"}, `unknown task "nope"`},
+		{"unknown task elsewhere", SubmitRequest{Task: "nope", Topic: "other"}, "no live worker runs it"},
+		{"topic not served", SubmitRequest{Task: "t.echo", Topic: "other"}, `topic "other" is not served`},
+		{"bad topic", SubmitRequest{Task: "t.echo", Topic: " x"}, "bad topic"},
+		{"payload too big", SubmitRequest{Task: "t.echo", Payload: json.RawMessage(`"` + strings.Repeat("a", 100) + `"`)}, "the limit is 100"},
+		{"delay too long", SubmitRequest{Task: "t.echo", DelaySeconds: broker.MaxDelay.Seconds() + 1}, "delay_seconds must be from 0"},
+		{"negative delay", SubmitRequest{Task: "t.echo", DelaySeconds: -1}, "delay_seconds must be from 0"},
+		{"too many attempts", SubmitRequest{Task: "t.echo", MaxAttempts: broker.MaxAttempts + 1}, "max_attempts must be from 0"},
+	} {
+		_, _, err := s.Submit(ctx, c.req)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrInvalid saying %q", c.name, err, c.want)
+		}
+	}
+	id, topic, err := s.Submit(ctx, SubmitRequest{Task: "t.echo", Payload: json.RawMessage(` {"a": 1} `)})
+	if err != nil || topic != "default" {
+		t.Fatalf("Submit = %d, %q, %v", id, topic, err)
+	}
+	m, err := s.Message(ctx, id)
+	if err != nil || string(m.Payload) != `{"a":1}` || m.MaxAttempts != 3 {
+		t.Errorf("stored %+v, %v; want the compact payload and the task's 3 attempts", m, err)
+	}
+}
+
+// workersDown fails the worker list, so whether another worker runs a
+// task cannot be told.
+type workersDown struct{ broker.Broker }
+
+func (workersDown) Workers(context.Context) ([]broker.WorkerInfo, error) {
+	return nil, errors.New("connection refused")
+}
+
+func TestPlaceUnavailableWhenWorkersUnreadable(t *testing.T) {
+	s := newTestService(t, workersDown{memory.New()})
+	_, err := s.Place(context.Background(), "other.task", "elsewhere", true)
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "retry shortly") {
+		t.Errorf("Place = %v, want ErrUnavailable", err)
+	}
+	// A config schedule is checked against this worker alone.
+	if _, err := s.Place(context.Background(), "other.task", "elsewhere", false); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Place (config) = %v, want ErrInvalid", err)
+	}
+}
+
+func TestSchedules(t *testing.T) {
+	ctx := context.Background()
+	s := newTestService(t, nil)
+	spec := ScheduleSpec{Name: "every-minute", Task: "t.echo", IntervalSeconds: 60}
+	if _, err := s.CreateSchedule(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateSchedule(ctx, spec); !errors.Is(err, ErrConflict) {
+		t.Errorf("second create = %v, want ErrConflict", err)
+	}
+	if _, err := s.UpdateSchedule(ctx, ScheduleSpec{Name: "none", Task: "t.echo", IntervalSeconds: 60}); !errors.Is(err, broker.ErrNotFound) {
+		t.Errorf("update of a missing schedule = %v, want broker.ErrNotFound", err)
+	}
+	if _, err := s.CreateSchedule(ctx, ScheduleSpec{Name: "bad", Task: "t.echo"}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("create without timing = %v, want ErrInvalid", err)
+	}
+	sc, err := s.ToggleSchedule(ctx, "every-minute")
+	if err != nil || sc.Enabled {
+		t.Fatalf("toggle = %+v, %v; want disabled", sc, err)
+	}
+	if sc, err = s.ToggleSchedule(ctx, "every-minute"); err != nil || !sc.Enabled {
+		t.Fatalf("toggle again = %+v, %v; want enabled", sc, err)
+	}
+	err = s.ApplySchedules(ctx, []ScheduleSpec{spec, {Name: "x", Task: "nope", IntervalSeconds: 60}})
+	var bad *SpecError
+	if !errors.As(err, &bad) || bad.Index != 1 || !errors.Is(err, ErrInvalid) {
+		t.Errorf("ApplySchedules = %v, want a *SpecError for index 1", err)
+	}
+	if topic, ok := s.ScheduleLookup("t.echo", ""); !ok || topic != "default" {
+		t.Errorf("ScheduleLookup = %q, %v", topic, ok)
+	}
+}
+
+func TestTopicControls(t *testing.T) {
+	ctx := context.Background()
+	s := newTestService(t, nil)
+	neg := -1
+	if _, err := s.SetTopic(ctx, "default", broker.TopicPatch{ConcurrencyLimit: &neg}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("negative limit = %v, want ErrInvalid", err)
+	}
+	two, paused := 2, true // paused: the message below stays queued
+	if cfg, err := s.SetTopic(ctx, "default", broker.TopicPatch{ConcurrencyLimit: &two, Paused: &paused}); err != nil || cfg.ConcurrencyLimit != 2 {
+		t.Errorf("SetTopic = %+v, %v", cfg, err)
+	}
+	if _, _, err := s.Submit(ctx, SubmitRequest{Task: "t.echo"}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Purge(ctx, "default", false); err != nil || res.Queued != 1 {
+		t.Errorf("Purge = %+v, %v", res, err)
+	}
+	if err := s.Drain(ctx, ""); !errors.Is(err, broker.ErrInvalid) {
+		t.Errorf("Drain of no topic = %v, want broker.ErrInvalid", err)
+	}
+	if released, err := s.ReleaseLock(ctx, "none"); err != nil || released {
+		t.Errorf("ReleaseLock = %v, %v", released, err)
+	}
+}

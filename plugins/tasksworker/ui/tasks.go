@@ -1,0 +1,198 @@
+package ui
+
+// The task pages: the lists (/ui/tasks, /ui/running, /ui/dead), one task
+// (/ui/tasks/{id}) and its requeue form.
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/plugins/tasksworker/service"
+)
+
+type uiList struct {
+	Err             string
+	Down            bool // the broker failed (not just a bad filter)
+	Rows            []uiTaskRow
+	State           string
+	Topic, Task     string
+	States          []string
+	Topics, Tasks   []string
+	NextURL, NewURL string
+	Back            string
+	Workers         map[string]uiWorkerRow
+	ListedAt        time.Time
+}
+
+type uiTaskRow struct {
+	broker.Message
+	ClaimAge    time.Duration
+	MaxAttempts int
+	Worker      *uiWorkerRow
+}
+
+// listPage reads a page of messages filtered by the query (state, topic,
+// task, before), for the tasks, running and dead pages.
+func (u *UI) listPage(r *http.Request, svc *service.Service, path, forceState string) uiList {
+	ctx := r.Context()
+	q := r.URL.Query()
+	l := uiList{State: q.Get("state"), Topic: q.Get("topic"), Task: q.Get("task"), States: service.MessageStates, Back: uiSelf(r), ListedAt: time.Now()}
+	if forceState != "" {
+		l.State = forceState
+	}
+	f := broker.MessageFilter{State: l.State, Topic: l.Topic, Task: l.Task, Limit: uiListLimit}
+	var problems []string
+	if f.State != "" && !slices.Contains(service.MessageStates, f.State) {
+		problems = append(problems, fmt.Sprintf("There is no state %q; the states are %s.", f.State, strings.Join(service.MessageStates, ", ")))
+		f.State, l.State = "", ""
+	}
+	if s := q.Get("before"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 1 {
+			problems = append(problems, fmt.Sprintf("The page marker before=%q is not a task id; showing the newest tasks.", s))
+		} else {
+			f.Before = n
+			l.NewURL = uiBase(r) + path + uiQuery(map[string]string{"state": l.State, "topic": l.Topic, "task": l.Task}, forceState)
+		}
+	}
+	if topics, err := svc.Topics(ctx); err == nil {
+		for _, t := range topics {
+			l.Topics = append(l.Topics, t.Name)
+		}
+	}
+	l.Tasks = svc.TaskNames()
+	msgs, err := svc.Messages(ctx, f)
+	if err != nil {
+		problems = append(problems, uiBrokerProblem("list the tasks", err))
+		l.Down = true
+	}
+	if ws, err := u.workers(ctx, svc); err == nil {
+		l.Workers = map[string]uiWorkerRow{}
+		for _, w := range ws {
+			l.Workers[w.ID] = w
+		}
+	}
+	now := time.Now()
+	for _, m := range msgs {
+		row := uiTaskRow{Message: m, MaxAttempts: m.MaxAttempts}
+		if row.MaxAttempts == 0 {
+			if t, ok := svc.Task(m.Task); ok {
+				row.MaxAttempts = t.MaxAttempts
+			}
+		}
+		if m.ClaimedAt != nil {
+			row.ClaimAge = max(0, now.Sub(*m.ClaimedAt))
+		}
+		if wr, ok := l.Workers[m.ClaimedBy]; ok {
+			row.Worker = &wr
+		}
+		l.Rows = append(l.Rows, row)
+	}
+	if len(msgs) == f.Limit && len(msgs) > 0 {
+		l.NextURL = uiBase(r) + path + uiQuery(map[string]string{"state": l.State, "topic": l.Topic, "task": l.Task,
+			"before": strconv.FormatInt(msgs[len(msgs)-1].ID, 10)}, forceState)
+	}
+	l.Err = strings.Join(problems, " ")
+	return l
+}
+
+func (u *UI) tasks(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	l := u.listPage(r, svc, "/tasks", "")
+	u.render(w, r, svc, uiStatus(l.Down), "tasks", &uiPage{Title: "Tasks", D: l})
+}
+
+func (u *UI) running(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	l := u.listPage(r, svc, "/running", broker.StateRunning)
+	// Oldest claims first: those are the ones to look at.
+	sort.SliceStable(l.Rows, func(i, j int) bool { return l.Rows[i].ClaimAge > l.Rows[j].ClaimAge })
+	u.render(w, r, svc, uiStatus(l.Down), "running", &uiPage{Title: "Running", D: l, Refresh: 10})
+}
+
+func (u *UI) dead(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	l := u.listPage(r, svc, "/dead", broker.StateDead)
+	u.render(w, r, svc, uiStatus(l.Down), "dead", &uiPage{Title: "Dead letters", D: l})
+}
+
+type uiTask struct {
+	M           broker.Message
+	MaxAttempts int
+	Description string
+	Reports     []broker.Report
+	ReportsErr  string
+	Final       bool
+	CanRequeue  bool
+	Back        string
+	Lock        string
+}
+
+func (u *UI) taskID(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	raw := chi.URLParam(r, "id")
+	id, ok := service.ParseID(raw)
+	if !ok {
+		u.problem(w, r, http.StatusNotFound, "No such task", fmt.Sprintf("%q is not a task id: ids are positive whole numbers.", raw))
+		return 0, false
+	}
+	return id, true
+}
+
+func (u *UI) task(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	id, ok := u.taskID(w, r)
+	if !ok {
+		return
+	}
+	m, err := svc.Message(r.Context(), id)
+	if errors.Is(err, broker.ErrNotFound) {
+		u.problem(w, r, http.StatusNotFound, "No such task", fmt.Sprintf("There is no task %d: it never existed, or it finished long ago and was dropped.", id))
+		return
+	}
+	if err != nil {
+		u.problem(w, r, http.StatusServiceUnavailable, "Task unavailable", uiBrokerProblem(fmt.Sprintf("read task %d", id), err))
+		return
+	}
+	d := uiTask{M: m, MaxAttempts: m.MaxAttempts, Back: uiSelf(r), Lock: service.PayloadLock(m.Payload)}
+	if t, ok := svc.Task(m.Task); ok {
+		d.Description = t.Description
+		if d.MaxAttempts == 0 {
+			d.MaxAttempts = t.MaxAttempts
+		}
+	}
+	d.Final = m.State == broker.StateDone || m.State == broker.StateFailed || m.State == broker.StateDead
+	d.CanRequeue = m.State == broker.StateFailed || m.State == broker.StateDead
+	d.Reports, err = svc.Reports(r.Context(), broker.ReportFilter{MessageID: id, Limit: 100})
+	if err != nil {
+		d.ReportsErr = uiBrokerProblem("read the task's reports", err)
+	}
+	pg := &uiPage{Title: fmt.Sprintf("Task %d", id), Nav: "tasks", D: d}
+	switch {
+	case d.Final:
+	case m.State == broker.StateQueued && time.Until(m.AvailableAt) > 30*time.Second:
+		pg.Refresh = 15 // delayed: nothing happens soon
+	default:
+		pg.Refresh = 2
+	}
+	u.render(w, r, svc, http.StatusOK, "task", pg)
+}
+
+func (u *UI) requeue(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	id, ok := u.taskID(w, r)
+	if !ok {
+		return
+	}
+	back := uiBack(r, fmt.Sprintf("/tasks/%d", id))
+	err := svc.Requeue(r.Context(), id)
+	u.audit(r, "requeue", "message_id", id, "error", err)
+	if err != nil {
+		u.redirect(w, r, back, "error", uiBrokerProblem(fmt.Sprintf("requeue task %d", id), err), "")
+		return
+	}
+	u.redirect(w, r, back, "ok", fmt.Sprintf("Task %d is queued again.", id), "")
+}

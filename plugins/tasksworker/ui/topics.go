@@ -1,0 +1,104 @@
+package ui
+
+// The topics page (/ui/topics) and its forms: concurrency limit, pause,
+// dead letters, drain and purge.
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/plugins/tasksworker/service"
+)
+
+type uiTopics struct {
+	Err    string
+	Topics []broker.TopicStats
+	Served []string
+}
+
+func (u *UI) topics(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	d := uiTopics{Served: svc.Served()}
+	st, err := svc.Stats(r.Context())
+	if err != nil {
+		d.Err = uiBrokerProblem("read the topics", err)
+	}
+	d.Topics = st.Topics
+	u.render(w, r, svc, uiStatus(d.Err != ""), "topics", &uiPage{Title: "Topics", D: d})
+}
+
+func (u *UI) topicAction(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	op := chi.URLParam(r, "op")
+	topic := r.PostForm.Get("topic")
+	if err := broker.ValidateTopicName(topic); err != nil {
+		u.redirect(w, r, "/topics", "error", uiBrokerProblem("change the topic", err), "")
+		return
+	}
+	ctx := r.Context()
+	var msg string
+	var err error
+	setBool := func(field string) (bool, bool) {
+		v, perr := strconv.ParseBool(r.PostForm.Get(field))
+		if perr != nil {
+			u.redirect(w, r, "/topics", "error", fmt.Sprintf("The form's %s field must be true or false.", field), "")
+			return false, false
+		}
+		return v, true
+	}
+	switch op {
+	case "limit":
+		s := strings.TrimSpace(r.PostForm.Get("limit"))
+		n, perr := strconv.Atoi(s)
+		if perr != nil || n < 0 {
+			u.redirect(w, r, "/topics", "error", fmt.Sprintf("The concurrency limit of %s must be a whole number, 0 for unlimited; %q is not.", topic, s), "")
+			return
+		}
+		_, err = svc.SetTopic(ctx, topic, broker.TopicPatch{ConcurrencyLimit: &n})
+		msg = fmt.Sprintf("Topic %s: at most %s running at once.", topic, uiFuncs["limit"].(func(int) string)(n))
+	case "pause":
+		v, ok := setBool("paused")
+		if !ok {
+			return
+		}
+		_, err = svc.SetTopic(ctx, topic, broker.TopicPatch{Paused: &v})
+		msg = fmt.Sprintf("Topic %s resumed: its queued tasks are claimed again.", topic)
+		if v {
+			msg = fmt.Sprintf("Topic %s paused: no new claims; running tasks finish.", topic)
+		}
+	case "dead-letters":
+		v, ok := setBool("enabled")
+		if !ok {
+			return
+		}
+		_, err = svc.SetTopic(ctx, topic, broker.TopicPatch{DeadLetterEnabled: &v})
+		msg = fmt.Sprintf("Topic %s: tasks that fail for good now end failed (no dead letters).", topic)
+		if v {
+			msg = fmt.Sprintf("Topic %s: tasks that fail for good now become dead letters.", topic)
+		}
+	case "drain":
+		err = svc.Drain(ctx, topic)
+		msg = fmt.Sprintf("Topic %s is draining: it takes no new work, and its running tasks finish. Resume it to take work again.", topic)
+	case "purge":
+		deadLetters := r.PostForm.Get("dead_letters") != ""
+		var res broker.PurgeResult
+		res, err = svc.Purge(ctx, topic, deadLetters)
+		msg = fmt.Sprintf("Topic %s purged: %d queued task(s) deleted", topic, res.Queued)
+		if deadLetters {
+			msg += fmt.Sprintf(", and %d dead letter(s)", res.DeadLetter)
+		}
+		msg += ". Running tasks were left alone."
+	default:
+		u.problem(w, r, http.StatusNotFound, "Not found", fmt.Sprintf("There is no topic action %q.", op))
+		return
+	}
+	u.audit(r, "topic "+op, "topic", topic, "error", err)
+	if err != nil {
+		u.redirect(w, r, "/topics", "error", uiBrokerProblem(fmt.Sprintf("%s topic %s", op, topic), err), "")
+		return
+	}
+	u.redirect(w, r, "/topics", "ok", msg, "")
+}
