@@ -24,6 +24,7 @@ type authGuard struct {
 
 	failures atomic.Int64 // wrong tokens
 	refused  atomic.Int64 // credentials refused unchecked during a lockout
+	lockouts atomic.Int64
 }
 
 type guardEntry struct {
@@ -87,6 +88,7 @@ func (g *authGuard) fail(client string, now time.Time) time.Duration {
 	e.failures++
 	if e.failures >= g.max {
 		e.until = now.Add(g.window)
+		g.lockouts.Add(1)
 		e.failures, e.first = 0, now
 		return g.window
 	}

@@ -14,15 +14,14 @@ import (
 //
 //   - ReadHeaderTimeout (10s) bounds the request line and headers;
 //   - body_timeout_seconds bounds the reading of a request body, set per
-//     request as a read deadline (see bodyDeadline) and lifted once the body
-//     is read. There is no ReadTimeout: when it passes during a response,
-//     the server's background read fails and cancels the request's context,
-//     which would cut a long proxied response;
+//     request with a body as a read deadline and lifted once the body is
+//     read (see bodyDeadline): a read deadline still running during the
+//     response would cancel the request when it passed;
 //   - idle_timeout_seconds closes keep-alive connections left idle;
-//   - there is no WriteTimeout: a plugin may stream a response for longer
-//     than any fixed bound (a proxied request is bounded by the proxy's own
-//     timeout instead, and a client that stops reading by the kernel's
-//     send buffer and that timeout).
+//   - there is no WriteTimeout: it would cut a response a plugin streams
+//     for longer. A proxied request is bounded by the proxy's own timeout
+//     (60s) instead, which also ends a response to a client that stops
+//     reading.
 //
 // Serve it on s.Listener(ln): the connection cap needs the ConnState hook
 // set here.

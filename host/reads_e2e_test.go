@@ -93,3 +93,54 @@ func TestProxyErrorsHideTheLastError(t *testing.T) {
 		})
 	}
 }
+
+// Wrong tokens lock an address out (429 even for the right token), and
+// the metrics plugin's scrape counts them in the host's own series.
+func TestLockoutIsCountedInTheScrape(t *testing.T) {
+	h := startHost(t, "listen: LISTEN\nplugins_dir: PLUGINS\nadmin_token: "+readsToken+
+		"\nauth_max_failures: 3\nplugins:\n  metrics:\n    enabled: true\n  echo:\n    enabled: true\n")
+	post := func(token string) *http.Response {
+		req, _ := http.NewRequest("POST", h.base+"/plugin-pkg/echo/echo", strings.NewReader("x"))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	for i := 0; i < 3; i++ {
+		if resp := post("wrong-token-0123456789"); resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d: %d", i, resp.StatusCode)
+		}
+	}
+	if resp := post(readsToken); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("the right token after 3 wrong ones: %d Retry-After %q; want 429", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	var body string
+	waitFor(t, 60*time.Second, "the scrape has the host's series", func() bool {
+		var code int
+		code, body = get(t, h.base+"/plugin-pkg/metrics/api/prometheus")
+		return code == 200 && hasSeries(body, "fp_host_http_auth_failures_total")
+	})
+	for _, want := range []string{"fp_host_http_auth_failures_total 3", "fp_host_http_auth_lockouts_total 1",
+		"fp_host_http_auth_locked_out_refusals_total 1", `fp_metrics_source_up{plugin="host"} 1`} {
+		if !strings.Contains(body, want+"\n") {
+			t.Errorf("scrape lacks %q:\n%s", want, grepLines(body, want[:20]))
+		}
+	}
+	if !hasSeries(body, "fp_host_http_connections_open") || !hasSeries(body, "fp_host_http_connections_evicted_total") {
+		t.Errorf("scrape lacks the connection series")
+	}
+	promtoolCheck(t, body)
+}
+
+func grepLines(body, sub string) string {
+	var out []string
+	for _, l := range strings.Split(body, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}

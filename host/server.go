@@ -62,6 +62,7 @@ func NewServer(h *Host, log hclog.Logger) *Server {
 		guard:        newAuthGuard(cfg.AuthMaxFailures, cfg.AuthLockout),
 		conns:        newConnLimiter(cfg.MaxConnections),
 	}
+	h.setHTTPStats(s)
 	if cfg.AdminToken != "" {
 		mac := hmac.New(sha256.New, []byte(cfg.AdminToken))
 		mac.Write([]byte("taskhost admin session v1"))
@@ -164,14 +165,17 @@ func (s *Server) perRequest(next http.Handler) http.Handler {
 }
 
 // bodyDeadline gives a request with a body body_timeout_seconds to send
-// it, as a read deadline on the connection that is lifted as soon as the
-// body has been read to its end. A body still incomplete at the deadline
-// fails to read (the handler answers 408) and the connection closes.
+// it, as a read deadline on the connection. A body still incomplete at
+// the deadline fails to read (the proxy answers 408) and the connection
+// closes, also when the handler answered without reading it (the server
+// then discards the rest, under the same deadline).
 //
-// Not left in place after the body: once it is read, the server reads on
-// in the background to notice a client that goes away, and a deadline
-// passing there would cancel the request as if the client had gone,
-// cutting a long (streamed) response.
+// The deadline ends with the body: once a body is read to its end, the
+// server starts a background read to notice a client that goes away, and
+// a deadline passing there would cancel the request as if the client had
+// gone, cutting a long (streamed) response. net/http clears the deadline
+// as it starts that read; deadlineBody clears it as well, so this does
+// not rest on that detail.
 func (s *Server) bodyDeadline(w http.ResponseWriter, r *http.Request) {
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && len(r.TransferEncoding) == 0 {
 		return
@@ -492,6 +496,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	wrote := false
 	flusher, _ := w.(http.Flusher)
+	// No WriteTimeout bounds a response (it would cut a long stream); a
+	// client that stops reading is cut instead once one chunk has waited
+	// body_timeout_seconds. The deadline is lifted before the connection
+	// serves its next request.
+	rc := http.NewResponseController(w)
+	stall := s.h.Config().BodyTimeout
+	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
 	err = client.ProxyHTTP(ctx, capability.ProxyRequest{
 		Method:     r.Method,
 		Path:       pluginPath(r, name),
@@ -514,6 +525,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		}
 		w.WriteHeader(status)
 	}, func(b []byte) error {
+		_ = rc.SetWriteDeadline(time.Now().Add(stall))
 		if _, err := w.Write(b); err != nil {
 			return err
 		}

@@ -431,3 +431,43 @@ func TestPublicReads(t *testing.T) {
 		t.Errorf("/admin/api without the token: %d; want 401", a.status)
 	}
 }
+
+// The body deadline is lifted once the body is read: a response streamed
+// for longer than body_timeout_seconds (a plugin's long response) is not
+// cut, and its request's context is not cancelled.
+func TestBodyDeadlineSparesLongResponses(t *testing.T) {
+	cfg, err := ParseConfig("taskhost.yaml", []byte("listen: 127.0.0.1:0\nbody_timeout_seconds: 1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(New(cfg, hclog.NewNullLogger(), "test"), hclog.NewNullLogger())
+	srv := s.HTTPServer()
+	srv.Handler = s.perRequest(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		w.WriteHeader(200)
+		// 3 s of streaming, three times the body timeout.
+		for i := 0; i < 30; i++ {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			fmt.Fprintf(w, "%d\n", i)
+			w.(http.Flusher).Flush()
+		}
+		fmt.Fprintln(w, "end")
+	}))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(s.Listener(ln)) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	a := do(t, nil, "POST", "http://"+ln.Addr().String()+"/", strings.NewReader("body"), nil)
+	if a.status != 200 || !strings.HasSuffix(a.body, "end\n") {
+		t.Fatalf("streamed response: %d %q; want it whole", a.status, a.body)
+	}
+}
