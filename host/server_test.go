@@ -471,3 +471,73 @@ func TestBodyDeadlineSparesLongResponses(t *testing.T) {
 		t.Fatalf("streamed response: %d %q; want it whole", a.status, a.body)
 	}
 }
+
+// At the cap with every connection in a request, Accept waits; closing
+// the listener (Shutdown does) ends that wait.
+func TestConnLimiterWaitEndsWithTheListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newConnLimiter(1)
+	l.Listener = ln
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	l.connState(sc, http.StateActive)
+	done := make(chan error, 1)
+	go func() { _, err := l.Accept(); done <- err }()
+	select {
+	case err := <-done:
+		t.Fatalf("Accept past the cap returned %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	ln.Close()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("Accept on a closed listener gave a connection")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Accept still waits 30 s after the listener closed")
+	}
+	if l.Open() != 1 {
+		t.Errorf("%d open; want the active one", l.Open())
+	}
+	// The active connection going idle makes room at once.
+	l2 := newConnLimiter(1)
+	ln2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln2.Close()
+	l2.Listener = ln2
+	for i := 0; i < 2; i++ {
+		c, err := net.Dial("tcp", ln2.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	first, err := l2.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2.connState(first, http.StateActive)
+	go func() { time.Sleep(100 * time.Millisecond); l2.connState(first, http.StateIdle) }()
+	second, err := l2.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	if l2.Open() != 1 || l2.evicted.Load() != 1 {
+		t.Errorf("%d open, %d evicted; want the idle one evicted for the new one", l2.Open(), l2.evicted.Load())
+	}
+}
