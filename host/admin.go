@@ -3,15 +3,17 @@ package host
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
 	"net/http"
+	"net/url"
+	"path"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/go-chi/chi/v5"
 
@@ -92,7 +94,21 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/admin/", http.StatusSeeOther)
 		return
 	}
-	if !sameOrigin(r) || subtle.ConstantTimeCompare([]byte(r.FormValue("token")), []byte(tok)) != 1 {
+	if !sameOrigin(r) {
+		s.log.Warn("admin login refused: cross-site", "remote", r.RemoteAddr)
+		s.render(w, http.StatusForbidden, "login", pageData{Title: "Login", Next: safeNext(r.FormValue("next")),
+			Flash: &flash{Kind: "error", Title: "Cross-site login refused"}})
+		return
+	}
+	ok, retry := s.verify(r, r.FormValue("token"), tok)
+	if retry > 0 {
+		secs := int((retry + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", fmt.Sprint(secs))
+		s.render(w, http.StatusTooManyRequests, "login", pageData{Title: "Login", Next: safeNext(r.FormValue("next")),
+			Flash: &flash{Kind: "error", Title: "Too many wrong tokens", Message: fmt.Sprintf("from this address: every token is refused for %d s more", secs)}})
+		return
+	}
+	if !ok {
 		s.log.Warn("admin login refused", "remote", r.RemoteAddr)
 		s.render(w, http.StatusUnauthorized, "login", pageData{Title: "Login", Next: safeNext(r.FormValue("next")),
 			Flash: &flash{Kind: "error", Title: "Wrong token"}})
@@ -102,12 +118,37 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, safeNext(r.FormValue("next")), http.StatusSeeOther)
 }
 
-// safeNext keeps redirects on this host.
+// safeNext keeps the redirect after a login on this host: next must be a
+// clean absolute path under /admin/ or /plugin-pkg/ (the task UI), with
+// an optional query. Anything else (a scheme, a host, "//", a backslash,
+// dot segments, doubled slashes, control characters, an escaped slash or
+// backslash) gives /admin/.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/admin") || strings.HasPrefix(next, "//") {
-		return "/admin/"
+	const fallback = "/admin/"
+	if strings.ContainsAny(next, "\\") || strings.ContainsFunc(next, unicode.IsControl) || strings.ContainsFunc(next, unicode.IsSpace) {
+		return fallback
 	}
-	return next
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Opaque != "" || u.User != nil || u.Host != "" || u.Fragment != "" {
+		return fallback
+	}
+	p := u.Path
+	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsAny(p, "\\") ||
+		strings.Contains(strings.ToLower(u.EscapedPath()), "%2f") || strings.Contains(strings.ToLower(u.EscapedPath()), "%5c") {
+		return fallback
+	}
+	clean := path.Clean(p)
+	if strings.HasSuffix(p, "/") && clean != "/" {
+		clean += "/"
+	}
+	if clean != p || !(strings.HasPrefix(p, "/admin/") || strings.HasPrefix(p, "/plugin-pkg/")) {
+		return fallback
+	}
+	out := (&url.URL{Path: p, RawQuery: u.RawQuery}).String()
+	if !strings.HasPrefix(out, "/") || strings.HasPrefix(out, "//") {
+		return fallback
+	}
+	return out
 }
 
 // actionResponse answers a POST: JSON for API clients, the admin page with

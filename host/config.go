@@ -59,6 +59,25 @@ type Config struct {
 	RestartWindow time.Duration
 	// MaxBodyBytes bounds proxied request bodies; default 8 MiB.
 	MaxBodyBytes int64
+	// PublicReads lets reads (GET, HEAD, OPTIONS) of plugin HTTP under
+	// /plugin-pkg/ through without the admin token. Default: true when
+	// Listen is a loopback address, false otherwise. /admin/ always needs
+	// the token when one is set; /healthz never does.
+	PublicReads bool
+	// IdleTimeout closes a keep-alive connection idle this long; default
+	// 60s.
+	IdleTimeout time.Duration
+	// BodyTimeout bounds the reading of a request body, from the start of
+	// the request; default 30s. It does not bound the response.
+	BodyTimeout time.Duration
+	// MaxConnections caps the open HTTP connections; at the cap, a new
+	// one closes the longest idle one; default 512.
+	MaxConnections int
+	// AuthMaxFailures wrong tokens from one address within
+	// AuthLockout lock that address out for AuthLockout; default 10 in
+	// 300s.
+	AuthMaxFailures int
+	AuthLockout     time.Duration
 	// Plugins in file order.
 	Plugins []PluginConfig
 	// UnsetEnv names the variables the file refers to (${NAME}) that are
@@ -206,7 +225,13 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 		RestartBudget:   5,
 		RestartWindow:   10 * time.Minute,
 		MaxBodyBytes:    8 << 20,
+		IdleTimeout:     60 * time.Second,
+		BodyTimeout:     30 * time.Second,
+		MaxConnections:  512,
+		AuthMaxFailures: 10,
+		AuthLockout:     5 * time.Minute,
 	}
+	publicReadsSet := false
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
@@ -269,6 +294,19 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 			var n int
 			err = p.intRange(k.Value, v, &n, 1024, 64<<20-(1<<20))
 			cfg.MaxBodyBytes = int64(n)
+		case "public_reads":
+			err = p.boolean(k.Value, v, &cfg.PublicReads)
+			publicReadsSet = true
+		case "idle_timeout_seconds":
+			err = p.seconds(k.Value, v, &cfg.IdleTimeout, 1, 3600)
+		case "body_timeout_seconds":
+			err = p.seconds(k.Value, v, &cfg.BodyTimeout, 1, 3600)
+		case "max_connections":
+			err = p.intRange(k.Value, v, &cfg.MaxConnections, 16, 1000000)
+		case "auth_max_failures":
+			err = p.intRange(k.Value, v, &cfg.AuthMaxFailures, 1, 1000000)
+		case "auth_lockout_seconds":
+			err = p.seconds(k.Value, v, &cfg.AuthLockout, 1, 86400)
 		case "plugins":
 			err = p.plugins(v, cfg)
 		default:
@@ -278,6 +316,10 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 			return nil, err
 		}
 	}
+	if !publicReadsSet {
+		host, _, _ := net.SplitHostPort(cfg.Listen)
+		cfg.PublicReads = IsLoopback(host)
+	}
 	if err := p.validate(cfg, root); err != nil {
 		return nil, err
 	}
@@ -285,7 +327,9 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 }
 
 var knownTopKeys = []string{"listen", "plugins_dir", "admin_token", "log_level", "shutdown_timeout_seconds",
-	"health_interval_seconds", "restart_budget", "restart_window_seconds", "max_body_bytes", "plugins"}
+	"health_interval_seconds", "restart_budget", "restart_window_seconds", "max_body_bytes",
+	"public_reads", "idle_timeout_seconds", "body_timeout_seconds", "max_connections", "auth_max_failures",
+	"auth_lockout_seconds", "plugins"}
 
 func (p *configParser) str(key string, v *yaml.Node, dst *string) error {
 	// Any scalar is taken as its text: an unquoted hash or token made of
@@ -472,6 +516,10 @@ func (p *configParser) validate(cfg *Config, root *yaml.Node) error {
 	}
 	if cfg.AdminToken != "" && len(cfg.AdminToken) < 16 {
 		return p.errf("admin_token", findKey(root, "admin_token"), "too short (%d characters); use at least 16 random characters", len(cfg.AdminToken))
+	}
+	if !cfg.PublicReads && cfg.AdminToken == "" {
+		return p.errf("public_reads", findKey(root, "public_reads"),
+			"false needs admin_token: without a token on a loopback address every local client is the admin, so there is nothing to guard reads with")
 	}
 	if cfg.PluginsDir == "" {
 		return p.errf("plugins_dir", findKey(root, "plugins_dir"), "empty; name the directory holding the fp-plugin-<name> binaries")

@@ -725,8 +725,8 @@ func TestBadConfigExitsWithTheKey(t *testing.T) {
 }
 
 func TestAdminTokenOnNonLoopback(t *testing.T) {
-	// Listening on every interface needs the token for /admin and for
-	// mutating requests; reads of plugin HTTP (the scrape) stay open.
+	// Listening on every interface needs the token for /admin, for
+	// mutating requests and, by default, for reads of plugin HTTP.
 	port := strings.Split(freeAddr(t), ":")[1]
 	cfg := strings.ReplaceAll(`
 listen: 0.0.0.0:PORT
@@ -788,13 +788,25 @@ plugins:
 		}
 	}
 	waitFor(t, 20*time.Second, "echo runs", func() bool {
-		resp, err := http.Get(p.base + "/plugin-pkg/echo/echo")
+		req, _ := http.NewRequest("GET", p.base+"/plugin-pkg/echo/echo", nil)
+		req.Header.Set("Authorization", "Bearer test-token-0123456789")
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return false
 		}
 		resp.Body.Close()
 		return resp.StatusCode == 200
 	})
+	// Off loopback, reads of plugin HTTP need the token too
+	// (public_reads defaults to false there).
+	resp, err = http.Get(p.base + "/plugin-pkg/echo/echo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("GET of a plugin without the token off loopback: %d, want 401", resp.StatusCode)
+	}
 	resp, err = http.Post(p.base+"/plugin-pkg/echo/echo", "text/plain", strings.NewReader("x"))
 	if err != nil {
 		t.Fatal(err)

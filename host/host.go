@@ -27,6 +27,8 @@ type Host struct {
 	stopped bool
 	wg      sync.WaitGroup
 	running []runningSup // the supervisors Start started
+
+	httpStats *Server // the HTTP side, whose counters are the host's own series
 }
 
 // runningSup is a started supervisor and how to stop it.
@@ -167,6 +169,11 @@ const metricsTimeout = 5 * time.Second
 
 func (hs *hostServices) ListPlugins(_ context.Context, c capability.Capability) ([]capability.PluginInfo, error) {
 	var out []capability.PluginInfo
+	if c == "" || c == capability.Metrics {
+		// The host's own series, for the metrics plugin (fp_host_...).
+		out = append(out, capability.PluginInfo{Name: HostMetricsSource, Version: hs.h.version,
+			State: string(StateRunning), Capabilities: []capability.Capability{capability.Metrics}})
+	}
 	for _, st := range hs.h.Plugins() {
 		if !st.Enabled {
 			continue
@@ -200,6 +207,9 @@ func (hs *hostServices) target(name string, c capability.Capability) (*capabilit
 }
 
 func (hs *hostServices) CollectMetrics(ctx context.Context, name string) (capability.MetricsPayload, error) {
+	if name == HostMetricsSource {
+		return hs.h.hostMetrics(), nil
+	}
 	client, err := hs.target(name, capability.Metrics)
 	if err != nil {
 		return capability.MetricsPayload{}, err

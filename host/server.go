@@ -14,8 +14,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -36,6 +38,8 @@ type Server struct {
 	session      string // cookie value proving the admin token was given
 	proxyTimeout time.Duration
 	actionCap    time.Duration
+	guard        *authGuard
+	conns        *connLimiter
 }
 
 const (
@@ -55,7 +59,10 @@ func NewServer(h *Host, log hclog.Logger) *Server {
 		loopbackOnly: IsLoopback(host),
 		proxyTimeout: 60 * time.Second,
 		actionCap:    2 * time.Minute,
+		guard:        newAuthGuard(cfg.AuthMaxFailures, cfg.AuthLockout),
+		conns:        newConnLimiter(cfg.MaxConnections),
 	}
+	h.setHTTPStats(s)
 	if cfg.AdminToken != "" {
 		mac := hmac.New(sha256.New, []byte(cfg.AdminToken))
 		mac.Write([]byte("taskhost admin session v1"))
@@ -68,6 +75,7 @@ func NewServer(h *Host, log hclog.Logger) *Server {
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(s.checkHost)
+	r.Use(s.perRequest)
 	r.Use(middleware.GetHead) // HEAD /healthz answers as GET does
 	r.Get("/", func(w http.ResponseWriter, r *http.Request) { http.Redirect(w, r, "/admin", http.StatusFound) })
 	r.Get("/healthz", s.healthz)
@@ -136,21 +144,128 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"status": status, "plugins": plugins})
 }
 
-// authorized reports whether r carries the admin token (as a bearer token
-// or the session cookie set by /admin/login). Without a token configured on
-// a loopback address, everyone local is the admin.
-func (s *Server) authorized(r *http.Request) bool {
-	if !s.authRequired {
-		return true
+// authState is what auth found for one request: computed once, so that a
+// wrong token counts as one failure however often it is looked at.
+type authState struct {
+	once  sync.Once
+	ok    bool
+	retry time.Duration
+}
+
+type authStateKey struct{}
+
+// perRequest prepares each request: its auth state, and the deadline for
+// reading its body.
+func (s *Server) perRequest(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r = r.WithContext(context.WithValue(r.Context(), authStateKey{}, &authState{}))
+		s.bodyDeadline(w, r)
+		next.ServeHTTP(w, r)
+	})
+}
+
+// bodyDeadline gives a request with a body body_timeout_seconds to send
+// it, as a read deadline on the connection. A body still incomplete at
+// the deadline fails to read (the proxy answers 408) and the connection
+// closes, also when the handler answered without reading it (the server
+// then discards the rest, under the same deadline).
+//
+// The deadline ends with the body: once a body is read to its end, the
+// server starts a background read to notice a client that goes away, and
+// a deadline passing there would cancel the request as if the client had
+// gone, cutting a long (streamed) response. net/http clears the deadline
+// as it starts that read; deadlineBody clears it as well, so this does
+// not rest on that detail.
+func (s *Server) bodyDeadline(w http.ResponseWriter, r *http.Request) {
+	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && len(r.TransferEncoding) == 0 {
+		return
 	}
-	tok := s.h.Config().AdminToken
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(s.h.Config().BodyTimeout)) != nil {
+		return // not a connection with deadlines (HTTP/2 has its own)
+	}
+	r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+}
+
+// deadlineBody lifts the read deadline once the body is read.
+type deadlineBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	done bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.done {
+		b.done = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+// isTimeout reports whether err is a read deadline passing.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// auth reports whether r carries the admin token (as a bearer token or the
+// session cookie set by /admin/login); without a token configured on a
+// loopback address, everyone local is the admin. retry > 0 says r's
+// address is locked out for that long after too many wrong tokens: its
+// credential was not even looked at.
+func (s *Server) auth(r *http.Request) (ok bool, retry time.Duration) {
+	st, _ := r.Context().Value(authStateKey{}).(*authState)
+	if st == nil {
+		st = &authState{}
+	}
+	st.once.Do(func() { st.ok, st.retry = s.checkAuth(r) })
+	return st.ok, st.retry
+}
+
+func (s *Server) checkAuth(r *http.Request) (bool, time.Duration) {
+	if !s.authRequired {
+		return true, 0
+	}
 	if got, ok := bearerToken(r); ok {
-		return subtle.ConstantTimeCompare([]byte(got), []byte(tok)) == 1
+		return s.verify(r, got, s.h.Config().AdminToken)
 	}
 	if c, err := r.Cookie(sessionCookie); err == nil {
-		return subtle.ConstantTimeCompare([]byte(c.Value), []byte(s.session)) == 1
+		return s.verify(r, c.Value, s.session)
 	}
-	return false
+	return false, 0
+}
+
+// verify compares a presented secret with the expected one, unless r's
+// address is locked out, and counts a wrong one against the address.
+func (s *Server) verify(r *http.Request, got, want string) (bool, time.Duration) {
+	client, now := clientKey(r.RemoteAddr), time.Now()
+	if retry := s.guard.locked(client, now); retry > 0 {
+		return false, retry
+	}
+	if want != "" && equalSecret(got, want) {
+		s.guard.succeed(client, now)
+		return true, 0
+	}
+	if lock := s.guard.fail(client, now); lock > 0 {
+		s.log.Warn("too many wrong admin tokens: address locked out", "remote", client, "for", lock,
+			"failures_total", s.guard.failures.Load())
+	}
+	return false, 0
+}
+
+// authorized reports whether r carries the admin token.
+func (s *Server) authorized(r *http.Request) bool {
+	ok, _ := s.auth(r)
+	return ok
+}
+
+// tooManyFailures answers a request from an address locked out after too
+// many wrong tokens.
+func tooManyFailures(w http.ResponseWriter, retry time.Duration) {
+	secs := int((retry + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	httpError(w, http.StatusTooManyRequests, fmt.Sprintf("too many wrong admin tokens from this address: every token is refused for %d s more", secs))
 }
 
 // bearerToken returns the token of an "Authorization: Bearer <token>"
@@ -175,16 +290,27 @@ func actorOf(r *http.Request) string {
 
 func (s *Server) requireAdmin(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.authorized(r) {
+		ok, retry := s.auth(r)
+		if ok {
 			next.ServeHTTP(w, r)
+			return
+		}
+		if retry > 0 {
+			tooManyFailures(w, retry)
 			return
 		}
 		if wantsJSON(r) || r.Method != http.MethodGet || strings.HasPrefix(r.URL.Path, "/admin/api/") {
 			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required: send Authorization: Bearer <admin_token> or log in at /admin/login"})
 			return
 		}
-		http.Redirect(w, r, "/admin/login?next="+url.QueryEscape(r.URL.Path), http.StatusFound)
+		http.Redirect(w, r, "/admin/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusFound)
 	})
+}
+
+// acceptsHTML reports whether r comes from a browser navigating (that
+// gets the login page rather than a 401).
+func acceptsHTML(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "text/html") && !wantsJSON(r)
 }
 
 func wantsJSON(r *http.Request) bool {
@@ -267,13 +393,34 @@ func filterRequestHeaders(in http.Header) http.Header {
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	name := chi.URLParam(r, "plugin")
 	mutating := !safeMethod(r.Method)
+	if !mutating && (r.ContentLength != 0 || len(r.TransferEncoding) > 0) {
+		// A body here is read by nobody but costs memory in the host and
+		// the plugin, and needs no token: refused before it is read.
+		w.Header().Set("Connection", "close")
+		httpError(w, http.StatusBadRequest, "a "+r.Method+" request carries no body: send the body with POST or PUT, or drop it")
+		return
+	}
 	if mutating && !sameOrigin(r) {
 		httpError(w, http.StatusForbidden, "cross-site request refused")
 		return
 	}
-	if mutating && !s.authorized(r) {
-		httpError(w, http.StatusUnauthorized, "admin token required for "+r.Method+": send Authorization: Bearer <admin_token>")
-		return
+	if mutating || !s.h.Config().PublicReads {
+		ok, retry := s.auth(r)
+		switch {
+		case ok:
+		case retry > 0:
+			tooManyFailures(w, retry)
+			return
+		case !mutating && r.Method == http.MethodGet && acceptsHTML(r):
+			http.Redirect(w, r, "/admin/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusFound)
+			return
+		case mutating:
+			httpError(w, http.StatusUnauthorized, "admin token required for "+r.Method+": send Authorization: Bearer <admin_token>")
+			return
+		default:
+			httpError(w, http.StatusUnauthorized, "admin token required (public_reads is false): send Authorization: Bearer <admin_token> or log in at /admin/login")
+			return
+		}
 	}
 	sup, ok := s.h.Plugin(name)
 	if !ok {
@@ -288,7 +435,15 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		}
 		if st.State == StateFailed {
 			// Not restarted until an operator asks: retrying is useless.
-			httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("plugin %q failed and stays down until an operator presses Restart in /admin/: %s", name, st.LastError))
+			msg := fmt.Sprintf("plugin %q failed and stays down until an operator presses Restart in /admin/", name)
+			if s.authorized(r) {
+				// The last error may name hosts, users and paths: only
+				// for the admin.
+				msg += ": " + st.LastError
+			} else {
+				msg += " (its last error is shown to the admin, in /admin/)"
+			}
+			httpError(w, http.StatusServiceUnavailable, msg)
 			return
 		}
 		state := string(st.State)
@@ -315,6 +470,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 			httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over the %d-byte limit (max_body_bytes)", limit))
 			return
 		}
+		if isTimeout(err) {
+			w.Header().Set("Connection", "close")
+			httpError(w, http.StatusRequestTimeout, fmt.Sprintf("the request body did not arrive within %s (body_timeout_seconds)", s.h.Config().BodyTimeout))
+			return
+		}
 		httpError(w, http.StatusBadRequest, "cannot read request body: "+err.Error())
 		return
 	}
@@ -336,6 +496,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	wrote := false
 	flusher, _ := w.(http.Flusher)
+	// No WriteTimeout bounds a response (it would cut a long stream); a
+	// client that stops reading is cut instead once one chunk has waited
+	// body_timeout_seconds. The deadline is lifted before the connection
+	// serves its next request.
+	rc := http.NewResponseController(w)
+	stall := s.h.Config().BodyTimeout
+	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
 	err = client.ProxyHTTP(ctx, capability.ProxyRequest{
 		Method:     r.Method,
 		Path:       pluginPath(r, name),
@@ -358,6 +525,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		}
 		w.WriteHeader(status)
 	}, func(b []byte) error {
+		_ = rc.SetWriteDeadline(time.Now().Add(stall))
 		if _, err := w.Write(b); err != nil {
 			return err
 		}

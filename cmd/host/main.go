@@ -162,12 +162,10 @@ func runHost(args []string) int {
 		log.Error("start", "error", err)
 		return 1
 	}
-	srv := &http.Server{
-		Handler:           host.NewServer(h, log).Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
+	hs := host.NewServer(h, log)
+	srv := hs.HTTPServer() // timeouts and the connection cap: see host.Server.HTTPServer
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- srv.Serve(hs.Listener(ln)) }()
 	base := "http://" + ln.Addr().String()
 	log.Info("taskhost is up", "admin", base+"/admin/", "metrics", base+"/plugin-pkg/metrics/api/prometheus", "config", *path)
 
