@@ -394,29 +394,40 @@ func pinMismatch(name, path string) error {
 	return fmt.Errorf("%s does not match its sha256 pin in the config: the binary changed; update plugins.%s.sha256 to the output of `sha256sum %s` if the change is intended", path, name, path)
 }
 
+// beforeExec, set by tests, runs after the binary was checked and before
+// it is started.
+var beforeExec func(name, path string)
+
 // launch starts the process, checks who it is and configures it.
 func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	s.setState(StateStarting, nil)
 	path := s.binaryPath()
-	info, err := os.Stat(path)
+	f, err := s.openBinary(path)
 	if err != nil {
-		return nil, &permanentError{fmt.Errorf("no binary %s: build it (make build) or drop it in %s, then press Restart", path, s.host.PluginsDir)}
+		return nil, err
 	}
-	if info.Mode().Perm()&0o111 == 0 {
-		return nil, &permanentError{fmt.Errorf("%s is not executable (chmod +x it), then press Restart", path)}
+	// The child has its own descriptor once started.
+	defer f.Close()
+	if s.cfg.SHA256 != "" {
+		ok, err := matchesPin(f, s.cfg.SHA256)
+		if err != nil {
+			return nil, fmt.Errorf("check the sha256 pin of %s: %w", path, err)
+		}
+		if !ok {
+			return nil, &permanentError{pinMismatch(s.name, path)}
+		}
 	}
-	secure := pinOf(s.cfg)
-	cmd := exec.Command(path)
+	if beforeExec != nil {
+		beforeExec(s.name, path)
+	}
+	cmd := pluginCommand(f, path)
 	cmd.Env = s.env()
-	// Its own process group, so that killing it ends what it started.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	pc := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  capability.Handshake,
 		VersionedPlugins: capability.VersionedPlugins(nil),
 		Cmd:              cmd,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		AutoMTLS:         true,
-		SecureConfig:     secure,
 		SkipHostEnv:      true,
 		Logger:           s.log,
 		Stderr:           s.stderr,
@@ -432,9 +443,6 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	}
 	rpc, err := pc.Client()
 	if err != nil {
-		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
-			return fail(&permanentError{pinMismatch(s.name, path)})
-		}
 		killGroup(cmd)
 		pc.Kill()
 		// How it ended, unless that was this kill.
@@ -443,6 +451,17 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 			ended = ""
 		}
 		return nil, fmt.Errorf("start %s: %w%s%s", path, handshakeHint(err), ended, s.stderrHint())
+	}
+	if s.cfg.SHA256 != "" {
+		// The process runs: the kernel refuses writes to its binary now,
+		// so these are the bytes it executes.
+		ok, err := matchesPin(f, s.cfg.SHA256)
+		if err != nil {
+			return fail(fmt.Errorf("check the sha256 pin of %s again: %w", path, err))
+		}
+		if !ok {
+			return fail(&permanentError{fmt.Errorf("%s was written to while it was being started: it no longer matches its sha256 pin; the process was killed. Install a binary with a new name and rename() it into place, then press Restart", path)})
+		}
 	}
 	c, err := capability.FromRPC(rpc)
 	if err != nil {
