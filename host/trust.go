@@ -8,6 +8,10 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -63,20 +67,202 @@ func matchesPin(f *os.File, pin string) (bool, error) {
 	return bytes.Equal(got, want), nil
 }
 
-// openBinary opens the plugin's binary at path for a start and checks it.
-func (s *Supervisor) openBinary(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_CLOEXEC, 0)
+// Who may change what runs. A plugin runs as the host's user (often
+// root), so its binary, the plugins directory and every directory above it
+// must be out of reach of anyone else: owned by root or the host's user,
+// and writable by neither group nor others. A directory above may be
+// writable by all when it has the sticky bit and root owns it, as /tmp
+// does: in it, nobody can rename or remove what another user owns. The
+// plugins directory itself may not, since anyone could add a binary there.
+// A symbolic link in the plugins directory must point to a file in it.
+//
+// These are checked when the directory is scanned and again before every
+// start, on the file that is then executed.
+
+// hostUID is the user the host runs as; tests change it.
+var hostUID = os.Geteuid()
+
+// trustedOwner reports whether uid may own what a plugin runs from.
+func trustedOwner(uid uint32) bool { return uid == 0 || int(uid) == hostUID }
+
+// chownHint is the command that gives path to the host's user.
+func chownHint(path string) string {
+	who := "root"
+	if hostUID != 0 {
+		who = strconv.Itoa(hostUID)
+		if u, err := user.LookupId(who); err == nil {
+			who = u.Username
+		}
+	}
+	return fmt.Sprintf("`chown %s %s`", who, path)
+}
+
+func ownerOf(info os.FileInfo) uint32 {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		return st.Uid
+	}
+	return 0
+}
+
+// trustDir checks one directory: the plugins directory itself (top) or
+// one above it.
+func trustDir(path string, info os.FileInfo, top bool, pluginsDir string) error {
+	if uid := ownerOf(info); !trustedOwner(uid) {
+		return fmt.Errorf("plugins directory %s is not trusted: %s is owned by uid %d, not by root or the user this host runs as (uid %d), so that user can replace the plugins, which run as this host's user; fix it with %s",
+			pluginsDir, path, uid, hostUID, chownHint(path))
+	}
+	mode := info.Mode()
+	if mode.Perm()&0o022 == 0 {
+		return nil
+	}
+	if top {
+		return fmt.Errorf("plugins directory %s is writable by its group or others (mode %04o): whoever can write to it can replace a plugin binary, which then runs as this host's user; fix it with `chmod go-w %s`",
+			path, mode.Perm(), path)
+	}
+	if mode&os.ModeSticky != 0 && ownerOf(info) == 0 {
+		return nil
+	}
+	return fmt.Errorf("plugins directory %s is not trusted: it is inside %s, which is writable by its group or others (mode %04o) without being a root-owned directory with the sticky bit like /tmp, so whoever can write there can swap the plugins; fix it with `chmod go-w %s`, or move plugins_dir",
+		pluginsDir, path, mode.Perm(), path)
+}
+
+// checkPluginsDir checks the plugins directory and every directory above
+// it, following symbolic links on the way (the directories the links are
+// in are checked too), and returns its real path.
+func checkPluginsDir(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
 	if err != nil {
+		return "", err
+	}
+	links := 0
+	var walk func(path string) (string, error)
+	walk = func(path string) (string, error) {
+		cur := "/"
+		info, err := os.Lstat(cur)
+		if err != nil {
+			return "", err
+		}
+		if err := trustDir(cur, info, false, dir); err != nil {
+			return "", err
+		}
+		for _, part := range strings.Split(strings.TrimPrefix(filepath.Clean(path), "/"), "/") {
+			if part == "" {
+				continue
+			}
+			next := filepath.Join(cur, part)
+			info, err := os.Lstat(next)
+			if err != nil {
+				return "", err
+			}
+			if info.Mode()&os.ModeSymlink != 0 {
+				if links++; links > 40 {
+					return "", fmt.Errorf("%s: too many symbolic links", dir)
+				}
+				target, err := os.Readlink(next)
+				if err != nil {
+					return "", err
+				}
+				if !filepath.IsAbs(target) {
+					target = filepath.Join(cur, target)
+				}
+				if next, err = walk(target); err != nil {
+					return "", err
+				}
+			} else {
+				if !info.IsDir() {
+					return "", fmt.Errorf("plugins directory %s: %s is not a directory", dir, next)
+				}
+				if err := trustDir(next, info, false, dir); err != nil {
+					return "", err
+				}
+			}
+			cur = next
+		}
+		return cur, nil
+	}
+	realDir, err := walk(abs)
+	if err != nil {
+		return "", err
+	}
+	info, err := os.Stat(realDir)
+	if err != nil {
+		return "", err
+	}
+	if err := trustDir(realDir, info, true, dir); err != nil {
+		return "", err
+	}
+	return realDir, nil
+}
+
+// checkBinary checks a plugin binary's file (its own, not a link's).
+func checkBinary(path string, info os.FileInfo) error {
+	switch {
+	case info.IsDir():
+		return fmt.Errorf("%s is a directory, not a plugin binary", path)
+	case !info.Mode().IsRegular():
+		return fmt.Errorf("%s is not a regular file", path)
+	case info.Mode().Perm()&0o111 == 0:
+		return fmt.Errorf("%s is not executable (chmod +x it)", path)
+	case !trustedOwner(ownerOf(info)):
+		return fmt.Errorf("%s is owned by uid %d, not by root or the user this host runs as (uid %d), so that user can change what runs as this host's user; fix it with %s",
+			path, ownerOf(info), hostUID, chownHint(path))
+	case info.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("%s is writable by its group or others (mode %04o), so they can change what runs as this host's user; fix it with `chmod go-w %s`",
+			path, info.Mode().Perm(), path)
+	}
+	return nil
+}
+
+// resolveBinary returns the file that path (fp-plugin-<name> in the
+// plugins directory, whose real path is realDir) stands for: itself, or
+// the file in the same directory a symbolic link points to.
+func resolveBinary(path, realDir string) (string, error) {
+	info, err := os.Lstat(path)
+	if err != nil {
+		return "", err
+	}
+	if info.Mode()&os.ModeSymlink == 0 {
+		return filepath.Join(realDir, filepath.Base(path)), nil
+	}
+	target, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return "", fmt.Errorf("%s is a symbolic link that leads nowhere: %w", path, err)
+	}
+	if filepath.Dir(target) != realDir {
+		return "", fmt.Errorf("%s is a symbolic link to %s, outside the plugins directory %s, where others may change it; copy the binary into the plugins directory instead (or link to a file in it)",
+			path, target, realDir)
+	}
+	return target, nil
+}
+
+// openBinary opens the plugin's binary at path for a start, after
+// checking the plugins directory, and checks the open file.
+func (s *Supervisor) openBinary(path string) (*os.File, error) {
+	realDir, err := checkPluginsDir(s.host.PluginsDir)
+	if os.IsNotExist(err) {
+		return nil, &permanentError{fmt.Errorf("no binary %s: the plugins directory %s does not exist; build the plugins (make build) or set plugins_dir, then press Restart", path, s.host.PluginsDir)}
+	}
+	if err != nil {
+		return nil, &permanentError{err}
+	}
+	file, err := resolveBinary(path, realDir)
+	if os.IsNotExist(err) {
 		return nil, &permanentError{fmt.Errorf("no binary %s: build it (make build) or drop it in %s, then press Restart", path, s.host.PluginsDir)}
 	}
+	if err != nil {
+		return nil, &permanentError{err}
+	}
+	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_CLOEXEC|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, &permanentError{fmt.Errorf("open %s: %w; press Restart to try again", path, err)}
+	}
 	info, err := f.Stat()
+	if err == nil {
+		err = checkBinary(path, info)
+	}
 	if err != nil {
 		f.Close()
-		return nil, err
-	}
-	if info.Mode().Perm()&0o111 == 0 {
-		f.Close()
-		return nil, &permanentError{fmt.Errorf("%s is not executable (chmod +x it), then press Restart", path)}
+		return nil, &permanentError{fmt.Errorf("%w, then press Restart", err)}
 	}
 	return f, nil
 }

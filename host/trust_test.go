@@ -199,3 +199,55 @@ func TestPinCatchesAWriteIntoTheBinary(t *testing.T) {
 		t.Fatalf("pinned after a write into its binary between check and start: %s, %q; want failed, saying so", st.State, st.LastError)
 	}
 }
+
+// TestDiscoverRefusesWhatOthersControl: discovery passes over binaries and
+// directories others could change, saying how to fix each.
+func TestDiscoverRefusesWhatOthersControl(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give a file to another user")
+	}
+	dir := t.TempDir()
+	write := func(name string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	write("fp-plugin-good", 0o755)
+	write("fp-plugin-good_v2", 0o755)
+	groupw := write("fp-plugin-groupw", 0o775)
+	alien := write("fp-plugin-alien", 0o755)
+	if err := os.Chown(alien, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("fp-plugin-good_v2", filepath.Join(dir, "fp-plugin-inside")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/bin/sh", filepath.Join(dir, "fp-plugin-outside")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Discover(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(d.Names(), " "); got != "good good_v2 inside" {
+		t.Errorf("discovered %q, want good good_v2 inside", got)
+	}
+	warnings := strings.Join(d.Warnings, "\n")
+	for _, want := range []string{"chmod go-w " + groupw, "owned by uid 65534", "chown root " + alien, "outside the plugins directory"} {
+		if !strings.Contains(warnings, want) {
+			t.Errorf("warnings do not say %q:\n%s", want, warnings)
+		}
+	}
+	if err := os.Chmod(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	d, err = Discover(dir)
+	if err != nil || len(d.Binaries) != 0 || len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "chmod go-w "+dir) {
+		t.Errorf("a world-writable plugins directory: %v, %v, %q; want no binaries and a warning saying chmod go-w", err, d.Binaries, d.Warnings)
+	}
+}
