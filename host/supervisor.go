@@ -546,12 +546,22 @@ func (s *Supervisor) stderrHint() string {
 // watch waits for the plugin to exit, fail its health checks, be
 // restarted by an operator, or for shutdown. It returns why it stopped and
 // whether an operator asked for it.
+//
+// Health checks run beside the wait, one at a time, each bounded by
+// healthTimeout. A plugin that does not answer one (frozen, deadlocked,
+// swapped out, or answering with an error) is degraded at once, saying
+// for how long it has not answered; when it answers again it is running
+// again. One that has not answered for host.HungRestart, and failed at
+// least healthFailures checks in a row, is killed and started again like a
+// crashed one (0 turns this off: it stays degraded).
 func (s *Supervisor) watch(ctx context.Context, lp *launched) (restart bool, err error) {
 	s.setCur(lp.cmd)
 	defer s.setCur(nil)
 	t := time.NewTicker(s.host.HealthInterval)
 	defer t.Stop()
 	failures := 0
+	lastAnswer := time.Now()
+	var checking chan error // the running check's answer; nil when none runs
 	for {
 		select {
 		case <-lp.client.Exited():
@@ -566,16 +576,37 @@ func (s *Supervisor) watch(ctx context.Context, lp *launched) (restart bool, err
 			s.stop(lp)
 			return true, nil
 		case <-t.C:
-			err = s.checkHealth(ctx, lp)
+			if checking == nil {
+				checking = make(chan error, 1)
+				go func(answer chan<- error) { answer <- s.checkHealth(ctx, lp) }(checking)
+			}
+		case err := <-checking:
+			checking = nil
 			if err == nil {
+				if failures > 0 {
+					s.log.Info("plugin answers its health check again", "after", time.Since(lastAnswer).Round(time.Second))
+				}
 				failures = 0
+				lastAnswer = time.Now()
 				continue
 			}
+			if ctx.Err() != nil {
+				continue // shutting down: not the plugin's fault
+			}
 			failures++
-			s.log.Warn("health check failed", "error", err, "failures", failures)
-			if failures >= healthFailures {
+			silent := time.Since(lastAnswer)
+			reason := fmt.Sprintf("not answering its health check for %d s", int(silent.Seconds()))
+			s.log.Warn("plugin is "+reason, "error", err, "failures", failures)
+			s.mu.Lock()
+			if s.st.State.Serving() && s.client == lp.client {
+				s.st.State = StateDegraded
+				s.st.Health = reason + " (last: " + err.Error() + ")"
+			}
+			s.mu.Unlock()
+			if hung := s.host.HungRestart; hung > 0 && silent >= hung && failures >= healthFailures {
 				lp.kill()
-				return false, fmt.Errorf("plugin hung: %d health checks failed in a row, last: %w", failures, err)
+				return false, fmt.Errorf("plugin hung: %s (%d health checks failed in a row, hung_restart_seconds is %d), last: %w; killed it to start it again",
+					reason, failures, int(hung.Seconds()), err)
 			}
 		}
 	}
@@ -604,6 +635,9 @@ func (s *Supervisor) checkHealth(ctx context.Context, lp *launched) error {
 	}
 	h, err := lp.client.CheckHealth(hctx)
 	if err != nil {
+		if hctx.Err() != nil && ctx.Err() == nil {
+			return fmt.Errorf("health check: no answer within %s", healthTimeout)
+		}
 		return err
 	}
 	st := StateRunning
@@ -615,7 +649,7 @@ func (s *Supervisor) checkHealth(ctx context.Context, lp *launched) error {
 		health += ": " + h.Message
 	}
 	s.mu.Lock()
-	if s.st.State.Serving() {
+	if s.st.State.Serving() && s.client == lp.client {
 		s.st.State = st
 		s.st.Health = health
 	}
