@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -249,5 +250,35 @@ func TestDiscoverRefusesWhatOthersControl(t *testing.T) {
 	d, err = Discover(dir)
 	if err != nil || len(d.Binaries) != 0 || len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "chmod go-w "+dir) {
 		t.Errorf("a world-writable plugins directory: %v, %v, %q; want no binaries and a warning saying chmod go-w", err, d.Binaries, d.Warnings)
+	}
+}
+
+// TestHealthFrozenPluginInProcess: the supervisor's health checks, which
+// run beside its wait, under the race detector: a plugin stopped with
+// SIGSTOP is degraded, saying why, and running again when continued.
+func TestHealthFrozenPluginInProcess(t *testing.T) {
+	dir := t.TempDir()
+	installFixture(t, dir, "echo")
+	h := startTestHost(t, fmt.Sprintf("plugins_dir: %s\nhealth_interval_seconds: 1\nhung_restart_seconds: 0\nplugins:\n  echo:\n    enabled: true\n", dir))
+	s, _ := h.Plugin("echo")
+	eventually(t, 60*time.Second, "echo is running", func() bool { return s.Status().State == StateRunning })
+	pid := s.Status().PID
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+	eventually(t, 60*time.Second, "the frozen echo is degraded", func() bool {
+		st := s.Status()
+		return st.State == StateDegraded && strings.Contains(st.Health, "not answering its health check for")
+	})
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "echo is running again", func() bool {
+		st := s.Status()
+		return st.State == StateRunning && st.Health == "ok"
+	})
+	if st := s.Status(); st.PID != pid || st.Restarts != 0 {
+		t.Errorf("echo after it was continued: pid %d, restarts %d; want pid %d, not restarted", st.PID, st.Restarts, pid)
 	}
 }
