@@ -402,7 +402,7 @@ var beforeExec func(name, path string)
 func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	s.setState(StateStarting, nil)
 	path := s.binaryPath()
-	f, err := s.openBinary(path)
+	f, err := openBinary(s.host.PluginsDir, path)
 	if err != nil {
 		return nil, err
 	}

@@ -235,19 +235,20 @@ func resolveBinary(path, realDir string) (string, error) {
 	return target, nil
 }
 
-// openBinary opens the plugin's binary at path for a start, after
-// checking the plugins directory, and checks the open file.
-func (s *Supervisor) openBinary(path string) (*os.File, error) {
-	realDir, err := checkPluginsDir(s.host.PluginsDir)
+// openBinary opens the plugin's binary at path (in pluginsDir) to run
+// it, after checking the plugins directory, and checks the open file. Its
+// errors are permanent: they last until someone fixes the file.
+func openBinary(pluginsDir, path string) (*os.File, error) {
+	realDir, err := checkPluginsDir(pluginsDir)
 	if os.IsNotExist(err) {
-		return nil, &permanentError{fmt.Errorf("no binary %s: the plugins directory %s does not exist; build the plugins (make build) or set plugins_dir, then press Restart", path, s.host.PluginsDir)}
+		return nil, &permanentError{fmt.Errorf("no binary %s: the plugins directory %s does not exist; build the plugins (make build) or set plugins_dir, then press Restart", path, pluginsDir)}
 	}
 	if err != nil {
 		return nil, &permanentError{err}
 	}
 	file, err := resolveBinary(path, realDir)
 	if os.IsNotExist(err) {
-		return nil, &permanentError{fmt.Errorf("no binary %s: build it (make build) or drop it in %s, then press Restart", path, s.host.PluginsDir)}
+		return nil, &permanentError{fmt.Errorf("no binary %s: build it (make build) or drop it in %s, then press Restart", path, pluginsDir)}
 	}
 	if err != nil {
 		return nil, &permanentError{err}
