@@ -107,7 +107,10 @@ func ownerOf(info os.FileInfo) uint32 {
 // trustDir checks one directory: the plugins directory itself (top) or
 // one above it.
 func trustDir(path string, info os.FileInfo, top bool, pluginsDir string) error {
-	if uid := ownerOf(info); !trustedOwner(uid) {
+	if uid := ownerOf(info); !trustedOwner(uid) && !top {
+		return fmt.Errorf("plugins directory %s is not trusted: it is inside %s, which is owned by uid %d, not by root or the user this host runs as (uid %d), so that user can swap the plugins, which run as this host's user; move plugins_dir to a directory that only root or this host's user controls (such as /opt/taskhost/plugins)",
+			pluginsDir, path, uid, hostUID)
+	} else if !trustedOwner(uid) {
 		return fmt.Errorf("plugins directory %s is not trusted: %s is owned by uid %d, not by root or the user this host runs as (uid %d), so that user can replace the plugins, which run as this host's user; fix it with %s",
 			pluginsDir, path, uid, hostUID, chownHint(path))
 	}
@@ -134,19 +137,32 @@ func checkPluginsDir(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	type seenDir struct {
+		path string
+		info os.FileInfo
+	}
+	var seen []seenDir
 	links := 0
-	var walk func(path string) (string, error)
-	walk = func(path string) (string, error) {
-		cur := "/"
+	// walk resolves path from the real directory base, component by
+	// component as the kernel does ("..", then links), noting each
+	// directory on the way.
+	var walk func(base, path string) (string, error)
+	walk = func(base, path string) (string, error) {
+		cur := base
+		if strings.HasPrefix(path, "/") {
+			cur = "/"
+		}
 		info, err := os.Lstat(cur)
 		if err != nil {
 			return "", err
 		}
-		if err := trustDir(cur, info, false, dir); err != nil {
-			return "", err
-		}
-		for _, part := range strings.Split(strings.TrimPrefix(filepath.Clean(path), "/"), "/") {
-			if part == "" {
+		seen = append(seen, seenDir{cur, info})
+		for _, part := range strings.Split(path, "/") {
+			switch part {
+			case "", ".":
+				continue
+			case "..":
+				cur = filepath.Dir(cur)
 				continue
 			}
 			next := filepath.Join(cur, part)
@@ -154,33 +170,28 @@ func checkPluginsDir(dir string) (string, error) {
 			if err != nil {
 				return "", err
 			}
-			if info.Mode()&os.ModeSymlink != 0 {
+			switch {
+			case info.Mode()&os.ModeSymlink != 0:
 				if links++; links > 40 {
-					return "", fmt.Errorf("%s: too many symbolic links", dir)
+					return "", fmt.Errorf("plugins directory %s: too many symbolic links", dir)
 				}
 				target, err := os.Readlink(next)
 				if err != nil {
 					return "", err
 				}
-				if !filepath.IsAbs(target) {
-					target = filepath.Join(cur, target)
-				}
-				if next, err = walk(target); err != nil {
+				if next, err = walk(cur, target); err != nil {
 					return "", err
 				}
-			} else {
-				if !info.IsDir() {
-					return "", fmt.Errorf("plugins directory %s: %s is not a directory", dir, next)
-				}
-				if err := trustDir(next, info, false, dir); err != nil {
-					return "", err
-				}
+			case info.IsDir():
+				seen = append(seen, seenDir{next, info})
+			default:
+				return "", fmt.Errorf("plugins directory %s: %s is not a directory", dir, next)
 			}
 			cur = next
 		}
 		return cur, nil
 	}
-	realDir, err := walk(abs)
+	realDir, err := walk("/", abs)
 	if err != nil {
 		return "", err
 	}
@@ -190,6 +201,14 @@ func checkPluginsDir(dir string) (string, error) {
 	}
 	if err := trustDir(realDir, info, true, dir); err != nil {
 		return "", err
+	}
+	for _, d := range seen {
+		if d.path == realDir {
+			continue
+		}
+		if err := trustDir(d.path, d.info, false, dir); err != nil {
+			return "", err
+		}
 	}
 	return realDir, nil
 }

@@ -131,6 +131,19 @@ func TestPluginsDirOthersCanWriteToIsRefused(t *testing.T) {
 		h := startHost(t, trustConfig(dir, "echo"))
 		h.expectRefused(t, "echo", "chmod go-w "+parent)
 	})
+	t.Run("in a directory owned by another user", func(t *testing.T) {
+		parent := t.TempDir()
+		dir := filepath.Join(parent, "plugins")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		installFixture(t, dir, "echo", 0o755)
+		if err := os.Chown(parent, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		h := startHost(t, trustConfig(dir, "echo"))
+		h.expectRefused(t, "echo", "inside "+parent+", which is owned by uid 65534", "move plugins_dir")
+	})
 	t.Run("in a root-owned sticky directory, like /tmp", func(t *testing.T) {
 		parent := t.TempDir()
 		dir := filepath.Join(parent, "plugins")

@@ -282,3 +282,41 @@ func TestHealthFrozenPluginInProcess(t *testing.T) {
 		t.Errorf("echo after it was continued: pid %d, restarts %d; want pid %d, not restarted", st.PID, st.Restarts, pid)
 	}
 }
+
+// TestCheckPluginsDirFollowsLinks: a plugins_dir reached through symbolic
+// links is its real directory, and the directories the links are in count
+// too.
+func TestCheckPluginsDirFollowsLinks(t *testing.T) {
+	base := t.TempDir()
+	realDir := filepath.Join(base, "real")
+	good := filepath.Join(base, "good")
+	evil := filepath.Join(base, "evil")
+	for dir, mode := range map[string]os.FileMode{realDir: 0o755, good: 0o755, evil: 0o777} {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, target := range map[string]string{
+		filepath.Join(base, "link"): "real",
+		filepath.Join(good, "link"): "../real",
+		filepath.Join(evil, "link"): "../real",
+		filepath.Join(good, "hop"):  "../evil/link",
+	} {
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, dir := range []string{filepath.Join(base, "link"), filepath.Join(good, "link")} {
+		if got, err := checkPluginsDir(dir); err != nil || got != realDir {
+			t.Errorf("checkPluginsDir(%s) = %q, %v; want %s", dir, got, err, realDir)
+		}
+	}
+	for _, dir := range []string{filepath.Join(evil, "link"), filepath.Join(good, "hop")} {
+		if _, err := checkPluginsDir(dir); err == nil || !strings.Contains(err.Error(), "chmod go-w "+evil) {
+			t.Errorf("checkPluginsDir(%s) through the world-writable %s: %v; want it refused, saying chmod go-w", dir, evil, err)
+		}
+	}
+}
