@@ -53,6 +53,10 @@ type Config struct {
 	// HealthInterval is how often running plugins are health-checked;
 	// default 10s.
 	HealthInterval time.Duration
+	// HungRestart is how long a plugin may go without answering its
+	// health check before it is killed and restarted; 0 never restarts it
+	// for that (it stays degraded). Default 60s.
+	HungRestart time.Duration
 	// RestartBudget is how many restarts within RestartWindow put a plugin
 	// in the failed state; default 5 in 10 minutes.
 	RestartBudget int
@@ -222,6 +226,7 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 		LogLevel:        "info",
 		ShutdownTimeout: 30 * time.Second,
 		HealthInterval:  10 * time.Second,
+		HungRestart:     60 * time.Second,
 		RestartBudget:   5,
 		RestartWindow:   10 * time.Minute,
 		MaxBodyBytes:    8 << 20,
@@ -286,6 +291,8 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 			err = p.seconds(k.Value, v, &cfg.ShutdownTimeout, 1, 3600)
 		case "health_interval_seconds":
 			err = p.seconds(k.Value, v, &cfg.HealthInterval, 1, 3600)
+		case "hung_restart_seconds":
+			err = p.seconds(k.Value, v, &cfg.HungRestart, 0, 86400)
 		case "restart_window_seconds":
 			err = p.seconds(k.Value, v, &cfg.RestartWindow, 1, 86400)
 		case "restart_budget":
@@ -327,7 +334,7 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 }
 
 var knownTopKeys = []string{"listen", "plugins_dir", "admin_token", "log_level", "shutdown_timeout_seconds",
-	"health_interval_seconds", "restart_budget", "restart_window_seconds", "max_body_bytes",
+	"health_interval_seconds", "hung_restart_seconds", "restart_budget", "restart_window_seconds", "max_body_bytes",
 	"public_reads", "idle_timeout_seconds", "body_timeout_seconds", "max_connections", "auth_max_failures",
 	"auth_lockout_seconds", "plugins"}
 

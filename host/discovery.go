@@ -22,15 +22,23 @@ type Discovered struct {
 }
 
 // Discover scans dir, non-recursively, for executable regular files named
-// fp-plugin-<name>. A missing directory is not an error: the host runs with
-// no plugins and says so.
+// fp-plugin-<name>, or symbolic links to such files in dir. A missing
+// directory is not an error: the host runs with no plugins and says so.
+// Neither is a directory or binary others could change (see trust.go):
+// it is passed over with a warning saying how to fix it, and its plugins
+// fail to start with the same message.
 func Discover(dir string) (Discovered, error) {
 	d := Discovered{Binaries: map[string]string{}}
-	entries, err := os.ReadDir(dir)
+	realDir, err := checkPluginsDir(dir)
 	if os.IsNotExist(err) {
 		d.Warnings = append(d.Warnings, fmt.Sprintf("plugins directory %s does not exist; build the plugins with `make build`", dir))
 		return d, nil
 	}
+	if err != nil {
+		d.Warnings = append(d.Warnings, err.Error()+"; no plugin in it is started")
+		return d, nil
+	}
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return d, fmt.Errorf("scan plugins directory: %w", err)
 	}
@@ -41,22 +49,21 @@ func Discover(dir string) (Discovered, error) {
 		}
 		path := filepath.Join(dir, fname)
 		name := strings.TrimPrefix(fname, BinaryPrefix)
-		info, err := os.Stat(path)
-		switch {
-		case err != nil:
-			d.Warnings = append(d.Warnings, fmt.Sprintf("%s: %v", path, err))
-			continue
-		case info.IsDir():
-			d.Warnings = append(d.Warnings, fmt.Sprintf("%s: is a directory, not a plugin binary", path))
-			continue
-		case e.Type()&os.ModeSymlink != 0:
-			d.Warnings = append(d.Warnings, fmt.Sprintf("%s: is a symbolic link; copy the binary instead, so a SHA-256 pin covers what runs", path))
-			continue
-		case info.Mode().Perm()&0o111 == 0:
-			d.Warnings = append(d.Warnings, fmt.Sprintf("%s: not executable (chmod +x it)", path))
-			continue
-		case !capability.ValidName(name):
+		if !capability.ValidName(name) {
 			d.Warnings = append(d.Warnings, fmt.Sprintf("%s: %q is not a valid plugin name (lower-case letters, digits and _, starting with a letter)", path, name))
+			continue
+		}
+		file, err := resolveBinary(path, realDir)
+		if err != nil {
+			d.Warnings = append(d.Warnings, err.Error())
+			continue
+		}
+		info, err := os.Lstat(file)
+		if err == nil {
+			err = checkBinary(path, info)
+		}
+		if err != nil {
+			d.Warnings = append(d.Warnings, err.Error())
 			continue
 		}
 		d.Binaries[name] = path

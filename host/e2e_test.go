@@ -266,6 +266,7 @@ listen: LISTEN
 plugins_dir: PLUGINS
 restart_budget: 2
 health_interval_seconds: 1
+hung_restart_seconds: 5
 plugins:
   tasks_worker:
     enabled: true

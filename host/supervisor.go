@@ -394,29 +394,40 @@ func pinMismatch(name, path string) error {
 	return fmt.Errorf("%s does not match its sha256 pin in the config: the binary changed; update plugins.%s.sha256 to the output of `sha256sum %s` if the change is intended", path, name, path)
 }
 
+// beforeExec, set by tests, runs after the binary was checked and before
+// it is started.
+var beforeExec func(name, path string)
+
 // launch starts the process, checks who it is and configures it.
 func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	s.setState(StateStarting, nil)
 	path := s.binaryPath()
-	info, err := os.Stat(path)
+	f, err := openBinary(s.host.PluginsDir, path)
 	if err != nil {
-		return nil, &permanentError{fmt.Errorf("no binary %s: build it (make build) or drop it in %s, then press Restart", path, s.host.PluginsDir)}
+		return nil, err
 	}
-	if info.Mode().Perm()&0o111 == 0 {
-		return nil, &permanentError{fmt.Errorf("%s is not executable (chmod +x it), then press Restart", path)}
+	// The child has its own descriptor once started.
+	defer f.Close()
+	if s.cfg.SHA256 != "" {
+		ok, err := matchesPin(f, s.cfg.SHA256)
+		if err != nil {
+			return nil, fmt.Errorf("check the sha256 pin of %s: %w", path, err)
+		}
+		if !ok {
+			return nil, &permanentError{pinMismatch(s.name, path)}
+		}
 	}
-	secure := pinOf(s.cfg)
-	cmd := exec.Command(path)
+	if beforeExec != nil {
+		beforeExec(s.name, path)
+	}
+	cmd := pluginCommand(f, path)
 	cmd.Env = s.env()
-	// Its own process group, so that killing it ends what it started.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	pc := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  capability.Handshake,
 		VersionedPlugins: capability.VersionedPlugins(nil),
 		Cmd:              cmd,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		AutoMTLS:         true,
-		SecureConfig:     secure,
 		SkipHostEnv:      true,
 		Logger:           s.log,
 		Stderr:           s.stderr,
@@ -432,9 +443,6 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	}
 	rpc, err := pc.Client()
 	if err != nil {
-		if errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
-			return fail(&permanentError{pinMismatch(s.name, path)})
-		}
 		killGroup(cmd)
 		pc.Kill()
 		// How it ended, unless that was this kill.
@@ -443,6 +451,17 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 			ended = ""
 		}
 		return nil, fmt.Errorf("start %s: %w%s%s", path, handshakeHint(err), ended, s.stderrHint())
+	}
+	if s.cfg.SHA256 != "" {
+		// The process runs: the kernel refuses writes to its binary now,
+		// so these are the bytes it executes.
+		ok, err := matchesPin(f, s.cfg.SHA256)
+		if err != nil {
+			return fail(fmt.Errorf("check the sha256 pin of %s again: %w", path, err))
+		}
+		if !ok {
+			return fail(&permanentError{fmt.Errorf("%s was written to while it was being started: it no longer matches its sha256 pin; the process was killed. Install a binary with a new name and rename() it into place, then press Restart", path)})
+		}
 	}
 	c, err := capability.FromRPC(rpc)
 	if err != nil {
@@ -527,12 +546,22 @@ func (s *Supervisor) stderrHint() string {
 // watch waits for the plugin to exit, fail its health checks, be
 // restarted by an operator, or for shutdown. It returns why it stopped and
 // whether an operator asked for it.
+//
+// Health checks run beside the wait, one at a time, each bounded by
+// healthTimeout. A plugin that does not answer one (frozen, deadlocked,
+// swapped out, or answering with an error) is degraded at once, saying
+// for how long it has not answered; when it answers again it is running
+// again. One that has not answered for host.HungRestart, and failed at
+// least healthFailures checks in a row, is killed and started again like a
+// crashed one (0 turns this off: it stays degraded).
 func (s *Supervisor) watch(ctx context.Context, lp *launched) (restart bool, err error) {
 	s.setCur(lp.cmd)
 	defer s.setCur(nil)
 	t := time.NewTicker(s.host.HealthInterval)
 	defer t.Stop()
 	failures := 0
+	lastAnswer := time.Now()
+	var checking chan error // the running check's answer; nil when none runs
 	for {
 		select {
 		case <-lp.client.Exited():
@@ -547,16 +576,37 @@ func (s *Supervisor) watch(ctx context.Context, lp *launched) (restart bool, err
 			s.stop(lp)
 			return true, nil
 		case <-t.C:
-			err = s.checkHealth(ctx, lp)
+			if checking == nil {
+				checking = make(chan error, 1)
+				go func(answer chan<- error) { answer <- s.checkHealth(ctx, lp) }(checking)
+			}
+		case err := <-checking:
+			checking = nil
 			if err == nil {
+				if failures > 0 {
+					s.log.Info("plugin answers its health check again", "after", time.Since(lastAnswer).Round(time.Second))
+				}
 				failures = 0
+				lastAnswer = time.Now()
 				continue
 			}
+			if ctx.Err() != nil {
+				continue // shutting down: not the plugin's fault
+			}
 			failures++
-			s.log.Warn("health check failed", "error", err, "failures", failures)
-			if failures >= healthFailures {
+			silent := time.Since(lastAnswer)
+			reason := fmt.Sprintf("not answering its health check for %d s", int(silent.Seconds()))
+			s.log.Warn("plugin is "+reason, "error", err, "failures", failures)
+			s.mu.Lock()
+			if s.st.State.Serving() && s.client == lp.client {
+				s.st.State = StateDegraded
+				s.st.Health = reason + " (last: " + err.Error() + ")"
+			}
+			s.mu.Unlock()
+			if hung := s.host.HungRestart; hung > 0 && silent >= hung && failures >= healthFailures {
 				lp.kill()
-				return false, fmt.Errorf("plugin hung: %d health checks failed in a row, last: %w", failures, err)
+				return false, fmt.Errorf("plugin hung: %s (%d health checks failed in a row, hung_restart_seconds is %d), last: %w; killed it to start it again",
+					reason, failures, int(hung.Seconds()), err)
 			}
 		}
 	}
@@ -585,6 +635,9 @@ func (s *Supervisor) checkHealth(ctx context.Context, lp *launched) error {
 	}
 	h, err := lp.client.CheckHealth(hctx)
 	if err != nil {
+		if hctx.Err() != nil && ctx.Err() == nil {
+			return fmt.Errorf("health check: no answer within %s", healthTimeout)
+		}
 		return err
 	}
 	st := StateRunning
@@ -596,7 +649,7 @@ func (s *Supervisor) checkHealth(ctx context.Context, lp *launched) error {
 		health += ": " + h.Message
 	}
 	s.mu.Lock()
-	if s.st.State.Serving() {
+	if s.st.State.Serving() && s.client == lp.client {
 		s.st.State = st
 		s.st.Health = health
 	}

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -23,5 +24,24 @@ func TestOnlyCrashLoopsUseTheRestartBudget(t *testing.T) {
 	}
 	if !s.recordCrash(time.Second) {
 		t.Fatal("the third quick crash within the window did not spend a budget of 2")
+	}
+}
+
+// TestHungRestartSetting: a plugin that does not answer its health check
+// is restarted after 60 s by default; hung_restart_seconds changes that,
+// and 0 turns it off.
+func TestHungRestartSetting(t *testing.T) {
+	for yaml, want := range map[string]time.Duration{
+		"listen: 127.0.0.1:8080\n":                           60 * time.Second,
+		"listen: 127.0.0.1:8080\nhung_restart_seconds: 0\n":  0,
+		"listen: 127.0.0.1:8080\nhung_restart_seconds: 90\n": 90 * time.Second,
+	} {
+		cfg, err := ParseConfig("t.yaml", []byte(yaml))
+		if err != nil || cfg.HungRestart != want {
+			t.Errorf("%q: hung restart %v, %v; want %v", yaml, cfg.HungRestart, err, want)
+		}
+	}
+	if _, err := ParseConfig("t.yaml", []byte("hung_restart_seconds: -1\n")); err == nil || !strings.Contains(err.Error(), "hung_restart_seconds") {
+		t.Errorf("a negative hung_restart_seconds: %v; want an error naming it", err)
 	}
 }
