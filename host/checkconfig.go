@@ -50,28 +50,31 @@ func checkPluginConfig(ctx context.Context, cfg *Config, pc PluginConfig) Plugin
 		res.Note = fmt.Sprintf("not checked: no executable %s (build it, or drop it in %s)", path, cfg.PluginsDir)
 		return res
 	}
-	if pin := pinOf(pc); pin != nil {
-		// Never run a binary the host would refuse to start: it would get
-		// the plugin's environment and config.
-		ok, err := pin.Check(path)
-		if err != nil {
-			res.Note = fmt.Sprintf("not checked: reading %s: %v", path, err)
-			return res
-		}
-		if !ok {
-			res.Checked = true
-			res.Err = fmt.Errorf("%w; not run", pinMismatch(pc.Name, path))
-			return res
-		}
+	// Never run a binary the host would refuse to start (one that others
+	// could have changed, or that misses its pin): it would get the
+	// plugin's environment and config. What runs is the file checked,
+	// through its open descriptor, as when the host starts it.
+	f, err := OpenPluginBinary(cfg.PluginsDir, pc.Name, pc.SHA256)
+	var refused *permanentError
+	switch {
+	case errors.As(err, &refused):
+		res.Checked = true
+		res.Err = fmt.Errorf("%w; not run", refused.err)
+		return res
+	case err != nil:
+		res.Note = fmt.Sprintf("not checked: %v", err)
+		return res
 	}
+	defer f.Close()
 	ctx, cancel := context.WithTimeout(ctx, checkConfigTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, path, capability.CheckConfigArg)
+	cmd := pluginCommand(ctx, f, path)
 	cmd.Env = pluginEnv(cfg, pc)
 	cmd.Stdin = bytes.NewReader(pc.Config)
+	cmd.Args = append(cmd.Args, capability.CheckConfigArg)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	err = cmd.Run()
 	code := 0
 	var ee *exec.ExitError
 	switch {

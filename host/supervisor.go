@@ -2,8 +2,6 @@ package host
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -379,17 +377,8 @@ func pluginEnv(host *Config, pc PluginConfig) []string {
 	return env
 }
 
-// pinOf is the check of pc's sha256 pin, nil when it has none. A fresh
-// one each time: SecureConfig.Check writes into its hash and never resets
-// it.
-func pinOf(pc PluginConfig) *plugin.SecureConfig {
-	if pc.SHA256 == "" {
-		return nil
-	}
-	sum, _ := hex.DecodeString(pc.SHA256) // validated by the config parser
-	return &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
-}
-
+// pinMismatch says that the binary at path does not match plugin name's
+// sha256 pin, and how to fix it.
 func pinMismatch(name, path string) error {
 	return fmt.Errorf("%s does not match its sha256 pin in the config: the binary changed; update plugins.%s.sha256 to the output of `sha256sum %s` if the change is intended", path, name, path)
 }
@@ -402,25 +391,16 @@ var beforeExec func(name, path string)
 func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	s.setState(StateStarting, nil)
 	path := s.binaryPath()
-	f, err := openBinary(s.host.PluginsDir, path)
+	f, err := OpenPluginBinary(s.host.PluginsDir, s.name, s.cfg.SHA256)
 	if err != nil {
 		return nil, err
 	}
 	// The child has its own descriptor once started.
 	defer f.Close()
-	if s.cfg.SHA256 != "" {
-		ok, err := matchesPin(f, s.cfg.SHA256)
-		if err != nil {
-			return nil, fmt.Errorf("check the sha256 pin of %s: %w", path, err)
-		}
-		if !ok {
-			return nil, &permanentError{pinMismatch(s.name, path)}
-		}
-	}
 	if beforeExec != nil {
 		beforeExec(s.name, path)
 	}
-	cmd := pluginCommand(f, path)
+	cmd := pluginCommand(context.Background(), f, path)
 	cmd.Env = s.env()
 	pc := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  capability.Handshake,

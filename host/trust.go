@@ -2,6 +2,7 @@ package host
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -35,12 +36,14 @@ const childBinaryFD = 3
 // pluginCommand returns the command that runs the open binary f; path is
 // what the plugin sees as its argv[0] (a plugin may read its name from
 // it).
-func pluginCommand(f *os.File, path string) *exec.Cmd {
-	cmd := exec.Command(fmt.Sprintf("/proc/self/fd/%d", childBinaryFD))
+// When ctx ends, the process group is killed.
+func pluginCommand(ctx context.Context, f *os.File, path string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, fmt.Sprintf("/proc/self/fd/%d", childBinaryFD))
 	cmd.Args = []string{path}
 	cmd.ExtraFiles = []*os.File{f}
 	// Its own process group, so that killing it ends what it started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { killGroup(cmd); return nil }
 	return cmd
 }
 
@@ -283,6 +286,34 @@ func openBinary(pluginsDir, path string) (*os.File, error) {
 	if err != nil {
 		f.Close()
 		return nil, &permanentError{fmt.Errorf("%w, then press Restart", err)}
+	}
+	return f, nil
+}
+
+// OpenPluginBinary opens plugin name's binary in pluginsDir to run it,
+// after every check the host makes before it starts a plugin: neither the
+// plugins directory nor the binary is within reach of another user, and
+// the file matches pin (hex SHA-256; "" for none). Run the returned file
+// itself (its descriptor, as the host does: /proc/self/fd/N), never the
+// path again, so that what runs is what was checked.
+func OpenPluginBinary(pluginsDir, name, pin string) (*os.File, error) {
+	path := filepath.Join(pluginsDir, BinaryPrefix+name)
+	f, err := openBinary(pluginsDir, path)
+	if err != nil {
+		return nil, err
+	}
+	if pin == "" {
+		return f, nil
+	}
+	ok, err := matchesPin(f, pin)
+	if err == nil && !ok {
+		err = &permanentError{pinMismatch(name, path)}
+	} else if err != nil {
+		err = fmt.Errorf("check the sha256 pin of %s: %w", path, err)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
 	}
 	return f, nil
 }

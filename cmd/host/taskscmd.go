@@ -1,12 +1,8 @@
 package main
 
 import (
-	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -37,13 +33,15 @@ func tasksCmd(cmd string, args []string, takesConfig bool) int {
 			path = p
 		}
 	}
-	bin, err := tasksBinary(path)
+	bin, f, err := tasksBinary(path)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "host %s: %v\n", cmd, err)
 		return 1
 	}
+	// Run the file that was checked, through its descriptor, as the host
+	// starts plugins: a file swapped in after the checks never runs.
 	argv := append([]string{bin, cmd}, args...)
-	err = syscall.Exec(bin, argv, os.Environ()) // returns only on failure
+	err = syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), argv, os.Environ()) // returns only on failure
 	fmt.Fprintf(os.Stderr, "host %s: running %s: %v\n", cmd, bin, err)
 	return 1
 }
@@ -78,9 +76,11 @@ func configArg(args []string) (string, bool) {
 	return path, found
 }
 
-// tasksBinary returns the tasks_worker plugin binary that the config at
-// path names, or says why there is none to run.
-func tasksBinary(path string) (string, error) {
+// tasksBinary returns the path of the tasks_worker plugin binary that
+// the config at path names, and the binary opened after the checks the
+// host makes before it starts a plugin (see host.OpenPluginBinary), or
+// says why there is none to run.
+func tasksBinary(path string) (string, *os.File, error) {
 	dir, where := host.DefaultPluginsDir, "the default plugins_dir: "+path+" does not exist"
 	var pin string
 	cfg, err := host.LoadConfig(path)
@@ -95,35 +95,12 @@ func tasksBinary(path string) (string, error) {
 	}
 	bin := filepath.Join(dir, host.BinaryPrefix+tasksPlugin)
 	if info, err := os.Stat(bin); err != nil || info.IsDir() || info.Mode().Perm()&0o111 == 0 {
-		return "", fmt.Errorf("this command runs in the %s plugin's binary, and there is no executable %s (%s); build it with `make build`, or set plugins_dir to the directory that holds it", tasksPlugin, bin, where)
+		return "", nil, fmt.Errorf("this command runs in the %s plugin's binary, and there is no executable %s (%s); build it with `make build`, or set plugins_dir to the directory that holds it", tasksPlugin, bin, where)
 	}
-	if pin != "" {
-		ok, err := matchesPin(bin, pin)
-		if err != nil {
-			return "", fmt.Errorf("reading %s: %v", bin, err)
-		}
-		if !ok {
-			// Never run a binary the host would refuse to start.
-			return "", fmt.Errorf("%s does not match its sha256 pin in the config: the binary changed; update plugins.%s.sha256 to the output of `sha256sum %s` if the change is intended; not run", bin, tasksPlugin, bin)
-		}
-	}
-	return bin, nil
-}
-
-// matchesPin reports whether the file at path has the SHA-256 pin (hex).
-func matchesPin(path, pin string) (bool, error) {
-	want, err := hex.DecodeString(pin) // validated by the config parser
+	f, err := host.OpenPluginBinary(dir, tasksPlugin, pin)
 	if err != nil {
-		return false, err
+		// Never run a binary the host would refuse to start.
+		return "", nil, fmt.Errorf("%w; not run", err)
 	}
-	f, err := os.Open(path)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return false, err
-	}
-	return bytes.Equal(h.Sum(nil), want), nil
+	return bin, f, nil
 }
