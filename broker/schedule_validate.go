@@ -49,7 +49,7 @@ var ReportStatuses = []string{ReportSuccess, ReportFailed, ReportError, ReportTi
 //     MissedFireOnce.
 //   - Source "" becomes SourceAPI.
 //
-// The run state (LastAttempt, LastSuccess, ExpectedNextRun) and the
+// The run state (LastAttempt, LastSuccess, ExpectedNextRun, NextFireAt) and the
 // CreatedAt and UpdatedAt stamps are cleared: the store keeps its own.
 func NormalizeSchedule(s Schedule) (Schedule, error) {
 	switch n := utf8.RuneCountInString(s.Name); {
@@ -100,7 +100,7 @@ func NormalizeSchedule(s Schedule) (Schedule, error) {
 	if s.Source == "" {
 		s.Source = SourceAPI
 	}
-	s.LastAttempt, s.LastSuccess, s.ExpectedNextRun = nil, nil, nil
+	s.LastAttempt, s.LastSuccess, s.ExpectedNextRun, s.NextFireAt = nil, nil, nil, nil
 	s.CreatedAt, s.UpdatedAt = time.Time{}, time.Time{}
 	return s, nil
 }
