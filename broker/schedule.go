@@ -66,7 +66,13 @@ type FireResult struct {
 	Fired bool
 	// MessageID is the submitted message (0 when none was submitted).
 	MessageID int64
+	// Missing, from FireSchedules only: the schedule does not exist
+	// (deleted meanwhile); nothing changed for it.
+	Missing bool
 }
+
+// MaxFireBatch bounds the requests of one FireSchedules call.
+const MaxFireBatch = 1000
 
 // Report is one attempt of one message: the task's own account.
 type Report struct {
@@ -167,6 +173,15 @@ type ScheduleStore interface {
 	// submit req.Submit (header "schedule" = Name) if given. With a fence,
 	// nothing happens unless the lease is held at that term (ErrNotLeader).
 	FireSchedule(ctx context.Context, req FireRequest) (FireResult, error)
+	// FireSchedules fires each request as FireSchedule does, all in one
+	// transaction, and returns their results in order: a beat with many
+	// due schedules pays one commit per batch, not per schedule. The
+	// requests are checked first (an invalid one, or more than
+	// MaxFireBatch, is ErrInvalid and nothing happens); the fence, when
+	// one request has it (they all have the same or none), is checked
+	// once (ErrNotLeader, nothing happens); a missing schedule gets
+	// Missing, not an error. Any other error rolls the whole batch back.
+	FireSchedules(ctx context.Context, reqs []FireRequest) ([]FireResult, error)
 	// AddReport stores one attempt's report; a success report of a
 	// message submitted by a schedule also stamps that schedule's
 	// LastSuccess = EndedAt, in the same transaction.

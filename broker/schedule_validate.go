@@ -126,6 +126,34 @@ func ValidateFire(req FireRequest) error {
 	return nil
 }
 
+// ValidateFires checks the requests of FireSchedules: at most
+// MaxFireBatch, each valid (ValidateFire), and one fence for all (the
+// same, or none); it returns that fence.
+func ValidateFires(reqs []FireRequest) (*Fence, error) {
+	if len(reqs) > MaxFireBatch {
+		return nil, Invalid("%d fire requests, the limit is %d", len(reqs), MaxFireBatch)
+	}
+	var fence *Fence
+	for i, r := range reqs {
+		if err := ValidateFire(r); err != nil {
+			return nil, fmt.Errorf("fire request %d of %d: %w", i+1, len(reqs), err)
+		}
+		switch {
+		case r.Fence == nil:
+		case fence == nil:
+			fence = r.Fence
+		case *fence != *r.Fence:
+			return nil, Invalid("fire request %d of %d: its fence differs from the others'", i+1, len(reqs))
+		}
+	}
+	for i, r := range reqs {
+		if fence != nil && r.Fence == nil {
+			return nil, Invalid("fire request %d of %d has no fence, others have one", i+1, len(reqs))
+		}
+	}
+	return fence, nil
+}
+
 // CheckSchedulePayload refuses a schedule whose payload is larger than
 // maxPayload, the largest payload the store's Submit takes (0 means
 // MaxPayloadSize, which NormalizeSchedule checks already): what a

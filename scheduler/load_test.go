@@ -25,7 +25,8 @@ type scheduleBroker interface {
 	broker.Leaser
 }
 
-// slowStore makes every fire take at least delay (a database under load),
+// slowStore makes every fire take at least delay (a database under load,
+// batched or not),
 // so a pass over n due schedules takes at least n*delay, and counts the
 // messages each schedule submitted.
 type slowStore struct {
@@ -45,6 +46,21 @@ func (s *slowStore) FireSchedule(ctx context.Context, req broker.FireRequest) (b
 		s.mu.Unlock()
 	}
 	return res, err
+}
+
+func (s *slowStore) FireSchedules(ctx context.Context, reqs []broker.FireRequest) ([]broker.FireResult, error) {
+	time.Sleep(time.Duration(len(reqs)) * s.delay)
+	out, err := s.ScheduleStore.FireSchedules(ctx, reqs)
+	if err == nil {
+		s.mu.Lock()
+		for i, res := range out {
+			if res.MessageID != 0 {
+				s.submitted[reqs[i].Name]++
+			}
+		}
+		s.mu.Unlock()
+	}
+	return out, err
 }
 
 // fewest returns the fewest messages any of the n schedules submitted, and

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -147,8 +148,18 @@ func (t *Ticker) pass(ctx context.Context, fence broker.Fence, gap time.Duration
 			return fmt.Errorf("due schedules: %w", err)
 		}
 		t.lastEnd = now().UTC()
+		var reqs []broker.FireRequest
 		for _, s := range batch {
-			if err := t.fire(ctx, fence, s, at); err != nil {
+			req, ok, err := t.plan(ctx, fence, s, at)
+			if err != nil {
+				return err
+			}
+			if ok {
+				reqs = append(reqs, req)
+			}
+		}
+		for chunk := range slices.Chunk(reqs, fireChunk) {
+			if err := t.fireAll(ctx, chunk); err != nil {
 				return err
 			}
 		}
@@ -164,13 +175,20 @@ func (t *Ticker) pass(ctx context.Context, fence broker.Fence, gap time.Duration
 	}
 }
 
-// fire fires schedule s, due by the pass's start at, or defers a cron
-// schedule not due yet. It returns only the errors that end the pass.
-func (t *Ticker) fire(ctx context.Context, fence broker.Fence, s broker.Schedule, at time.Time) error {
+// fireChunk is how many fires go in one transaction (FireSchedules): one
+// commit per chunk, not per schedule, and a transaction short enough not
+// to hold the store's writers (SQLite has one) for long.
+const fireChunk = 100
+
+// plan returns the fire of schedule s, due by the pass's start at, or
+// false when there is none: s is not due (a cron schedule that never
+// fired is deferred to its first slot) or its timing is invalid. It
+// returns only the errors that end the pass.
+func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule, at time.Time) (broker.FireRequest, bool, error) {
 	tm, err := ParseTiming(s.IntervalSeconds, s.Cron)
 	if err != nil {
 		t.add("invalid", s.Name, 0, err)
-		return nil
+		return broker.FireRequest{}, false, nil
 	}
 	slot := slotOf(s, tm)
 	if slot.After(at) {
@@ -181,7 +199,7 @@ func (t *Ticker) fire(ctx context.Context, fence broker.Fence, s broker.Schedule
 				t.add("failed", s.Name, 0, err)
 			}
 		}
-		return ctx.Err()
+		return broker.FireRequest{}, false, ctx.Err()
 	}
 	latest, missed := tm.latestDue(slot, at)
 	next := tm.Next(latest)
@@ -216,27 +234,54 @@ func (t *Ticker) fire(ctx context.Context, fence broker.Fence, s broker.Schedule
 		}
 		req.Submit = &broker.SubmitRequest{Topic: topic, Task: s.Task, Payload: payload}
 	}
-	res, err := t.Store.FireSchedule(ctx, req)
+	return req, true, nil
+}
+
+// fireAll fires reqs in one transaction; when that fails, one by one, so
+// that one schedule that cannot fire does not hold the others back. It
+// returns only the errors that end the pass.
+func (t *Ticker) fireAll(ctx context.Context, reqs []broker.FireRequest) error {
+	results, err := t.Store.FireSchedules(ctx, reqs)
 	switch {
 	case errors.Is(err, broker.ErrNotLeader):
 		return err
-	case errors.Is(err, broker.ErrNotFound):
-		return nil // deleted meanwhile
 	case err != nil && ctx.Err() != nil:
 		return ctx.Err()
 	case err != nil:
-		t.add("failed", s.Name, 0, err)
+		for _, req := range reqs {
+			res, err := t.Store.FireSchedule(ctx, req)
+			switch {
+			case errors.Is(err, broker.ErrNotLeader):
+				return err
+			case errors.Is(err, broker.ErrNotFound):
+				// deleted meanwhile
+			case err != nil && ctx.Err() != nil:
+				return ctx.Err()
+			case err != nil:
+				t.add("failed", req.Name, 0, err)
+			default:
+				t.fired(req, res)
+			}
+		}
 		return nil
 	}
-	if res.Fired && res.MessageID != 0 {
-		if l := t.Logger; l != nil {
-			l.Debug("schedule fired", "schedule", s.Name, "slot", latest, "message_id", res.MessageID)
-		}
-		if t.Submitted != nil && req.Submit != nil {
-			t.Submitted(req.Submit.Topic)
-		}
+	for i, res := range results {
+		t.fired(reqs[i], res)
 	}
 	return nil
+}
+
+// fired tells of a fire's submitted message.
+func (t *Ticker) fired(req broker.FireRequest, res broker.FireResult) {
+	if !res.Fired || res.MessageID == 0 || req.Submit == nil {
+		return
+	}
+	if l := t.Logger; l != nil {
+		l.Debug("schedule fired", "schedule", req.Name, "slot", req.Slot, "message_id", res.MessageID)
+	}
+	if t.Submitted != nil {
+		t.Submitted(req.Submit.Topic)
+	}
 }
 
 // add counts one event of kind for the next summary line.

@@ -28,6 +28,7 @@ func RunSchedules(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"FireMissingOrDeleted", testFireMissing},
 		{"DueSchedulesByIndex", testDueSchedules},
 		{"DeferSchedule", testDeferSchedule},
+		{"FireSchedulesBatch", testFireSchedules},
 		{"ReportsStampLastSuccess", testReportsLastSuccess},
 		{"AddReports", testAddReports},
 		{"ListReports", testListReports},
@@ -963,5 +964,65 @@ func testDeferSchedule(t *testing.T, b broker.Broker) {
 	}
 	if _, err := b.DeferSchedule(ctx, broker.Schedule{Name: "none"}, until); err != nil {
 		t.Fatalf("DeferSchedule of a missing schedule: %v, want false and no error", err)
+	}
+}
+
+// FireSchedules fires a batch as FireSchedule fires each: in order, a
+// slot fired before reports Fired false, a missing schedule Missing; a
+// bad fence or an invalid request changes nothing.
+func testFireSchedules(t *testing.T, b broker.Broker) {
+	ctx := ctxOf(t)
+	base := baseTime()
+	putSchedule(t, b, every("a", 60))
+	putSchedule(t, b, every("b", 60))
+	fire(t, b, broker.FireRequest{Name: "b", Slot: base, Next: base.Add(time.Minute)})
+	sub := &broker.SubmitRequest{Topic: "sched", Task: "t.a", Payload: json.RawMessage(`{}`)}
+	lease, held, err := b.TryLease(ctx, "beat", "h", time.Minute)
+	if err != nil || !held {
+		t.Fatalf("TryLease: %v %v", held, err)
+	}
+	good := &broker.Fence{Name: "beat", Holder: "h", Term: lease.Term}
+	bad := &broker.Fence{Name: "beat", Holder: "h", Term: lease.Term + 1}
+	reqs := func(f *broker.Fence) []broker.FireRequest {
+		return []broker.FireRequest{
+			{Name: "a", Slot: base, Next: base.Add(time.Minute), Submit: sub, Fence: f},
+			{Name: "gone", Slot: base, Next: base.Add(time.Minute), Fence: f},
+			{Name: "b", Slot: base, Next: base.Add(time.Minute), Submit: sub, Fence: f},
+		}
+	}
+	_, err = b.FireSchedules(ctx, reqs(bad))
+	wantErr(t, "FireSchedules with a stale fence", err, broker.ErrNotLeader)
+	if s := getSchedule(t, b, "a"); s.LastAttempt != nil {
+		t.Fatalf("a fenced-off batch fired a: %+v", s)
+	}
+	invalid := reqs(good)
+	invalid[2].Slot = time.Time{}
+	_, err = b.FireSchedules(ctx, invalid)
+	wantErr(t, "FireSchedules with a request without a slot", err, broker.ErrInvalid)
+
+	res, err := b.FireSchedules(ctx, reqs(good))
+	if err != nil {
+		t.Fatalf("FireSchedules: %v", err)
+	}
+	if len(res) != 3 || !res[0].Fired || res[0].MessageID == 0 || !res[1].Missing || res[1].Fired ||
+		res[2].Fired || res[2].Missing || res[2].MessageID != 0 {
+		t.Fatalf("results %+v, want a fired with a message, gone missing, b fired before", res)
+	}
+	a := getSchedule(t, b, "a")
+	next := base.Add(time.Minute)
+	wantNextFire(t, "a after the batch", a, &next)
+	if a.LastAttempt == nil || !sameTime(a.ExpectedNextRun, &next) {
+		t.Fatalf("a after the batch: %+v", a)
+	}
+	m, err := b.GetMessage(ctx, res[0].MessageID)
+	if err != nil || m.Headers[broker.ScheduleHeader] != "a" {
+		t.Fatalf("a's message: %+v, %v", m, err)
+	}
+	again, err := b.FireSchedules(ctx, reqs(good)[:1])
+	if err != nil || len(again) != 1 || again[0].Fired {
+		t.Fatalf("a's slot fired again: %+v, %v", again, err)
+	}
+	if none, err := b.FireSchedules(ctx, nil); err != nil || len(none) != 0 {
+		t.Fatalf("FireSchedules of nothing: %v, %v", none, err)
 	}
 }

@@ -276,22 +276,62 @@ func (b *Broker) FireSchedule(ctx context.Context, req broker.FireRequest) (brok
 	}
 	defer b.mu.Unlock()
 
-	now := b.now()
-	if f := req.Fence; f != nil {
-		l := b.leases[f.Name]
-		if l == nil || l.Holder != f.Holder || l.Term != f.Term || !l.ExpiresAt.After(now) {
-			return broker.FireResult{}, broker.ErrNotLeader
-		}
+	if err := b.fencedLocked(req.Fence); err != nil {
+		return broker.FireResult{}, err
 	}
+	res := b.fireLocked(req)
+	if res.Missing {
+		return broker.FireResult{}, fmt.Errorf("schedule %q: %w", req.Name, broker.ErrNotFound)
+	}
+	return res, nil
+}
+
+// FireSchedules fires each request as FireSchedule does, all under the
+// broker's lock; see broker.ScheduleStore.
+func (b *Broker) FireSchedules(ctx context.Context, reqs []broker.FireRequest) ([]broker.FireResult, error) {
+	fence, err := broker.ValidateFires(reqs)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer b.mu.Unlock()
+
+	if err := b.fencedLocked(fence); err != nil {
+		return nil, err
+	}
+	out := make([]broker.FireResult, len(reqs))
+	for i, req := range reqs {
+		out[i] = b.fireLocked(req)
+	}
+	return out, nil
+}
+
+// fencedLocked checks a fire's fence; b.mu is held.
+func (b *Broker) fencedLocked(f *broker.Fence) error {
+	if f == nil {
+		return nil
+	}
+	l := b.leases[f.Name]
+	if l == nil || l.Holder != f.Holder || l.Term != f.Term || !l.ExpiresAt.After(b.now()) {
+		return broker.ErrNotLeader
+	}
+	return nil
+}
+
+// fireLocked fires a checked request whose fence holds; b.mu is held.
+func (b *Broker) fireLocked(req broker.FireRequest) broker.FireResult {
+	now := b.now()
 	st := b.st()
 	s := st.schedules[req.Name]
 	if s == nil {
-		return broker.FireResult{}, fmt.Errorf("schedule %q: %w", req.Name, broker.ErrNotFound)
+		return broker.FireResult{Missing: true}
 	}
 	slot := req.Slot.UnixNano()
 	fired := st.fires[req.Name]
 	if _, ok := fired[slot]; ok {
-		return broker.FireResult{Fired: false}, nil
+		return broker.FireResult{Fired: false}
 	}
 	if fired == nil {
 		fired = make(map[int64]int64)
@@ -311,7 +351,7 @@ func (b *Broker) FireSchedule(ctx context.Context, req broker.FireRequest) (brok
 	}
 	s.NextFireAt = s.ExpectedNextRun
 	st.due.set(s)
-	return broker.FireResult{Fired: true, MessageID: id}, nil
+	return broker.FireResult{Fired: true, MessageID: id}
 }
 
 // AddReport validates r (broker.ValidateReport) and stores it under a new

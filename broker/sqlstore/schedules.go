@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -148,33 +149,80 @@ func (s *Store) FireSchedule(ctx context.Context, req broker.FireRequest) (broke
 	}
 	var res broker.FireResult
 	err := s.d.Tx(ctx, "fire schedule", func(c Conn) error {
-		res = broker.FireResult{}
 		if err := CheckFence(c, s.q, req.Fence); err != nil {
 			return err
 		}
-		var one int
-		if err := c.QueryRow(s.q.LockSchedule, req.Name).Scan(&one); err != nil {
-			return notFound(err, "schedule %q", req.Name)
+		var err error
+		res, err = s.fire(c, req, sub)
+		if err == nil && res.Missing {
+			err = fmt.Errorf("schedule %q: %w", req.Name, broker.ErrNotFound)
 		}
-		n, err := c.Exec(s.q.InsertFire, req.Name, At(req.Slot), Now)
-		if err != nil || n == 0 {
-			return err // n == 0: fired before, nothing changes
-		}
-		if _, err := c.Exec(s.q.MarkFired, req.Name, NullAt(req.Next), Now); err != nil {
-			return err
-		}
-		res.Fired = true
-		if sub == nil {
-			return nil
-		}
-		if res.MessageID, err = s.d.InsertMessage(c, *sub); err != nil {
-			return err
-		}
-		_, err = c.Exec(s.q.FireMessage, req.Name, At(req.Slot), res.MessageID)
 		return err
 	})
 	if err != nil {
 		return broker.FireResult{}, err
 	}
 	return res, nil
+}
+
+// FireSchedules fires each request as FireSchedule does, all in one
+// transaction with one fence check; see broker.ScheduleStore.
+func (s *Store) FireSchedules(ctx context.Context, reqs []broker.FireRequest) ([]broker.FireResult, error) {
+	fence, err := broker.ValidateFires(reqs)
+	if err != nil || len(reqs) == 0 {
+		return []broker.FireResult{}, err
+	}
+	subs := make([]*broker.SubmitRequest, len(reqs))
+	for i, req := range reqs {
+		if req.Submit != nil {
+			sr := broker.FireSubmit(req)
+			subs[i] = &sr
+		}
+	}
+	var out []broker.FireResult
+	err = s.d.Tx(ctx, "fire schedules", func(c Conn) error {
+		out = make([]broker.FireResult, len(reqs))
+		if err := CheckFence(c, s.q, fence); err != nil {
+			return err
+		}
+		for i, req := range reqs {
+			var err error
+			if out[i], err = s.fire(c, req, subs[i]); err != nil {
+				return fmt.Errorf("schedule %q: %w", req.Name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// fire fires one checked request within a transaction whose fence holds.
+func (s *Store) fire(c Conn, req broker.FireRequest, sub *broker.SubmitRequest) (broker.FireResult, error) {
+	var res broker.FireResult
+	var one int
+	if err := c.QueryRow(s.q.LockSchedule, req.Name).Scan(&one); err != nil {
+		if errors.Is(err, ErrNoRows) {
+			return broker.FireResult{Missing: true}, nil
+		}
+		return res, err
+	}
+	n, err := c.Exec(s.q.InsertFire, req.Name, At(req.Slot), Now)
+	if err != nil || n == 0 {
+		return res, err // n == 0: fired before, nothing changes
+	}
+	if _, err := c.Exec(s.q.MarkFired, req.Name, NullAt(req.Next), Now); err != nil {
+		return res, err
+	}
+	res.Fired = true
+	if sub == nil {
+		return res, nil
+	}
+	if res.MessageID, err = s.d.InsertMessage(c, *sub); err != nil {
+		return broker.FireResult{}, err
+	}
+	_, err = c.Exec(s.q.FireMessage, req.Name, At(req.Slot), res.MessageID)
+	return res, err
 }
