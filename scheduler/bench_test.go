@@ -19,6 +19,12 @@ import (
 // median pass time (ms/pass-median), and the mean as ns/op.
 //
 //	go test -run '^$' -bench BenchmarkPass -benchtime 20x ./scheduler/
+//
+// Medians on a shared 2-core machine, before (every schedule listed, one
+// transaction per fire) and after (the due index, 100 fires to a
+// transaction): PostgreSQL, 100 due: 375-470 ms, then 67-69 ms; 10,000
+// due: 16.5-25.5 s, then 7.1-7.4 s. Memory, 100 due: 6-22 ms, then under
+// 1 ms; 10,000 due: about 200-330 ms either way (the submits dominate).
 func benchPasses(b *testing.B, sb scheduleBroker, due int) {
 	const total = 10000
 	ctx := context.Background()
