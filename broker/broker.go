@@ -82,6 +82,13 @@
 //     with header "schedule" = name, returning its id. With a Fence whose
 //     lease is not held at that term nothing changes and the error is
 //     ErrNotLeader; a missing schedule is ErrNotFound.
+//   - NextFireAt, the due index, is never after a schedule's due slot:
+//     ExpectedNextRun once it has fired (a fire sets both to Next), else
+//     the start of the second of UpdatedAt. DueSchedules returns the
+//     enabled schedules whose NextFireAt is not after At, by (NextFireAt,
+//     Name), in pages of at most DueLimit that go on after a given
+//     schedule; DeferSchedule moves a never-fired, unchanged schedule's
+//     NextFireAt forward only.
 //   - AddReport stores a report with a known status (ErrInvalid
 //     otherwise); a success report naming a schedule moves its LastSuccess
 //     up to EndedAt (never back). The status decides: a success whose

@@ -33,8 +33,16 @@ type Schedule struct {
 	LastSuccess *time.Time `json:"last_success,omitempty"`
 	// ExpectedNextRun is the next slot, derived when the schedule fires.
 	ExpectedNextRun *time.Time `json:"expected_next_run,omitempty"`
-	CreatedAt       time.Time  `json:"created_at"`
-	UpdatedAt       time.Time  `json:"updated_at"`
+	// NextFireAt is the store's index of due schedules (DueSchedules):
+	// never after the schedule's due slot. It is ExpectedNextRun once the
+	// schedule has fired; before, the start of the second of UpdatedAt,
+	// which is the first slot of an interval schedule and at most that of
+	// a cron one (the store does not parse cron: the scheduler moves it
+	// to the first slot with DeferSchedule). Maintained by the store;
+	// ignored by PutSchedule; nil when the schedule is never due again.
+	NextFireAt *time.Time `json:"-"`
+	CreatedAt  time.Time  `json:"created_at"`
+	UpdatedAt  time.Time  `json:"updated_at"`
 }
 
 // FireRequest fires one slot of a schedule.
@@ -58,7 +66,13 @@ type FireResult struct {
 	Fired bool
 	// MessageID is the submitted message (0 when none was submitted).
 	MessageID int64
+	// Missing, from FireSchedules only: the schedule does not exist
+	// (deleted meanwhile); nothing changed for it.
+	Missing bool
 }
+
+// MaxFireBatch bounds the requests of one FireSchedules call.
+const MaxFireBatch = 1000
 
 // Report is one attempt of one message: the task's own account.
 type Report struct {
@@ -101,6 +115,33 @@ type ReportFilter struct {
 	Before    int64
 }
 
+// DueFilter selects the schedules DueSchedules returns: enabled ones whose
+// NextFireAt is not after At, in (NextFireAt, Name) order, at most Limit
+// (DefaultDueLimit when not positive, MaxDueLimit at most). With AfterName
+// set, the listing goes on after the schedule (AfterNext, AfterName) of a
+// previous call: a pass reads the due schedules in bounded batches and
+// sees each at most once, even one it failed to fire.
+type DueFilter struct {
+	At        time.Time
+	AfterNext time.Time
+	AfterName string
+	Limit     int
+}
+
+// DueSchedules limits.
+const (
+	DefaultDueLimit = 500
+	MaxDueLimit     = 5000
+)
+
+// DueLimit returns the limit DueSchedules applies for f.
+func DueLimit(f DueFilter) int {
+	if f.Limit <= 0 {
+		return DefaultDueLimit
+	}
+	return min(f.Limit, MaxDueLimit)
+}
+
 // ScheduleStore keeps schedules and task reports. Every broker implements
 // it: the memory broker in memory, local and postgres in their database.
 type ScheduleStore interface {
@@ -108,16 +149,39 @@ type ScheduleStore interface {
 	// topic, payload, interval or cron, enabled, missed policy, source),
 	// keeping its run state (last attempt, last success, next run) unless
 	// the timing changed, in which case ExpectedNextRun is cleared.
+	// NextFireAt becomes ExpectedNextRun as kept, or when there is none
+	// the start of the second of the new UpdatedAt.
 	PutSchedule(ctx context.Context, s Schedule) (Schedule, error)
 	GetSchedule(ctx context.Context, name string) (Schedule, error)
 	ListSchedules(ctx context.Context) ([]Schedule, error)
+	// DueSchedules returns the enabled schedules due by f.At by their
+	// NextFireAt, oldest first, from an index: its cost follows the
+	// number returned, not the number of schedules.
+	DueSchedules(ctx context.Context, f DueFilter) ([]Schedule, error)
+	// DeferSchedule moves the NextFireAt of a schedule that has never
+	// fired (ExpectedNextRun nil) forward to until, its first slot, as
+	// long as it is unchanged since s was read (same UpdatedAt) and until
+	// is later; it reports whether it did. The scheduler calls it for a
+	// cron schedule whose first slot, which only it can compute, is not
+	// due yet, so that DueSchedules stops returning it.
+	DeferSchedule(ctx context.Context, s Schedule, until time.Time) (bool, error)
 	// DeleteSchedule removes it; ErrNotFound if there is none.
 	DeleteSchedule(ctx context.Context, name string) error
 	// FireSchedule, in one transaction: if (Name, Slot) has not fired,
-	// record it, stamp LastAttempt = now and ExpectedNextRun = Next, and
+	// record it, stamp LastAttempt = now and ExpectedNextRun = Next (and
+	// NextFireAt = Next), and
 	// submit req.Submit (header "schedule" = Name) if given. With a fence,
 	// nothing happens unless the lease is held at that term (ErrNotLeader).
 	FireSchedule(ctx context.Context, req FireRequest) (FireResult, error)
+	// FireSchedules fires each request as FireSchedule does, all in one
+	// transaction, and returns their results in order: a beat with many
+	// due schedules pays one commit per batch, not per schedule. The
+	// requests are checked first (an invalid one, or more than
+	// MaxFireBatch, is ErrInvalid and nothing happens); the fence, when
+	// one request has it (they all have the same or none), is checked
+	// once (ErrNotLeader, nothing happens); a missing schedule gets
+	// Missing, not an error. Any other error rolls the whole batch back.
+	FireSchedules(ctx context.Context, reqs []FireRequest) ([]FireResult, error)
 	// AddReport stores one attempt's report; a success report of a
 	// message submitted by a schedule also stamps that schedule's
 	// LastSuccess = EndedAt, in the same transaction.

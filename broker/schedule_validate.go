@@ -35,7 +35,7 @@ var ReportStatuses = []string{ReportSuccess, ReportFailed, ReportError, ReportTi
 //     MissedFireOnce.
 //   - Source "" becomes SourceAPI.
 //
-// The run state (LastAttempt, LastSuccess, ExpectedNextRun) and the
+// The run state (LastAttempt, LastSuccess, ExpectedNextRun, NextFireAt) and the
 // CreatedAt and UpdatedAt stamps are cleared: the store keeps its own.
 func NormalizeSchedule(s Schedule) (Schedule, error) {
 	switch n := utf8.RuneCountInString(s.Name); {
@@ -86,7 +86,7 @@ func NormalizeSchedule(s Schedule) (Schedule, error) {
 	if s.Source == "" {
 		s.Source = SourceAPI
 	}
-	s.LastAttempt, s.LastSuccess, s.ExpectedNextRun = nil, nil, nil
+	s.LastAttempt, s.LastSuccess, s.ExpectedNextRun, s.NextFireAt = nil, nil, nil, nil
 	s.CreatedAt, s.UpdatedAt = time.Time{}, time.Time{}
 	return s, nil
 }
@@ -110,6 +110,34 @@ func ValidateFire(req FireRequest) error {
 		}
 	}
 	return nil
+}
+
+// ValidateFires checks the requests of FireSchedules: at most
+// MaxFireBatch, each valid (ValidateFire), and one fence for all (the
+// same, or none); it returns that fence.
+func ValidateFires(reqs []FireRequest) (*Fence, error) {
+	if len(reqs) > MaxFireBatch {
+		return nil, Invalid("%d fire requests, the limit is %d", len(reqs), MaxFireBatch)
+	}
+	var fence *Fence
+	for i, r := range reqs {
+		if err := ValidateFire(r); err != nil {
+			return nil, fmt.Errorf("fire request %d of %d: %w", i+1, len(reqs), err)
+		}
+		switch {
+		case r.Fence == nil:
+		case fence == nil:
+			fence = r.Fence
+		case *fence != *r.Fence:
+			return nil, Invalid("fire request %d of %d: its fence differs from the others'", i+1, len(reqs))
+		}
+	}
+	for i, r := range reqs {
+		if fence != nil && r.Fence == nil {
+			return nil, Invalid("fire request %d of %d has no fence, others have one", i+1, len(reqs))
+		}
+	}
+	return fence, nil
 }
 
 // CheckSchedulePayload refuses a schedule whose payload is larger than

@@ -170,9 +170,11 @@ func promtool(t *testing.T, args ...string) string {
 
 // ruleCount is how many alert rules the rules file holds: the five the
 // specification names, FastpluggyTaskReportsDropped,
-// FastpluggyTopicUnserved, FastpluggyWorkerHeartbeatFailing and
-// FastpluggyTopicPausedWithQueue.
-const ruleCount = 9
+// FastpluggyTopicUnserved, FastpluggyWorkerHeartbeatFailing,
+// FastpluggyTopicPausedWithQueue, and the two informational ones of the
+// orphan-recovery specification's watch list, FastpluggyOrphansReclaimed
+// and FastpluggyOrphansDeadLettered.
+const ruleCount = 11
 
 func TestAlertRules(t *testing.T) {
 	out := promtool(t, "check", "rules", rulesFile)
@@ -229,7 +231,8 @@ func TestRuleSeriesArePublic(t *testing.T) {
 		checkExpr(t, rulesFile, e)
 	}
 	for _, alert := range []string{"FastpluggyBeatDead", "FastpluggyScheduleOverdue", "FastpluggyTopicWedged",
-		"FastpluggyOrphanReclaimFailClosed", "FastpluggyScheduleNotProducing"} {
+		"FastpluggyOrphanReclaimFailClosed", "FastpluggyScheduleNotProducing",
+		"FastpluggyOrphansReclaimed", "FastpluggyOrphansDeadLettered"} {
 		if !strings.Contains(string(rules), "- alert: "+alert+"\n") {
 			t.Errorf("%s has no rule %s", rulesFile, alert)
 		}

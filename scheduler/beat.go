@@ -94,7 +94,7 @@ func (b *Beat) tickLoop(ctx context.Context, fence broker.Fence, lost context.Ca
 	}
 	every(ctx, d, func() bool {
 		tctx, tcancel := context.WithTimeout(ctx, tickTimeout)
-		err := b.Schedules.Tick(tctx, fence)
+		err := b.Schedules.pass(tctx, fence, gapFor(d))
 		tcancel()
 		switch {
 		case errors.Is(err, broker.ErrNotLeader):

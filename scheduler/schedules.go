@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -20,6 +23,25 @@ type TaskLookup func(task, topic string) (string, bool)
 
 // Ticker fires due schedules. It runs on the beat leader only, and every
 // fire is a fenced write: a deposed leader fires nothing.
+//
+// A pass reads the schedules due at its start from the store's due index
+// (broker.ScheduleStore.DueSchedules), oldest first, in bounded batches,
+// so its cost follows the number due, not the number of schedules.
+//
+// Late slots. A schedule whose due slot is more than a period old when a
+// pass reaches it has missed slots; the pass fires only the latest due
+// slot. Slots missed while no beat ran (before the first pass of this run
+// of passes: a term's start, a pause or an outage of the store) follow
+// the schedule's missed policy: skip records the latest slot without
+// submitting, fire_once submits it once, late. Slots that came due while
+// this beat ran, and were late only because the passes are slower than
+// the schedule's period (many schedules, a slow database), are never
+// skipped: the latest is submitted, late (catch-up). So a schedule is
+// never skipped for ever because the beat is busy.
+//
+// Logs are summaries: one line per kind of event (late, skipped, unknown
+// task, invalid timing, failed fire) with its count and a few names, at
+// most once per LogEvery; never a line per schedule per pass.
 type Ticker struct {
 	Store  broker.ScheduleStore
 	Lookup TaskLookup
@@ -29,7 +51,43 @@ type Ticker struct {
 	Submitted func(topic string)
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
+	// Batch is how many due schedules a pass reads at a time; default
+	// broker.DefaultDueLimit.
+	Batch int
+	// LogEvery is the least time between two summary lines of a kind;
+	// default one minute. The first line of a kind is written at once.
+	LogEvery time.Duration
+
+	mu sync.Mutex
+	// term and since: the term and the start of the first pass of the
+	// current run of passes (unbroken: each started within a gap of the
+	// previous one's end, which read the due schedules). Slots due before
+	// since were missed while no beat ran.
+	term    int64
+	since   time.Time
+	lastEnd time.Time
+	notes   map[string]*note
 }
+
+// note accumulates one kind of event between two summary lines.
+type note struct {
+	count, slots int
+	examples     []string
+	err          error
+	logged       time.Time
+	from         time.Time
+}
+
+// maxExamples bounds the schedule names a summary line quotes.
+const maxExamples = 5
+
+// defaultGap is the longest pause between two passes that still counts as
+// the beat running, for the default tick of a second.
+var defaultGap = gapFor(time.Second)
+
+// gapFor is the longest pause between two passes that still counts as the
+// beat running, for passes started every tick.
+func gapFor(tick time.Duration) time.Duration { return 2*tick + 5*time.Second }
 
 // NextRun is when the beat fires s next: its expected next run once it has
 // fired, else its first slot (its first cron time after it was stored, or
@@ -56,9 +114,17 @@ func slotOf(s broker.Schedule, tm Timing) time.Time {
 	return base
 }
 
-// Tick fires every due, enabled schedule once. It returns ErrNotLeader
-// when the lease moved on.
+// Tick runs one pass: it fires every due, enabled schedule once. It
+// returns ErrNotLeader when the lease moved on.
 func (t *Ticker) Tick(ctx context.Context, fence broker.Fence) error {
+	return t.pass(ctx, fence, defaultGap)
+}
+
+// pass is Tick for passes started at most gap after the previous one
+// ended.
+func (t *Ticker) pass(ctx context.Context, fence broker.Fence, gap time.Duration) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	log := t.Logger
 	if log == nil {
 		log = hclog.NewNullLogger()
@@ -67,67 +133,218 @@ func (t *Ticker) Tick(ctx context.Context, fence broker.Fence) error {
 	if t.Now != nil {
 		now = t.Now
 	}
-	scheds, err := t.Store.ListSchedules(ctx)
-	if err != nil {
-		return fmt.Errorf("list schedules: %w", err)
+	at := now().UTC()
+	if fence.Term != t.term || t.lastEnd.IsZero() || at.Sub(t.lastEnd) > gap {
+		t.term, t.since = fence.Term, at
 	}
-	for _, s := range scheds {
-		if !s.Enabled {
-			continue
-		}
-		tm, err := ParseTiming(s.IntervalSeconds, s.Cron)
+	t.lastEnd = time.Time{} // until this pass has read the due schedules
+	defer func() { t.summarize(log, now()) }()
+
+	f := broker.DueFilter{At: at, Limit: t.Batch}
+	limit := broker.DueLimit(f)
+	for {
+		batch, err := t.Store.DueSchedules(ctx, f)
 		if err != nil {
-			log.Error("schedule has an invalid timing; it does not fire", "schedule", s.Name, "error", err)
-			continue
+			return fmt.Errorf("due schedules: %w", err)
 		}
-		at := now().UTC()
-		slot := slotOf(s, tm)
-		if slot.After(at) {
-			continue
-		}
-		latest, missed := tm.latestDue(slot, at)
-		next := tm.Next(latest)
-		req := broker.FireRequest{Name: s.Name, Slot: latest, Next: next, Fence: &fence}
-		topic, known := t.Lookup(s.Task, s.Topic)
-		if s.Topic != "" {
-			topic = s.Topic
-		}
-		known = known && topic != ""
-		switch {
-		case !known:
-			// As the specification's scheduler does, the attempt is
-			// stamped before the task is looked up: the beat tried.
-			log.Error("no live worker runs the scheduled task; nothing submitted", "schedule", s.Name, "task", s.Task, "topic", s.Topic)
-		case missed > 0 && s.MissedPolicy == broker.MissedSkip:
-			log.Warn("schedule missed slots while no beat ran; skipping them", "schedule", s.Name, "missed", missed+1, "next", next)
-		default:
-			if missed > 0 {
-				log.Warn("schedule missed slots while no beat ran; firing once late", "schedule", s.Name, "missed", missed)
+		t.lastEnd = now().UTC()
+		var reqs []broker.FireRequest
+		for _, s := range batch {
+			req, ok, err := t.plan(ctx, fence, s, at)
+			if err != nil {
+				return err
 			}
-			payload := s.Payload
-			if len(payload) == 0 {
-				payload = json.RawMessage("{}")
-			}
-			req.Submit = &broker.SubmitRequest{Topic: topic, Task: s.Task, Payload: payload}
-		}
-		res, err := t.Store.FireSchedule(ctx, req)
-		switch {
-		case errors.Is(err, broker.ErrNotLeader):
-			return err
-		case errors.Is(err, broker.ErrNotFound):
-			continue // deleted meanwhile
-		case err != nil:
-			log.Error("schedule could not fire", "schedule", s.Name, "error", err)
-			continue
-		}
-		if res.Fired && res.MessageID != 0 {
-			log.Debug("schedule fired", "schedule", s.Name, "slot", latest, "message_id", res.MessageID)
-			if t.Submitted != nil && req.Submit != nil {
-				t.Submitted(req.Submit.Topic)
+			if ok {
+				reqs = append(reqs, req)
 			}
 		}
+		for chunk := range slices.Chunk(reqs, fireChunk) {
+			if err := t.fireAll(ctx, chunk); err != nil {
+				return err
+			}
+		}
+		t.lastEnd = now().UTC()
+		if len(batch) < limit {
+			return nil
+		}
+		last := batch[len(batch)-1]
+		if last.NextFireAt == nil { // a store that does not say: no further page
+			return nil
+		}
+		f.AfterNext, f.AfterName = *last.NextFireAt, last.Name
+	}
+}
+
+// fireChunk is how many fires go in one transaction (FireSchedules): one
+// commit per chunk, not per schedule, and a transaction short enough not
+// to hold the store's writers (SQLite has one) for long.
+const fireChunk = 100
+
+// plan returns the fire of schedule s, due by the pass's start at, or
+// false when there is none: s is not due (a cron schedule that never
+// fired is deferred to its first slot) or its timing is invalid. It
+// returns only the errors that end the pass.
+func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule, at time.Time) (broker.FireRequest, bool, error) {
+	tm, err := ParseTiming(s.IntervalSeconds, s.Cron)
+	if err != nil {
+		t.add("invalid", s.Name, 0, err)
+		return broker.FireRequest{}, false, nil
+	}
+	slot := slotOf(s, tm)
+	if slot.After(at) {
+		// A cron schedule that never fired: the store's index holds a
+		// lower bound of its first slot; move it to the slot.
+		if s.ExpectedNextRun == nil && !slot.IsZero() {
+			if _, err := t.Store.DeferSchedule(ctx, s, slot); err != nil && ctx.Err() == nil {
+				t.add("failed", s.Name, 0, err)
+			}
+		}
+		return broker.FireRequest{}, false, ctx.Err()
+	}
+	latest, missed := tm.latestDue(slot, at)
+	next := tm.Next(latest)
+	req := broker.FireRequest{Name: s.Name, Slot: latest, Next: next, Fence: &fence}
+	topic, known := t.Lookup(s.Task, s.Topic)
+	if s.Topic != "" {
+		topic = s.Topic
+	}
+	known = known && topic != ""
+	// Slots that came due while this run of passes went on, after the
+	// schedule's last change, were late because the passes are slow.
+	busy := !slot.Before(t.since) && !slot.Before(s.UpdatedAt.UTC().Truncate(time.Second))
+	submit := true
+	switch {
+	case !known:
+		// As the specification's scheduler does, the attempt is
+		// stamped before the task is looked up: the beat tried.
+		t.add("unknown", s.Name+" (task "+s.Task+")", 0, nil)
+		submit = false
+	case missed > 0 && busy:
+		t.add("late", s.Name, missed, nil)
+	case missed > 0 && s.MissedPolicy == broker.MissedSkip:
+		t.add("skipped", s.Name, missed+1, nil)
+		submit = false
+	case missed > 0:
+		t.add("fire_once", s.Name, missed, nil)
+	}
+	if submit {
+		payload := s.Payload
+		if len(payload) == 0 {
+			payload = json.RawMessage("{}")
+		}
+		req.Submit = &broker.SubmitRequest{Topic: topic, Task: s.Task, Payload: payload}
+	}
+	return req, true, nil
+}
+
+// fireAll fires reqs in one transaction; when that fails, one by one, so
+// that one schedule that cannot fire does not hold the others back. It
+// returns only the errors that end the pass.
+func (t *Ticker) fireAll(ctx context.Context, reqs []broker.FireRequest) error {
+	results, err := t.Store.FireSchedules(ctx, reqs)
+	switch {
+	case errors.Is(err, broker.ErrNotLeader):
+		return err
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		for _, req := range reqs {
+			res, err := t.Store.FireSchedule(ctx, req)
+			switch {
+			case errors.Is(err, broker.ErrNotLeader):
+				return err
+			case errors.Is(err, broker.ErrNotFound):
+				// deleted meanwhile
+			case err != nil && ctx.Err() != nil:
+				return ctx.Err()
+			case err != nil:
+				t.add("failed", req.Name, 0, err)
+			default:
+				t.fired(req, res)
+			}
+		}
+		return nil
+	}
+	for i, res := range results {
+		t.fired(reqs[i], res)
 	}
 	return nil
+}
+
+// fired tells of a fire's submitted message.
+func (t *Ticker) fired(req broker.FireRequest, res broker.FireResult) {
+	if !res.Fired || res.MessageID == 0 || req.Submit == nil {
+		return
+	}
+	if l := t.Logger; l != nil {
+		l.Debug("schedule fired", "schedule", req.Name, "slot", req.Slot, "message_id", res.MessageID)
+	}
+	if t.Submitted != nil {
+		t.Submitted(req.Submit.Topic)
+	}
+}
+
+// add counts one event of kind for the next summary line.
+func (t *Ticker) add(kind, name string, slots int, err error) {
+	if t.notes == nil {
+		t.notes = map[string]*note{}
+	}
+	n := t.notes[kind]
+	if n == nil {
+		n = &note{}
+		t.notes[kind] = n
+	}
+	if n.count == 0 {
+		n.from = time.Now()
+	}
+	n.count++
+	n.slots += slots
+	if len(n.examples) < maxExamples {
+		n.examples = append(n.examples, name)
+	}
+	if n.err == nil {
+		n.err = err
+	}
+}
+
+// summaries are the summary lines, by kind.
+var summaries = map[string]struct {
+	level hclog.Level
+	msg   string
+}{
+	"late":      {hclog.Warn, "schedules fired late: the beat's passes are slower than their periods; each fired its latest due slot"},
+	"skipped":   {hclog.Warn, "schedules missed slots while no beat ran; skipping them"},
+	"fire_once": {hclog.Warn, "schedules missed slots while no beat ran; firing once late"},
+	"unknown":   {hclog.Error, "no live worker runs the scheduled task; nothing submitted"},
+	"invalid":   {hclog.Error, "schedules have an invalid timing; they do not fire"},
+	"failed":    {hclog.Error, "schedules could not fire"},
+}
+
+// summarize writes the summary line of every kind that has events and
+// whose last line is at least LogEvery old.
+func (t *Ticker) summarize(log hclog.Logger, now time.Time) {
+	every := t.LogEvery
+	if every <= 0 {
+		every = time.Minute
+	}
+	for kind, n := range t.notes {
+		if n.count == 0 || (!n.logged.IsZero() && now.Sub(n.logged) < every) {
+			continue
+		}
+		args := []any{"count", n.count, "examples", strings.Join(n.examples, ", ")}
+		if n.slots > 0 {
+			args = append(args, "slots", n.slots)
+		}
+		if n.err != nil {
+			args = append(args, "error", n.err)
+		}
+		if !n.logged.IsZero() {
+			args = append(args, "since", n.from.UTC().Format(time.RFC3339))
+		}
+		sm := summaries[kind]
+		log.Log(sm.level, sm.msg, args...)
+		*n = note{logged: now}
+	}
 }
 
 // HealthCollector exports the schedule health gauges at scrape time, from
@@ -140,7 +357,8 @@ type HealthCollector struct {
 
 var (
 	overdueDesc = prometheus.NewDesc("fastpluggy_schedule_overdue_seconds",
-		"Worst lateness across enabled schedules, from expected_next_run, which derives from last_attempt: "+
+		"Worst lateness across enabled schedules: the age of the oldest due slot not yet fired (expected_next_run, "+
+			"or the first slot of a schedule that never fired). The beat stamps a slot fired before the submit: "+
 			"it answers \"is the beat beating?\", not \"is the task running?\".", nil, nil)
 	sinceSuccessDesc = prometheus.NewDesc("fastpluggy_scheduled_task_since_success_seconds",
 		"Seconds since the schedule of this task last produced a successful report (the report status, not the payload). "+
@@ -159,6 +377,12 @@ func (c *HealthCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector. When several schedules run the
 // same task, the task's series is that of the schedule worst off (highest
 // since-success to interval ratio), so one label per task stays one series.
+//
+// The overdue gauge is the age of the oldest due slot that has not fired:
+// over enabled schedules, now minus the due slot (the expected next run,
+// or for a schedule that never fired its first slot) when that is past,
+// else 0. A beat that keeps up holds it near its tick; one that is slow
+// holds it near its pass time; a dead beat lets it grow.
 func (c *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 	store := c.Store()
 	if store == nil {
@@ -189,8 +413,8 @@ func (c *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 		if err != nil {
 			continue
 		}
-		if s.ExpectedNextRun != nil {
-			overdue = max(overdue, at.Sub(*s.ExpectedNextRun).Seconds())
+		if slot := slotOf(s, tm); !slot.IsZero() {
+			overdue = max(overdue, at.Sub(slot).Seconds())
 		}
 		if s.LastSuccess == nil {
 			continue // never succeeded: no series, by design

@@ -26,6 +26,9 @@ func RunSchedules(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"FireWithoutSubmit", testFireWithoutSubmit},
 		{"FireFenced", testFireFenced},
 		{"FireMissingOrDeleted", testFireMissing},
+		{"DueSchedulesByIndex", testDueSchedules},
+		{"DeferSchedule", testDeferSchedule},
+		{"FireSchedulesBatch", testFireSchedules},
 		{"ReportsStampLastSuccess", testReportsLastSuccess},
 		{"AddReports", testAddReports},
 		{"ListReports", testListReports},
@@ -201,7 +204,7 @@ func normSchedule(s broker.Schedule) broker.Schedule {
 	if json.Unmarshal(s.Payload, &v) == nil {
 		s.Payload, _ = json.Marshal(v)
 	}
-	for _, p := range []**time.Time{&s.LastAttempt, &s.LastSuccess, &s.ExpectedNextRun} {
+	for _, p := range []**time.Time{&s.LastAttempt, &s.LastSuccess, &s.ExpectedNextRun, &s.NextFireAt} {
 		if *p != nil {
 			u := (*p).UTC()
 			*p = &u
@@ -818,5 +821,208 @@ func testAddReports(t *testing.T, b broker.Broker) {
 	}
 	if ids, err := b.AddReports(ctx, nil); err != nil || len(ids) != 0 {
 		t.Fatalf("AddReports(nil) = %v, %v; want nothing", ids, err)
+	}
+}
+
+// dueNames lists the names DueSchedules returns for f.
+func dueNames(t *testing.T, b broker.Broker, f broker.DueFilter) []string {
+	t.Helper()
+	ss, err := b.DueSchedules(ctxOf(t), f)
+	if err != nil {
+		t.Fatalf("DueSchedules(%+v): %v", f, err)
+	}
+	return scheduleNames(ss)
+}
+
+// wantNextFire checks a schedule's NextFireAt.
+func wantNextFire(t *testing.T, what string, s broker.Schedule, want *time.Time) {
+	t.Helper()
+	if !sameTime(s.NextFireAt, want) {
+		t.Fatalf("%s: NextFireAt %s, want %s", what, fmtTime(s.NextFireAt), fmtTime(want))
+	}
+}
+
+// NextFireAt is the start of the second of UpdatedAt until the schedule
+// fires, then its expected next run; a put keeps it with the run state,
+// and resets it when the timing changed. DueSchedules returns the enabled
+// schedules due by At, by (NextFireAt, Name), in bounded pages that go on
+// after a given schedule.
+func testDueSchedules(t *testing.T, b broker.Broker) {
+	a := putSchedule(t, b, every("a", 60))
+	first := a.UpdatedAt.Truncate(time.Second)
+	wantNextFire(t, "new schedule", a, &first)
+	wantNextFire(t, "read back", getSchedule(t, b, "a"), &first)
+
+	c := putSchedule(t, b, every("c", 60))
+	d := every("d", 60)
+	d.Enabled = false
+	putSchedule(t, b, d)
+	bb := putSchedule(t, b, every("b", 60))
+	late := bb.UpdatedAt.Add(time.Hour)
+
+	if got := dueNames(t, b, broker.DueFilter{At: first.Add(-time.Second)}); len(got) != 0 {
+		t.Fatalf("due before any first slot: %v, want none", got)
+	}
+	if got := dueNames(t, b, broker.DueFilter{At: late}); !slices.Equal(got, sortedByNext(a, bb, c)) {
+		t.Fatalf("due = %v, want %v (enabled ones by next fire, then name; d is disabled)", got, sortedByNext(a, bb, c))
+	}
+
+	// Firing a moves its NextFireAt to Next: due only from then.
+	slot, next := first, first.Add(2*time.Hour)
+	fire(t, b, broker.FireRequest{Name: "a", Slot: slot, Next: next})
+	wantNextFire(t, "after a fire", getSchedule(t, b, "a"), &next)
+	if got := dueNames(t, b, broker.DueFilter{At: late}); slices.Contains(got, "a") {
+		t.Fatalf("due after a's fire = %v; a is next due at %s", got, next)
+	}
+	if got := dueNames(t, b, broker.DueFilter{At: next}); !slices.Contains(got, "a") {
+		t.Fatalf("due at a's next fire = %v; want a", got)
+	}
+	// A put that keeps the timing keeps it; one that changes it resets it.
+	a2 := putSchedule(t, b, every("a", 60))
+	wantNextFire(t, "put, same timing", a2, &next)
+	a3 := putSchedule(t, b, every("a", 30))
+	reset := a3.UpdatedAt.Truncate(time.Second)
+	wantNextFire(t, "put, new timing", a3, &reset)
+
+	// Pages: limit 1, going on after the last one seen.
+	want := dueNames(t, b, broker.DueFilter{At: late.Add(time.Hour)})
+	var paged []string
+	f := broker.DueFilter{At: late.Add(time.Hour), Limit: 1}
+	for range 10 {
+		ss, err := b.DueSchedules(ctxOf(t), f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ss) == 0 {
+			break
+		}
+		if len(ss) != 1 {
+			t.Fatalf("limit 1 returned %d", len(ss))
+		}
+		paged = append(paged, ss[0].Name)
+		f.AfterNext, f.AfterName = *ss[0].NextFireAt, ss[0].Name
+	}
+	if !slices.Equal(paged, want) || len(want) != 3 {
+		t.Fatalf("paged = %v, want %v (3 enabled schedules)", paged, want)
+	}
+
+	// Disabled schedules are never due; enabling makes them due again.
+	d.Enabled = true
+	putSchedule(t, b, d)
+	if got := dueNames(t, b, broker.DueFilter{At: late.Add(time.Hour)}); !slices.Contains(got, "d") {
+		t.Fatalf("due after enabling d = %v", got)
+	}
+	if err := b.DeleteSchedule(ctxOf(t), "d"); err != nil {
+		t.Fatal(err)
+	}
+	if got := dueNames(t, b, broker.DueFilter{At: late.Add(time.Hour)}); slices.Contains(got, "d") {
+		t.Fatalf("due after deleting d = %v", got)
+	}
+}
+
+// sortedByNext returns the names of ss by (NextFireAt, Name).
+func sortedByNext(ss ...broker.Schedule) []string {
+	slices.SortFunc(ss, func(x, y broker.Schedule) int {
+		if c := x.NextFireAt.Compare(*y.NextFireAt); c != 0 {
+			return c
+		}
+		return strings.Compare(x.Name, y.Name)
+	})
+	return scheduleNames(ss)
+}
+
+// DeferSchedule moves a never-fired, unchanged schedule's NextFireAt
+// forward, and nothing else.
+func testDeferSchedule(t *testing.T, b broker.Broker) {
+	ctx := ctxOf(t)
+	s := putSchedule(t, b, broker.Schedule{Name: "cron", Task: "t", Topic: "sched", Cron: "0 0 1 1 *", Enabled: true})
+	until := s.UpdatedAt.Truncate(time.Second).Add(48 * time.Hour)
+	ok, err := b.DeferSchedule(ctx, s, until)
+	if err != nil || !ok {
+		t.Fatalf("DeferSchedule = %v, %v; want true", ok, err)
+	}
+	got := getSchedule(t, b, "cron")
+	wantNextFire(t, "deferred", got, &until)
+	wantRunState(t, "deferred", got, nil, nil, nil)
+	if !got.UpdatedAt.Equal(s.UpdatedAt) {
+		t.Fatalf("DeferSchedule changed updated_at")
+	}
+	if names := dueNames(t, b, broker.DueFilter{At: until.Add(-time.Second)}); len(names) != 0 {
+		t.Fatalf("due before its deferred first slot: %v", names)
+	}
+	// Not backwards, not for a stale read, not once fired.
+	if ok, _ := b.DeferSchedule(ctx, got, until.Add(-time.Hour)); ok {
+		t.Fatal("DeferSchedule moved NextFireAt backwards")
+	}
+	s2 := putSchedule(t, b, broker.Schedule{Name: "cron", Task: "t2", Topic: "sched", Cron: "0 0 1 1 *", Enabled: true})
+	if ok, _ := b.DeferSchedule(ctx, s, until.Add(time.Hour)); ok {
+		t.Fatal("DeferSchedule applied a read older than the last put")
+	}
+	fire(t, b, broker.FireRequest{Name: "cron", Slot: until, Next: until.Add(time.Hour)})
+	if ok, _ := b.DeferSchedule(ctx, s2, until.Add(2*time.Hour)); ok {
+		t.Fatal("DeferSchedule moved a schedule that has fired")
+	}
+	if _, err := b.DeferSchedule(ctx, broker.Schedule{Name: "none"}, until); err != nil {
+		t.Fatalf("DeferSchedule of a missing schedule: %v, want false and no error", err)
+	}
+}
+
+// FireSchedules fires a batch as FireSchedule fires each: in order, a
+// slot fired before reports Fired false, a missing schedule Missing; a
+// bad fence or an invalid request changes nothing.
+func testFireSchedules(t *testing.T, b broker.Broker) {
+	ctx := ctxOf(t)
+	base := baseTime()
+	putSchedule(t, b, every("a", 60))
+	putSchedule(t, b, every("b", 60))
+	fire(t, b, broker.FireRequest{Name: "b", Slot: base, Next: base.Add(time.Minute)})
+	sub := &broker.SubmitRequest{Topic: "sched", Task: "t.a", Payload: json.RawMessage(`{}`)}
+	lease, held, err := b.TryLease(ctx, "beat", "h", time.Minute)
+	if err != nil || !held {
+		t.Fatalf("TryLease: %v %v", held, err)
+	}
+	good := &broker.Fence{Name: "beat", Holder: "h", Term: lease.Term}
+	bad := &broker.Fence{Name: "beat", Holder: "h", Term: lease.Term + 1}
+	reqs := func(f *broker.Fence) []broker.FireRequest {
+		return []broker.FireRequest{
+			{Name: "a", Slot: base, Next: base.Add(time.Minute), Submit: sub, Fence: f},
+			{Name: "gone", Slot: base, Next: base.Add(time.Minute), Fence: f},
+			{Name: "b", Slot: base, Next: base.Add(time.Minute), Submit: sub, Fence: f},
+		}
+	}
+	_, err = b.FireSchedules(ctx, reqs(bad))
+	wantErr(t, "FireSchedules with a stale fence", err, broker.ErrNotLeader)
+	if s := getSchedule(t, b, "a"); s.LastAttempt != nil {
+		t.Fatalf("a fenced-off batch fired a: %+v", s)
+	}
+	invalid := reqs(good)
+	invalid[2].Slot = time.Time{}
+	_, err = b.FireSchedules(ctx, invalid)
+	wantErr(t, "FireSchedules with a request without a slot", err, broker.ErrInvalid)
+
+	res, err := b.FireSchedules(ctx, reqs(good))
+	if err != nil {
+		t.Fatalf("FireSchedules: %v", err)
+	}
+	if len(res) != 3 || !res[0].Fired || res[0].MessageID == 0 || !res[1].Missing || res[1].Fired ||
+		res[2].Fired || res[2].Missing || res[2].MessageID != 0 {
+		t.Fatalf("results %+v, want a fired with a message, gone missing, b fired before", res)
+	}
+	a := getSchedule(t, b, "a")
+	next := base.Add(time.Minute)
+	wantNextFire(t, "a after the batch", a, &next)
+	if a.LastAttempt == nil || !sameTime(a.ExpectedNextRun, &next) {
+		t.Fatalf("a after the batch: %+v", a)
+	}
+	m, err := b.GetMessage(ctx, res[0].MessageID)
+	if err != nil || m.Headers[broker.ScheduleHeader] != "a" {
+		t.Fatalf("a's message: %+v, %v", m, err)
+	}
+	again, err := b.FireSchedules(ctx, reqs(good)[:1])
+	if err != nil || len(again) != 1 || again[0].Fired {
+		t.Fatalf("a's slot fired again: %+v, %v", again, err)
+	}
+	if none, err := b.FireSchedules(ctx, nil); err != nil || len(none) != 0 {
+		t.Fatalf("FireSchedules of nothing: %v, %v", none, err)
 	}
 }

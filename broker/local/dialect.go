@@ -178,8 +178,8 @@ var queries = sqlstore.Queries{
 
 	ScheduleCols: schedCols,
 	PutSchedule: `INSERT INTO tw_schedules
-			(name, task, topic, payload, interval_seconds, cron, enabled, missed_policy, source, created_at, updated_at)
-			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10)
+			(name, task, topic, payload, interval_seconds, cron, enabled, missed_policy, source, created_at, updated_at, next_fire_at)
+			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?10 / 1000000000 * 1000000000)
 			ON CONFLICT (name) DO UPDATE SET
 				task = excluded.task, topic = excluded.topic, payload = excluded.payload,
 				interval_seconds = excluded.interval_seconds, cron = excluded.cron,
@@ -187,18 +187,29 @@ var queries = sqlstore.Queries{
 				expected_next_run = CASE
 					WHEN tw_schedules.interval_seconds IS excluded.interval_seconds AND tw_schedules.cron IS excluded.cron
 					THEN tw_schedules.expected_next_run END,
+				next_fire_at = COALESCE(CASE
+					WHEN tw_schedules.interval_seconds IS excluded.interval_seconds AND tw_schedules.cron IS excluded.cron
+					THEN tw_schedules.expected_next_run END, excluded.next_fire_at),
 				updated_at = excluded.updated_at
 			RETURNING ` + schedCols,
 	GetSchedule:    `SELECT ` + schedCols + ` FROM tw_schedules WHERE name = ?`,
 	ListSchedules:  `SELECT ` + schedCols + ` FROM tw_schedules ORDER BY name`,
 	DeleteSchedule: `DELETE FROM tw_schedules WHERE name = ?`,
+	DueSchedules: `SELECT ` + schedCols + ` FROM tw_schedules
+			WHERE enabled = 1 AND next_fire_at <= ?
+			ORDER BY next_fire_at, name LIMIT ?`,
+	DueSchedulesAfter: `SELECT ` + schedCols + ` FROM tw_schedules
+			WHERE enabled = 1 AND next_fire_at <= ?1 AND (next_fire_at, name) > (?2, ?3)
+			ORDER BY next_fire_at, name LIMIT ?4`,
+	DeferSchedule: `UPDATE tw_schedules SET next_fire_at = ?3
+			WHERE name = ?1 AND updated_at = ?2 AND expected_next_run IS NULL AND next_fire_at < ?3`,
 	// The fence and the fire run in an IMMEDIATE transaction: the write
 	// lock keeps any other writer out until it commits.
 	Fence:        `SELECT 1 FROM tw_leases WHERE name = ? AND holder = ? AND term = ? AND expires_at > ?`,
 	LockSchedule: `SELECT 1 FROM tw_schedules WHERE name = ?`,
 	InsertFire: `INSERT INTO tw_schedule_fires (name, slot, fired_at) VALUES (?, ?, ?)
 			ON CONFLICT (name, slot) DO NOTHING`,
-	MarkFired:   `UPDATE tw_schedules SET last_attempt = ?3, expected_next_run = ?2 WHERE name = ?1`,
+	MarkFired:   `UPDATE tw_schedules SET last_attempt = ?3, expected_next_run = ?2, next_fire_at = ?2 WHERE name = ?1`,
 	FireMessage: `UPDATE tw_schedule_fires SET message_id = ?3 WHERE name = ?1 AND slot = ?2`,
 	ReleaseLease: `UPDATE tw_leases SET expires_at = ?4
 			WHERE name = ?1 AND holder = ?2 AND term = ?3 AND expires_at > ?4`,
@@ -211,7 +222,7 @@ var queries = sqlstore.Queries{
 
 // schedCols are the schedule columns sqlstore reads, in its order.
 const schedCols = `name, task, topic, payload, interval_seconds, cron, enabled, missed_policy, source,
-	last_attempt, last_success, expected_next_run, created_at, updated_at`
+	last_attempt, last_success, expected_next_run, created_at, updated_at, next_fire_at`
 
 // reportCols are the report columns sqlstore reads, in its order.
 const reportCols = `id, message_id, task, topic, schedule, attempt, worker, status, started_at, ended_at,

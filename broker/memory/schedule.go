@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"container/heap"
 	"context"
 	"fmt"
 	"slices"
@@ -27,6 +28,92 @@ type schedState struct {
 	// DefaultReportRetain.
 	reports  []broker.Report
 	reportID int64
+	// due indexes the schedules DueSchedules may return.
+	due dueIndex
+}
+
+// dueIndex holds the enabled schedules that have a NextFireAt, as a
+// binary min-heap by (NextFireAt, Name): an update costs O(log n), and
+// listing the due ones walks only them (a node not due has no due node
+// below it).
+type dueIndex struct {
+	items []*broker.Schedule
+	pos   map[string]int
+}
+
+func dueBefore(a, b *broker.Schedule) bool {
+	if !a.NextFireAt.Equal(*b.NextFireAt) {
+		return a.NextFireAt.Before(*b.NextFireAt)
+	}
+	return a.Name < b.Name
+}
+
+func (x *dueIndex) Len() int           { return len(x.items) }
+func (x *dueIndex) Less(i, j int) bool { return dueBefore(x.items[i], x.items[j]) }
+func (x *dueIndex) Swap(i, j int) {
+	x.items[i], x.items[j] = x.items[j], x.items[i]
+	x.pos[x.items[i].Name] = i
+	x.pos[x.items[j].Name] = j
+}
+func (x *dueIndex) Push(v any) {
+	s := v.(*broker.Schedule)
+	x.pos[s.Name] = len(x.items)
+	x.items = append(x.items, s)
+}
+func (x *dueIndex) Pop() any {
+	s := x.items[len(x.items)-1]
+	x.items[len(x.items)-1] = nil
+	x.items = x.items[:len(x.items)-1]
+	delete(x.pos, s.Name)
+	return s
+}
+
+// remove drops the schedule named name, if indexed.
+func (x *dueIndex) remove(name string) {
+	if i, ok := x.pos[name]; ok {
+		heap.Remove(x, i)
+	}
+}
+
+// set indexes s (which replaces any schedule of its name) when it is
+// enabled and has a NextFireAt, else drops it.
+func (x *dueIndex) set(s *broker.Schedule) {
+	if x.pos == nil {
+		x.pos = make(map[string]int)
+	}
+	i, ok := x.pos[s.Name]
+	switch {
+	case !s.Enabled || s.NextFireAt == nil:
+		x.remove(s.Name)
+	case ok:
+		x.items[i] = s
+		heap.Fix(x, i)
+	default:
+		heap.Push(x, s)
+	}
+}
+
+// list returns the schedules of f, in order.
+func (x *dueIndex) list(f broker.DueFilter) []*broker.Schedule {
+	var out []*broker.Schedule
+	var walk func(i int)
+	walk = func(i int) {
+		if i >= len(x.items) || x.items[i].NextFireAt.After(f.At) {
+			return
+		}
+		s := x.items[i]
+		if f.AfterName == "" || s.NextFireAt.After(f.AfterNext) || (s.NextFireAt.Equal(f.AfterNext) && s.Name > f.AfterName) {
+			out = append(out, s)
+		}
+		walk(2*i + 1)
+		walk(2*i + 2)
+	}
+	walk(0)
+	sort.Slice(out, func(i, j int) bool { return dueBefore(out[i], out[j]) })
+	if n := broker.DueLimit(f); len(out) > n {
+		out = out[:n]
+	}
+	return out
 }
 
 // st returns the schedule store's data, creating it; b.mu is held.
@@ -68,7 +155,13 @@ func (b *Broker) PutSchedule(ctx context.Context, s broker.Schedule) (broker.Sch
 		s.CreatedAt = now
 	}
 	s.UpdatedAt = now
+	s.NextFireAt = s.ExpectedNextRun
+	if s.NextFireAt == nil {
+		first := now.Truncate(time.Second)
+		s.NextFireAt = &first
+	}
 	st.schedules[s.Name] = &s
+	st.due.set(&s)
 	return copySchedule(&s), nil
 }
 
@@ -117,7 +210,46 @@ func (b *Broker) DeleteSchedule(ctx context.Context, name string) error {
 	}
 	delete(st.schedules, name)
 	delete(st.fires, name)
+	st.due.remove(name)
 	return nil
+}
+
+// DueSchedules returns the enabled schedules whose NextFireAt is not
+// after f.At, by (NextFireAt, Name), after (f.AfterNext, f.AfterName)
+// when AfterName is set, at most broker.DueLimit(f), from an index.
+func (b *Broker) DueSchedules(ctx context.Context, f broker.DueFilter) ([]broker.Schedule, error) {
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer b.mu.Unlock()
+
+	due := b.st().due.list(f)
+	out := make([]broker.Schedule, len(due))
+	for i, s := range due {
+		out[i] = copySchedule(s)
+	}
+	return out, nil
+}
+
+// DeferSchedule moves a never-fired schedule's NextFireAt forward to
+// until when it is unchanged since s was read (same UpdatedAt) and until
+// is later; it reports whether it did.
+func (b *Broker) DeferSchedule(ctx context.Context, s broker.Schedule, until time.Time) (bool, error) {
+	if err := b.begin(ctx); err != nil {
+		return false, err
+	}
+	defer b.mu.Unlock()
+
+	st := b.st()
+	cur := st.schedules[s.Name]
+	if cur == nil || cur.ExpectedNextRun != nil || !cur.UpdatedAt.Equal(s.UpdatedAt) ||
+		cur.NextFireAt == nil || !until.After(*cur.NextFireAt) {
+		return false, nil
+	}
+	u := until
+	cur.NextFireAt = &u
+	st.due.set(cur)
+	return true, nil
 }
 
 // FireSchedule fires slot req.Slot of schedule req.Name, at most once per
@@ -144,22 +276,62 @@ func (b *Broker) FireSchedule(ctx context.Context, req broker.FireRequest) (brok
 	}
 	defer b.mu.Unlock()
 
-	now := b.now()
-	if f := req.Fence; f != nil {
-		l := b.leases[f.Name]
-		if l == nil || l.Holder != f.Holder || l.Term != f.Term || !l.ExpiresAt.After(now) {
-			return broker.FireResult{}, broker.ErrNotLeader
-		}
+	if err := b.fencedLocked(req.Fence); err != nil {
+		return broker.FireResult{}, err
 	}
+	res := b.fireLocked(req)
+	if res.Missing {
+		return broker.FireResult{}, fmt.Errorf("schedule %q: %w", req.Name, broker.ErrNotFound)
+	}
+	return res, nil
+}
+
+// FireSchedules fires each request as FireSchedule does, all under the
+// broker's lock; see broker.ScheduleStore.
+func (b *Broker) FireSchedules(ctx context.Context, reqs []broker.FireRequest) ([]broker.FireResult, error) {
+	fence, err := broker.ValidateFires(reqs)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.begin(ctx); err != nil {
+		return nil, err
+	}
+	defer b.mu.Unlock()
+
+	if err := b.fencedLocked(fence); err != nil {
+		return nil, err
+	}
+	out := make([]broker.FireResult, len(reqs))
+	for i, req := range reqs {
+		out[i] = b.fireLocked(req)
+	}
+	return out, nil
+}
+
+// fencedLocked checks a fire's fence; b.mu is held.
+func (b *Broker) fencedLocked(f *broker.Fence) error {
+	if f == nil {
+		return nil
+	}
+	l := b.leases[f.Name]
+	if l == nil || l.Holder != f.Holder || l.Term != f.Term || !l.ExpiresAt.After(b.now()) {
+		return broker.ErrNotLeader
+	}
+	return nil
+}
+
+// fireLocked fires a checked request whose fence holds; b.mu is held.
+func (b *Broker) fireLocked(req broker.FireRequest) broker.FireResult {
+	now := b.now()
 	st := b.st()
 	s := st.schedules[req.Name]
 	if s == nil {
-		return broker.FireResult{}, fmt.Errorf("schedule %q: %w", req.Name, broker.ErrNotFound)
+		return broker.FireResult{Missing: true}
 	}
 	slot := req.Slot.UnixNano()
 	fired := st.fires[req.Name]
 	if _, ok := fired[slot]; ok {
-		return broker.FireResult{Fired: false}, nil
+		return broker.FireResult{Fired: false}
 	}
 	if fired == nil {
 		fired = make(map[int64]int64)
@@ -177,7 +349,9 @@ func (b *Broker) FireSchedule(ctx context.Context, req broker.FireRequest) (brok
 		next := req.Next
 		s.ExpectedNextRun = &next
 	}
-	return broker.FireResult{Fired: true, MessageID: id}, nil
+	s.NextFireAt = s.ExpectedNextRun
+	st.due.set(s)
+	return broker.FireResult{Fired: true, MessageID: id}
 }
 
 // AddReport validates r (broker.ValidateReport) and stores it under a new
@@ -296,7 +470,7 @@ func (b *Broker) PurgeReports(ctx context.Context, before time.Time) (int, error
 func copySchedule(s *broker.Schedule) broker.Schedule {
 	c := *s
 	c.Payload = slices.Clone(s.Payload)
-	for _, p := range []**time.Time{&c.LastAttempt, &c.LastSuccess, &c.ExpectedNextRun} {
+	for _, p := range []**time.Time{&c.LastAttempt, &c.LastSuccess, &c.ExpectedNextRun, &c.NextFireAt} {
 		if *p != nil {
 			t := **p
 			*p = &t

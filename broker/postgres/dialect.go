@@ -148,6 +148,14 @@ var queries = sqlstore.Queries{
 	GetSchedule:    `SELECT ` + schedCols + ` FROM tw_schedules WHERE name = $1`,
 	ListSchedules:  `SELECT ` + schedCols + ` FROM tw_schedules ORDER BY name`,
 	DeleteSchedule: `DELETE FROM tw_schedules WHERE name = $1`,
+	DueSchedules: `SELECT ` + schedCols + ` FROM tw_schedules
+		WHERE enabled AND next_fire_at <= $1
+		ORDER BY next_fire_at, name LIMIT $2`,
+	DueSchedulesAfter: `SELECT ` + schedCols + ` FROM tw_schedules
+		WHERE enabled AND next_fire_at <= $1 AND (next_fire_at, name) > ($2, $3)
+		ORDER BY next_fire_at, name LIMIT $4`,
+	DeferSchedule: `UPDATE tw_schedules SET next_fire_at = $3
+		WHERE name = $1 AND updated_at = $2 AND expected_next_run IS NULL AND next_fire_at < $3`,
 	// The fence locks the lease row FOR SHARE so no takeover commits
 	// before the transaction does; the fire locks the schedule row,
 	// serialising fires of one schedule, and against its deletion.
@@ -158,7 +166,7 @@ var queries = sqlstore.Queries{
 	LockSchedule: `SELECT 1 FROM tw_schedules WHERE name = $1 FOR NO KEY UPDATE`,
 	InsertFire: `INSERT INTO tw_schedule_fires (name, slot, fired_at) VALUES ($1, $2, now())
 				ON CONFLICT (name, slot) DO NOTHING`,
-	MarkFired:   `UPDATE tw_schedules SET last_attempt = now(), expected_next_run = $2 WHERE name = $1`,
+	MarkFired:   `UPDATE tw_schedules SET last_attempt = now(), expected_next_run = $2, next_fire_at = $2 WHERE name = $1`,
 	FireMessage: `UPDATE tw_schedule_fires SET message_id = $3 WHERE name = $1 AND slot = $2`,
 	ReleaseLease: `
 			UPDATE tw_leases SET expires_at = now()
@@ -172,14 +180,16 @@ var queries = sqlstore.Queries{
 
 // schedCols are the schedule columns sqlstore reads, in its order.
 const schedCols = `name, task, topic, payload::text, interval_seconds, cron, enabled, missed_policy, source,
-	last_attempt, last_success, expected_next_run, created_at, updated_at`
+	last_attempt, last_success, expected_next_run, created_at, updated_at, next_fire_at`
 
 // putScheduleSQL upserts a schedule: a replaced one keeps created_at and
 // its run state, except expected_next_run when the timing changed.
+// next_fire_at is the kept expected_next_run, or the start of the second
+// of now (the first slot of an interval, a lower bound of a cron's).
 const putScheduleSQL = `
 	INSERT INTO tw_schedules AS s
-		(name, task, topic, payload, interval_seconds, cron, enabled, missed_policy, source, created_at, updated_at)
-	VALUES ($1, $2, $3, $4::text::jsonb, $5::int, $6::text, $7, $8, $9, now(), now())
+		(name, task, topic, payload, interval_seconds, cron, enabled, missed_policy, source, created_at, updated_at, next_fire_at)
+	VALUES ($1, $2, $3, $4::text::jsonb, $5::int, $6::text, $7, $8, $9, now(), now(), date_trunc('second', now()))
 	ON CONFLICT (name) DO UPDATE SET
 		task = excluded.task, topic = excluded.topic, payload = excluded.payload,
 		interval_seconds = excluded.interval_seconds, cron = excluded.cron,
@@ -188,6 +198,10 @@ const putScheduleSQL = `
 			WHEN s.interval_seconds IS NOT DISTINCT FROM excluded.interval_seconds
 				AND s.cron IS NOT DISTINCT FROM excluded.cron
 			THEN s.expected_next_run END,
+		next_fire_at = COALESCE(CASE
+			WHEN s.interval_seconds IS NOT DISTINCT FROM excluded.interval_seconds
+				AND s.cron IS NOT DISTINCT FROM excluded.cron
+			THEN s.expected_next_run END, date_trunc('second', now())),
 		updated_at = now()
 	RETURNING ` + schedCols
 

@@ -163,13 +163,23 @@ type Queries struct {
 	// GetSchedule: name. ListSchedules: none, by name. DeleteSchedule:
 	// name.
 	GetSchedule, ListSchedules, DeleteSchedule string
+	// DueSchedules: At(at), limit. DueSchedulesAfter: At(at),
+	// At(after next), after name, limit. Both select ScheduleCols of the
+	// enabled schedules with next_fire_at <= at, by (next_fire_at, name),
+	// the second after the given pair, from the due index.
+	DueSchedules, DueSchedulesAfter string
+	// DeferSchedule: name, At(updated_at), At(until); sets next_fire_at
+	// to until where the schedule has that updated_at, no
+	// expected_next_run, and a next_fire_at before until.
+	DeferSchedule string
 	// Fence: lease name, holder, term, Now; a row when the fence holds.
 	Fence string
 	// LockSchedule: name; a row when the schedule exists (locked for the
 	// fire where the dialect locks).
 	LockSchedule string
 	// InsertFire: name, At(slot), Now; changes a row unless the slot
-	// fired before. MarkFired: name, NullAt(next), Now. FireMessage:
+	// fired before. MarkFired: name, NullAt(next), Now; sets
+	// expected_next_run and next_fire_at to next. FireMessage:
 	// name, At(slot), message id.
 	InsertFire, MarkFired, FireMessage string
 	// ReleaseLease: name, holder, term, Now.

@@ -3,7 +3,9 @@ package sqlstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/taskhost/taskhost/broker"
 )
@@ -20,7 +22,7 @@ func (s *Store) scanSchedule(r Row) (broker.Schedule, error) {
 	)
 	err := r.Scan(&sc.Name, &sc.Task, &sc.Topic, &payload, &interval, &cron, &sc.Enabled, &sc.MissedPolicy, &sc.Source,
 		s.d.NullTime(&sc.LastAttempt), s.d.NullTime(&sc.LastSuccess), s.d.NullTime(&sc.ExpectedNextRun),
-		s.d.Time(&sc.CreatedAt), s.d.Time(&sc.UpdatedAt))
+		s.d.Time(&sc.CreatedAt), s.d.Time(&sc.UpdatedAt), s.d.NullTime(&sc.NextFireAt))
 	if err != nil {
 		return broker.Schedule{}, err
 	}
@@ -39,7 +41,9 @@ func (s *Store) scanSchedule(r Row) (broker.Schedule, error) {
 // keeps its run state (last_attempt, last_success, expected_next_run) and
 // created_at, except that expected_next_run is cleared when
 // interval_seconds or cron changed. updated_at (and created_at on
-// creation) is now. It returns the schedule as stored.
+// creation) is now; next_fire_at is expected_next_run as kept, or when
+// there is none the start of the second of updated_at. It returns the
+// schedule as stored.
 func (s *Store) PutSchedule(ctx context.Context, sc broker.Schedule) (broker.Schedule, error) {
 	sc, err := broker.NormalizeSchedule(sc)
 	if err != nil {
@@ -80,6 +84,31 @@ func (s *Store) ListSchedules(ctx context.Context) ([]broker.Schedule, error) {
 	return list(ctx, s, "list schedules", s.scanSchedule, s.q.ListSchedules)
 }
 
+// DueSchedules returns the enabled schedules whose next_fire_at is not
+// after f.At, by (next_fire_at, name), after (f.AfterNext, f.AfterName)
+// when AfterName is set, at most broker.DueLimit(f): one range scan of the
+// due index.
+func (s *Store) DueSchedules(ctx context.Context, f broker.DueFilter) ([]broker.Schedule, error) {
+	limit := broker.DueLimit(f)
+	if f.AfterName == "" {
+		return list(ctx, s, "due schedules", s.scanSchedule, s.q.DueSchedules, At(f.At), limit)
+	}
+	return list(ctx, s, "due schedules", s.scanSchedule, s.q.DueSchedulesAfter, At(f.At), At(f.AfterNext), f.AfterName, limit)
+}
+
+// DeferSchedule moves a never-fired schedule's next_fire_at forward to
+// until when it is unchanged since sc was read (same updated_at) and
+// until is later; it reports whether it did.
+func (s *Store) DeferSchedule(ctx context.Context, sc broker.Schedule, until time.Time) (bool, error) {
+	var n int64
+	err := s.d.Write(ctx, "defer schedule", func(c Conn) error {
+		var err error
+		n, err = c.Exec(s.q.DeferSchedule, sc.Name, At(sc.UpdatedAt), At(until))
+		return err
+	})
+	return n > 0, err
+}
+
 // DeleteSchedule removes the schedule and (by the foreign key's cascade)
 // its record of fired slots, so a schedule created again under the name
 // may fire those slots again; its reports stay. broker.ErrNotFound when
@@ -102,8 +131,8 @@ func (s *Store) DeleteSchedule(ctx context.Context, name string) error {
 //     against other fires and its deletion where it locks rows;
 //   - the (name, slot) row is inserted ON CONFLICT DO NOTHING: when it
 //     already existed, the result is Fired false and nothing else changes;
-//   - otherwise last_attempt becomes now and expected_next_run req.Next
-//     (NULL when zero), and req.Submit, when set, is queued as Submit
+//   - otherwise last_attempt becomes now and expected_next_run and
+//     next_fire_at req.Next (NULL when zero), and req.Submit, when set, is queued as Submit
 //     queues it (Dialect.InsertMessage) with header "schedule" set to the
 //     name (broker.FireSubmit); its id is recorded in the fire row and
 //     returned.
@@ -120,33 +149,80 @@ func (s *Store) FireSchedule(ctx context.Context, req broker.FireRequest) (broke
 	}
 	var res broker.FireResult
 	err := s.d.Tx(ctx, "fire schedule", func(c Conn) error {
-		res = broker.FireResult{}
 		if err := CheckFence(c, s.q, req.Fence); err != nil {
 			return err
 		}
-		var one int
-		if err := c.QueryRow(s.q.LockSchedule, req.Name).Scan(&one); err != nil {
-			return notFound(err, "schedule %q", req.Name)
+		var err error
+		res, err = s.fire(c, req, sub)
+		if err == nil && res.Missing {
+			err = fmt.Errorf("schedule %q: %w", req.Name, broker.ErrNotFound)
 		}
-		n, err := c.Exec(s.q.InsertFire, req.Name, At(req.Slot), Now)
-		if err != nil || n == 0 {
-			return err // n == 0: fired before, nothing changes
-		}
-		if _, err := c.Exec(s.q.MarkFired, req.Name, NullAt(req.Next), Now); err != nil {
-			return err
-		}
-		res.Fired = true
-		if sub == nil {
-			return nil
-		}
-		if res.MessageID, err = s.d.InsertMessage(c, *sub); err != nil {
-			return err
-		}
-		_, err = c.Exec(s.q.FireMessage, req.Name, At(req.Slot), res.MessageID)
 		return err
 	})
 	if err != nil {
 		return broker.FireResult{}, err
 	}
 	return res, nil
+}
+
+// FireSchedules fires each request as FireSchedule does, all in one
+// transaction with one fence check; see broker.ScheduleStore.
+func (s *Store) FireSchedules(ctx context.Context, reqs []broker.FireRequest) ([]broker.FireResult, error) {
+	fence, err := broker.ValidateFires(reqs)
+	if err != nil || len(reqs) == 0 {
+		return []broker.FireResult{}, err
+	}
+	subs := make([]*broker.SubmitRequest, len(reqs))
+	for i, req := range reqs {
+		if req.Submit != nil {
+			sr := broker.FireSubmit(req)
+			subs[i] = &sr
+		}
+	}
+	var out []broker.FireResult
+	err = s.d.Tx(ctx, "fire schedules", func(c Conn) error {
+		out = make([]broker.FireResult, len(reqs))
+		if err := CheckFence(c, s.q, fence); err != nil {
+			return err
+		}
+		for i, req := range reqs {
+			var err error
+			if out[i], err = s.fire(c, req, subs[i]); err != nil {
+				return fmt.Errorf("schedule %q: %w", req.Name, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// fire fires one checked request within a transaction whose fence holds.
+func (s *Store) fire(c Conn, req broker.FireRequest, sub *broker.SubmitRequest) (broker.FireResult, error) {
+	var res broker.FireResult
+	var one int
+	if err := c.QueryRow(s.q.LockSchedule, req.Name).Scan(&one); err != nil {
+		if errors.Is(err, ErrNoRows) {
+			return broker.FireResult{Missing: true}, nil
+		}
+		return res, err
+	}
+	n, err := c.Exec(s.q.InsertFire, req.Name, At(req.Slot), Now)
+	if err != nil || n == 0 {
+		return res, err // n == 0: fired before, nothing changes
+	}
+	if _, err := c.Exec(s.q.MarkFired, req.Name, NullAt(req.Next), Now); err != nil {
+		return res, err
+	}
+	res.Fired = true
+	if sub == nil {
+		return res, nil
+	}
+	if res.MessageID, err = s.d.InsertMessage(c, *sub); err != nil {
+		return broker.FireResult{}, err
+	}
+	_, err = c.Exec(s.q.FireMessage, req.Name, At(req.Slot), res.MessageID)
+	return res, err
 }
