@@ -229,7 +229,9 @@ type PluginInfo struct {
 type HostServices interface {
 	// ListPlugins lists every enabled plugin with its state (running or not)
 	// and its capabilities; with a capability, only those that serve it
-	// (plus plugins whose capabilities are not known yet).
+	// (plus plugins whose capabilities are not known yet). Listing all, or
+	// the metrics capability, also lists the host itself, named "host" (a
+	// name no plugin may take), whose own series CollectMetrics gives too.
 	ListPlugins(ctx context.Context, c Capability) ([]PluginInfo, error)
 	// CollectMetrics asks the named plugin for its metrics.
 	CollectMetrics(ctx context.Context, plugin string) (MetricsPayload, error)
