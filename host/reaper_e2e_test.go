@@ -50,6 +50,7 @@ type twOpts struct {
 	topics    string // YAML flow mapping
 	grace     string // orphan_claim_grace_seconds
 	hostExtra string // more top-level host settings, one per line
+	noBeat    bool   // beat: false (never a beat candidate)
 }
 
 func twConfig(schema string, o twOpts) string {
@@ -81,8 +82,9 @@ plugins:
       orphan_max_attempts: 3
       beat_lease_ttl_seconds: 2
       drain_timeout_seconds: 1
+      beat: %t
       topics: %s
-`, reaperToken, o.hostExtra, testdb.DSN(), schema, o.grace, o.topics)
+`, reaperToken, o.hostExtra, testdb.DSN(), schema, o.grace, !o.noBeat, o.topics)
 }
 
 // ---- HTTP ----

@@ -214,7 +214,7 @@ func TestUnknownTaskWaitsForItsRegistration(t *testing.T) {
 			reg := NewRegistry()
 			reg.MustRegister(Task{Name: "now", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
 			id := submit(t, b, "later", `{}`)
-			startPool(t, b, reg, Options{UnknownTaskGrace: 2 * time.Second})
+			startPool(t, b, reg, Options{UnknownTaskGrace: 30 * time.Second})
 			eventually(t, "the message to be requeued", func() bool {
 				m, err := b.GetMessage(context.Background(), id)
 				return err == nil && strings.Contains(m.LastError, "not registered")
