@@ -119,3 +119,18 @@ func TestValidateTopicName(t *testing.T) {
 		}
 	}
 }
+
+func BenchmarkCheckJSONDeep(b *testing.B) {
+	for name, raw := range map[string]string{
+		"arrays-20KB":  nested(9999, `[`, `1`, `]`),
+		"objects-60KB": nested(9999, `{"a":`, `1`, `}`),
+	} {
+		b.Run(name, func(b *testing.B) {
+			data := []byte(raw)
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = CheckJSON(data)
+			}
+		})
+	}
+}

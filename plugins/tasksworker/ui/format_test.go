@@ -84,3 +84,18 @@ func TestUIJSONViewIsBounded(t *testing.T) {
 		}
 	}
 }
+
+func BenchmarkUIJSONViewDeep(b *testing.B) {
+	for name, raw := range map[string]string{
+		"arrays-20KB":  nested(9999, `[`, `1`, `]`),
+		"objects-60KB": nested(9999, `{"a":`, `1`, `}`),
+	} {
+		b.Run(name, func(b *testing.B) {
+			data := json.RawMessage(raw)
+			b.ReportAllocs()
+			for b.Loop() {
+				uiJSONView(data, "payload", "", "")
+			}
+		})
+	}
+}
