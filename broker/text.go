@@ -89,7 +89,7 @@ func CheckJSONDepth(raw []byte) error {
 
 // ErrTooDeep is CheckJSONDepth's answer to JSON nested deeper than
 // MaxJSONDepth: what is wrong and what to do, for the caller to wrap.
-var ErrTooDeep = fmt.Errorf("it nests arrays and objects more than %d levels deep, the limit: flatten it, or store the data elsewhere and pass a reference", MaxJSONDepth)
+var ErrTooDeep = fmt.Errorf("it nests arrays and objects more than %d levels deep (the limit is %d): flatten it, or store the data elsewhere and pass a reference", MaxJSONDepth, MaxJSONDepth)
 
 // hex4 decodes four hex digits (valid: the JSON was checked).
 func hex4(b []byte) rune {

@@ -26,7 +26,7 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any, exam
 		keys = checkKeys(data, jsonNames(v), broker.MaxJSONDepth+1)
 		switch {
 		case keys.tooDeep && keys.field != "":
-			writeError(w, http.StatusBadRequest, "field %q nests arrays and objects more than %d levels deep, the limit: flatten it, or store the data elsewhere and pass a reference", keys.field, broker.MaxJSONDepth)
+			writeError(w, http.StatusBadRequest, "field %q nests arrays and objects more than %d levels deep (the limit is %d): flatten it, or store the data elsewhere and pass a reference", keys.field, broker.MaxJSONDepth, broker.MaxJSONDepth)
 			return false
 		case keys.tooDeep:
 			writeError(w, http.StatusBadRequest, "the request body must be a JSON object, such as %s", example)
