@@ -123,7 +123,7 @@ func uiJSONOf(raw []byte) uiJSONText {
 		n--
 	}
 	return uiJSONText{Text: string(raw[:n]), Cut: true,
-		Note: fmt.Sprintf("Shown as stored, cut after %s of %s: %s.", uiBytes(n), uiBytes(len(raw)), why)}
+		Note: fmt.Sprintf("Shown as stored, cut after %s of %s: too large to show whole here.", uiBytes(n), uiBytes(len(raw)))}
 }
 
 // uiJSONView is the "json" template function: v (json.RawMessage, []byte

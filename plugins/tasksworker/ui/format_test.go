@@ -65,7 +65,7 @@ func TestUIJSONViewIsBounded(t *testing.T) {
 		{"60 KB nested 9,999 deep", nested(9999, `{"a":`, `1`, `}`), false, "more than 100 levels deep"},
 		{"400 KB nested 20,000 deep", nested(20000, `{"abcdefghijklmno":`, `1`, `}`), true, "cut after 64 KB of 391 KB"},
 		{"100 deep, 40 KB", nested(broker.MaxJSONDepth, `[`, strings.Repeat(`1,`, 20000)+`1`, `]`), false, "over 64 KB"},
-		{"1 MB flat", `[` + strings.Repeat(`"abcdefgh",`, 100000) + `1]`, true, "over 64 KB"},
+		{"1 MB flat", `[` + strings.Repeat(`"abcdefgh",`, 100000) + `1]`, true, "cut after 64 KB of 1.0 MB: too large to show whole here."},
 		{"1 MB not JSON", strings.Repeat(`é[`, 1<<18), true, "cut after 64 KB of 768 KB"},
 		{"not JSON", `{"a": [}`, false, ""},
 	} {
