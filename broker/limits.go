@@ -24,6 +24,17 @@ const (
 	// MaxResultSize bounds a task's result (JSON bytes): a larger one
 	// fails the attempt in the worker instead of being written.
 	MaxResultSize = 1 << 20
+	// MaxJSONDepth bounds how deeply a payload, a schedule's payload or
+	// a result nests arrays and objects: [] and {} are 1 deep, [[]] and
+	// {"a": {}} 2 deep, a number or a string 0. Checks that walk JSON,
+	// and the UI that lays it out, use memory that grows with the depth
+	// (an indented line is as long as its depth): unbounded, a 20 KB
+	// value nested 10,000 deep takes gigabytes to show. 100 is what
+	// Ruby's JSON (max_nesting) and protobuf's JSON parsers allow by
+	// default, so data other systems produce fits, while real payloads
+	// rarely go past a dozen levels; at 100, checking is a few KB of
+	// state and an indented line at most 200 spaces.
+	MaxJSONDepth = 100
 	// MaxDelay bounds a submit's, a retry's or a requeue's delay.
 	MaxDelay = 365 * 24 * time.Hour
 	// MaxAttempts bounds a message's max_attempts (0 is the task's

@@ -1,25 +1,32 @@
 package broker
 
 import (
-	"encoding/json"
+	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // CheckJSON checks that raw is JSON that every broker stores as it is:
 // valid JSON in valid UTF-8, with no \u0000 escape (the NUL character) and
-// no UTF-16 surrogate escape out of its pair. PostgreSQL's jsonb refuses
-// both, so the memory and local brokers refuse them too. (It does not
-// check numbers against jsonb's range, 1e1000000 say: PostgreSQL alone
-// refuses those, as ErrInvalid.) The error says what is wrong, for the
-// caller to wrap.
+// no UTF-16 surrogate escape out of its pair, nested at most MaxJSONDepth
+// deep. PostgreSQL's jsonb refuses the first two, so the memory and local
+// brokers refuse them too; the depth is this system's limit, which keeps
+// the checks and the UI in linear memory. (It does not check numbers
+// against jsonb's range, 1e1000000 say: PostgreSQL alone refuses those,
+// as ErrInvalid.) The error says what is wrong, for the caller to wrap.
+// It takes time linear in len(raw) and memory that grows with the depth
+// alone.
 func CheckJSON(raw []byte) error {
 	if !utf8.Valid(raw) {
 		return errors.New("it is not valid UTF-8")
 	}
-	if !json.Valid(raw) {
-		return errors.New("it is not valid JSON")
+	if err := CheckJSONDepth(raw); err != nil {
+		return err
 	}
 	// The JSON is valid: a backslash appears only inside strings, as an
 	// escape.
@@ -50,6 +57,39 @@ func CheckJSON(raw []byte) error {
 	}
 	return nil
 }
+
+// errNotJSON is CheckJSONDepth's answer to text that is not one JSON value.
+var errNotJSON = errors.New("it is not valid JSON")
+
+// CheckJSONDepth checks that raw is one JSON value (white space around it
+// is fine) that nests arrays and objects at most MaxJSONDepth deep. It
+// reads raw as a stream of tokens and stops at the first level too deep,
+// so its memory grows with MaxJSONDepth, never with len(raw). It does not
+// check UTF-8, escapes or duplicate names (CheckJSON checks the first
+// two; duplicate names are JSON, which jsonb stores keeping the last).
+func CheckJSONDepth(raw []byte) error {
+	d := jsontext.NewDecoder(bytes.NewBuffer(raw), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	for {
+		if _, err := d.ReadToken(); err != nil {
+			return errNotJSON
+		}
+		depth := d.StackDepth()
+		if depth > MaxJSONDepth {
+			return ErrTooDeep
+		}
+		if depth == 0 {
+			break
+		}
+	}
+	if _, err := d.ReadToken(); err != io.EOF {
+		return errNotJSON
+	}
+	return nil
+}
+
+// ErrTooDeep is CheckJSONDepth's answer to JSON nested deeper than
+// MaxJSONDepth: what is wrong and what to do, for the caller to wrap.
+var ErrTooDeep = fmt.Errorf("it nests arrays and objects more than %d levels deep (the limit is %d): flatten it, or store the data elsewhere and pass a reference", MaxJSONDepth, MaxJSONDepth)
 
 // hex4 decodes four hex digits (valid: the JSON was checked).
 func hex4(b []byte) rune {

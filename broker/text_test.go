@@ -3,6 +3,7 @@ package broker
 import (
 	"encoding/json"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -23,6 +24,14 @@ func TestCheckJSON(t *testing.T) {
 		{`["\ud83d\u0041"]`, "high surrogate"},
 		{`"\ude00"`, "low surrogate"},
 		{`{"a":`, "not valid JSON"},
+		{`{"a":1} {"b":2}`, "not valid JSON"},
+		{` [1, {"a": []}] `, ""},
+		{nested(MaxJSONDepth, `[`, `1`, `]`), ""},
+		{nested(MaxJSONDepth, `{"a":`, `1`, `}`), ""},
+		{nested(MaxJSONDepth+1, `[`, `1`, `]`), "more than 100 levels deep"},
+		{nested(MaxJSONDepth+1, `{"a":`, `1`, `}`), "more than 100 levels deep"},
+		{nested(9999, `[`, ``, `]`), "more than 100 levels deep"},
+		{nested(20000, `[`, ``, ``), "more than 100 levels deep"},
 		{"\"\xff\"", "UTF-8"},
 	} {
 		err := CheckJSON([]byte(tc.raw))
@@ -31,6 +40,42 @@ func TestCheckJSON(t *testing.T) {
 			t.Errorf("CheckJSON(%s) = %v, want nil", tc.raw, err)
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("CheckJSON(%s) = %v, want an error about %s", tc.raw, err, tc.want)
+		}
+	}
+}
+
+// nested is value inside n levels of open ... close.
+func nested(n int, open, value, close string) string {
+	return strings.Repeat(open, n) + value + strings.Repeat(close, n)
+}
+
+// allocated is how many bytes f allocates, over runs runs.
+func allocated(runs int, f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range runs {
+		f()
+	}
+	runtime.ReadMemStats(&after)
+	return (after.TotalAlloc - before.TotalAlloc) / uint64(runs)
+}
+
+// CheckJSON reads deep or large JSON in memory that does not grow with
+// its size: deep JSON is refused at the limit, large JSON is streamed.
+func TestCheckJSONMemory(t *testing.T) {
+	for name, raw := range map[string][]byte{
+		"9,999 deep arrays":  []byte(nested(9999, `[`, ``, `]`)),
+		"9,999 deep objects": []byte(nested(9999, `{"abcdefghijklmnop":`, `1`, `}`)),
+		"1 MB flat":          []byte(`[` + strings.Repeat(`{"k": "v\u00e9"},`, 1<<16) + `1]`),
+		"100 deep, 1 MB":     []byte(nested(MaxJSONDepth, `[`, strings.Repeat(`1,`, 1<<19)+`1`, `]`)),
+	} {
+		var err error
+		if got := allocated(5, func() { err = CheckJSON(raw) }); got > 64<<10 {
+			t.Errorf("CheckJSON(%s, %d bytes) allocates %d bytes per call, want at most 64 KB", name, len(raw), got)
+		}
+		if deep := strings.Contains(name, "9,999"); deep != errors.Is(err, ErrTooDeep) {
+			t.Errorf("CheckJSON(%s) = %v", name, err)
 		}
 	}
 }
@@ -72,5 +117,20 @@ func TestValidateTopicName(t *testing.T) {
 		if err := ValidateNewTopicName(topic); err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("ValidateNewTopicName(%q) = %v, want ErrInvalid saying %q", topic, err, want)
 		}
+	}
+}
+
+func BenchmarkCheckJSONDeep(b *testing.B) {
+	for name, raw := range map[string]string{
+		"arrays-20KB":  nested(9999, `[`, `1`, `]`),
+		"objects-60KB": nested(9999, `{"a":`, `1`, `}`),
+	} {
+		b.Run(name, func(b *testing.B) {
+			data := []byte(raw)
+			b.ReportAllocs()
+			for b.Loop() {
+				_ = CheckJSON(data)
+			}
+		})
 	}
 }

@@ -9,14 +9,29 @@ import (
 	"io"
 	"net/http"
 	"strings"
+
+	"github.com/taskhost/taskhost/broker"
 )
 
 // decodeBody decodes one JSON object strictly into v: unknown fields,
-// trailing data and an over-long body are errors with a message for a
-// person. example shows a good body.
+// duplicate keys, trailing data, an over-long body and a field nested
+// deeper than broker.MaxJSONDepth are errors with a message for a person.
+// example shows a good body.
 func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any, example string) bool {
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var keys keyCheck
 	if err == nil {
+		// First, in memory bounded by the depth: a payload nested
+		// thousands deep is refused before anything else reads it.
+		keys = checkKeys(data, jsonNames(v), broker.MaxJSONDepth+1)
+		switch {
+		case keys.tooDeep && keys.field != "":
+			writeError(w, http.StatusBadRequest, "field %q nests arrays and objects more than %d levels deep (the limit is %d): flatten it, or store the data elsewhere and pass a reference", keys.field, broker.MaxJSONDepth, broker.MaxJSONDepth)
+			return false
+		case keys.tooDeep:
+			writeError(w, http.StatusBadRequest, "the request body must be a JSON object, such as %s", example)
+			return false
+		}
 		dec := json.NewDecoder(bytes.NewReader(data))
 		dec.DisallowUnknownFields()
 		err = dec.Decode(v)
@@ -26,13 +41,12 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any, exam
 		}
 	}
 	if err == nil {
-		dup, unknown := checkKeys(data, jsonNames(v))
 		switch {
-		case dup != "":
-			writeError(w, http.StatusBadRequest, "key %q appears twice in the request body; each key of an object must be unique", dup)
+		case keys.dup != "":
+			writeError(w, http.StatusBadRequest, "key %q appears twice in the request body; each key of an object must be unique", keys.dup)
 			return false
-		case unknown != "":
-			writeError(w, http.StatusBadRequest, "unknown field %q in the request body (keys are case-sensitive); the fields are those of %s", unknown, example)
+		case keys.unknown != "":
+			writeError(w, http.StatusBadRequest, "unknown field %q in the request body (keys are case-sensitive); the fields are those of %s", keys.unknown, example)
 			return false
 		}
 		return true

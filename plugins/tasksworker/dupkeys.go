@@ -1,14 +1,16 @@
 package tasksworker
 
 // Duplicate and wrongly-cased keys in a JSON request body, which
-// encoding/json would silently accept.
+// encoding/json would silently accept, and nesting beyond the limit.
 
 import (
 	"bytes"
-	"encoding/json"
+	"errors"
 	"reflect"
 	"slices"
 	"strings"
+
+	"github.com/go-json-experiment/json/jsontext"
 )
 
 // duplicateKey returns where a key first appears twice in one object of
@@ -18,84 +20,105 @@ import (
 // that names its task twice would run the second, and a payload would read
 // differently per store. data must be valid JSON.
 func duplicateKey(data []byte) string {
-	dup, _ := checkKeys(data, nil)
-	return dup
+	return checkKeys(data, nil, 0).dup
 }
 
-// checkKeys walks data once and returns the first duplicate key (see
-// duplicateKey) and, when names is not nil, the first key of the top-level
-// object not spelled exactly as one of names (encoding/json matches keys
-// without regard to case, so "Task" would fill task).
-func checkKeys(data []byte, names []string) (dup, unknown string) {
-	type frame struct {
-		obj    bool
-		keys   map[string]bool
-		wantKy bool   // in an object, the next token is a key
-		path   string // of this object or array
-		key    string // the key whose value is being read
-	}
-	child := func(f *frame) string {
-		switch {
-		case f == nil:
-			return ""
-		case !f.obj:
-			return f.path + "[]"
-		case f.path == "":
-			return f.key
-		}
-		return f.path + "." + f.key
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var stack []*frame
-	top := func() *frame {
-		if len(stack) == 0 {
-			return nil
-		}
-		return stack[len(stack)-1]
-	}
+// keyCheck is what checkKeys finds.
+type keyCheck struct {
+	// dup is where a key first appears twice in one object (see
+	// duplicateKey), "" when none does.
+	dup string
+	// unknown is the first key of the top-level object not spelled
+	// exactly as one of the names checkKeys was given.
+	unknown string
+	// tooDeep: arrays and objects nest deeper than the limit, in the
+	// value of the top-level object's key field ("" when the top level
+	// is not an object).
+	tooDeep bool
+	field   string
+}
+
+// keyFrame is an array or object checkKeys is in.
+type keyFrame struct {
+	arr     bool
+	wantKey bool   // in an object, the next token is a key
+	key     string // in an object, the key whose value is being read
+}
+
+// checkKeys reads the first JSON value of data once, as a stream of
+// tokens, and reports (keyCheck) its first duplicate key, and, when names
+// is not nil, the first key of the top-level object not spelled exactly
+// as one of names (encoding/json matches keys without regard to case, so
+// "Task" would fill task). When maxDepth > 0 it stops where arrays and
+// objects nest deeper than maxDepth. Its memory is the stack of open
+// arrays and objects with their current keys and the names of the open
+// objects (for the duplicate check): linear in len(data), and bounded by
+// maxDepth frames. It stops quietly at a syntax error, which the caller's
+// decoder reports.
+func checkKeys(data []byte, names []string, maxDepth int) keyCheck {
+	var kc keyCheck
+	// Duplicate names are refused (the default); invalid UTF-8 is the
+	// store's concern (broker.CheckJSON), as it is encoding/json's.
+	d := jsontext.NewDecoder(bytes.NewBuffer(data), jsontext.AllowInvalidUTF8(true))
+	var frames []keyFrame
 	for {
-		tok, err := dec.Token()
+		tok, err := d.ReadToken()
 		if err != nil {
-			return "", unknown
+			var se *jsontext.SyntacticError
+			if errors.Is(err, jsontext.ErrDuplicateName) && errors.As(err, &se) && len(frames) > 0 {
+				frames[len(frames)-1].key = se.JSONPointer.LastToken()
+				kc.dup = keyPath(frames)
+			}
+			return kc
 		}
-		f := top()
-		if f != nil && f.obj && f.wantKy {
-			if d, ok := tok.(json.Delim); ok && d == '}' {
-				stack = stack[:len(stack)-1]
-				if p := top(); p != nil && p.obj {
-					p.wantKy = true
-				}
-				continue
+		kind := tok.Kind()
+		if n := len(frames); n > 0 && frames[n-1].wantKey && kind == '"' {
+			k := tok.String()
+			if names != nil && n == 1 && kc.unknown == "" && !slices.Contains(names, k) {
+				kc.unknown = k
 			}
-			k, _ := tok.(string)
-			if f.keys[k] {
-				f.key = k
-				return child(f), unknown
-			}
-			if names != nil && len(stack) == 1 && unknown == "" && !slices.Contains(names, k) {
-				unknown = k
-			}
-			f.keys[k], f.key, f.wantKy = true, k, false
+			frames[n-1].key, frames[n-1].wantKey = k, false
 			continue
 		}
-		if d, ok := tok.(json.Delim); ok {
-			switch d {
-			case '{':
-				stack = append(stack, &frame{obj: true, keys: map[string]bool{}, wantKy: true, path: child(f)})
-				continue
-			case '[':
-				stack = append(stack, &frame{path: child(f)})
-				continue
-			case ']':
-				stack = stack[:len(stack)-1]
-				f = top()
+		switch kind {
+		case '{', '[':
+			if maxDepth > 0 && len(frames) >= maxDepth {
+				kc.tooDeep = true
+				if !frames[0].arr {
+					kc.field = frames[0].key
+				}
+				return kc
 			}
+			frames = append(frames, keyFrame{arr: kind == '[', wantKey: kind == '{'})
+			continue
+		case '}', ']':
+			frames = frames[:len(frames)-1]
 		}
-		if f != nil && f.obj {
-			f.wantKy = true
+		// A value ended: in an object, a key comes next.
+		if n := len(frames); n == 0 {
+			return kc
+		} else if !frames[n-1].arr {
+			frames[n-1].wantKey = true
 		}
 	}
+}
+
+// keyPath is the path of the value being read in the innermost of frames:
+// "a.b", "a[].b", "[]".
+func keyPath(frames []keyFrame) string {
+	var b strings.Builder
+	for _, f := range frames {
+		switch {
+		case f.arr:
+			b.WriteString("[]")
+		case b.Len() == 0:
+			b.WriteString(f.key)
+		default:
+			b.WriteString(".")
+			b.WriteString(f.key)
+		}
+	}
+	return b.String()
 }
 
 // jsonNames returns the JSON keys of the struct v points to, or nil when

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -60,6 +61,9 @@ func (b ScheduleSpec) Check() (json.RawMessage, error) {
 	payload := bytes.TrimSpace(b.Payload)
 	if len(payload) == 0 || string(payload) == "null" {
 		payload = []byte("{}")
+	}
+	if err := broker.CheckJSONDepth(payload); errors.Is(err, broker.ErrTooDeep) {
+		return nil, invalid("payload: %v", err)
 	}
 	if !json.Valid(payload) {
 		return nil, invalid("payload is not valid JSON")

@@ -48,6 +48,8 @@ func TestSubmitChecksAndStores(t *testing.T) {
 		{"delay too long", SubmitRequest{Task: "t.echo", DelaySeconds: broker.MaxDelay.Seconds() + 1}, "delay_seconds must be from 0"},
 		{"negative delay", SubmitRequest{Task: "t.echo", DelaySeconds: -1}, "delay_seconds must be from 0"},
 		{"too many attempts", SubmitRequest{Task: "t.echo", MaxAttempts: broker.MaxAttempts + 1}, "max_attempts must be from 0"},
+		{"payload too deep", SubmitRequest{Task: "t.echo", Payload: json.RawMessage(strings.Repeat(`[`, 9999) + strings.Repeat(`]`, 9999))},
+			"payload: it nests arrays and objects more than 100 levels deep"},
 	} {
 		_, _, err := s.Submit(ctx, c.req)
 		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
@@ -99,6 +101,11 @@ func TestSchedules(t *testing.T) {
 	}
 	if _, err := s.CreateSchedule(ctx, ScheduleSpec{Name: "bad", Task: "t.echo"}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("create without timing = %v, want ErrInvalid", err)
+	}
+	deep := json.RawMessage(strings.Repeat(`{"a":`, broker.MaxJSONDepth+1) + `1` + strings.Repeat(`}`, broker.MaxJSONDepth+1))
+	if _, err := s.CreateSchedule(ctx, ScheduleSpec{Name: "deep", Task: "t.echo", IntervalSeconds: 60, Payload: deep}); !errors.Is(err, ErrInvalid) ||
+		!strings.Contains(err.Error(), "more than 100 levels deep") {
+		t.Errorf("create with a payload over the depth limit = %v, want ErrInvalid naming the limit", err)
 	}
 	sc, err := s.ToggleSchedule(ctx, "every-minute")
 	if err != nil || sc.Enabled {

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -107,6 +108,9 @@ func (s *Service) Submit(ctx context.Context, req SubmitRequest) (int64, string,
 	payload := bytes.TrimSpace(req.Payload)
 	if len(payload) == 0 || string(payload) == "null" {
 		payload = []byte("{}")
+	}
+	if err := broker.CheckJSONDepth(payload); errors.Is(err, broker.ErrTooDeep) {
+		return 0, "", invalid("payload: %v", err)
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, payload); err == nil {

@@ -5,9 +5,13 @@ package ui
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	"github.com/taskhost/taskhost/broker"
 )
 
 func uiTimeOf(v any) (time.Time, bool) {
@@ -77,7 +81,74 @@ func uiUnits(a int, au string, b int, bu string) string {
 	return fmt.Sprintf("%d%s %02d%s", a, au, b, bu)
 }
 
-// uiPrettyJSON indents JSON for reading; anything else comes back as is.
+// A page shows stored JSON within bounds: a value may be large, or, when
+// an earlier version stored it, nested thousands deep, and an indented
+// line is as long as its depth (a 20 KB value nested 10,000 deep is
+// 200 MB indented). A value is indented only when it is valid JSON at
+// most uiJSONMaxDepth deep whose indented text fits in uiJSONMaxText
+// bytes; otherwise it is shown as stored, cut at uiJSONMaxText bytes,
+// with a note.
+const (
+	uiJSONMaxText  = 64 << 10
+	uiJSONMaxDepth = broker.MaxJSONDepth
+)
+
+// uiJSONText is a stored JSON value as a page shows it (the "json"
+// template).
+type uiJSONText struct {
+	Text string // indented, or as stored (its first uiJSONMaxText bytes when Cut)
+	Cut  bool
+	Note string // why it is shown as stored; "" when it is indented (or not JSON)
+	// The pre element's id, and where to read the whole value.
+	ID, Link, LinkText string
+}
+
+// uiJSONOf returns raw as a page shows it (uiJSONText).
+func uiJSONOf(raw []byte) uiJSONText {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return uiJSONText{}
+	}
+	out, why := uiIndentJSON(raw, uiJSONMaxText, uiJSONMaxDepth)
+	if why == "" {
+		return uiJSONText{Text: string(out)}
+	}
+	switch {
+	case len(raw) <= uiJSONMaxText && why == uiNotJSON:
+		return uiJSONText{Text: string(raw)}
+	case len(raw) <= uiJSONMaxText:
+		return uiJSONText{Text: string(raw), Note: "Shown as stored, not laid out: " + why + "."}
+	}
+	n := uiJSONMaxText
+	for n > 0 && !utf8.RuneStart(raw[n]) {
+		n--
+	}
+	return uiJSONText{Text: string(raw[:n]), Cut: true,
+		Note: fmt.Sprintf("Shown as stored, cut after %s of %s: too large to show whole here.", uiBytes(n), uiBytes(len(raw)))}
+}
+
+// uiJSONView is the "json" template function: v (json.RawMessage, []byte
+// or string) as a page shows it, in the pre element id, with a link to
+// the whole value for when it is cut.
+func uiJSONView(v any, id, link, linkText string) uiJSONText {
+	var raw []byte
+	switch b := v.(type) {
+	case json.RawMessage:
+		raw = b
+	case []byte:
+		raw = b
+	case string:
+		raw = []byte(b)
+	default:
+		raw = []byte(fmt.Sprint(v))
+	}
+	j := uiJSONOf(raw)
+	j.ID, j.Link, j.LinkText = id, link, linkText
+	return j
+}
+
+// uiPrettyJSON is JSON for a form field: indented when it fits the bounds
+// of uiJSONOf, else whole as stored (a form must hold all of it);
+// anything else comes back as is.
 func uiPrettyJSON(v any) string {
 	var raw []byte
 	switch b := v.(type) {
@@ -93,11 +164,118 @@ func uiPrettyJSON(v any) string {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return ""
 	}
-	var out bytes.Buffer
-	if json.Indent(&out, raw, "", "  ") != nil {
-		return string(raw)
+	if out, why := uiIndentJSON(raw, uiJSONMaxText, uiJSONMaxDepth); why == "" {
+		return string(out)
 	}
-	return out.String()
+	return string(raw)
+}
+
+// uiNotJSON is uiIndentJSON's reason for text that is not JSON.
+const uiNotJSON = "it is not valid JSON"
+
+// uiIndentJSON returns raw indented as json.Indent(dst, raw, "", "  ")
+// does, or why it does not: raw is not valid JSON, nests arrays and
+// objects more than maxDepth deep (maxDepth is at most
+// broker.MaxJSONDepth), or would be over maxOut bytes indented. It stops as soon as it knows, so it allocates at most about
+// maxOut bytes whatever raw is.
+func uiIndentJSON(raw []byte, maxOut, maxDepth int) ([]byte, string) {
+	tooLarge := fmt.Sprintf("laid out, it would be over %s", uiBytes(maxOut))
+	if len(raw) > maxOut {
+		return nil, tooLarge
+	}
+	// Valid JSON at most broker.MaxJSONDepth deep, read in memory that
+	// grows with that depth alone.
+	switch err := broker.CheckJSONDepth(raw); {
+	case errors.Is(err, broker.ErrTooDeep):
+		return nil, fmt.Sprintf("it nests arrays and objects more than %d levels deep", min(maxDepth, broker.MaxJSONDepth))
+	case err != nil:
+		return nil, uiNotJSON
+	}
+	out := make([]byte, 0, min(maxOut, 2*len(raw)+64))
+	// As json.Indent: white space between tokens goes, and after the
+	// value stays; an empty array or object stays {} or [].
+	open, indent := 0, 0
+	inString, escaped, ended, pending := false, false, false, false
+	newline := func(depth int) {
+		out = append(out, '\n')
+		for range depth {
+			out = append(out, ' ', ' ')
+		}
+	}
+	for _, c := range raw {
+		if len(out) > maxOut {
+			return nil, tooLarge
+		}
+		if inString {
+			out = append(out, c)
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+				ended = open == 0
+			}
+			continue
+		}
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			if ended {
+				out = append(out, c)
+			}
+			continue
+		}
+		if pending && c != '}' && c != ']' {
+			pending = false
+			indent++
+			newline(indent)
+		}
+		switch c {
+		case '"':
+			inString = true
+			out = append(out, c)
+		case '{', '[':
+			if open++; open > maxDepth {
+				return nil, fmt.Sprintf("it nests arrays and objects more than %d levels deep", maxDepth)
+			}
+			pending = true
+			out = append(out, c)
+		case '}', ']':
+			if pending {
+				pending = false
+			} else {
+				indent--
+				newline(indent)
+			}
+			out = append(out, c)
+			open--
+			ended = open == 0
+		case ',':
+			out = append(out, c)
+			newline(indent)
+		case ':':
+			out = append(out, c, ' ')
+		default:
+			out = append(out, c)
+			ended = open == 0
+		}
+	}
+	if len(out) > maxOut {
+		return nil, tooLarge
+	}
+	return out, ""
+}
+
+// uiBytes is a size for people: 900 bytes, 64 KB, 1.5 MB.
+func uiBytes(n int) string {
+	switch {
+	case n < 1<<10:
+		return fmt.Sprintf("%d bytes", n)
+	case n < 1<<20:
+		return fmt.Sprintf("%.0f KB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%.1f MB", float64(n)/(1<<20))
 }
 
 // uiClip shortens s to n characters.

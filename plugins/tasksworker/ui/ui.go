@@ -76,7 +76,9 @@ var uiFuncs = template.FuncMap{
 	"secs":   func(f float64) string { return uiDuration(time.Duration(f * float64(time.Second))) },
 	"pct":    func(f float64) int { return int(math.Round(math.Max(0, math.Min(1, f)) * 100)) },
 	"pretty": uiPrettyJSON,
+	"json":   uiJSONView,
 	"clip":   uiClip,
+	"api":    uiAPIBase,
 	"limit": func(n int) string {
 		if n == 0 {
 			return "unlimited"
@@ -84,6 +86,10 @@ var uiFuncs = template.FuncMap{
 		return strconv.Itoa(n)
 	},
 }
+
+// uiAPIBase is the API's root as the browser sees it, from the UI's
+// (uiPage.Base): /plugin-pkg/tasks_worker/api.
+func uiAPIBase(base string) string { return strings.TrimSuffix(base, "/ui") + "/api" }
 
 var uiPageNames = []string{"dashboard", "tasks", "task", "running", "dead", "schedules", "schedule", "locks", "topics", "run", "error"}
 

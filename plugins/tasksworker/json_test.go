@@ -1,0 +1,73 @@
+package tasksworker
+
+import (
+	"context"
+	"database/sql"
+	"html"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A message an earlier version stored with a payload and a result nested
+// 9,999 deep (there was no depth limit) opens in the UI in bounded memory:
+// shown as stored with a note and a link to the whole value, instead of
+// indented (an indented line is as long as its depth: hundreds of MB).
+func TestUIShowsDeepStoredJSONInBoundedMemory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	f := start(t, map[string]any{"broker": "local", "data_dir": dir})
+	id := f.submit(`{"task": "demo.echo", "delay_seconds": 3600, "payload": {"small": 1}}`)
+
+	// Write the deep values into the store directly, as an older version
+	// could have: the broker refuses them now.
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, LocalDBFile)+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	payload := nestedJSON(9999, `[`, `1`, `]`)                   // 20 KB, the tester's case
+	result := nestedJSON(9999, `{"a":`, `1`, `}`)                // 60 KB
+	report := `[` + strings.Repeat(`"abcdefgh",`, 100000) + `1]` // 1.1 MB, flat
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, `UPDATE tw_messages SET payload = ?, result = ? WHERE id = ?`, payload, result, id); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UnixMilli()
+	if _, err := db.ExecContext(ctx, `INSERT INTO tw_reports (message_id, task, topic, attempt, status, started_at, ended_at, result)
+		VALUES (?, 'demo.echo', 'default', 1, 'success', ?, ?, ?)`, id, now, now, report); err != nil {
+		t.Fatal(err)
+	}
+
+	var res uiResp
+	got := bytesAllocated(1, func() { res = f.uiGet("/ui/tasks/" + id) })
+	t.Logf("the task page allocated %d KB", got>>10)
+	if got > 32<<20 {
+		t.Errorf("the task page allocated %d MB, want at most 32 MB", got>>20)
+	}
+	body := res.text()
+	if res.status != http.StatusOK {
+		t.Fatalf("GET /ui/tasks/%s: %d %s", id, res.status, body)
+	}
+	for _, want := range []string{
+		`<pre id="payload">` + payload + `</pre>`,
+		"Shown as stored, not laid out: it nests arrays and objects more than 100 levels deep.",
+		`href="` + uiTestPrefix + `/ui/run?from=` + id + `">the Run again form</a>`,
+		`href="` + uiTestPrefix + `/api/tasks/` + id + `">GET /api/tasks/` + id + `</a>`,
+		"Shown as stored, cut after 64 KB of 1.0 MB",
+		`/api/reports/`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the task page lacks %.200q", want)
+		}
+	}
+	if len(res.body) > 1<<20 {
+		t.Errorf("the task page is %d bytes", len(res.body))
+	}
+
+	// The Run again form holds the whole payload, as stored.
+	if form := f.uiGet("/ui/run?from=" + id); !strings.Contains(form.body, html.EscapeString(payload)) {
+		t.Errorf("the Run again form does not hold the stored payload")
+	}
+}
