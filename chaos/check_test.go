@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,6 +162,7 @@ type sampler struct {
 	dbSamples  int
 	answers    []answer
 	quit       chan struct{}
+	paused     atomic.Bool // no health sampling (the database is down: each would try to connect)
 	wg         sync.WaitGroup
 	once       sync.Once
 }
@@ -202,6 +204,9 @@ func startSampler(t *testing.T, e *env, schema string, hs []*host) *sampler {
 				case <-s.quit:
 					return
 				case <-time.After(100 * time.Millisecond):
+				}
+				if s.paused.Load() {
+					continue
 				}
 				a := answer{host: h.name, start: time.Now()}
 				a.ok = h.get("/health", &a.h) == nil
@@ -293,14 +298,15 @@ type figures struct {
 	staleSuccess int // success reports under a claim that is not the message's final one
 	lostReports  int // reports with status lost
 	noReport     int // done messages without a success report
+	unaccounted  int // attempts (claims counted on a message) without exactly one report
 	maxRunning   int
 	terms        int
 	extra        []string
 }
 
 func (f figures) String() string {
-	s := fmt.Sprintf("CHAOS %s: tasks=%d recover=%s (%s) lost=%d doubled=%d stale_success=%d lost_reports=%d done_without_report=%d max_running_lim=%d/%d terms=%d",
-		f.scenario, f.tasks, f.recover.Round(10*time.Millisecond), f.recoverWhat, f.lost, f.doubled, f.staleSuccess, f.lostReports, f.noReport, f.maxRunning, topicLimit, f.terms)
+	s := fmt.Sprintf("CHAOS %s: tasks=%d recover=%s (%s) lost=%d doubled=%d stale_success=%d lost_reports=%d done_without_report=%d unaccounted_attempts=%d max_running_lim=%d/%d terms=%d",
+		f.scenario, f.tasks, f.recover.Round(10*time.Millisecond), f.recoverWhat, f.lost, f.doubled, f.staleSuccess, f.lostReports, f.noReport, f.unaccounted, f.maxRunning, topicLimit, f.terms)
 	if len(f.extra) > 0 {
 		s += " " + strings.Join(f.extra, " ")
 	}
@@ -366,8 +372,13 @@ func check(t *testing.T, c *pgx.Conn, ids []int64, s *sampler, f *figures) {
 		}
 	}
 	successes := map[int64]int{}
+	perAttempt := map[int64]map[int]int{}
 	var stale []string
 	for _, r := range reportsOf(t, c, ids) {
+		if perAttempt[r.msg] == nil {
+			perAttempt[r.msg] = map[int]int{}
+		}
+		perAttempt[r.msg][r.attempt]++
 		switch r.status {
 		case "success":
 			successes[r.msg]++
@@ -382,7 +393,26 @@ func check(t *testing.T, c *pgx.Conn, ids []int64, s *sampler, f *figures) {
 			f.lostReports++
 		}
 	}
+	// Every attempt a message counts ran under a claim, and no process
+	// dies in these scenarios: each one has exactly one report, lost when
+	// its claim was taken back.
+	var unaccounted []string
 	for _, id := range ids {
+		m := finals[id]
+		for a := 1; a <= m.attempts; a++ {
+			if n := perAttempt[id][a]; n != 1 {
+				f.unaccounted++
+				if len(unaccounted) < 20 {
+					unaccounted = append(unaccounted, fmt.Sprintf("message %d attempt %d of %d: %d reports", id, a, m.attempts, n))
+				}
+			}
+		}
+		for a := range perAttempt[id] {
+			if a < 1 || a > m.attempts {
+				f.unaccounted++
+				unaccounted = append(unaccounted, fmt.Sprintf("message %d: a report of attempt %d, but it counts %d", id, a, m.attempts))
+			}
+		}
 		if successes[id] > 1 {
 			f.doubled++
 		}
@@ -408,6 +438,12 @@ func check(t *testing.T, c *pgx.Conn, ids []int64, s *sampler, f *figures) {
 	}
 	if f.staleSuccess > 0 {
 		t.Errorf("%d attempts ran under a claim that was not the current one and were recorded as success, not lost: %v", f.staleSuccess, stale)
+	}
+	if f.noReport > 0 {
+		t.Errorf("%d messages are done without a success report", f.noReport)
+	}
+	if f.unaccounted > 0 {
+		t.Errorf("%d attempts are not accounted for by exactly one report (a run under a claim that ended without being recorded): %v", f.unaccounted, unaccounted)
 	}
 	if len(overLimit) > 0 {
 		t.Errorf("topic lim ran more than its limit of %d: %v", topicLimit, overLimit)

@@ -1,10 +1,12 @@
 package chaos
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"testing"
 )
 
@@ -22,7 +24,15 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	flag.Parse()
 	if os.Getenv(Gate) != "1" {
+		if f := flag.Lookup("test.run"); f != nil && f.Value.String() != "" {
+			if re, err := regexp.Compile(f.Value.String()); err == nil && re.MatchString("TestChaos") {
+				// Asked by name without the gate: say how, and fail.
+				fmt.Fprintf(os.Stderr, "FAIL: the chaos suite was asked for (-run %s) without %s=1; %s\n", f.Value.String(), Gate, howToRun)
+				os.Exit(2)
+			}
+		}
 		// Not asked: `go test ./...` compiles the package and runs nothing.
 		fmt.Printf("chaos suite not run: it needs %s=1; %s\n", Gate, howToRun)
 		os.Exit(0)

@@ -62,6 +62,16 @@ func leaderNow(t *testing.T, hs []*host, timeout time.Duration) (int, health) {
 	return idx, lh
 }
 
+// inFlight counts the messages of ids not ended yet (-1 when the
+// database does not answer).
+func inFlight(c *pgx.Conn, ids []int64) int {
+	n, err := terminal(c, ids)
+	if err != nil {
+		return -1
+	}
+	return len(ids) - n
+}
+
 type claim struct {
 	id       int64
 	attempts int
@@ -103,6 +113,7 @@ func scenarioWorkerCutOff(t *testing.T, e *env) {
 		snap, err = runningUnder(c, vh.WorkerID)
 		return err == nil && len(snap) >= 3
 	})
+	pending := inFlight(c, ids)
 	cutAt := time.Now()
 	e.links[vi].cut(t)
 	t.Logf("%s (%s) cut off at %s holding %d claims", victim.name, vh.WorkerID, cutAt.Format("15:04:05.000"), len(snap))
@@ -165,7 +176,7 @@ func scenarioWorkerCutOff(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	f := figures{scenario: "a worker cut off", recover: recovered, recoverWhat: "cut to its claims reclaimed",
-		extra: []string{fmt.Sprintf("cut_for=%s reclaimed=%d run_elsewhere=%d victim_restarts=%d", cutFor.Round(100*time.Millisecond), len(snap), elsewhere, st.Restarts)}}
+		extra: []string{fmt.Sprintf("in_flight_at_cut=%d cut_for=%s reclaimed=%d run_elsewhere=%d victim_restarts=%d", pending, cutFor.Round(100*time.Millisecond), len(snap), elsewhere, st.Restarts)}}
 	check(t, c, ids, s, &f)
 	if st.Restarts != 0 {
 		t.Errorf("%s's tasks_worker was restarted %d times by its host while cut off", victim.name, st.Restarts)
@@ -184,6 +195,7 @@ func scenarioLeaderCutOff(t *testing.T, e *env) {
 	ids := submitAll(t, hs, 150, 100)
 	li, lh := leaderNow(t, hs, 30*time.Second)
 	time.Sleep(2 * time.Second) // tasks in flight everywhere
+	pending := inFlight(c, ids)
 	cutAt := time.Now()
 	e.px[li].setMode(pxBlackhole)
 	var nh health
@@ -210,7 +222,7 @@ func scenarioLeaderCutOff(t *testing.T, e *env) {
 	li2, lh2 := leaderNow(t, hs, 30*time.Second)
 	waitTerminal(t, c, ids, 180*time.Second)
 	f := figures{scenario: "b leader cut off", recover: took, recoverWhat: "cut to a standby leading",
-		extra: []string{fmt.Sprintf("cut_for=%s term=%d->%d leader_after_heal=%s@%d", cutFor.Round(100*time.Millisecond), lh.Beat.Term, nh.Beat.Term, hs[li2].name, lh2.Beat.Term)}}
+		extra: []string{fmt.Sprintf("in_flight_at_cut=%d cut_for=%s term=%d->%d leader_after_heal=%s@%d", pending, cutFor.Round(100*time.Millisecond), lh.Beat.Term, nh.Beat.Term, hs[li2].name, lh2.Beat.Term)}}
 	check(t, c, ids, s, &f)
 	if limit := time.Duration(leaseTTL)*time.Second + time.Duration(leaseTTL)*time.Second/3 + time.Second; took > limit {
 		t.Errorf("a standby led %s after the cut; want within the lease TTL %ds plus a renewal (%s)", took, leaseTTL, limit)
@@ -257,6 +269,7 @@ func scenarioPostgresDown(t *testing.T, e *env) {
 	time.Sleep(2 * time.Second)
 
 	// Restart.
+	pendingRestart := inFlight(c, ids)
 	restartAt := time.Now()
 	e.pg.stop()
 	e.pg.start(t)
@@ -268,6 +281,12 @@ func scenarioPostgresDown(t *testing.T, e *env) {
 
 	// Stopped for 60 s.
 	time.Sleep(time.Second)
+	pendingStop := inFlight(c, ids)
+	var accepted0 int64
+	for _, px := range e.px {
+		accepted0 += px.accepted.Load()
+	}
+	s.paused.Store(true) // each health request would try to connect too
 	stopAt := time.Now()
 	e.pg.stop()
 	degraded := map[string]bool{}  // the plugin's /api/health said not ok
@@ -285,10 +304,16 @@ func scenarioPostgresDown(t *testing.T, e *env) {
 				hdegraded[h.name] = true
 			}
 		}
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(time.Second)
 	}
+	var accepted1 int64
+	for _, px := range e.px {
+		accepted1 += px.accepted.Load()
+	}
+	connRate := float64(accepted1-accepted0) / time.Since(stopAt).Seconds() / float64(len(hs))
 	startAt := time.Now()
 	e.pg.start(t)
+	s.paused.Store(false)
 	c = e.dbConn(t, "chaos_c")
 	healthy := waitFor(t, 90*time.Second, "every host is healthy after the outage", func() bool { return allHealthy(hs) })
 	pid, _ = probe(t, hs, c, 90*time.Second)
@@ -308,8 +333,17 @@ func scenarioPostgresDown(t *testing.T, e *env) {
 		}
 	}
 	f := figures{scenario: "c postgres restart+60s outage", recover: recOutage, recoverWhat: "start after 60s outage to all healthy and a new task done",
-		extra: []string{fmt.Sprintf("recover_restart=%s healthy_after_outage=%s plugins=%v", recRestart.Round(10*time.Millisecond), healthy.Round(10*time.Millisecond), states)}}
+		extra: []string{fmt.Sprintf("in_flight_at_restart=%d in_flight_at_stop=%d recover_restart=%s healthy_after_outage=%s connects_per_host_per_s_during_outage=%.1f plugins=%v",
+			pendingRestart, pendingStop, recRestart.Round(10*time.Millisecond), healthy.Round(10*time.Millisecond), connRate, states)}}
 	check(t, c, ids, s, &f)
+	// Each host's own connection attempts while nothing answers: its
+	// heartbeat (every 0.5 s), the beat's lease (every 1 s), the claims
+	// and the outcome writes (which back off to 5 s), the suite's one
+	// health request a second. A worker that retried in a loop would make
+	// hundreds.
+	if connRate > 20 {
+		t.Errorf("%.1f connection attempts per host per second while PostgreSQL was down: the workers do not back off", connRate)
+	}
 	for _, h := range hs {
 		if !degraded[h.name] {
 			t.Errorf("%s's /api/health never said anything but ok during the 60 s outage", h.name)
