@@ -167,8 +167,6 @@ type sampler struct {
 	once       sync.Once
 }
 
-var sampleClient = client
-
 func startSampler(t *testing.T, e *env, schema string, hs []*host) *sampler {
 	s := &sampler{quit: make(chan struct{})}
 	ds := &dbSampler{e: e, schema: schema}
