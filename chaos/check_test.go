@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -283,6 +286,48 @@ func keys(m map[string]bool) []string {
 	return out
 }
 
+// ---- the beat's terms, from the hosts' logs ----
+
+var (
+	// hclog writes a line's fields in any order.
+	electedRe = regexp.MustCompile(`^(\S+) .*elected leader:.* term=(\d+)`)
+	endedRe   = regexp.MustCompile(`^(\S+) .*leadership lost: the lease could not be renewed in time:.* term=(\d+)`)
+)
+
+// termsFromLogs reads every "elected leader" and "leadership lost" line of
+// the hosts' logs: the hosts elected at each term, and when each term
+// began and ended.
+func termsFromLogs(hs []*host) (elected map[int64][]string, began, ended map[int64]time.Time) {
+	elected, began, ended = map[int64][]string{}, map[int64]time.Time{}, map[int64]time.Time{}
+	for _, h := range hs {
+		b, err := os.ReadFile(h.logPath)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			for _, x := range []struct {
+				re *regexp.Regexp
+				at map[int64]time.Time
+			}{{electedRe, began}, {endedRe, ended}} {
+				m := x.re.FindStringSubmatch(line)
+				if m == nil {
+					continue
+				}
+				at, err := time.Parse(time.RFC3339Nano, m[1])
+				term, err2 := strconv.ParseInt(m[2], 10, 64)
+				if err != nil || err2 != nil {
+					continue
+				}
+				x.at[term] = at
+				if x.re == electedRe {
+					elected[term] = append(elected[term], h.name)
+				}
+			}
+		}
+	}
+	return elected, began, ended
+}
+
 // ---- the invariants, at the end ----
 
 // figures are what a scenario prints.
@@ -299,12 +344,13 @@ type figures struct {
 	unaccounted  int // attempts (claims counted on a message) without exactly one report
 	maxRunning   int
 	terms        int
+	overlap      time.Duration // longest time a term's beat went on after a later term began (its writes fenced)
 	extra        []string
 }
 
 func (f figures) String() string {
-	s := fmt.Sprintf("CHAOS %s: tasks=%d recover=%s (%s) lost=%d doubled=%d stale_success=%d lost_reports=%d done_without_report=%d unaccounted_attempts=%d max_running_lim=%d/%d terms=%d",
-		f.scenario, f.tasks, f.recover.Round(10*time.Millisecond), f.recoverWhat, f.lost, f.doubled, f.staleSuccess, f.lostReports, f.noReport, f.unaccounted, f.maxRunning, topicLimit, f.terms)
+	s := fmt.Sprintf("CHAOS %s: tasks=%d recover=%s (%s) lost=%d doubled=%d stale_success=%d lost_reports=%d done_without_report=%d unaccounted_attempts=%d max_running_lim=%d/%d terms=%d beat_term_overlap=%s",
+		f.scenario, f.tasks, f.recover.Round(10*time.Millisecond), f.recoverWhat, f.lost, f.doubled, f.staleSuccess, f.lostReports, f.noReport, f.unaccounted, f.maxRunning, topicLimit, f.terms, f.overlap.Round(time.Millisecond))
 	if len(f.extra) > 0 {
 		s += " " + strings.Join(f.extra, " ")
 	}
@@ -335,9 +381,23 @@ func reportsOf(t *testing.T, c *pgx.Conn, ids []int64) []report {
 }
 
 // check asserts the invariants on ids once every one has ended, and fills f.
-func check(t *testing.T, c *pgx.Conn, ids []int64, s *sampler, f *figures) {
+func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *figures) {
 	t.Helper()
 	s.stop()
+	elected, began, ended := termsFromLogs(hs)
+	var twice []string
+	for term, by := range elected {
+		if len(by) > 1 {
+			twice = append(twice, fmt.Sprintf("term %d elected on %v", term, by))
+		}
+	}
+	for term, end := range ended {
+		for later, start := range began {
+			if later > term && end.Sub(start) > f.overlap {
+				f.overlap = end.Sub(start)
+			}
+		}
+	}
 	f.tasks = len(ids)
 	type final struct {
 		state, claimedBy string
@@ -451,6 +511,9 @@ func check(t *testing.T, c *pgx.Conn, ids []int64, s *sampler, f *figures) {
 	}
 	if len(bad) > 0 {
 		t.Errorf("leadership: %v", bad)
+	}
+	if len(twice) > 0 {
+		t.Errorf("a term with two leaders (hosts' logs): %v", twice)
 	}
 	if terms == 0 {
 		t.Errorf("no host ever said it leads the beat")

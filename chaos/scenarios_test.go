@@ -177,7 +177,7 @@ func scenarioWorkerCutOff(t *testing.T, e *env) {
 	}
 	f := figures{scenario: "a worker cut off", recover: recovered, recoverWhat: "cut to its claims reclaimed",
 		extra: []string{fmt.Sprintf("in_flight_at_cut=%d cut_for=%s reclaimed=%d run_elsewhere=%d victim_restarts=%d", pending, cutFor.Round(100*time.Millisecond), len(snap), elsewhere, st.Restarts)}}
-	check(t, c, ids, s, &f)
+	check(t, hs, c, ids, s, &f)
 	if st.Restarts != 0 {
 		t.Errorf("%s's tasks_worker was restarted %d times by its host while cut off", victim.name, st.Restarts)
 	}
@@ -223,7 +223,7 @@ func scenarioLeaderCutOff(t *testing.T, e *env) {
 	waitTerminal(t, c, ids, 180*time.Second)
 	f := figures{scenario: "b leader cut off", recover: took, recoverWhat: "cut to a standby leading",
 		extra: []string{fmt.Sprintf("in_flight_at_cut=%d cut_for=%s term=%d->%d leader_after_heal=%s@%d", pending, cutFor.Round(100*time.Millisecond), lh.Beat.Term, nh.Beat.Term, hs[li2].name, lh2.Beat.Term)}}
-	check(t, c, ids, s, &f)
+	check(t, hs, c, ids, s, &f)
 	if limit := time.Duration(leaseTTL)*time.Second + time.Duration(leaseTTL)*time.Second/3 + time.Second; took > limit {
 		t.Errorf("a standby led %s after the cut; want within the lease TTL %ds plus a renewal (%s)", took, leaseTTL, limit)
 	}
@@ -335,7 +335,7 @@ func scenarioPostgresDown(t *testing.T, e *env) {
 	f := figures{scenario: "c postgres restart+60s outage", recover: recOutage, recoverWhat: "start after 60s outage to all healthy and a new task done",
 		extra: []string{fmt.Sprintf("in_flight_at_restart=%d in_flight_at_stop=%d recover_restart=%s healthy_after_outage=%s connects_per_host_per_s_during_outage=%.1f plugins=%v",
 			pendingRestart, pendingStop, recRestart.Round(10*time.Millisecond), healthy.Round(10*time.Millisecond), connRate, states)}}
-	check(t, c, ids, s, &f)
+	check(t, hs, c, ids, s, &f)
 	// Each host's own connection attempts while nothing answers: its
 	// heartbeat (every 0.5 s), the beat's lease (every 1 s), the claims
 	// and the outcome writes (which back off to 5 s), the suite's one
@@ -388,5 +388,5 @@ func scenarioFlakyLink(t *testing.T, e *env) {
 	}
 	f := figures{scenario: "d flaky link", recover: 0, recoverWhat: "n/a",
 		extra: []string{fmt.Sprintf("throughput_clean=%.1f/s throughput_flaky=%.1f/s resets=%d stalls=%d", cleanRate, flakyRate, resets, stalls)}}
-	check(t, c, append(clean, flaky...), s, &f)
+	check(t, hs, c, append(clean, flaky...), s, &f)
 }
