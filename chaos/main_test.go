@@ -44,7 +44,12 @@ func TestMain(m *testing.M) {
 	// Leftovers of an earlier run that was killed before its cleanups.
 	cleanupLeftovers(func(format string, args ...any) { fmt.Printf(format+"\n", args...) })
 	code := m.Run()
-	cleanupLeftovers(func(format string, args ...any) { fmt.Printf(format+"\n", args...) })
+	// The tests' cleanups remove everything they made: what is left now
+	// is a failure of theirs.
+	if n := cleanupLeftovers(func(format string, args ...any) { fmt.Printf(format+"\n", args...) }); n > 0 {
+		fmt.Fprintf(os.Stderr, "FAIL: the run left %d namespaces, links or directories behind (removed now)\n", n)
+		code = 1
+	}
 	os.Exit(code)
 }
 

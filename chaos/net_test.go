@@ -122,12 +122,13 @@ const tmpPrefix = "taskhost-chaos-"
 // cleanupLeftovers removes what an earlier run left behind: namespaces
 // (and the processes in them), veths and temporary directories whose names
 // start with the suite's prefixes.
-func cleanupLeftovers(logf func(string, ...any)) {
+func cleanupLeftovers(logf func(string, ...any)) (n int) {
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
 			f := strings.Fields(line)
 			if len(f) > 0 && strings.HasPrefix(f[0], prefix) {
 				logf("chaos: removing leftover namespace %s", f[0])
+				n++
 				killNetns(f[0])
 				_ = run("ip", "netns", "del", f[0])
 			}
@@ -142,6 +143,7 @@ func cleanupLeftovers(logf func(string, ...any)) {
 			name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
 			if strings.HasPrefix(name, prefix) {
 				logf("chaos: removing leftover link %s", name)
+				n++
 				_ = run("ip", "link", "del", name)
 			}
 		}
@@ -152,8 +154,10 @@ func cleanupLeftovers(logf func(string, ...any)) {
 			continue
 		}
 		logf("chaos: removing leftover directory %s", d)
+		n++
 		_ = os.RemoveAll(d)
 	}
+	return n
 }
 
 // checkSubnetFree fails when the subnet is already in use on this machine

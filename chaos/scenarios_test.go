@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -386,7 +387,11 @@ func scenarioFlakyLink(t *testing.T, e *env) {
 		resets += px.resets.Load()
 		stalls += px.stalls.Load()
 	}
+	strays := 0
+	for _, h := range hs {
+		strays += strings.Count(tail(h.logPath, 1<<30), "requeued a message claimed for this worker that never reached it")
+	}
 	f := figures{scenario: "d flaky link", recover: 0, recoverWhat: "n/a",
-		extra: []string{fmt.Sprintf("throughput_clean=%.1f/s throughput_flaky=%.1f/s resets=%d stalls=%d", cleanRate, flakyRate, resets, stalls)}}
+		extra: []string{fmt.Sprintf("throughput_clean=%.1f/s throughput_flaky=%.1f/s resets=%d stalls=%d strays_requeued=%d", cleanRate, flakyRate, resets, stalls, strays)}}
 	check(t, hs, c, append(clean, flaky...), s, &f)
 }
