@@ -289,6 +289,8 @@ func keys(m map[string]bool) []string {
 // ---- the beat's terms, from the hosts' logs ----
 
 var (
+	// "task reports not stored" (worker/reports.go) with its count.
+	droppedRe = regexp.MustCompile(`task reports not stored:.* reports=(\d+)`)
 	// hclog writes a line's fields in any order.
 	electedRe = regexp.MustCompile(`^(\S+) .*elected leader:.* term=(\d+)`)
 	endedRe   = regexp.MustCompile(`^(\S+) .*leadership lost: the lease could not be renewed in time:.* term=(\d+)`)
@@ -342,6 +344,7 @@ type figures struct {
 	lostReports  int // reports with status lost
 	noReport     int // done messages without a success report
 	unaccounted  int // attempts (claims counted on a message) without exactly one report
+	dropped      int // reports the hosts' report writers said they did not store (their logs)
 	maxRunning   int
 	terms        int
 	overlap      time.Duration // longest time a term's beat went on after a later term began (its writes fenced)
@@ -349,8 +352,8 @@ type figures struct {
 }
 
 func (f figures) String() string {
-	s := fmt.Sprintf("CHAOS %s: tasks=%d recover=%s (%s) lost=%d doubled=%d stale_success=%d lost_reports=%d done_without_report=%d unaccounted_attempts=%d max_running_lim=%d/%d terms=%d beat_term_overlap=%s",
-		f.scenario, f.tasks, f.recover.Round(10*time.Millisecond), f.recoverWhat, f.lost, f.doubled, f.staleSuccess, f.lostReports, f.noReport, f.unaccounted, f.maxRunning, topicLimit, f.terms, f.overlap.Round(time.Millisecond))
+	s := fmt.Sprintf("CHAOS %s: tasks=%d recover=%s (%s) lost=%d doubled=%d stale_success=%d lost_reports=%d done_without_report=%d unaccounted_attempts=%d reports_dropped=%d max_running_lim=%d/%d terms=%d beat_term_overlap=%s",
+		f.scenario, f.tasks, f.recover.Round(10*time.Millisecond), f.recoverWhat, f.lost, f.doubled, f.staleSuccess, f.lostReports, f.noReport, f.unaccounted, f.dropped, f.maxRunning, topicLimit, f.terms, f.overlap.Round(time.Millisecond))
 	if len(f.extra) > 0 {
 		s += " " + strings.Join(f.extra, " ")
 	}
@@ -384,6 +387,17 @@ func reportsOf(t *testing.T, c *pgx.Conn, ids []int64) []report {
 func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *figures) {
 	t.Helper()
 	s.stop()
+	var droppedLines []string
+	for _, h := range hs {
+		b, _ := os.ReadFile(h.logPath)
+		for _, line := range strings.Split(string(b), "\n") {
+			if m := droppedRe.FindStringSubmatch(line); m != nil {
+				n, _ := strconv.Atoi(m[1])
+				f.dropped += n
+				droppedLines = append(droppedLines, h.name+": "+line)
+			}
+		}
+	}
 	elected, began, ended := termsFromLogs(hs)
 	var twice []string
 	for term, by := range elected {
@@ -499,6 +513,10 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 	}
 	if f.noReport > 0 {
 		t.Errorf("%d messages are done without a success report", f.noReport)
+	}
+	if len(droppedLines) > 0 {
+		t.Errorf("the report writers dropped %d reports (worker/reports.go, ReportWriter.write gives up after 4 tries, about 1.2 s, of a database that does not answer):\n%s",
+			f.dropped, strings.Join(droppedLines, "\n"))
 	}
 	if f.unaccounted > 0 {
 		t.Errorf("%d attempts are not accounted for by exactly one report (a run under a claim that ended without being recorded): %v", f.unaccounted, unaccounted)
