@@ -383,10 +383,56 @@ func reportsOf(t *testing.T, c *pgx.Conn, ids []int64) []report {
 	return out
 }
 
+// explain describes message id for a failure: its row, its reports and
+// the hosts' log lines that name it.
+func explain(hs []*host, c *pgx.Conn, id int64) string {
+	var b strings.Builder
+	var state, claimedBy string
+	var attempts int
+	var claimedAt, finishedAt *time.Time
+	_ = c.QueryRow(context.Background(), `SELECT state, coalesce(claimed_by, ''), attempts, claimed_at, finished_at FROM tw_messages WHERE id = $1`, id).
+		Scan(&state, &claimedBy, &attempts, &claimedAt, &finishedAt)
+	fmt.Fprintf(&b, "message %d: %s, claimed by %s at %v, attempts %d, finished %v\n", id, state, claimedBy, claimedAt, attempts, finishedAt)
+	rows, err := c.Query(context.Background(), `SELECT attempt, worker, status, started_at, ended_at, error FROM tw_reports WHERE message_id = $1 ORDER BY id`, id)
+	if err == nil {
+		for rows.Next() {
+			var attempt int
+			var worker, status, errText string
+			var started, ended time.Time
+			if rows.Scan(&attempt, &worker, &status, &started, &ended, &errText) == nil {
+				fmt.Fprintf(&b, "  report: attempt %d by %s %s, %s to %s %s\n", attempt, worker, status, started.Format("15:04:05.000"), ended.Format("15:04:05.000"), errText)
+			}
+		}
+		rows.Close()
+	}
+	re := regexp.MustCompile(fmt.Sprintf(`\bmessage_id=%d\b|\bfirst_message_id=%d\b|ids="\[[^]]*\b%d\b`, id, id, id))
+	for _, h := range hs {
+		data, _ := os.ReadFile(h.logPath)
+		for _, line := range strings.Split(string(data), "\n") {
+			if re.MatchString(line) {
+				fmt.Fprintf(&b, "  %s: %s\n", h.name, line)
+			}
+		}
+	}
+	return b.String()
+}
+
 // check asserts the invariants on ids once every one has ended, and fills f.
 func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *figures) {
 	t.Helper()
 	s.stop()
+	// Reports are written after the outcome, off the workers' path: give
+	// the last ones time to land (at most 30 s) before they are counted.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		var missing int
+		err := c.QueryRow(context.Background(), `SELECT count(*) FROM tw_messages m WHERE m.id = ANY($1) AND m.state = 'done'
+			AND NOT EXISTS (SELECT 1 FROM tw_reports r WHERE r.message_id = m.id AND r.attempt = m.attempts AND r.worker = m.claimed_by)`, ids).Scan(&missing)
+		if err == nil && missing == 0 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	var droppedLines []string
 	for _, h := range hs {
 		b, _ := os.ReadFile(h.logPath)
@@ -468,7 +514,7 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 	// Every attempt a message counts ran under a claim, and no process
 	// dies in these scenarios: each one has exactly one report, lost when
 	// its claim was taken back.
-	var unaccounted []string
+	var unaccounted, noReport []string
 	for _, id := range ids {
 		m := finals[id]
 		for a := 1; a <= m.attempts; a++ {
@@ -490,6 +536,9 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 		}
 		if finals[id].state == "done" && successes[id] == 0 {
 			f.noReport++
+			if len(noReport) < 10 {
+				noReport = append(noReport, explain(hs, c, id))
+			}
 		}
 	}
 	s.mu.Lock()
@@ -512,7 +561,7 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 		t.Errorf("%d attempts ran under a claim that was not the current one and were recorded as success, not lost: %v", f.staleSuccess, stale)
 	}
 	if f.noReport > 0 {
-		t.Errorf("%d messages are done without a success report", f.noReport)
+		t.Errorf("%d messages are done without a success report:\n%s", f.noReport, strings.Join(noReport, "\n"))
 	}
 	if len(droppedLines) > 0 {
 		t.Errorf("the report writers dropped %d reports (worker/reports.go, ReportWriter.write gives up after 4 tries, about 1.2 s, of a database that does not answer):\n%s",
