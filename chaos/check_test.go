@@ -514,7 +514,7 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 	// Every attempt a message counts ran under a claim, and no process
 	// dies in these scenarios: each one has exactly one report, lost when
 	// its claim was taken back.
-	var unaccounted, noReport []string
+	var unaccounted, noReport, doubled []string
 	for _, id := range ids {
 		m := finals[id]
 		for a := 1; a <= m.attempts; a++ {
@@ -533,6 +533,9 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 		}
 		if successes[id] > 1 {
 			f.doubled++
+			if len(doubled) < 10 {
+				doubled = append(doubled, explain(hs, c, id))
+			}
 		}
 		if finals[id].state == "done" && successes[id] == 0 {
 			f.noReport++
@@ -555,7 +558,7 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 		t.Errorf("%d of %d messages did not end done: %v", f.lost, len(ids), notDone)
 	}
 	if f.doubled > 0 {
-		t.Errorf("%d messages were recorded done (success) more than once", f.doubled)
+		t.Errorf("%d messages were recorded done (success) more than once:\n%s", f.doubled, strings.Join(doubled, "\n"))
 	}
 	if f.staleSuccess > 0 {
 		t.Errorf("%d attempts ran under a claim that was not the current one and were recorded as success, not lost: %v", f.staleSuccess, stale)
