@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -321,7 +322,10 @@ func termsFromLogs(hs []*host) (elected map[int64][]string, began, ended map[int
 					continue
 				}
 				x.at[term] = at
-				if x.re == electedRe {
+				// A leader that stepped down (a renewal failed) and renews
+				// its own unexpired lease leads again at the same term:
+				// one host per term is the rule.
+				if x.re == electedRe && !slices.Contains(elected[term], h.name) {
 					elected[term] = append(elected[term], h.name)
 				}
 			}
