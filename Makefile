@@ -50,6 +50,13 @@ test: test/setup ## run the whole test suite (starts PostgreSQL and installs its
 test/race: test/setup ## run the tests of the concurrent packages with the race detector
 	$(GO) test -count=1 -race -timeout 30m ./capability/... ./host/... ./broker/... ./worker/... ./plugins/... ./reaper/... ./scheduler/...
 
+.PHONY: chaos
+chaos: build ## network chaos suite (root: network namespaces, its own PostgreSQL, a faulty proxy); see README "Chaos"
+	@if [ "$$(id -u)" != 0 ]; then echo "make chaos: must run as root (it creates network namespaces): sudo make chaos"; exit 1; fi
+	@command -v ip >/dev/null || { echo "make chaos: needs ip (apt-get install -y iproute2)"; exit 1; }
+	@trap 'bash chaos/cleanup.sh' EXIT; \
+	TASKHOST_CHAOS=1 $(GO) test -count=1 -v -timeout 14m ./chaos/ $(CHAOS_FLAGS)
+
 .PHONY: bench
 bench: ## run the Go benchmarks
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
