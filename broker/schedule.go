@@ -91,6 +91,12 @@ type Report struct {
 	Result    json.RawMessage `json:"result,omitempty"`
 	Progress  float64         `json:"progress"`
 	Logs      []string        `json:"logs,omitempty"`
+	// Key, when not empty, is unique to the attempt (the worker uses the
+	// attempt's claim token): AddReports stores a report whose key is
+	// already stored only once, returning the stored report's id, so a
+	// writer may retry a batch whose commit it did not hear of. It is
+	// stored only; reads leave it empty.
+	Key string `json:"-"`
 }
 
 // Report statuses. Success is the status, never the returned payload: a
@@ -188,7 +194,9 @@ type ScheduleStore interface {
 	AddReport(ctx context.Context, r Report) (int64, error)
 	// AddReports stores reports as AddReport does, all in one
 	// transaction, and returns their ids in order. When one is invalid
-	// nothing is stored (ErrInvalid, naming it).
+	// nothing is stored (ErrInvalid, naming it). A report whose Key is
+	// stored already (by an earlier call, or earlier in rs) is not
+	// stored again; its id is the stored report's.
 	AddReports(ctx context.Context, rs []Report) ([]int64, error)
 	ListReports(ctx context.Context, f ReportFilter) ([]Report, error)
 	GetReport(ctx context.Context, id int64) (Report, error)

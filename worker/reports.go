@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -19,6 +21,14 @@ import (
 // keeps up with workers that finish thousands of tasks a second. When the
 // database falls far behind anyway, reports are dropped and counted rather
 // than slowing the tasks down.
+//
+// Each report gets a key (broker.Report.Key) before its first write, so a
+// batch retried after an error whose write committed anyway (a connection
+// broken after the commit) is stored once. That makes retrying safe, so a
+// failure that may pass is retried with a growing pause (up to
+// reportRetryMax) until the writer is closed or the store has failed for
+// reportRetryFor: a database restart loses no reports. Meanwhile the
+// queue fills and what does not fit is dropped and counted, as ever.
 type ReportWriter struct {
 	store   broker.ScheduleStore
 	log     hclog.Logger
@@ -31,7 +41,24 @@ type ReportWriter struct {
 	stopCtx context.Context
 	stop    context.CancelFunc
 	full    atomic.Int64 // reports dropped because the queue was full
+	// retryFor and retryMax are reportRetryFor and reportRetryMax, but in
+	// tests.
+	retryFor, retryMax time.Duration
+	// failingSince is when the store began failing, zero while it works;
+	// run's goroutine only. Once it has failed for retryFor, each batch
+	// gets one try until a write succeeds, so a long outage does not
+	// hold every queued batch for retryFor.
+	failingSince time.Time
 }
+
+// reportRetryFor bounds how long a ReportWriter retries a failure that
+// may pass before it drops the batch; reportRetryMax bounds the pause
+// between tries, and is how long each batch is still tried once the store
+// has failed for reportRetryFor.
+const (
+	reportRetryFor = 2 * time.Minute
+	reportRetryMax = 5 * time.Second
+)
 
 // ReportBatch bounds the reports one AddReports call of a ReportWriter
 // stores.
@@ -44,7 +71,8 @@ func NewReportWriter(store broker.ScheduleStore, log hclog.Logger, dropped func(
 	if dropped == nil {
 		dropped = func(int) {}
 	}
-	w := &ReportWriter{store: store, log: log, dropped: dropped, ch: make(chan broker.Report, 10000), done: make(chan struct{})}
+	w := &ReportWriter{store: store, log: log, dropped: dropped, ch: make(chan broker.Report, 10000), done: make(chan struct{}),
+		retryFor: reportRetryFor, retryMax: reportRetryMax}
 	w.stopCtx, w.stop = context.WithCancel(context.Background())
 	go w.run()
 	return w
@@ -67,15 +95,23 @@ func (w *ReportWriter) run() {
 	batch := make([]broker.Report, 0, ReportBatch)
 	for r := range w.ch {
 		batch = gather(w.ch, append(batch[:0], r), ReportBatch)
+		for i := range batch {
+			if batch[i].Key == "" {
+				batch[i].Key = newReportKey()
+			}
+		}
 		w.write(batch)
 	}
 }
 
-// write stores a batch, retrying a failure that may pass a few times.
-// When the batch is refused as invalid, each report is stored on its own,
-// so one bad report costs only itself.
+// write stores a batch, retrying a failure that may pass (the reports'
+// keys make that safe) until the store has failed for w.retryFor (and
+// the batch was tried for w.retryMax), or the writer is closed. When
+// the batch is refused as invalid, each report is stored on its own, so
+// one bad report costs only itself.
 func (w *ReportWriter) write(batch []broker.Report) {
-	for attempt := 0; ; attempt++ {
+	pause, start := 200*time.Millisecond, time.Now()
+	for {
 		if w.stopCtx.Err() != nil {
 			w.dropped(len(batch))
 			return
@@ -85,6 +121,7 @@ func (w *ReportWriter) write(batch []broker.Report) {
 		cancel()
 		switch {
 		case err == nil:
+			w.failingSince = time.Time{}
 			return
 		case w.stopCtx.Err() != nil:
 			w.log.Warn("task reports not stored: the writer was closed before the database answered", "reports", len(batch), "error", err)
@@ -95,16 +132,35 @@ func (w *ReportWriter) write(batch []broker.Report) {
 				w.write([]broker.Report{r})
 			}
 			return
-		case errors.Is(err, broker.ErrInvalid) || errors.Is(err, broker.ErrClosed) || attempt >= 3:
+		case errors.Is(err, broker.ErrInvalid) || errors.Is(err, broker.ErrClosed):
 			w.log.Warn("task reports not stored", "reports", len(batch), "first_message_id", batch[0].MessageID, "error", err)
 			w.dropped(len(batch))
 			return
 		}
+		if w.failingSince.IsZero() {
+			w.failingSince = time.Now()
+		}
+		// Past retryFor, a batch still gets tries for retryMax, which
+		// bounds how fast a long outage drops batches and warns.
+		if failing := time.Since(w.failingSince); failing >= w.retryFor && time.Since(start) >= w.retryMax {
+			w.log.Warn("task reports not stored: the database has been failing too long", "reports", len(batch),
+				"first_message_id", batch[0].MessageID, "failing_for", failing.Round(time.Second), "error", err)
+			w.dropped(len(batch))
+			return
+		}
 		select {
-		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		case <-time.After(pause):
 		case <-w.stopCtx.Done():
 		}
+		pause = min(2*pause, w.retryMax)
 	}
+}
+
+// newReportKey returns a random key for a report.
+func newReportKey() string {
+	var buf [16]byte
+	_, _ = rand.Read(buf[:]) // never fails (crypto/rand crashes instead)
+	return hex.EncodeToString(buf[:])
 }
 
 // Close stores what is queued and stops; call it after the pool stopped.

@@ -318,3 +318,63 @@ func testAddReports(t *testing.T, b broker.Broker) {
 		t.Fatalf("AddReports(nil) = %v, %v; want nothing", ids, err)
 	}
 }
+
+// testAddReportsKeyed: a report whose key is stored already is stored
+// once, and its id comes back again, as a writer retrying a batch whose
+// commit it did not hear of needs; reports without a key are all stored.
+func testAddReportsKeyed(t *testing.T, b broker.Broker) {
+	ctx := ctxOf(t)
+	base := baseTime()
+	prefix := fmt.Sprintf("%s-%d-", t.Name(), time.Now().UnixNano())
+	report := func(msg int64, key string) broker.Report {
+		return broker.Report{MessageID: msg, Task: "t", Topic: "q", Attempt: 1, Worker: "w",
+			Status: broker.ReportSuccess, EndedAt: base.Add(time.Duration(msg) * time.Second), Key: key}
+	}
+	count := func() int {
+		t.Helper()
+		return len(listReports(t, b, broker.ReportFilter{Task: "t", Limit: broker.MaxReportLimit}))
+	}
+	rs := []broker.Report{report(1, prefix+"1"), report(2, ""), report(3, prefix+"3"), report(4, ""), report(5, prefix+"5")}
+	first, err := b.AddReports(ctx, rs)
+	if err != nil || len(first) != len(rs) {
+		t.Fatalf("AddReports = %v, %v", first, err)
+	}
+	if n := count(); n != 5 {
+		t.Fatalf("%d reports stored, want 5", n)
+	}
+	again, err := b.AddReports(ctx, rs)
+	if err != nil || len(again) != len(rs) {
+		t.Fatalf("AddReports again = %v, %v", again, err)
+	}
+	for i, r := range rs {
+		if r.Key != "" && again[i] != first[i] {
+			t.Fatalf("AddReports again: report %d (keyed) got id %d, want %d as the first time (ids %v then %v)", i, again[i], first[i], first, again)
+		}
+		if r.Key == "" && slices.Contains(first, again[i]) {
+			t.Fatalf("AddReports again: report %d (no key) got id %d of the first call (ids %v then %v)", i, again[i], first, again)
+		}
+	}
+	if n := count(); n != 7 {
+		t.Fatalf("%d reports stored after the same batch twice, want 7 (the keyed ones once, the others twice)", n)
+	}
+	got, err := b.GetReport(ctx, first[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.MessageID != 1 || got.Key != "" {
+		t.Fatalf("GetReport(%d) = message %d, key %q; want message 1 and no key (reads leave it empty)", first[0], got.MessageID, got.Key)
+	}
+
+	// A key repeated within a batch, and one stored earlier.
+	mixed := []broker.Report{report(6, prefix+"6"), report(7, ""), report(6, prefix+"6"), report(1, prefix+"1")}
+	ids, err := b.AddReports(ctx, mixed)
+	if err != nil || len(ids) != len(mixed) {
+		t.Fatalf("AddReports with a repeated key = %v, %v", ids, err)
+	}
+	if ids[0] != ids[2] || ids[3] != first[0] || ids[1] == ids[0] || slices.Contains(first, ids[0]) {
+		t.Fatalf("AddReports with a repeated key: ids %v; want the first and third equal and new, the last %d", ids, first[0])
+	}
+	if n := count(); n != 9 {
+		t.Fatalf("%d reports stored, want 9", n)
+	}
+}

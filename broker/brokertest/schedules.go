@@ -27,6 +27,7 @@ func RunSchedules(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"FireSchedulesBatch", testFireSchedules},
 		{"ReportsStampLastSuccess", testReportsLastSuccess},
 		{"AddReports", testAddReports},
+		{"AddReportsKeyed", testAddReportsKeyed},
 		{"ListReports", testListReports},
 		{"PurgeReports", testPurgeReports},
 	})

@@ -43,6 +43,9 @@ func TestMigrationUpgrade(t *testing.T) {
 	}
 	mustState(t, b, id, broker.StateQueued)
 	wantCarried(t, b, id, orphan, waiter)
+	// The reports table got its key column back (0008/011 on the
+	// recreated table): a keyed report is stored once.
+	wantReportKeyed(t, b)
 	ms, _ := loadMigrations()
 	var n int
 	if err := b.reader.QueryRow(`SELECT count(*) FROM tw_schema_migrations`).Scan(&n); err != nil || n != len(ms) {
@@ -69,5 +72,26 @@ func wantCarried(t *testing.T, b broker.Broker, plain, orphan, waiter int64) {
 			t.Errorf("message %d after the upgrade: suspect %t, waiting since %v; want %t, %v (last error %q)",
 				c.id, m.Suspect, m.WaitingSince, c.suspect, c.waiting, m.LastError)
 		}
+	}
+}
+
+// wantReportKeyed checks that b stores a keyed report once: the report
+// key column and its unique index are in place.
+func wantReportKeyed(t *testing.T, b broker.ScheduleStore) {
+	t.Helper()
+	r := broker.Report{MessageID: 1, Task: "t", Topic: "u", Attempt: 1, Status: broker.ReportSuccess, Key: "upgrade-key"}
+	var ids []int64
+	for range 2 {
+		got, err := b.AddReports(context.Background(), []broker.Report{r})
+		if err != nil {
+			t.Fatalf("AddReports after the upgrade: %v", err)
+		}
+		ids = append(ids, got...)
+	}
+	if ids[0] != ids[1] {
+		t.Fatalf("a keyed report stored twice after the upgrade: ids %v", ids)
+	}
+	if rs, err := b.ListReports(context.Background(), broker.ReportFilter{Task: "t"}); err != nil || len(rs) != 1 {
+		t.Fatalf("reports after the upgrade: %d, %v; want 1", len(rs), err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
@@ -16,7 +17,8 @@ import (
 // check-and-record is serialised across processes by the write lock.
 
 // AddReports stores the validated reports in one IMMEDIATE transaction, a
-// row each; a success report naming a schedule moves its last_success up
+// row each (a report whose key is stored already is not stored again: the
+// stored row's id stands for it); a success report naming a schedule moves its last_success up
 // to the report's end.
 func (d dialect) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
 	logs := make([]string, len(rs))
@@ -42,11 +44,18 @@ func (d dialect) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 			}
 			schedule := sql.NullString{String: r.Schedule, Valid: r.Schedule != ""}
 			result := sql.NullString{String: string(r.Result), Valid: len(r.Result) > 0}
+			key := sql.NullString{String: r.Key, Valid: r.Key != ""}
 			err := tx.QueryRow(`INSERT INTO tw_reports (message_id, task, topic, schedule, attempt, worker, status,
-				started_at, ended_at, duration_seconds, error, result, progress, logs)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+				started_at, ended_at, duration_seconds, error, result, progress, logs, report_key)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+				ON CONFLICT (report_key) DO NOTHING RETURNING id`,
 				r.MessageID, r.Task, r.Topic, schedule, r.Attempt, r.Worker, r.Status,
-				ns(started), ns(ended), r.Duration, r.Error, result, r.Progress, logs[i]).Scan(&ids[i])
+				ns(started), ns(ended), r.Duration, r.Error, result, r.Progress, logs[i], key).Scan(&ids[i])
+			if errors.Is(err, sql.ErrNoRows) && key.Valid {
+				// Stored already, by an earlier call whose answer was
+				// lost or earlier in this batch: its id.
+				err = tx.QueryRow(`SELECT id FROM tw_reports WHERE report_key = ?`, key).Scan(&ids[i])
+			}
 			if err != nil {
 				return err
 			}

@@ -28,6 +28,9 @@ type schedState struct {
 	// DefaultReportRetain.
 	reports  []broker.Report
 	reportID int64
+	// keys maps the keys of the stored reports that have one to their
+	// ids.
+	keys map[string]int64
 	// due indexes the schedules DueSchedules may return.
 	due dueIndex
 }
@@ -364,7 +367,9 @@ func (b *Broker) AddReport(ctx context.Context, r broker.Report) (int64, error) 
 	return broker.OneReport(b.AddReports(ctx, []broker.Report{r}))
 }
 
-// AddReports stores reports as AddReport does, all at once.
+// AddReports stores reports as AddReport does, all at once. A report
+// whose key (broker.Report.Key) is stored already is not stored again: the
+// stored report's id stands for it.
 func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
 	if err := broker.ValidateReports(rs); err != nil || len(rs) == 0 {
 		return nil, err
@@ -377,6 +382,10 @@ func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 	st := b.st()
 	ids := make([]int64, len(rs))
 	for i, r := range rs {
+		if id, ok := st.keys[r.Key]; ok && r.Key != "" {
+			ids[i] = id // stored already
+			continue
+		}
 		if r.EndedAt.IsZero() {
 			r.EndedAt = b.now()
 		}
@@ -386,7 +395,15 @@ func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 		st.reportID++
 		r.ID = st.reportID
 		ids[i] = r.ID
+		key := r.Key
 		r = copyReport(&r)
+		if key != "" {
+			r.Key = key
+			if st.keys == nil {
+				st.keys = make(map[string]int64)
+			}
+			st.keys[key] = r.ID
+		}
 		st.reports = append(st.reports, r)
 		if s := st.schedules[r.Schedule]; r.Schedule != "" && r.Status == broker.ReportSuccess && s != nil {
 			if s.LastSuccess == nil || r.EndedAt.After(*s.LastSuccess) {
@@ -398,6 +415,9 @@ func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 	if n := len(st.reports) - DefaultReportRetain; n > 0 {
 		// Reslicing is O(1); append copies the survivors to a new array
 		// now and then, and the dropped ones are zeroed for the GC.
+		for _, r := range st.reports[:n] {
+			delete(st.keys, r.Key)
+		}
 		clear(st.reports[:n])
 		st.reports = st.reports[n:]
 	}
@@ -463,7 +483,13 @@ func (b *Broker) PurgeReports(ctx context.Context, before time.Time) (int, error
 
 	st := b.st()
 	n := len(st.reports)
-	st.reports = slices.DeleteFunc(st.reports, func(r broker.Report) bool { return r.EndedAt.Before(before) })
+	st.reports = slices.DeleteFunc(st.reports, func(r broker.Report) bool {
+		if r.EndedAt.Before(before) {
+			delete(st.keys, r.Key)
+			return true
+		}
+		return false
+	})
 	return n - len(st.reports), nil
 }
 
@@ -479,8 +505,10 @@ func copySchedule(s *broker.Schedule) broker.Schedule {
 	return c
 }
 
+// copyReport copies r but for its key, which reads leave empty.
 func copyReport(r *broker.Report) broker.Report {
 	c := *r
+	c.Key = ""
 	if len(r.Result) > 0 {
 		c.Result = slices.Clone(r.Result)
 	} else {

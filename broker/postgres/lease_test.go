@@ -92,6 +92,9 @@ func TestMigrationUpgrade(t *testing.T) {
 		t.Fatalf("message lost in the upgrade: %v", err)
 	}
 	since := time.Date(2026, 11, 30, 10, 20, 30, 0, time.UTC)
+	// The reports table got its key column back (0008/011 on the
+	// recreated table): a keyed report is stored once.
+	wantReportKeyed(t, b2)
 	if m, err := b2.GetMessage(ctx, orphan); err != nil || !m.Suspect || m.WaitingSince != nil {
 		t.Errorf("orphaned message after the upgrade: %+v, %v; want a suspect, not waiting", m, err)
 	}
@@ -105,5 +108,26 @@ func TestMigrationUpgrade(t *testing.T) {
 	var n int
 	if err := c.QueryRow(ctx, `SELECT count(*) FROM tw_schema_migrations`).Scan(&n); err != nil || n != len(all) {
 		t.Fatalf("versions recorded: %d, %v; want %d", n, err, len(all))
+	}
+}
+
+// wantReportKeyed checks that b stores a keyed report once: the report
+// key column and its unique index are in place.
+func wantReportKeyed(t *testing.T, b broker.ScheduleStore) {
+	t.Helper()
+	r := broker.Report{MessageID: 1, Task: "t", Topic: "u", Attempt: 1, Status: broker.ReportSuccess, Key: "upgrade-key"}
+	var ids []int64
+	for range 2 {
+		got, err := b.AddReports(context.Background(), []broker.Report{r})
+		if err != nil {
+			t.Fatalf("AddReports after the upgrade: %v", err)
+		}
+		ids = append(ids, got...)
+	}
+	if ids[0] != ids[1] {
+		t.Fatalf("a keyed report stored twice after the upgrade: ids %v", ids)
+	}
+	if rs, err := b.ListReports(context.Background(), broker.ReportFilter{Task: "t"}); err != nil || len(rs) != 1 {
+		t.Fatalf("reports after the upgrade: %d, %v; want 1", len(rs), err)
 	}
 }

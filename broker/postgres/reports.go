@@ -19,8 +19,13 @@ import (
 // microsecond.
 
 // addReportsSQL inserts the reports given as arrays, one element per
-// report ($1 message ids ... $14 logs), in one statement, and returns
-// their ids in the arrays' order. A NULL end is now() and a NULL start the
+// report ($1 message ids ... $14 logs, $15 keys), in one statement, and
+// returns their ids in the arrays' order. A report whose key is stored
+// already is not inserted (ON CONFLICT DO NOTHING) and gets the stored
+// row's id; that row was committed before the statement began, or its id
+// is NULL (a concurrent insert of the same key), which AddReports turns
+// into an error to retry. The keys are distinct: AddReports sends a key
+// repeated within a batch once. A NULL end is now() and a NULL start the
 // end. The ids are taken from the sequence before the insert, so each is
 // known to belong to its element whatever order the rows are written in.
 // For each schedule named by a success report, the schedule's last_success
@@ -30,23 +35,29 @@ const addReportsSQL = `
 	WITH u AS MATERIALIZED (
 		SELECT nextval('tw_reports_id_seq') AS id, x.ord, x.mid, x.task, x.topic,
 			x.sched, x.att, x.worker, x.status, coalesce(x.st, x.en, now()) AS st, coalesce(x.en, now()) AS en,
-			x.dur, x.err, x.res, x.prog, x.logs
+			x.dur, x.err, x.res, x.prog, x.logs, x.key
 		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
-			$8::timestamptz[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[], $13::float8[], $14::text[])
-			WITH ORDINALITY AS x(mid, task, topic, sched, att, worker, status, st, en, dur, err, res, prog, logs, ord)
+			$8::timestamptz[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[], $13::float8[], $14::text[],
+			$15::text[])
+			WITH ORDINALITY AS x(mid, task, topic, sched, att, worker, status, st, en, dur, err, res, prog, logs, key, ord)
 		ORDER BY x.ord
 	), r AS (
 		INSERT INTO tw_reports (id, message_id, task, topic, schedule, attempt, worker, status,
-			started_at, ended_at, duration_seconds, error, result, progress, logs)
-		SELECT id, mid, task, topic, sched, att, worker, status, st, en, dur, err, res::jsonb, prog, logs::jsonb
+			started_at, ended_at, duration_seconds, error, result, progress, logs, report_key)
+		SELECT id, mid, task, topic, sched, att, worker, status, st, en, dur, err, res::jsonb, prog, logs::jsonb, key
 		FROM u ORDER BY ord
+		ON CONFLICT (report_key) DO NOTHING
+		RETURNING id
 	), s AS (
 		UPDATE tw_schedules SET last_success = greatest(tw_schedules.last_success, w.en)
 		FROM (SELECT sched, max(en) AS en FROM u
 			WHERE status = 'success' AND sched IS NOT NULL GROUP BY sched) w
 		WHERE tw_schedules.name = w.sched
 	)
-	SELECT id FROM u ORDER BY ord`
+	SELECT coalesce(r.id, e.id) FROM u
+		LEFT JOIN r ON r.id = u.id
+		LEFT JOIN tw_reports e ON u.key IS NOT NULL AND e.report_key = u.key
+	ORDER BY u.ord`
 
 // lockSchedulesSQL locks the schedules named in $1 in name order, before
 // addReportsSQL updates them, so that writers storing reports of the same
@@ -55,7 +66,25 @@ const lockSchedulesSQL = `SELECT 1 FROM tw_schedules WHERE name = ANY ($1::text[
 
 // AddReports stores the validated reports in one statement (and one
 // transaction), addReportsSQL, returning their ids in the order of rs.
-func (d dialect) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
+func (d dialect) AddReports(ctx context.Context, all []broker.Report) ([]int64, error) {
+	// A key repeated within the batch is sent once: at[i] is the element
+	// that stands for all[i].
+	rs, at := all, []int(nil)
+	if hasDupKeys(all) {
+		rs, at = nil, make([]int, len(all))
+		first := map[string]int{}
+		for i, r := range all {
+			if k, ok := first[r.Key]; ok && r.Key != "" {
+				at[i] = k
+				continue
+			}
+			if r.Key != "" {
+				first[r.Key] = len(rs)
+			}
+			at[i] = len(rs)
+			rs = append(rs, r)
+		}
+	}
 	var (
 		n       = len(rs)
 		mids    = make([]int64, n)
@@ -72,6 +101,7 @@ func (d dialect) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 		results = make([]*string, n)
 		progs   = make([]float64, n)
 		logs    = make([]string, n)
+		keys    = make([]*string, n)
 		locks   []string // the schedules of success reports, sorted, once each
 	)
 	for i, r := range rs {
@@ -97,6 +127,9 @@ func (d dialect) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 			s := string(r.Result)
 			results[i] = &s
 		}
+		if r.Key != "" {
+			keys[i] = &r.Key
+		}
 		starts[i], ends[i] = nullTime(r.StartedAt), nullTime(r.EndedAt)
 		mids[i], tasks[i], topics[i], atts[i], workers[i], stats[i] = r.MessageID, r.Task, r.Topic, int32(r.Attempt), r.Worker, r.Status
 		durs[i], errs[i], progs[i] = r.Duration, broker.CleanText(r.Error), r.Progress
@@ -110,7 +143,7 @@ func (d dialect) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 			batch.Queue(lockSchedulesSQL, locks)
 		}
 		batch.Queue(addReportsSQL, mids, tasks, topics, scheds, atts, workers, stats,
-			starts, ends, durs, errs, results, progs, logs)
+			starts, ends, durs, errs, results, progs, logs, keys)
 		br := c.SendBatch(ctx, batch)
 		if len(locks) > 0 {
 			if _, err := br.Exec(); err != nil {
@@ -123,20 +156,51 @@ func (d dialect) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 			br.Close()
 			return err
 		}
-		if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+		got, err := pgx.CollectRows(rows, pgx.RowTo[*int64])
+		if err != nil {
 			br.Close()
 			return err
 		}
-		if len(ids) != n {
+		if len(got) != n {
 			br.Close()
-			return fmt.Errorf("add reports: %d ids back for %d reports", len(ids), n)
+			return fmt.Errorf("add reports: %d ids back for %d reports", len(got), n)
+		}
+		ids = make([]int64, n)
+		for i, id := range got {
+			if id == nil {
+				br.Close()
+				return fmt.Errorf("add reports: report %d (message %d) was being stored at the same time; try again", i+1, rs[i].MessageID)
+			}
+			ids[i] = *id
 		}
 		return br.Close()
 	})
 	if err != nil {
 		return nil, err
 	}
+	if at != nil {
+		out := make([]int64, len(all))
+		for i, k := range at {
+			out[i] = ids[k]
+		}
+		ids = out
+	}
 	return ids, nil
+}
+
+// hasDupKeys reports whether a key is repeated among rs.
+func hasDupKeys(rs []broker.Report) bool {
+	seen := make(map[string]bool, len(rs))
+	for _, r := range rs {
+		if r.Key == "" {
+			continue
+		}
+		if seen[r.Key] {
+			return true
+		}
+		seen[r.Key] = true
+	}
+	return false
 }
 
 // PurgeReports deletes the reports that ended before the cutoff and

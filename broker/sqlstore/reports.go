@@ -47,7 +47,9 @@ func (s *Store) AddReport(ctx context.Context, r broker.Report) (int64, error) {
 }
 
 // AddReports stores reports as AddReport does, all in one transaction,
-// returning their ids in the order of rs.
+// returning their ids in the order of rs. A report whose key (column
+// report_key, unique) is stored already, by an earlier call or earlier in
+// rs, is not stored again: the stored row's id stands for it.
 func (s *Store) AddReports(ctx context.Context, rs []broker.Report) ([]int64, error) {
 	if err := broker.ValidateReports(rs); err != nil || len(rs) == 0 {
 		return nil, err
