@@ -145,14 +145,40 @@ func (o *completer) refuseResult(c *completion, err error) {
 // an earlier write of the ack, whose answer was lost, committed after all,
 // so the attempt is done rather than lost. A done message keeps who
 // claimed it and when, and a claim of the same message by anyone since,
-// this worker included, would show another claim time.
+// this worker included, would show another claim time. The look-up is
+// tried up to ackedEarlierTries times, a short pause apart, within
+// brokerCallTimeout in all: on a flaky link, one failed read would record
+// a done attempt as lost.
 func (o *completer) ackedEarlier(c *completion) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), brokerCallTimeout)
 	defer cancel()
-	m, err := o.b.GetMessage(ctx, c.claim.ID)
-	return err == nil && m.State == broker.StateDone && m.ClaimedBy == o.workerID &&
-		m.ClaimedAt != nil && c.msg.ClaimedAt != nil && m.ClaimedAt.Equal(*c.msg.ClaimedAt)
+	pause := 100 * time.Millisecond
+	for try := 1; ; try++ {
+		m, err := o.b.GetMessage(ctx, c.claim.ID)
+		if err == nil {
+			return m.State == broker.StateDone && m.ClaimedBy == o.workerID &&
+				m.ClaimedAt != nil && c.msg.ClaimedAt != nil && m.ClaimedAt.Equal(*c.msg.ClaimedAt)
+		}
+		if permanent(err) {
+			return false
+		}
+		if try >= ackedEarlierTries || ctx.Err() != nil {
+			o.log.Warn("could not check whether an ack whose answer was lost went through", "message_id", c.claim.ID,
+				"task", c.task, "tries", try, "error", err)
+			return false
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		pause = min(2*pause, time.Second)
+	}
 }
+
+// ackedEarlierTries bounds the look-ups of ackedEarlier.
+const ackedEarlierTries = 5
 
 // nack writes a retry, a requeue or an end (dead letter), retrying as
 // retry does.

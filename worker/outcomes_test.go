@@ -132,6 +132,60 @@ func TestAckWhoseAnswerWasLostIsDone(t *testing.T) {
 	}
 }
 
+// flakyReads fails the first failReads GetMessage calls, as a flaky link
+// does.
+type flakyReads struct {
+	broker.Broker
+	failReads atomic.Int32
+	failed    atomic.Int32
+}
+
+func (f *flakyReads) GetMessage(ctx context.Context, id int64) (broker.Message, error) {
+	if f.failReads.Add(-1) >= 0 {
+		f.failed.Add(1)
+		return broker.Message{}, errors.New("read tcp 127.0.0.1:5432: connection reset by peer")
+	}
+	return f.Broker.GetMessage(ctx, id)
+}
+
+// TestAckWhoseAnswerWasLostIsDoneOnAFlakyLink: as
+// TestAckWhoseAnswerWasLostIsDone, but the first reads that check whether
+// the ack went through fail too: they are tried again, and the attempts
+// are still done, not lost.
+func TestAckWhoseAnswerWasLostIsDoneOnAFlakyLink(t *testing.T) {
+	for name, newBroker := range testBrokers(t) {
+		t.Run(name, func(t *testing.T) {
+			inner := newBroker(t)
+			fr := &flakyReads{Broker: inner}
+			fr.failReads.Store(2)
+			la := &lostAckAnswers{Broker: fr}
+			la.lose.Store(1)
+			var b broker.Broker = la
+			if ac, ok := inner.(broker.AckClaimer); ok {
+				b = lostAckAnswersAC{lostAckAnswers: la, ac: ac}
+			}
+			reg := NewRegistry()
+			reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) { return "ok", nil }})
+			rec := newRecorder()
+			startPool(t, b, reg, Options{Observer: rec, StrayCheckInterval: 20 * time.Millisecond, StrayAfter: time.Second})
+			var ids []int64
+			for range 30 {
+				ids = append(ids, submit(t, inner, "x", `{}`))
+			}
+			for _, id := range ids {
+				waitState(t, inner, id, broker.StateDone)
+			}
+			if la.lost.Load() == 0 || fr.failed.Load() == 0 {
+				t.Fatalf("%d ack answers lost, %d reads failed: the test tested nothing", la.lost.Load(), fr.failed.Load())
+			}
+			if n := rec.count(StatusLost); n != 0 {
+				t.Errorf("%d attempts recorded as lost after %d acks whose answer was lost and %d failed reads; want none",
+					n, la.lost.Load(), fr.failed.Load())
+			}
+		})
+	}
+}
+
 // TestResultThePostgreSQLBrokerRefusesFailsTheAttempt: a result CheckJSON
 // lets through but PostgreSQL refuses (a number out of jsonb's range)
 // fails its attempt for good with the reason, and the pool goes on. Left
