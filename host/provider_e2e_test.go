@@ -226,7 +226,7 @@ func TestScheduleOfATaskOnlyAnotherHostRuns(t *testing.T) {
 	if err != nil {
 		t.Fatalf("submit through B with its topic: %v", err)
 	}
-	if m := b.waitTask(t, id, 30*time.Second, "done", func(m twTask) bool { return m.State == "done" }); m.claimer() != ah.WorkerID {
+	if m := b.waitTask(t, id, 90*time.Second, "done", func(m twTask) bool { return m.State == "done" }); m.claimer() != ah.WorkerID {
 		t.Errorf("the task submitted through B ran on %q, want host A's %q", m.claimer(), ah.WorkerID)
 	}
 

@@ -54,21 +54,24 @@ type taskTopic struct{ task, topic string }
 // does not know (see the file's comment).
 func (p *Pool) unknownTask(c *completion, log *msgLogger) *completion {
 	m := c.msg
+	// Another live worker that runs the task gets it at once, even during
+	// this worker's start-up grace: holding it here for the grace would
+	// only delay it, and could keep it from that worker for as long.
+	runs, err := p.RunsElsewhere(m.Task, m.Topic)
+	if err == nil && runs {
+		p.knownAgain(m.Task, m.Topic)
+		log.Info("claimed a message of a task this worker does not run but another live worker does; requeueing it for that one",
+			"retry_in", elsewhereRetry.String())
+		return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s; another live worker runs it; requeued", m.Task, p.opts.WorkerID), StatusDeferred)
+	}
 	if wait := p.opts.UnknownTaskGrace - time.Since(p.startedAt); wait > 0 {
 		wait = min(wait, unknownTaskRetry)
 		log.Info("claimed a message of a task not registered yet; requeueing it", "retry_in", wait.String())
 		return c.notRun(wait, fmt.Sprintf("task %q is not registered in worker %s yet (it started moments ago); requeued", m.Task, p.opts.WorkerID)+p.carriedWait(m), StatusDeferred).waiting(m.WaitingSince)
 	}
-	runs, err := p.RunsElsewhere(m.Task, m.Topic)
 	if err != nil {
 		// Failing it over a passing error would lose it.
 		return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s, and which tasks other workers run could not be read (%v); requeued", m.Task, p.opts.WorkerID, err)+p.carriedWait(m), StatusDeferred).waiting(m.WaitingSince)
-	}
-	if runs {
-		p.knownAgain(m.Task, m.Topic)
-		log.Info("claimed a message of a task this worker does not run but another live worker does; requeueing it for that one",
-			"retry_in", elsewhereRetry.String())
-		return c.notRun(elsewhereRetry, fmt.Sprintf("task %q is not registered in worker %s; another live worker runs it; requeued", m.Task, p.opts.WorkerID), StatusDeferred)
 	}
 	if since, wait, first := p.unknownWait(m.Task, m.Topic, unknownSinceOf(m)); wait > 0 {
 		if first {
