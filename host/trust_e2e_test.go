@@ -61,7 +61,7 @@ func (h *hostProc) expectRefused(t *testing.T, name string, want ...string) {
 // refused with how to fix it; the host serves the others.
 func TestPluginBinariesAnotherUserControlsAreRefused(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to give a file to another user")
+		t.Fatal("this test needs root, to give a file to another user: run the tests as root (sudo make test), as CI does")
 	}
 	dir := t.TempDir()
 	installFixture(t, dir, "echo", 0o755)
@@ -98,7 +98,7 @@ func TestPluginBinariesAnotherUserControlsAreRefused(t *testing.T) {
 // sticky one like /tmp), refuses every plugin in it, with how to fix it.
 func TestPluginsDirOthersCanWriteToIsRefused(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to give a directory to another user")
+		t.Fatal("this test needs root, to give a directory to another user: run the tests as root (sudo make test), as CI does")
 	}
 	t.Run("world-writable directory", func(t *testing.T) {
 		dir := t.TempDir()
@@ -164,7 +164,7 @@ func TestPluginsDirOthersCanWriteToIsRefused(t *testing.T) {
 // killed, and the automatic restart refuses the binary.
 func TestPluginTrustIsCheckedAtEveryRestart(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to give a file to another user")
+		t.Fatal("this test needs root, to give a file to another user: run the tests as root (sudo make test), as CI does")
 	}
 	dir := t.TempDir()
 	bin := installFixture(t, dir, "echo", 0o755)

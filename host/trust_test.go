@@ -205,7 +205,7 @@ func TestPinCatchesAWriteIntoTheBinary(t *testing.T) {
 // directories others could change, saying how to fix each.
 func TestDiscoverRefusesWhatOthersControl(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to give a file to another user")
+		t.Fatal("this test needs root, to give a file to another user: run the tests as root (sudo make test), as CI does")
 	}
 	dir := t.TempDir()
 	write := func(name string, mode os.FileMode) string {
