@@ -107,7 +107,11 @@ func TestScheduleThatStopsProducing(t *testing.T) {
 		"heartbeat_interval_seconds": 0.2, "orphan_reclaim_after_seconds": 1,
 		"orphan_claim_grace_seconds": 0.1, "orphan_reclaim_interval_seconds": 0.5,
 		"orphan_reclaim_enabled": false,
-		"schedules":              []any{map[string]any{"name": "brain", "task": "demo.echo", "payload": map[string]any{"lock": "L"}, "interval_seconds": 1}},
+		"schedules": []any{
+			map[string]any{"name": "brain", "task": "demo.echo", "payload": map[string]any{"lock": "L"}, "interval_seconds": 1},
+			// never fails every run: it never has a since_success series.
+			map[string]any{"name": "never", "task": "demo.fail", "interval_seconds": 1},
+		},
 	}
 	f := start(t, cfg)
 	ratio := func() (float64, float64, bool) {
@@ -120,13 +124,20 @@ func TestScheduleThatStopsProducing(t *testing.T) {
 		}
 		return since / interval, overdue, true
 	}
-	if _, _, ok := ratio(); ok {
-		t.Fatal("a schedule that never succeeded already has a since_success series")
-	}
 	waitUntil(t, 10*time.Second, "the first success gives the schedule its series", func() bool {
 		_, _, ok := ratio()
 		return ok
 	})
+	// The first run of brain may succeed before any scrape could look, so
+	// the rule "no success, no series" is checked on never, which has run
+	// and failed by now (both are due from the start).
+	waitUntil(t, 10*time.Second, "never has run and failed", func() bool {
+		rs, _ := f.do("GET", "/api/reports?schedule=never", "").json(t)["reports"].([]any)
+		return len(rs) > 0
+	})
+	if v := value(f.scrape(), "fastpluggy_scheduled_task_since_success_seconds", "task", "demo.fail"); v >= 0 {
+		t.Fatalf("a schedule that never succeeded has a since_success series (%v)", v)
+	}
 
 	// A worker takes lock L and dies: it never heartbeats again.
 	b := f.plugin.current().broker
