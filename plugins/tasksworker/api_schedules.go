@@ -142,13 +142,8 @@ func listReports(w http.ResponseWriter, r *http.Request, rt *runtime) {
 			*dst = n
 		}
 	}
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > broker.MaxListLimit {
-			writeError(w, http.StatusBadRequest, "limit must be a whole number from 1 to %d, got %q", broker.MaxListLimit, s)
-			return
-		}
-		f.Limit = n
+	if !queryLimit(w, q, &f.Limit) {
+		return
 	}
 	list, err := rt.svc.Reports(r.Context(), f)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -100,13 +101,8 @@ func listTasks(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		writeError(w, http.StatusBadRequest, "unknown state %q; use one of %s", f.State, strings.Join(service.MessageStates, ", "))
 		return
 	}
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > broker.MaxListLimit {
-			writeError(w, http.StatusBadRequest, "limit must be a whole number from 1 to %d, got %q", broker.MaxListLimit, s)
-			return
-		}
-		f.Limit = n
+	if !queryLimit(w, q, &f.Limit) {
+		return
 	}
 	if s := q.Get("before"); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
@@ -131,4 +127,20 @@ func listTasks(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		next = &s
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"tasks": views, "next_before": next})
+}
+
+// queryLimit reads a list's limit parameter into dst (kept when absent);
+// a bad one is answered 400, and false returned.
+func queryLimit(w http.ResponseWriter, q url.Values, dst *int) bool {
+	s := q.Get("limit")
+	if s == "" {
+		return true
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > broker.MaxListLimit {
+		writeError(w, http.StatusBadRequest, "limit must be a whole number from 1 to %d, got %q", broker.MaxListLimit, s)
+		return false
+	}
+	*dst = n
+	return true
 }
