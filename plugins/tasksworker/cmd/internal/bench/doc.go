@@ -5,7 +5,7 @@
 // a broker opened with its default options. Each run has three phases,
 // and -runs repeats them; every run is printed and so is the median:
 //
-//   - bulk submit: -jobs messages queued, through broker.BatchSubmitter
+//   - bulk submit: -jobs messages queued, through SubmitMany
 //     when the broker has it (batches of -submit-batch), else Submit, from
 //     -submitters goroutines;
 //   - burn-down: from just before Pool.Start until the observer has seen
