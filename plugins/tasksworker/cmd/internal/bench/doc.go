@@ -6,7 +6,7 @@
 // and -runs repeats them; every run is printed and so is the median:
 //
 //   - bulk submit: -jobs messages queued, through SubmitMany
-//     when the broker has it (batches of -submit-batch), else Submit, from
+//     (batches of -submit-batch; Submit when it is 1), from
 //     -submitters goroutines;
 //   - burn-down: from just before Pool.Start until the observer has seen
 //     all -jobs of them done (the pool reports an attempt after its outcome
