@@ -402,6 +402,8 @@ loop:
 		cut = cut || ctx.Err() != nil
 	}
 	if cut {
+		// What the client sent after the last stored line is not stored.
+		stopAt = c.lastLine + 1
 		p.log.Warn("a batch upload (NDJSON) was cut off: the lines stored stay stored; look the last one up to resume after it",
 			"lines_stored", c.stored, "last_stored_line", c.lastLine, "first_id", c.firstID, "last_id", c.lastID, "error", stopErr)
 	}
