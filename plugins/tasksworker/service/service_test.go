@@ -6,6 +6,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/memory"
@@ -146,5 +147,50 @@ func TestTopicControls(t *testing.T) {
 	}
 	if released, err := s.ReleaseLock(ctx, "none"); err != nil || released {
 		t.Errorf("ReleaseLock = %v, %v", released, err)
+	}
+}
+
+func TestSubmitManyChecksEachAndStoresAllOrNothing(t *testing.T) {
+	ctx := context.Background()
+	s := newTestService(t, nil)
+	counted := map[string]int{}
+	s.submitted = func(topic string) { counted[topic]++ }
+
+	bad := []SubmitRequest{{Task: "t.echo"}, {Task: "t.echo"}, {Task: "t.echo", Topic: "other"}, {Task: "nope"}}
+	ids, err := s.SubmitMany(ctx, bad)
+	var item *ItemError
+	if !errors.As(err, &item) || item.Index != 2 || !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), `item 2: topic "other" is not served`) {
+		t.Fatalf("SubmitMany with item 2 refused = %v, %v; want an ItemError naming item 2", ids, err)
+	}
+	if msgs, _ := s.Messages(ctx, broker.MessageFilter{}); len(msgs) != 0 || len(counted) != 0 {
+		t.Fatalf("a refused batch stored %d messages, counted %v", len(msgs), counted)
+	}
+	if _, err := s.SubmitMany(ctx, make([]SubmitRequest, broker.MaxSubmitBatch+1)); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "the limit is 10000") {
+		t.Fatalf("over the limit: %v", err)
+	}
+
+	ids, err = s.SubmitMany(ctx, []SubmitRequest{
+		{Task: "t.echo", Payload: json.RawMessage(` {"n": 1} `)},
+		{Task: "t.echo", Topic: "default", MaxAttempts: 5, DelaySeconds: 60},
+	})
+	if err != nil || len(ids) != 2 || ids[0] >= ids[1] {
+		t.Fatalf("SubmitMany = %v, %v", ids, err)
+	}
+	first, _ := s.Message(ctx, ids[0])
+	second, _ := s.Message(ctx, ids[1])
+	if string(first.Payload) != `{"n":1}` || first.MaxAttempts != 3 || first.Topic != "default" {
+		t.Errorf("first = %+v, want the compact payload, the task's 3 attempts, its topic", first)
+	}
+	if string(second.Payload) != `{}` || second.MaxAttempts != 5 || !second.AvailableAt.After(second.CreatedAt.Add(59*time.Second)) {
+		t.Errorf("second = %+v, want {}, 5 attempts, a minute's delay", second)
+	}
+	if counted["default"] != 2 {
+		t.Errorf("counted %v, want 2 on default", counted)
+	}
+
+	// Check keeps what came before a refused request.
+	b, err := s.Check(ctx, []SubmitRequest{{Task: "t.echo"}, {Task: "t.echo", DelaySeconds: -1}, {Task: "t.echo"}})
+	if !errors.As(err, &item) || item.Index != 1 || b.Len() != 1 {
+		t.Fatalf("Check = %d checked, %v; want 1 and item 1 refused", b.Len(), err)
 	}
 }
