@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/go-json-experiment/json/jsontext"
 )
@@ -59,7 +60,12 @@ func checkKeys(data []byte, names []string, maxDepth int) keyCheck {
 	var kc keyCheck
 	// Duplicate names are refused (the default); invalid UTF-8 is the
 	// store's concern (broker.CheckJSON), as it is encoding/json's.
-	d := jsontext.NewDecoder(bytes.NewBuffer(data), jsontext.AllowInvalidUTF8(true))
+	d := keyDecoders.Get().(*jsontext.Decoder)
+	d.Reset(bytes.NewBuffer(data), jsontext.AllowInvalidUTF8(true))
+	defer func() {
+		d.Reset(bytes.NewReader(nil))
+		keyDecoders.Put(d)
+	}()
 	var frames []keyFrame
 	for {
 		tok, err := d.ReadToken()
@@ -103,6 +109,10 @@ func checkKeys(data []byte, names []string, maxDepth int) keyCheck {
 	}
 }
 
+// keyDecoders keeps token decoders for checkKeys, which runs once per
+// task of a batch.
+var keyDecoders = sync.Pool{New: func() any { return jsontext.NewDecoder(bytes.NewReader(nil)) }}
+
 // keyPath is the path of the value being read in the innermost of frames:
 // "a.b", "a[].b", "[]".
 func keyPath(frames []keyFrame) string {
@@ -122,9 +132,21 @@ func keyPath(frames []keyFrame) string {
 }
 
 // jsonNames returns the JSON keys of the struct v points to, or nil when
-// v is not a struct.
+// v is not a struct. The caller must not change the answer.
 func jsonNames(v any) []string {
 	t := reflect.TypeOf(v)
+	if names, ok := jsonNamesOf.Load(t); ok {
+		return names.([]string)
+	}
+	names := structJSONNames(t)
+	jsonNamesOf.Store(t, names)
+	return names
+}
+
+// jsonNamesOf remembers jsonNames's answers by type.
+var jsonNamesOf sync.Map
+
+func structJSONNames(t reflect.Type) []string {
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
