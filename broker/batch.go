@@ -5,8 +5,10 @@ import (
 	"fmt"
 )
 
-// BatchSubmitter is implemented by brokers that can queue many messages in
-// one call (postgres: one statement, one transaction).
+// BatchSubmitter is the batch submit of every Broker (it is part of the
+// Broker interface): many messages in one call and one transaction
+// (postgres: one statement per 5,000). It has a name of its own for code
+// that only submits.
 type BatchSubmitter interface {
 	// SubmitMany validates every request, then queues them all at once
 	// and returns their ids in the order of reqs. One invalid request fails

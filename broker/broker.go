@@ -22,6 +22,9 @@
 //     stores an empty payload as {} and queues the message, available after
 //     Delay. An invalid request stores nothing (no message, no topic
 //     config).
+//   - SubmitMany stores each request as Submit does, all in one
+//     transaction, ids in request order; one invalid request (the error
+//     names its index) or more than MaxSubmitBatch store nothing.
 //   - Claim serves the requested topics round-robin: each pass takes at most
 //     one message per topic, and the topic that starts the passes rotates
 //     from one call to the next. Within a topic the oldest available message
@@ -346,6 +349,9 @@ type Broker interface {
 	Kind() string
 
 	Submit(ctx context.Context, req SubmitRequest) (int64, error)
+	// BatchSubmitter queues many messages in one call and one
+	// transaction (SubmitMany).
+	BatchSubmitter
 	// Claim takes up to req.Max available messages of req.Topics, never
 	// exceeding a topic's concurrency limit, skipping paused and draining
 	// topics, and returns them running with fresh tokens.

@@ -82,13 +82,9 @@ func testSubmitDefaults(t *testing.T, b broker.Broker) {
 // testSubmitMany: every broker queues a batch at once, ids in request
 // order; one invalid request refuses the batch and stores nothing.
 func testSubmitMany(t *testing.T, b broker.Broker) {
-	bs, ok := b.(broker.BatchSubmitter)
-	if !ok {
-		t.Fatalf("%T does not implement broker.BatchSubmitter", b)
-	}
 	ctx := ctxOf(t)
 	bad := []broker.SubmitRequest{{Topic: "many", Task: "x"}, {Topic: "many", Task: "x", Payload: json.RawMessage(`{nope`)}}
-	if ids, err := bs.SubmitMany(ctx, bad); !errors.Is(err, broker.ErrInvalid) || !strings.Contains(err.Error(), "request 1") {
+	if ids, err := b.SubmitMany(ctx, bad); !errors.Is(err, broker.ErrInvalid) || !strings.Contains(err.Error(), "request 1") {
 		t.Fatalf("SubmitMany with an invalid request = %v, %v; want ErrInvalid naming request 1", ids, err)
 	}
 	if msgs := list(t, b, broker.MessageFilter{}); len(msgs) != 0 {
@@ -98,7 +94,7 @@ func testSubmitMany(t *testing.T, b broker.Broker) {
 	for i := range 25 {
 		reqs = append(reqs, broker.SubmitRequest{Topic: "many", Task: "x", Payload: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))})
 	}
-	ids, err := bs.SubmitMany(ctx, reqs)
+	ids, err := b.SubmitMany(ctx, reqs)
 	if err != nil || len(ids) != len(reqs) {
 		t.Fatalf("SubmitMany = %v, %v", ids, err)
 	}
@@ -111,14 +107,14 @@ func testSubmitMany(t *testing.T, b broker.Broker) {
 			t.Fatalf("ids not increasing in request order: %v", ids)
 		}
 	}
-	if ids, err := bs.SubmitMany(ctx, nil); err != nil || len(ids) != 0 {
+	if ids, err := b.SubmitMany(ctx, nil); err != nil || len(ids) != 0 {
 		t.Fatalf("SubmitMany(nil) = %v, %v", ids, err)
 	}
 	tooMany := make([]broker.SubmitRequest, broker.MaxSubmitBatch+1)
 	for i := range tooMany {
 		tooMany[i] = broker.SubmitRequest{Topic: "many", Task: "x"}
 	}
-	if ids, err := bs.SubmitMany(ctx, tooMany); !errors.Is(err, broker.ErrInvalid) {
+	if ids, err := b.SubmitMany(ctx, tooMany); !errors.Is(err, broker.ErrInvalid) {
 		t.Fatalf("SubmitMany of %d = %d ids, %v; want ErrInvalid", len(tooMany), len(ids), err)
 	}
 	if msgs := list(t, b, broker.MessageFilter{Topic: "many", Limit: 100}); len(msgs) != len(reqs) {

@@ -33,6 +33,7 @@ func (p *Plugin) routes() chi.Router {
 	})
 	r.Route("/api", func(r chi.Router) {
 		r.Post("/tasks", p.withRuntime(submitTask))
+		r.Post("/tasks/batch", p.withRuntime(p.submitBatch))
 		r.Get("/tasks", p.withRuntime(listTasks))
 		r.Get("/tasks/{id}", p.withRuntime(getTask))
 		r.Get("/topics", p.withRuntime(listTopics))

@@ -1,7 +1,8 @@
 package tasksworker
 
 // The API's task endpoints: POST /api/tasks (submit), GET /api/tasks (a
-// filtered page) and GET /api/tasks/{id}.
+// filtered page) and GET /api/tasks/{id}. POST /api/tasks/batch is in
+// api_batch.go.
 
 import (
 	"encoding/json"
@@ -27,6 +28,13 @@ type submitRequest struct {
 	MaxAttempts  int             `json:"max_attempts"`
 }
 
+// service is the request as the service takes it.
+func (req submitRequest) service() service.SubmitRequest {
+	return service.SubmitRequest{
+		Task: req.Task, Topic: req.Topic, Payload: req.Payload, DelaySeconds: req.DelaySeconds, MaxAttempts: req.MaxAttempts,
+	}
+}
+
 const submitExample = `{"task": "demo.echo", "topic": "default", "payload": {}, "delay_seconds": 0, "max_attempts": 0}`
 
 func submitTask(w http.ResponseWriter, r *http.Request, rt *runtime) {
@@ -34,9 +42,7 @@ func submitTask(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	if !decodeBody(w, r, int64(rt.cfg.MaxPayloadBytes)+service.BodySlack, &req, submitExample) {
 		return
 	}
-	id, _, err := rt.svc.Submit(r.Context(), service.SubmitRequest{
-		Task: req.Task, Topic: req.Topic, Payload: req.Payload, DelaySeconds: req.DelaySeconds, MaxAttempts: req.MaxAttempts,
-	})
+	id, _, err := rt.svc.Submit(r.Context(), req.service())
 	if err != nil {
 		writeServiceError(w, "submit", err)
 		return

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -97,51 +96,148 @@ type SubmitRequest struct {
 // Submit checks req, places it (Place) and stores the message; it returns
 // the message's id and its topic.
 func (s *Service) Submit(ctx context.Context, req SubmitRequest) (int64, string, error) {
-	if req.Task == "" {
-		return 0, "", invalid("task is required: name one of the registered tasks (%s)", strings.Join(s.reg.Names(), ", "))
-	}
-	topic, err := s.Place(ctx, req.Task, req.Topic, true)
+	m, err := s.prepare(ctx, req, nil)
 	if err != nil {
 		return 0, "", err
+	}
+	id, err := s.b.Submit(ctx, m)
+	if err != nil {
+		return 0, "", err
+	}
+	s.submitted(m.Topic)
+	s.pool.Wake()
+	return id, m.Topic, nil
+}
+
+// ItemError is the refusal of one request of a batch: Index is its place
+// in the batch, from 0.
+type ItemError struct {
+	Index int
+	Err   error
+}
+
+func (e *ItemError) Error() string { return fmt.Sprintf("item %d: %v", e.Index, e.Err) }
+func (e *ItemError) Unwrap() error { return e.Err }
+
+// Batch is requests that passed Submit's checks, as the broker stores
+// them (Check, then Store).
+type Batch struct {
+	msgs []broker.SubmitRequest
+}
+
+// Len is how many messages b holds.
+func (b Batch) Len() int { return len(b.msgs) }
+
+// Check checks reqs in order as Submit does, placing each distinct task
+// and topic once. It returns the batch of the requests before the first
+// refused one, and that refusal as an *ItemError (nil when all pass), so
+// a caller can store what came before a bad request.
+func (s *Service) Check(ctx context.Context, reqs []SubmitRequest) (Batch, error) {
+	b := Batch{msgs: make([]broker.SubmitRequest, 0, len(reqs))}
+	placed := placements{}
+	for i, req := range reqs {
+		m, err := s.prepare(ctx, req, placed)
+		if err != nil {
+			return b, &ItemError{Index: i, Err: err}
+		}
+		b.msgs = append(b.msgs, m)
+	}
+	return b, nil
+}
+
+// Store stores a checked batch in one transaction (SubmitMany) and returns
+// the ids in its order. Over broker.MaxSubmitBatch messages are refused.
+func (s *Service) Store(ctx context.Context, b Batch) ([]int64, error) {
+	ids, err := s.b.SubmitMany(ctx, b.msgs)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range b.msgs {
+		s.submitted(m.Topic)
+	}
+	if len(b.msgs) > 0 {
+		s.pool.Wake()
+	}
+	return ids, nil
+}
+
+// SubmitMany is Submit for many requests, all or nothing in one
+// transaction: it returns the ids in the order of reqs. A refused request
+// is an *ItemError naming it and nothing is stored; so are more than
+// broker.MaxSubmitBatch requests (a *Problem).
+func (s *Service) SubmitMany(ctx context.Context, reqs []SubmitRequest) ([]int64, error) {
+	if len(reqs) > broker.MaxSubmitBatch {
+		return nil, invalid("%d tasks in one batch, the limit is %d: send several batches", len(reqs), broker.MaxSubmitBatch)
+	}
+	b, err := s.Check(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
+	return s.Store(ctx, b)
+}
+
+// placements remembers Place's answers within one batch, by task and
+// topic as requested.
+type placements map[[2]string]placement
+
+type placement struct {
+	topic string
+	err   error
+}
+
+// prepare checks req and turns it into the message the broker stores:
+// placed (Place), the payload compacted ({} when empty or null), the
+// defaults filled in. placed, when not nil, remembers placements.
+func (s *Service) prepare(ctx context.Context, req SubmitRequest, placed placements) (broker.SubmitRequest, error) {
+	if req.Task == "" {
+		return broker.SubmitRequest{}, invalid("task is required: name one of the registered tasks (%s)", strings.Join(s.reg.Names(), ", "))
+	}
+	key := [2]string{req.Task, req.Topic}
+	p, ok := placed[key]
+	if !ok {
+		p.topic, p.err = s.Place(ctx, req.Task, req.Topic, true)
+		if placed != nil {
+			placed[key] = p
+		}
+	}
+	if p.err != nil {
+		return broker.SubmitRequest{}, p.err
 	}
 	task, _ := s.reg.Lookup(req.Task) // zero for a task only another worker runs
 	payload := bytes.TrimSpace(req.Payload)
 	if len(payload) == 0 || string(payload) == "null" {
 		payload = []byte("{}")
 	}
-	if err := broker.CheckJSONDepth(payload); errors.Is(err, broker.ErrTooDeep) {
-		return 0, "", invalid("payload: %v", err)
+	// CheckJSON reads the payload first, in memory bounded by the depth:
+	// a payload nested thousands deep is refused before anything else
+	// reads it.
+	if err := broker.CheckJSON(payload); err != nil {
+		return broker.SubmitRequest{}, invalid("payload: %v", err)
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, payload); err == nil {
 		payload = compact.Bytes()
 	}
 	if max := s.settings.MaxPayloadBytes; len(payload) > max {
-		return 0, "", invalid("payload is %d bytes, the limit is %d (max_payload_bytes); send less, or store the data elsewhere and pass a reference", len(payload), max)
+		return broker.SubmitRequest{}, invalid("payload is %d bytes, the limit is %d (max_payload_bytes); send less, or store the data elsewhere and pass a reference", len(payload), max)
 	}
 	if req.DelaySeconds < 0 || req.DelaySeconds > broker.MaxDelay.Seconds() {
-		return 0, "", invalid("delay_seconds must be from 0 to %.0f, got %v", broker.MaxDelay.Seconds(), req.DelaySeconds)
+		return broker.SubmitRequest{}, invalid("delay_seconds must be from 0 to %.0f, got %v", broker.MaxDelay.Seconds(), req.DelaySeconds)
 	}
 	if req.MaxAttempts < 0 || req.MaxAttempts > broker.MaxAttempts {
-		return 0, "", invalid("max_attempts must be from 0 (the task's default, %d) to %d, got %d", task.MaxAttempts, broker.MaxAttempts, req.MaxAttempts)
+		return broker.SubmitRequest{}, invalid("max_attempts must be from 0 (the task's default, %d) to %d, got %d", task.MaxAttempts, broker.MaxAttempts, req.MaxAttempts)
 	}
 	maxAttempts := req.MaxAttempts
 	if maxAttempts == 0 {
 		maxAttempts = task.MaxAttempts
 	}
-	id, err := s.b.Submit(ctx, broker.SubmitRequest{
-		Topic:       topic,
+	return broker.SubmitRequest{
+		Topic:       p.topic,
 		Task:        req.Task,
 		Payload:     payload,
 		Delay:       time.Duration(req.DelaySeconds * float64(time.Second)),
 		MaxAttempts: maxAttempts,
-	})
-	if err != nil {
-		return 0, "", err
-	}
-	s.submitted(topic)
-	s.pool.Wake()
-	return id, topic, nil
+	}, nil
 }
 
 // PayloadLock is the lock key a demo task's payload names ("lock"), if

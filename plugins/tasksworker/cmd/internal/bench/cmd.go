@@ -69,7 +69,7 @@ func Main(args []string) int {
 	fs.IntVar(&c.claimSamples, "claim-samples", 1000, "claims timed per run of the claim-latency phase")
 	fs.IntVar(&c.submitters, "submitters", 8, "goroutines submitting in the bulk submit phase")
 	fs.BoolVar(&c.reports, "reports", false, "store a task report per attempt, as the tasks_worker plugin does (worker.ReportWriter); the burn-down then ends when the last report is stored")
-	fs.IntVar(&c.submitBatch, "submit-batch", 1000, "messages per SubmitMany call when the broker has one (0 or 1: Submit one by one)")
+	fs.IntVar(&c.submitBatch, "submit-batch", 1000, "messages per SubmitMany call (0 or 1: Submit one by one)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up on a phase after this long")
 	fs.BoolVar(&c.verbose, "v", false, "log the pool's and broker's warnings to stderr")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process to this file")

@@ -5,8 +5,8 @@
 // a broker opened with its default options. Each run has three phases,
 // and -runs repeats them; every run is printed and so is the median:
 //
-//   - bulk submit: -jobs messages queued, through broker.BatchSubmitter
-//     when the broker has it (batches of -submit-batch), else Submit, from
+//   - bulk submit: -jobs messages queued, through SubmitMany
+//     (batches of -submit-batch; Submit when it is 1), from
 //     -submitters goroutines;
 //   - burn-down: from just before Pool.Start until the observer has seen
 //     all -jobs of them done (the pool reports an attempt after its outcome

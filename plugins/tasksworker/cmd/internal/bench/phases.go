@@ -67,9 +67,8 @@ func benchPayload(i int) json.RawMessage {
 // long it took.
 func (bn *bench) bulkSubmit(ctx context.Context, topic string, n int) (time.Duration, error) {
 	cfg := bn.cfg
-	bs, batched := bn.b.(broker.BatchSubmitter)
 	batch := 1
-	if batched && cfg.submitBatch > 1 {
+	if cfg.submitBatch > 1 {
 		batch = cfg.submitBatch
 	}
 	var (
@@ -98,7 +97,7 @@ func (bn *bench) bulkSubmit(ctx context.Context, topic string, n int) (time.Dura
 					for i := from; i < to; i++ {
 						reqs = append(reqs, broker.SubmitRequest{Topic: topic, Task: benchTask, Payload: benchPayload(i)})
 					}
-					_, err = bs.SubmitMany(ctx, reqs)
+					_, err = bn.b.SubmitMany(ctx, reqs)
 				}
 				if err != nil {
 					mu.Lock()

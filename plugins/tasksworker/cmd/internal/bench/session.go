@@ -115,9 +115,8 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 		"reports": cfg.reports,
 		"gogc":    gc,
 	}
-	_, batched := bn.b.(broker.BatchSubmitter)
 	submitVia := "Submit"
-	if batched && cfg.submitBatch > 1 {
+	if cfg.submitBatch > 1 {
 		submitVia = fmt.Sprintf("SubmitMany, %d per call", cfg.submitBatch)
 	}
 	fmt.Fprintln(out, "== parameters")
