@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/taskhost/taskhost/client"
@@ -96,4 +97,25 @@ func ExampleClient_CreateSchedule() {
 	// nightly cron 0 3 * * * true
 	// false
 	// <nil>
+}
+
+// Stream NDJSON (here from a string; a file or a pipe works the same),
+// seeing each chunk as the host commits it.
+func ExampleClient_SubmitNDJSON() {
+	c := client.New(hostURL)
+	ndjson := strings.NewReader(`{"task": "demo.echo", "payload": {"n": 1}}
+{"task": "demo.echo", "payload": {"n": 2}}
+{"task": "no.such.task"}
+{"task": "demo.echo", "payload": {"n": 4}}
+`)
+	res, err := c.SubmitNDJSON(context.Background(), ndjson, client.WithProgress(func(ch client.Chunk) {
+		fmt.Println("stored lines", ch.FirstLine, "to", ch.LastLine)
+	}))
+	var be *client.BatchError
+	if errors.As(err, &be) {
+		fmt.Println("stopped at line", be.Line, "with", res.Stored, "stored")
+	}
+	// Output:
+	// stored lines 1 to 2
+	// stopped at line 3 with 2 stored
 }

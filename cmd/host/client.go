@@ -43,9 +43,6 @@ type clientCommand struct {
 	noTimeout bool
 }
 
-// errUsage is a command used wrongly; the message was printed.
-var errUsage = errors.New("usage")
-
 // usageError is a mistake in the command line: exit 2.
 type usageError struct{ msg string }
 
