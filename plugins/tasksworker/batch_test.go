@@ -195,7 +195,7 @@ func TestBatchJSON(t *testing.T) {
 
 			refused := []struct {
 				name, body, want string
-				index           int
+				index            int
 			}{
 				{"unknown task", `[{"task": "demo.echo"}, {"task": "demo.echo"}, {"task": "no.such"}, {"task": "demo.echo"}]`, `item 2: unknown task "no.such"`, 2},
 				{"bad payload", `[{"task": "demo.echo", "payload": {"s": "a\u0000"}}]`, `item 0: payload: it holds \u0000`, 0},
