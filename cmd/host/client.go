@@ -1,273 +1,464 @@
 package main
 
+// The commands that talk to a running host (`host tasks ...`, `host
+// schedules ...`, `host topics ...`, `host reclaim`, `host plugins`), on
+// the client package.
+
 import (
-	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/taskhost/taskhost/client"
 	"github.com/taskhost/taskhost/host"
 )
 
-// apiClient talks to a running host's HTTP API.
-type apiClient struct {
-	base  string
-	token string
-	raw   bool
-	http  *http.Client
+// env is what a client command runs with.
+type env struct {
+	c      *client.Client
+	json   bool // -json: print the answer as JSON
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
 }
 
-// clientFlags are the flags every client command takes.
-func clientFlags(fs *flag.FlagSet) func() (*apiClient, error) {
-	path := configFlag(fs)
-	addr := fs.String("addr", "", "host address, e.g. http://127.0.0.1:8080 (default: the config's listen)")
-	token := fs.String("token", os.Getenv("TASKHOST_ADMIN_TOKEN"), "admin token (env TASKHOST_ADMIN_TOKEN)")
-	raw := fs.Bool("json", false, "print the raw JSON answer")
-	return func() (*apiClient, error) {
-		base := *addr
-		if base == "" {
-			base = "http://" + host.DefaultListen
-			if cfg, err := host.LoadConfig(*path); err == nil {
-				base = "http://" + cfg.Listen
-				if *token == "" {
-					*token = cfg.AdminToken
-				}
-			}
-		}
-		if !strings.Contains(base, "://") {
-			base = "http://" + base
-		}
-		return &apiClient{base: strings.TrimRight(base, "/"), token: *token, raw: *raw, http: &http.Client{Timeout: 2 * time.Minute}}, nil
+// clientCommand is one command on a running host.
+type clientCommand struct {
+	name  string // "tasks submit"
+	args  string // its positional arguments, for the usage
+	nargs int    // how many positional arguments it takes
+	about string
+	// setup defines the command's own flags on fs and returns its run.
+	setup func(fs *flag.FlagSet) func(ctx context.Context, e *env, args []string) error
+	// noTimeout: -timeout defaults to none (a long upload, a wait).
+	noTimeout bool
+}
+
+// usageError is a mistake in the command line: exit 2.
+type usageError struct{ msg string }
+
+func (u usageError) Error() string { return u.msg }
+
+// clientCommands are the commands in the order the usage lists them.
+var clientCommands = []clientCommand{
+	{name: "tasks submit", about: "submit one task, or stream NDJSON of tasks with -file (one {\"task\", \"topic\", \"payload\", \"delay_seconds\", \"max_attempts\"} a line)", setup: tasksSubmit, noTimeout: true},
+	{name: "tasks get", args: "ID", nargs: 1, about: "show a task", setup: tasksGet},
+	{name: "tasks wait", args: "ID", nargs: 1, about: "wait until a task is done, failed or dead, and show it (exit 1 unless done)", setup: tasksWait, noTimeout: true},
+	{name: "tasks list", about: "list tasks, newest first", setup: tasksList},
+	{name: "schedules list", about: "list the schedules", setup: schedulesList},
+	{name: "schedules get", args: "NAME", nargs: 1, about: "show a schedule", setup: schedulesGet},
+	{name: "schedules enable", args: "NAME", nargs: 1, about: "enable a schedule", setup: schedulesEnable(true)},
+	{name: "schedules disable", args: "NAME", nargs: 1, about: "disable a schedule", setup: schedulesEnable(false)},
+	{name: "schedules delete", args: "NAME", nargs: 1, about: "delete a schedule", setup: schedulesDelete},
+	{name: "topics list", about: "list the topics with their counts", setup: topicsList},
+	{name: "topics pause", args: "NAME", nargs: 1, about: "pause a topic: its tasks wait until it is resumed", setup: topicsPause(true)},
+	{name: "topics resume", args: "NAME", nargs: 1, about: "resume a paused topic", setup: topicsPause(false)},
+	{name: "reclaim", about: "run one orphan-reclaim pass now and print what it did", setup: reclaim},
+	{name: "plugins", about: "list the host's plugins with their state", setup: pluginsList},
+}
+
+// clientGroups are the first words of the client commands.
+var clientGroups = map[string]bool{"tasks": true, "schedules": true, "topics": true, "reclaim": true, "plugins": true}
+
+// commonFlags are the flags every client command takes.
+type commonFlags struct {
+	config, addr, token *string
+	json                *bool
+	timeout             *time.Duration
+}
+
+func addCommonFlags(fs *flag.FlagSet, noTimeout bool) commonFlags {
+	def := 2 * time.Minute
+	if noTimeout {
+		def = 0
+	}
+	return commonFlags{
+		config:  configFlag(fs),
+		addr:    fs.String("addr", "", "host address `URL`, such as http://127.0.0.1:8080 (default: the listen of -config's file)"),
+		token:   fs.String("token", os.Getenv("TASKHOST_ADMIN_TOKEN"), "admin `TOKEN` (default $TASKHOST_ADMIN_TOKEN, else -config's admin_token)"),
+		json:    fs.Bool("json", false, "print the answer as JSON"),
+		timeout: fs.Duration("timeout", def, "give up after `D`, such as 30s; 0: never (default 2m; never for tasks submit and tasks wait)"),
 	}
 }
 
-// do sends a request and decodes a JSON answer into out. A non-2xx answer
-// becomes an error carrying the server's message.
-func (c *apiClient) do(method, path string, body any, out any) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
+func (f commonFlags) client() *client.Client {
+	base, token := *f.addr, *f.token
+	if base == "" || token == "" {
+		cfg, err := host.LoadConfig(*f.config)
+		if base == "" {
+			base = host.DefaultListen
+			if err == nil {
+				base = cfg.Listen
+			}
+		}
+		if token == "" && err == nil {
+			token = cfg.AdminToken
+		}
+	}
+	return client.New(base, client.WithToken(token))
+}
+
+// findClientCommand is the command named by the start of args, and the
+// rest of args.
+func findClientCommand(args []string) (*clientCommand, []string) {
+	for i := range clientCommands {
+		words := strings.Fields(clientCommands[i].name)
+		if len(args) >= len(words) && strings.Join(args[:len(words)], " ") == clientCommands[i].name {
+			return &clientCommands[i], args[len(words):]
+		}
+	}
+	return nil, args
+}
+
+// clientCmd runs `host <group> [sub] args...`.
+func (cl *cli) clientCmd(args []string) int {
+	cmd, rest := findClientCommand(args)
+	if cmd == nil {
+		group := args[0]
+		if len(args) > 1 && isHelp(args[1]) {
+			cl.groupUsage(cl.stdout, group)
+			return 0
+		}
+		if len(args) == 1 {
+			fmt.Fprintf(cl.stderr, "host %s: say which command\n\n", group)
+		} else {
+			fmt.Fprintf(cl.stderr, "host %s: unknown command %q\n\n", group, args[1])
+		}
+		cl.groupUsage(cl.stderr, group)
+		return 2
+	}
+	fs := flag.NewFlagSet("host "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	common := addCommonFlags(fs, cmd.noTimeout)
+	run := cmd.setup(fs)
+	pos, err := parseInterleaved(fs, rest)
+	if errors.Is(err, flag.ErrHelp) {
+		cl.commandUsage(cl.stdout, cmd, fs, true)
+		return 0
+	}
+	if err == nil && len(pos) != cmd.nargs {
+		err = fmt.Errorf("takes %d argument(s) (%s), got %d: %q", cmd.nargs, orNone(cmd.args), len(pos), pos)
+	}
+	if err != nil {
+		fmt.Fprintf(cl.stderr, "host %s: %v\n", cmd.name, err)
+		cl.commandUsage(cl.stderr, cmd, fs, true)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *common.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *common.timeout)
+		defer cancel()
+	}
+	e := &env{c: common.client(), json: *common.json, stdin: cl.stdin, stdout: cl.stdout, stderr: cl.stderr}
+	err = run(ctx, e, pos)
+	var ue usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(cl.stderr, "host %s: %v\n", cmd.name, err)
+		cl.commandUsage(cl.stderr, cmd, fs, true)
+		return 2
+	case errors.Is(err, errExit1):
+		return 1
+	}
+	fmt.Fprintf(cl.stderr, "host %s: %v\n", cmd.name, err)
+	return 1
+}
+
+// errExit1: the command printed why it fails.
+var errExit1 = errors.New("exit 1")
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
+}
+
+func isHelp(a string) bool {
+	return a == "-h" || a == "-help" || a == "--help" || a == "--h" || a == "help"
+}
+
+// parseInterleaved parses fs's flags wherever they are among the
+// positional arguments (`host tasks get 17 -json`), and returns the
+// positional ones. After "--" everything is positional.
+func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		consumed := len(args) - len(rest)
+		if consumed > 0 && args[consumed-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// printJSON prints v indented.
+func (e *env) printJSON(v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(e.stdout, "%s\n", b)
+	return err
+}
+
+func (e *env) table() *tabwriter.Writer { return tabwriter.NewWriter(e.stdout, 0, 2, 2, ' ', 0) }
+
+func tasksGet(*flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, args []string) error {
+		t, err := e.c.Get(ctx, args[0])
 		if err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
+		return e.printTask(t)
 	}
-	req, err := http.NewRequest(method, c.base+path, rd)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Accept", "application/json")
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	// A bearer header also tells the admin endpoints this is not a
-	// browser form (no CSRF token needed); without a configured token the
-	// host ignores its value.
-	tok := c.token
-	if tok == "" {
-		tok = "none"
-	}
-	req.Header.Set("Authorization", "Bearer "+tok)
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("cannot reach the host at %s (is it running? set -addr): %w", c.base, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode/100 != 2 {
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(data, &e) == nil && e.Error != "" {
-			return fmt.Errorf("%s (HTTP %d)", e.Error, resp.StatusCode)
-		}
-		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(data)))
-	}
-	if c.raw {
-		var pretty bytes.Buffer
-		if json.Indent(&pretty, data, "", "  ") == nil {
-			fmt.Println(pretty.String())
-		} else {
-			fmt.Println(string(data))
-		}
-		return errPrinted
-	}
-	if out != nil {
-		return json.Unmarshal(data, out)
-	}
-	return nil
 }
 
-// errPrinted means the raw answer was printed; nothing more to do.
-var errPrinted = fmt.Errorf("printed")
-
-func clientCmd(cmd string, args []string) int {
-	sub := ""
-	if cmd == "tasks" || cmd == "schedules" {
-		if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-			fmt.Fprintf(os.Stderr, "host %s: say what to do: %s\n", cmd, map[string]string{"tasks": "submit, get or list", "schedules": "list"}[cmd])
-			return 2
-		}
-		sub, args = args[0], args[1:]
+func (e *env) printTask(t client.Task) error {
+	if e.json {
+		return e.printJSON(t)
 	}
-	fs := flag.NewFlagSet(strings.TrimSpace(cmd+" "+sub), flag.ContinueOnError)
-	client := clientFlags(fs)
-	var run func(c *apiClient) error
-	switch cmd + " " + sub {
-	case "tasks submit":
-		task := fs.String("task", "", "task name (required)")
-		topic := fs.String("topic", "", "topic (default: the task's own)")
-		payload := fs.String("payload", "{}", "payload, a JSON value")
-		delay := fs.Float64("delay", 0, "seconds before it may run")
-		run = func(c *apiClient) error {
-			if *task == "" {
-				return fmt.Errorf("-task is required")
-			}
-			if !json.Valid([]byte(*payload)) {
-				return fmt.Errorf("-payload is not valid JSON: %s", *payload)
-			}
-			var out struct {
-				ID string `json:"id"`
-			}
-			body := map[string]any{"task": *task, "payload": json.RawMessage(*payload), "delay_seconds": *delay}
-			if *topic != "" {
-				body["topic"] = *topic
-			}
-			if err := c.do("POST", "/plugin-pkg/tasks_worker/api/tasks", body, &out); err != nil {
-				return err
-			}
-			fmt.Println(out.ID)
-			return nil
+	w := e.table()
+	row := func(k string, v any) {
+		s := fmt.Sprint(v)
+		if s != "" && s != "<nil>" {
+			fmt.Fprintf(w, "%s\t%s\n", k, s)
 		}
-	case "tasks get":
-		run = func(c *apiClient) error {
-			if fs.NArg() != 1 {
-				return fmt.Errorf("usage: host tasks get ID")
-			}
-			var t map[string]any
-			if err := c.do("GET", "/plugin-pkg/tasks_worker/api/tasks/"+url.PathEscape(fs.Arg(0)), nil, &t); err != nil {
-				return err
-			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 2, 2, ' ', 0)
-			for _, k := range []string{"id", "task", "topic", "state", "attempts", "created_at", "claimed_by", "finished_at", "error"} {
-				if v, ok := t[k]; ok && v != nil && v != "" {
-					fmt.Fprintf(w, "%s\t%v\n", k, v)
-				}
-			}
-			if r, ok := t["result"]; ok && r != nil {
-				b, _ := json.Marshal(r)
-				fmt.Fprintf(w, "result\t%s\n", b)
-			}
-			return w.Flush()
-		}
-	case "tasks list":
-		state := fs.String("state", "", "queued, running, done, failed or dead")
-		topic := fs.String("topic", "", "topic")
-		task := fs.String("task", "", "task name")
-		limit := fs.Int("limit", 20, "how many")
-		run = func(c *apiClient) error {
-			q := url.Values{}
-			for k, v := range map[string]string{"state": *state, "topic": *topic, "task": *task} {
-				if v != "" {
-					q.Set(k, v)
-				}
-			}
-			q.Set("limit", fmt.Sprint(*limit))
-			var out struct {
-				Tasks []map[string]any `json:"tasks"`
-			}
-			if err := c.do("GET", "/plugin-pkg/tasks_worker/api/tasks?"+q.Encode(), nil, &out); err != nil {
-				return err
-			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 2, 2, ' ', 0)
-			fmt.Fprintln(w, "ID\tTASK\tTOPIC\tSTATE\tATTEMPTS\tCREATED")
-			for _, t := range out.Tasks {
-				fmt.Fprintf(w, "%v\t%v\t%v\t%v\t%v\t%v\n", t["id"], t["task"], t["topic"], t["state"], t["attempts"], t["created_at"])
-			}
-			return w.Flush()
-		}
-	case "reclaim ":
-		run = func(c *apiClient) error {
-			var out struct {
-				Message string          `json:"message"`
-				Result  json.RawMessage `json:"result"`
-			}
-			if err := c.do("POST", "/admin/plugins/tasks_worker/actions/reclaim_orphaned_messages", map[string]string{}, &out); err != nil {
-				return err
-			}
-			fmt.Println(out.Message)
-			return nil
-		}
-	case "schedules list":
-		run = func(c *apiClient) error {
-			var out struct {
-				Schedules []map[string]any `json:"schedules"`
-			}
-			if err := c.do("GET", "/plugin-pkg/tasks_worker/api/schedules", nil, &out); err != nil {
-				return err
-			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 2, 2, ' ', 0)
-			fmt.Fprintln(w, "NAME\tTASK\tTIMING\tENABLED\tLAST ATTEMPT\tLAST SUCCESS\tNEXT RUN")
-			for _, s := range out.Schedules {
-				timing := fmt.Sprint(s["cron"])
-				if s["cron"] == nil || s["cron"] == "" {
-					timing = fmt.Sprintf("every %vs", s["interval_seconds"])
-				}
-				fmt.Fprintf(w, "%v\t%v\t%s\t%v\t%v\t%v\t%v\n", s["name"], s["task"], timing, s["enabled"],
-					orDash(s["last_attempt"]), orDash(s["last_success"]), orDash(s["expected_next_run"]))
-			}
-			return w.Flush()
-		}
-	case "plugins ":
-		run = func(c *apiClient) error {
-			var out struct {
-				Plugins []host.Status `json:"plugins"`
-			}
-			if err := c.do("GET", "/admin/api/plugins", nil, &out); err != nil {
-				return err
-			}
-			w := tabwriter.NewWriter(os.Stdout, 0, 2, 2, ' ', 0)
-			fmt.Fprintln(w, "PLUGIN\tSTATE\tVERSION\tPID\tRESTARTS\tLAST ERROR")
-			for _, p := range out.Plugins {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\n", p.Name, p.State, p.Version, p.PID, p.Restarts, p.LastError)
-			}
-			return w.Flush()
-		}
-	default:
-		fmt.Fprintf(os.Stderr, "host %s: unknown command %q\n", cmd, sub)
-		usage()
-		return 2
 	}
-	if err := fs.Parse(args); err != nil {
-		return 2
+	row("id", t.ID)
+	row("task", t.Task)
+	row("topic", t.Topic)
+	row("state", t.State)
+	row("attempts", fmt.Sprintf("%d of %d", t.Attempts, t.MaxAttempts))
+	row("created_at", t.CreatedAt.Format(time.RFC3339Nano))
+	if t.ClaimedBy != nil {
+		row("claimed_by", *t.ClaimedBy)
 	}
-	c, err := client()
-	if err == nil {
-		err = run(c)
+	if t.FinishedAt != nil {
+		row("finished_at", t.FinishedAt.Format(time.RFC3339Nano))
 	}
-	if err == errPrinted {
-		return 0
+	if t.Error != nil {
+		row("error", *t.Error)
 	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "host %s: %v\n", strings.TrimSpace(cmd+" "+sub), err)
-		return 1
+	if len(t.Result) > 0 {
+		row("result", string(t.Result))
 	}
-	return 0
+	return w.Flush()
 }
 
-func orDash(v any) string {
-	if v == nil || v == "" {
+func tasksWait(*flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, args []string) error {
+		t, err := e.c.Wait(ctx, args[0])
+		if err != nil {
+			if t.State != "" {
+				return fmt.Errorf("%w; task %s is still %s", err, args[0], t.State)
+			}
+			return err
+		}
+		if err := e.printTask(t); err != nil {
+			return err
+		}
+		if t.State != client.StateDone {
+			fmt.Fprintf(e.stderr, "host tasks wait: task %s ended %s\n", t.ID, t.State)
+			return errExit1
+		}
+		return nil
+	}
+}
+
+func tasksList(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	var f client.Filter
+	fs.StringVar(&f.State, "state", "", "only tasks in `STATE`: queued, running, done, failed or dead")
+	fs.StringVar(&f.Topic, "topic", "", "only tasks of `TOPIC`")
+	fs.StringVar(&f.Task, "task", "", "only tasks named `NAME`")
+	fs.IntVar(&f.Limit, "limit", 20, "`N` tasks, 1 to 1000")
+	fs.StringVar(&f.Before, "before", "", "the tasks older than task `ID` (the next page)")
+	return func(ctx context.Context, e *env, _ []string) error {
+		p, err := e.c.List(ctx, f)
+		if err != nil {
+			return err
+		}
+		if e.json {
+			return e.printJSON(p)
+		}
+		w := e.table()
+		fmt.Fprintln(w, "ID\tTASK\tTOPIC\tSTATE\tATTEMPTS\tCREATED")
+		for _, t := range p.Tasks {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%s\n", t.ID, t.Task, t.Topic, t.State, t.Attempts, t.CreatedAt.Format(time.RFC3339))
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		if p.NextBefore != "" {
+			fmt.Fprintf(e.stderr, "more: add -before %s\n", p.NextBefore)
+		}
+		return nil
+	}
+}
+
+func schedulesList(*flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, _ []string) error {
+		list, err := e.c.Schedules(ctx)
+		if err != nil {
+			return err
+		}
+		if e.json {
+			return e.printJSON(list)
+		}
+		w := e.table()
+		fmt.Fprintln(w, "NAME\tTASK\tTIMING\tENABLED\tLAST ATTEMPT\tLAST SUCCESS\tNEXT RUN")
+		for _, s := range list {
+			timing := s.Cron
+			if timing == "" {
+				timing = fmt.Sprintf("every %ds", s.IntervalSeconds)
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\n", s.Name, s.Task, timing, s.Enabled,
+				timeOrDash(s.LastAttempt), timeOrDash(s.LastSuccess), timeOrDash(s.ExpectedNextRun))
+		}
+		return w.Flush()
+	}
+}
+
+func timeOrDash(t *time.Time) string {
+	if t == nil {
 		return "-"
 	}
-	return fmt.Sprint(v)
+	return t.Format(time.RFC3339)
+}
+
+func (e *env) printSchedule(s client.Schedule) error {
+	if e.json {
+		return e.printJSON(s)
+	}
+	w := e.table()
+	fmt.Fprintf(w, "name\t%s\ntask\t%s\ntopic\t%s\npayload\t%s\ntiming\t%s\nenabled\t%v\nmissed_policy\t%s\nsource\t%s\n",
+		s.Name, s.Task, s.Topic, s.Payload, s.Timing, s.Enabled, s.MissedPolicy, s.Source)
+	fmt.Fprintf(w, "last_attempt\t%s\nlast_success\t%s\nnext_run\t%s\n", timeOrDash(s.LastAttempt), timeOrDash(s.LastSuccess), timeOrDash(s.NextRun))
+	return w.Flush()
+}
+
+func schedulesGet(*flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, args []string) error {
+		s, err := e.c.GetSchedule(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		return e.printSchedule(s)
+	}
+}
+
+func schedulesEnable(on bool) func(*flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(*flag.FlagSet) func(context.Context, *env, []string) error {
+		return func(ctx context.Context, e *env, args []string) error {
+			s, err := e.c.GetSchedule(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			s, err = e.c.UpdateSchedule(ctx, client.ScheduleSpec{
+				Name: s.Name, Task: s.Task, Topic: s.Topic, Payload: s.Payload, IntervalSeconds: s.IntervalSeconds,
+				Cron: s.Cron, Enabled: &on, MissedPolicy: s.MissedPolicy,
+			})
+			if err != nil {
+				return err
+			}
+			return e.printSchedule(s)
+		}
+	}
+}
+
+func schedulesDelete(*flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, args []string) error {
+		if err := e.c.DeleteSchedule(ctx, args[0]); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.stdout, "deleted schedule %s\n", args[0])
+		return nil
+	}
+}
+
+func topicsList(*flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, _ []string) error {
+		list, err := e.c.Topics(ctx)
+		if err != nil {
+			return err
+		}
+		if e.json {
+			return e.printJSON(list)
+		}
+		w := e.table()
+		fmt.Fprintln(w, "TOPIC\tQUEUED\tRUNNING\tDEAD LETTER\tSUBSCRIBERS\tLIMIT\tPAUSED")
+		for _, t := range list {
+			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%v\n", t.Name, t.Queued, t.Running, t.DeadLetter, t.Subscribers, t.ConcurrencyLimit, t.Paused)
+		}
+		return w.Flush()
+	}
+}
+
+func topicsPause(paused bool) func(*flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(*flag.FlagSet) func(context.Context, *env, []string) error {
+		return func(ctx context.Context, e *env, args []string) error {
+			if err := e.c.SetTopic(ctx, args[0], client.TopicPatch{Paused: &paused}); err != nil {
+				return err
+			}
+			what := "resumed"
+			if paused {
+				what = "paused"
+			}
+			fmt.Fprintf(e.stdout, "topic %s %s\n", args[0], what)
+			return nil
+		}
+	}
+}
+
+func reclaim(*flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, _ []string) error {
+		res, err := e.c.Reclaim(ctx)
+		if err != nil {
+			return err
+		}
+		if e.json {
+			return e.printJSON(res)
+		}
+		fmt.Fprintln(e.stdout, res.Message)
+		return nil
+	}
+}
+
+func pluginsList(*flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, _ []string) error {
+		list, err := e.c.Plugins(ctx)
+		if err != nil {
+			return err
+		}
+		if e.json {
+			return e.printJSON(map[string]any{"plugins": list})
+		}
+		w := e.table()
+		fmt.Fprintln(w, "PLUGIN\tSTATE\tVERSION\tPID\tRESTARTS\tLAST ERROR")
+		for _, p := range list {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%s\n", p.Name, p.State, p.Version, p.PID, p.Restarts, p.LastError)
+		}
+		return w.Flush()
+	}
 }

@@ -1,9 +1,11 @@
-// Command host runs the taskhost plugin host.
+// Command host runs the taskhost plugin host, and talks to a running one.
 //
 //	host -config taskhost.yaml          run the host (the default command)
 //	host check-config -config FILE      validate a config file and exit
 //	host migrate [-dsn DSN]             migrate the PostgreSQL broker's tables
 //	host bench [-broker KIND] [flags]   measure the broker and the worker pool
+//	host tasks|schedules|topics|reclaim|plugins ...
+//	                                    talk to a running host (client.go)
 //	host version                        print the version
 //
 // migrate and bench are the task system's: the tasks_worker plugin's
@@ -15,6 +17,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -32,56 +36,141 @@ import (
 var version = "dev"
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	cl := &cli{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr}
+	os.Exit(cl.run(os.Args[1:]))
 }
 
-func run(args []string) int {
+// cli is the command line with its standard streams.
+type cli struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+func (cl *cli) run(args []string) int {
 	cmd := "run"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
 	}
-	switch cmd {
-	case "run":
-		return runHost(args)
-	case "check-config":
-		return checkConfig(args)
-	case "migrate":
+	if cmd == "run" && len(args) > 0 && isHelp(args[0]) {
+		cmd = "help"
+	}
+	switch {
+	case cmd == "run":
+		return cl.runHost(args)
+	case cmd == "check-config":
+		return cl.checkConfig(args)
+	case cmd == "migrate":
 		return tasksCmd(cmd, args, true)
-	case "bench":
+	case cmd == "bench":
 		return tasksCmd(cmd, args, false)
-	case "tasks", "reclaim", "schedules", "plugins":
-		return clientCmd(cmd, args)
-	case "version":
-		fmt.Println(version)
+	case clientGroups[cmd]:
+		return cl.clientCmd(append([]string{cmd}, args...))
+	case cmd == "version":
+		fmt.Fprintln(cl.stdout, version)
 		return 0
-	case "help":
-		usage()
+	case cmd == "help":
+		cl.usage(cl.stdout)
 		return 0
 	}
-	fmt.Fprintf(os.Stderr, "host: unknown command %q\n\n", cmd)
-	usage()
+	fmt.Fprintf(cl.stderr, "host: unknown command %q\n\n", cmd)
+	cl.usage(cl.stderr)
 	return 2
 }
 
-func usage() {
-	fmt.Fprint(os.Stderr, `usage:
-  host [run] -config FILE        run the host and its enabled plugins
-  host check-config -config FILE validate a config file
+// usage lists every command and its flags.
+func (cl *cli) usage(w io.Writer) {
+	fmt.Fprint(w, `usage: host [COMMAND] [FLAGS]   (flags may come before or after the arguments)
+
+running a host:
+  host [run] [-config FILE]      run the host and its enabled plugins
+  host check-config [-config FILE]
+                                 validate a config file, each enabled plugin's block included
+      -config FILE               config file (default $TASKHOST_CONFIG, else taskhost.yaml;
+                                 examples/taskhost.yaml is the one `+"`make run`"+` uses)
   host migrate [-config FILE] [-dsn DSN] [-schema S]
                                  bring the PostgreSQL broker's tables up to date
   host bench [-broker memory|local|postgres] [-jobs N] [-workers N] ...
-                                 measure the broker and the worker pool (-h lists the flags)
+                                 measure the broker and the worker pool (host bench -h lists its flags)
   host version                   print the version
+  host help                      this text
 
-talking to a running host (-addr, default from -config's listen; -token or $TASKHOST_ADMIN_TOKEN):
-  host tasks submit -task NAME [-topic T] [-payload JSON] [-delay SECONDS]
-  host tasks get ID
-  host tasks list [-state S] [-topic T] [-task NAME] [-limit N]
-  host reclaim                   run one orphan-reclaim pass now and print what it did
-  host schedules list
-  host plugins                   every plugin with its state
-  (add -json to any of them for the raw answer)
+talking to a running host:
 `)
+	for i := range clientCommands {
+		cmd := &clientCommands[i]
+		fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+		addCommonFlags(fs, cmd.noTimeout)
+		cmd.setup(fs)
+		cl.commandUsage(w, cmd, fs, false)
+	}
+	fmt.Fprint(w, `
+  flags of every command talking to a host:
+`)
+	fs := flag.NewFlagSet("common", flag.ContinueOnError)
+	addCommonFlags(fs, false)
+	printFlags(w, fs, nil)
+	fmt.Fprint(w, `
+exit status: 0 done; 1 the command failed (the host refused, could not be reached, a batch
+stopped at a bad line, a waited task ended failed or dead); 2 a mistake in the command line.
+`)
+}
+
+// commonFlagNames are the flags addCommonFlags defines.
+var commonFlagNames = map[string]bool{"config": true, "addr": true, "token": true, "json": true, "timeout": true}
+
+// commandUsage prints a client command's line and its own flags, and the
+// common ones when withCommon.
+func (cl *cli) commandUsage(w io.Writer, cmd *clientCommand, fs *flag.FlagSet, withCommon bool) {
+	line := "  host " + cmd.name
+	if cmd.args != "" {
+		line += " " + cmd.args
+	}
+	own := 0
+	fs.VisitAll(func(f *flag.Flag) {
+		if !commonFlagNames[f.Name] {
+			own++
+		}
+	})
+	if own > 0 {
+		line += " [FLAGS]"
+	}
+	fmt.Fprintf(w, "%s\n      %s\n", line, cmd.about)
+	printFlags(w, fs, func(name string) bool { return withCommon || !commonFlagNames[name] })
+}
+
+// groupUsage prints the commands of one group, such as tasks.
+func (cl *cli) groupUsage(w io.Writer, group string) {
+	fmt.Fprintf(w, "host %s commands (flags may come before or after the arguments):\n", group)
+	for i := range clientCommands {
+		cmd := &clientCommands[i]
+		if strings.Fields(cmd.name)[0] != group {
+			continue
+		}
+		fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+		addCommonFlags(fs, cmd.noTimeout)
+		cmd.setup(fs)
+		cl.commandUsage(w, cmd, fs, false)
+	}
+	fmt.Fprintln(w, "  every one also takes -config FILE, -addr URL, -token TOKEN, -json and -timeout D (host help)")
+}
+
+// printFlags prints the flags of fs that keep selects (all when nil).
+func printFlags(w io.Writer, fs *flag.FlagSet, keep func(string) bool) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if keep != nil && !keep(f.Name) {
+			return
+		}
+		name, usage := flag.UnquoteUsage(f)
+		head := "-" + f.Name
+		if name != "" {
+			head += " " + name
+		}
+		def := ""
+		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" && f.Name != "token" && f.Name != "timeout" {
+			def = fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "      %-22s %s%s\n", head, usage, def)
+	})
 }
 
 func configFlag(fs *flag.FlagSet) *string {
@@ -89,54 +178,71 @@ func configFlag(fs *flag.FlagSet) *string {
 	if def == "" {
 		def = "taskhost.yaml"
 	}
-	return fs.String("config", def, "config file (env TASKHOST_CONFIG)")
+	return fs.String("config", def, "config `FILE` (env TASKHOST_CONFIG)")
+}
+
+// loadConfig loads the config at path, or says on standard error why it
+// cannot, with where a config comes from when there is no such file.
+func (cl *cli) loadConfig(path string) (*host.Config, error) {
+	cfg, err := host.LoadConfig(path)
+	if err == nil {
+		return cfg, nil
+	}
+	fmt.Fprintf(cl.stderr, "host: %v\n", err)
+	if errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(cl.stderr, `host: no config file %s: name one with -config FILE or $TASKHOST_CONFIG (default taskhost.yaml in
+      the current directory). To try taskhost, run `+"`make run`"+` in the source tree: it builds everything and
+      starts the host with examples/taskhost.yaml; or copy that file and edit it. host help lists the commands.
+`, path)
+	}
+	return nil, err
 }
 
 // httpDrain bounds how long shutdown waits for open HTTP requests.
 const httpDrain = 10 * time.Second
 
-func checkConfig(args []string) int {
+func (cl *cli) checkConfig(args []string) int {
 	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
+	fs.SetOutput(cl.stderr)
 	path := configFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	cfg, err := host.LoadConfig(*path)
+	cfg, err := cl.loadConfig(*path)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "host: %v\n", err)
 		return 1
 	}
 	if len(cfg.UnsetEnv) > 0 {
-		fmt.Printf("%s: note: refers to environment variables that are not set (their values are empty): %s\n", *path, strings.Join(cfg.UnsetEnv, ", "))
+		fmt.Fprintf(cl.stdout, "%s: note: refers to environment variables that are not set (their values are empty): %s\n", *path, strings.Join(cfg.UnsetEnv, ", "))
 	}
 	failed := false
 	for _, c := range host.CheckPluginConfigs(context.Background(), cfg) {
 		switch {
 		case c.Err != nil:
 			failed = true
-			fmt.Fprintf(os.Stderr, "host: %s: %v\n", *path, c.Err)
+			fmt.Fprintf(cl.stderr, "host: %s: %v\n", *path, c.Err)
 		case c.Checked:
-			fmt.Printf("%s: plugins.%s.config: ok\n", *path, c.Plugin)
+			fmt.Fprintf(cl.stdout, "%s: plugins.%s.config: ok\n", *path, c.Plugin)
 		default:
-			fmt.Printf("%s: plugins.%s.config: %s\n", *path, c.Plugin, c.Note)
+			fmt.Fprintf(cl.stdout, "%s: plugins.%s.config: %s\n", *path, c.Plugin, c.Note)
 		}
 	}
 	if failed {
 		return 1
 	}
-	fmt.Printf("%s: ok (%d plugins configured)\n", *path, len(cfg.Plugins))
+	fmt.Fprintf(cl.stdout, "%s: ok (%d plugins configured)\n", *path, len(cfg.Plugins))
 	return 0
 }
 
-func runHost(args []string) int {
+func (cl *cli) runHost(args []string) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(cl.stderr)
 	path := configFlag(fs)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	cfg, err := host.LoadConfig(*path)
+	cfg, err := cl.loadConfig(*path)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "host: %v\n", err)
 		return 1
 	}
 	log := hclog.New(&hclog.LoggerOptions{

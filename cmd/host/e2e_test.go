@@ -1,0 +1,197 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// hostURL is a real host TestMain starts (bin/host and tasks_worker built
+// from this tree, on the local store), for the command line to talk to.
+var hostURL string
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "taskhost-cli-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	var log lockedBuffer
+	stop, err := startHost(dir, &log)
+	code := 1
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "start a host for the command-line tests: %v\n%s", err, log.String())
+	} else {
+		code = m.Run()
+		stop()
+		if code != 0 {
+			fmt.Fprintf(os.Stderr, "host log:\n%s", log.String())
+		}
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func startHost(dir string, log *lockedBuffer) (func(), error) {
+	plugins := filepath.Join(dir, "plugins")
+	for out, pkg := range map[string]string{
+		filepath.Join(dir, "host"):                       "./cmd/host",
+		filepath.Join(plugins, "fp-plugin-tasks_worker"): "./plugins/tasksworker/cmd/fp-plugin-tasks_worker",
+	} {
+		cmd := exec.Command("go", "build", "-o", out, pkg)
+		cmd.Dir = "../.."
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	config := fmt.Sprintf(`listen: %s
+plugins_dir: %s
+plugins:
+  tasks_worker:
+    enabled: true
+    config:
+      broker: local
+      data_dir: %s
+      workers: 4
+      schedules:
+        - {name: nightly, task: demo.echo, cron: "0 3 * * *"}
+`, addr, plugins, filepath.Join(dir, "var"))
+	path := filepath.Join(dir, "taskhost.yaml")
+	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(dir, "host"), "-config", path)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stop := func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(60 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}
+	hostURL = "http://" + addr
+	for deadline := time.Now().Add(90 * time.Second); ; {
+		if resp, err := http.Get(hostURL + "/plugin-pkg/tasks_worker/api/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return stop, nil
+			}
+		}
+		select {
+		case <-exited:
+			return nil, fmt.Errorf("the host exited before tasks_worker answered")
+		default:
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("tasks_worker did not answer /api/health within 90s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestCommandLineOnAHost drives the real host with the commands this
+// package adds or changed, flags after the arguments.
+func TestCommandLineOnAHost(t *testing.T) {
+	must := func(stdin string, args ...string) (string, string) {
+		t.Helper()
+		code, out, errOut := runCLI(stdin, append(args, "-addr", hostURL)...)
+		if code != 0 {
+			t.Fatalf("host %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), code, out, errOut)
+		}
+		return out, errOut
+	}
+
+	// Submit 3,000 tasks from standard input, with their ids.
+	var nd strings.Builder
+	for i := range 3000 {
+		fmt.Fprintf(&nd, `{"task": "demo.echo", "payload": {"i": %d}}`+"\n", i)
+	}
+	out, errOut := must(nd.String(), "tasks", "submit", "-file", "-", "-ids")
+	ids := strings.Fields(out)
+	if len(ids) != 3000 || !strings.Contains(errOut, "stored 3000 tasks from 3000 lines of standard input") {
+		t.Fatalf("submit -file -: %d ids\nstderr:\n%s", len(ids), errOut)
+	}
+	out, _ = must("", "tasks", "wait", ids[2999], "-timeout", "2m")
+	if !strings.Contains(out, "done") || !strings.Contains(out, `{"i":2999}`) {
+		t.Fatalf("tasks wait:\n%s", out)
+	}
+	out, _ = must("", "tasks", "get", ids[0], "-json")
+	if !strings.Contains(out, `"id": "`+ids[0]+`"`) || !strings.Contains(out, `"result": {`) {
+		t.Fatalf("tasks get ID -json:\n%s", out)
+	}
+
+	// A file with a bad line: the lines before it are stored.
+	file := filepath.Join(t.TempDir(), "tasks.ndjson")
+	if err := os.WriteFile(file, []byte("{\"task\": \"demo.echo\"}\n{\"task\": \"demo.echo\"}\n{\"task\": \"nope\"}\n{\"task\": \"demo.echo\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := runCLI("", "tasks", "submit", "-file", file, "-addr", hostURL)
+	if code != 1 || !strings.Contains(errOut, "stopped at line 3") || !strings.Contains(errOut, `"nope"`) || !strings.Contains(errOut, "the 2 tasks before it are stored") {
+		t.Fatalf("a bad line: exit %d\n%s", code, errOut)
+	}
+
+	// A task that fails: wait exits 1 and says how it ended.
+	id, _ := must("", "tasks", "submit", "-task", "demo.fail", "-max-attempts", "1")
+	code, out, errOut = runCLI("", "tasks", "wait", strings.TrimSpace(id), "-addr", hostURL)
+	if code != 1 || !strings.Contains(errOut, "ended failed") && !strings.Contains(errOut, "ended dead") {
+		t.Fatalf("waiting on demo.fail: exit %d\n%s\n%s", code, out, errOut)
+	}
+
+	// Topics and schedules.
+	must("", "topics", "pause", "default")
+	if out, _ := must("", "topics", "list"); !strings.Contains(out, "true") {
+		t.Fatalf("topics list after pause:\n%s", out)
+	}
+	must("", "topics", "resume", "default")
+	if out, _ := must("", "schedules", "disable", "nightly"); !regexp.MustCompile(`(?m)^enabled\s+false$`).MatchString(out) {
+		t.Fatalf("schedules disable:\n%s", out)
+	}
+	if out, _ := must("", "schedules", "get", "nightly", "-json"); !strings.Contains(out, `"enabled": false`) {
+		t.Fatalf("schedules get -json after disable:\n%s", out)
+	}
+	must("", "schedules", "enable", "nightly")
+	must("", "schedules", "delete", "nightly")
+	if code, _, errOut := runCLI("", "schedules", "get", "nightly", "-addr", hostURL); code != 1 || !strings.Contains(errOut, "HTTP 404") {
+		t.Fatalf("a deleted schedule: exit %d\n%s", code, errOut)
+	}
+}
