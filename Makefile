@@ -31,7 +31,7 @@ build: ## build the host into bin/ and the plugins into bin/plugins/
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(PLUGINS)/fp-plugin-example ./plugins/example/cmd/fp-plugin-example
 
 .PHONY: run
-run: build ## build, then run the host with both plugins (CONFIG=file, LISTEN=host:port: see README)
+run: build ## build, then run the host with its plugins (CONFIG=file, LISTEN=host:port: see README)
 	@addr='$(LISTEN)'; \
 	if [ -z "$$addr" ]; then addr=$$(sed -n 's/^listen:[[:space:]]*["'"'"']\{0,1\}\([^"'"'"'#[:space:]]*\).*/\1/p' '$(CONFIG)' | head -n 1); fi; \
 	case "$$addr" in \
