@@ -10,6 +10,8 @@ PLUGINS   := $(BIN)/plugins
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
 CONFIG    ?= examples/taskhost.yaml
+# make run LISTEN=127.0.0.1:9090: the host listens there (it sets TASKHOST_LISTEN), whatever CONFIG says.
+LISTEN    ?= $(TASKHOST_LISTEN)
 TOOLS     := $(CURDIR)/$(BIN)/tools
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
@@ -29,14 +31,22 @@ build: ## build the host into bin/ and the plugins into bin/plugins/
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(PLUGINS)/fp-plugin-example ./plugins/example/cmd/fp-plugin-example
 
 .PHONY: run
-run: build ## build, then run the host with both plugins (examples/taskhost.yaml)
-	@echo
-	@echo "  admin UI:  http://127.0.0.1:8080/admin/"
-	@echo "  task UI:   http://127.0.0.1:8080/plugin-pkg/tasks_worker/ui/"
-	@echo "  metrics:   http://127.0.0.1:8080/plugin-pkg/metrics/api/prometheus"
-	@echo "  tasks API: http://127.0.0.1:8080/plugin-pkg/tasks_worker/api/tasks"
-	@echo
-	$(BIN)/host -config $(CONFIG)
+run: build ## build, then run the host with its plugins (CONFIG=file, LISTEN=host:port: see README)
+	@addr='$(LISTEN)'; \
+	if [ -z "$$addr" ]; then addr=$$(sed -n 's/^listen:[[:space:]]*["'"'"']\{0,1\}\([^"'"'"'#[:space:]]*\).*/\1/p' '$(CONFIG)' | head -n 1); fi; \
+	case "$$addr" in \
+	'') addr=127.0.0.1:8080 ;; \
+	:*) addr=127.0.0.1$$addr ;; \
+	0.0.0.0:*) addr=127.0.0.1:$${addr##*:} ;; \
+	'[::]':*) addr=[::1]:$${addr##*:} ;; \
+	esac; \
+	echo; \
+	echo "  admin UI:  http://$$addr/admin/"; \
+	echo "  task UI:   http://$$addr/plugin-pkg/tasks_worker/ui/"; \
+	echo "  metrics:   http://$$addr/plugin-pkg/metrics/api/prometheus"; \
+	echo "  tasks API: http://$$addr/plugin-pkg/tasks_worker/api/tasks"; \
+	echo
+	$(if $(LISTEN),TASKHOST_LISTEN='$(LISTEN)' )$(BIN)/host -config $(CONFIG)
 
 .PHONY: test/setup
 test/setup: ## install or start what the tests need (PostgreSQL, promtool, Chromium); TASKHOST_TEST_SETUP=0 skips

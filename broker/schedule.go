@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"encoding/json"
+	"strconv"
 	"time"
 )
 
@@ -75,9 +76,14 @@ type FireResult struct {
 const MaxFireBatch = 1000
 
 // Report is one attempt of one message: the task's own account.
+//
+// In JSON it also carries task_id: MessageID as a string, the id the tasks
+// API answers a submit with and serves at tasks/{id}. message_id, the same
+// value as a number, is deprecated: it stays until 2027-06-30 and may go
+// after, so clients read task_id.
 type Report struct {
 	ID        int64           `json:"id"`
-	MessageID int64           `json:"message_id"`
+	MessageID int64           `json:"message_id"` // deprecated: read task_id
 	Task      string          `json:"task"`
 	Topic     string          `json:"topic"`
 	Schedule  string          `json:"schedule,omitempty"`
@@ -97,6 +103,15 @@ type Report struct {
 	// writer may retry a batch whose commit it did not hear of. It is
 	// stored only; reads leave it empty.
 	Key string `json:"-"`
+}
+
+// MarshalJSON writes the report with task_id beside message_id.
+func (r Report) MarshalJSON() ([]byte, error) {
+	type fields Report // without this method
+	return json.Marshal(struct {
+		fields
+		TaskID string `json:"task_id"`
+	}{fields(r), strconv.FormatInt(r.MessageID, 10)})
 }
 
 // Report statuses. Success is the status, never the returned payload: a

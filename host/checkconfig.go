@@ -30,8 +30,10 @@ const checkConfigTimeout = 10 * time.Second
 
 // CheckPluginConfigs asks each enabled plugin's binary to check its config
 // block without starting (capability.ConfigChecker), as `host
-// check-config` does. A plugin whose binary is missing, or that cannot
-// check its config offline, is reported as not checked.
+// check-config` does. A plugin whose binary is missing from the plugins
+// directory (resolved as `host run` resolves it: a relative one against
+// the working directory) fails the check, naming the directory looked in;
+// one that cannot check its config offline is reported as not checked.
 func CheckPluginConfigs(ctx context.Context, cfg *Config) []PluginCheck {
 	var out []PluginCheck
 	for _, pc := range cfg.Plugins {
@@ -47,7 +49,12 @@ func checkPluginConfig(ctx context.Context, cfg *Config, pc PluginConfig) Plugin
 	res := PluginCheck{Plugin: pc.Name}
 	path := filepath.Join(cfg.PluginsDir, BinaryPrefix+pc.Name)
 	if info, err := os.Stat(path); err != nil || info.IsDir() || info.Mode().Perm()&0o111 == 0 {
-		res.Note = fmt.Sprintf("not checked: no executable %s (build it, or drop it in %s)", path, cfg.PluginsDir)
+		// The host would not start it either: a failure, not a note, so
+		// a config whose plugins_dir points at the wrong place fails the
+		// check instead of saying ok.
+		res.Checked = true
+		res.Err = fmt.Errorf("plugins.%s: no executable %s in the plugins directory %s%s; build the plugins (make build), or set plugins_dir to where they are",
+			pc.Name, BinaryPrefix+pc.Name, cfg.PluginsDirAbs(), relativeNote(cfg.PluginsDir))
 		return res
 	}
 	// Never run a binary the host would refuse to start (one that others
@@ -111,4 +118,13 @@ func checkPluginConfig(ctx context.Context, cfg *Config, pc PluginConfig) Plugin
 		res.Note = fmt.Sprintf("not checked: %s %s exited with status %d (a plugin built before config checks, or not a taskhost plugin)", path, capability.CheckConfigArg, code)
 	}
 	return res
+}
+
+// relativeNote says how a relative plugins_dir was resolved, for a user
+// who ran the host from another directory than the one it was meant for.
+func relativeNote(dir string) string {
+	if filepath.IsAbs(dir) {
+		return ""
+	}
+	return fmt.Sprintf(" (plugins_dir %s is relative to the working directory, not to the config file)", dir)
 }

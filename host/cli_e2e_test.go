@@ -77,9 +77,9 @@ plugins:
 
 // TestCheckConfigChecksPluginBlocks: `host check-config` has each enabled
 // plugin binary check its own config block: a bad tasks_worker setting or
-// schedule fails the check naming the key, a good file passes, and a
-// plugin that cannot check offline (or has no binary) is reported as not
-// checked rather than as ok.
+// schedule fails the check naming the key, a good file passes, a plugin
+// that cannot check offline is reported as not checked rather than as ok,
+// and an enabled plugin without a binary fails the check.
 func TestCheckConfigChecksPluginBlocks(t *testing.T) {
 	check := func(config string) (string, error) {
 		path := filepath.Join(t.TempDir(), "taskhost.yaml")
@@ -115,12 +115,47 @@ plugins:
   metrics:
     enabled: true
   nobinary:
-    enabled: true
+    enabled: false
 `)
 	if err != nil || !strings.Contains(out, "plugins.tasks_worker.config: ok") ||
 		!strings.Contains(out, "plugins.metrics.config: not checked: the plugin checks its config only when it starts") ||
-		!strings.Contains(out, "plugins.nobinary.config: not checked: no executable") {
-		t.Errorf("a good file: check-config = %v\n%s", err, out)
+		strings.Contains(out, "nobinary") {
+		t.Errorf("a good file (a disabled plugin needs no binary): check-config = %v\n%s", err, out)
+	}
+	// An enabled plugin without a binary would not start: the check fails.
+	out, err = check("plugins_dir: PLUGINS\nplugins:\n  metrics:\n    enabled: true\n  nobinary:\n    enabled: true\n")
+	if err == nil || !strings.Contains(out, "plugins.nobinary: no executable fp-plugin-nobinary in the plugins directory "+pluginsDir+";") ||
+		strings.Contains(out, ": ok (") {
+		t.Errorf("an enabled plugin without a binary: check-config = %v\n%s\nwant a failure naming %s", err, out, pluginsDir)
+	}
+}
+
+// TestCheckConfigResolvesPluginsDirAsRunDoes: a relative plugins_dir is
+// relative to the working directory, for `host check-config` as for `host
+// run`, whatever directory the config file is in. From the right
+// directory the check finds and runs the plugins; from another it fails,
+// naming the directory it looked in, instead of saying ok.
+func TestCheckConfigResolvesPluginsDirAsRunDoes(t *testing.T) {
+	path := writeConfig(t, "plugins_dir: "+filepath.Base(pluginsDir)+`
+plugins:
+  tasks_worker:
+    enabled: true
+    config: {broker: memory}
+`)
+	checkFrom := func(dir string) (string, error) {
+		cmd := exec.Command(filepath.Join(binDir, "host"), "check-config", "-config", path)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := checkFrom(filepath.Dir(pluginsDir)); err != nil || !strings.Contains(out, "plugins.tasks_worker.config: ok") {
+		t.Errorf("from the directory holding %s: check-config = %v\n%s", filepath.Base(pluginsDir), err, out)
+	}
+	elsewhere := filepath.Dir(path) // the config file's own directory has no plugins
+	want := "no executable fp-plugin-tasks_worker in the plugins directory " + filepath.Join(elsewhere, filepath.Base(pluginsDir)) +
+		" (plugins_dir " + filepath.Base(pluginsDir) + " is relative to the working directory, not to the config file)"
+	if out, err := checkFrom(elsewhere); err == nil || !strings.Contains(out, want) || strings.Contains(out, ": ok") {
+		t.Errorf("from a directory without the plugins: check-config = %v\n%s\nwant a failure saying %q", err, out, want)
 	}
 }
 

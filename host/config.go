@@ -38,10 +38,13 @@ import (
 // ${NAME} in any value is replaced by the environment variable NAME (empty
 // when unset), so secrets stay out of the file.
 type Config struct {
-	// Listen is the HTTP address; default 127.0.0.1:8080.
+	// Listen is the HTTP address; default 127.0.0.1:8080. LoadConfig
+	// takes $TASKHOST_LISTEN over the file's listen when it is set.
 	Listen string
-	// PluginsDir holds the fp-plugin-<name> binaries, relative to the
-	// working directory unless absolute; default bin/plugins.
+	// PluginsDir holds the fp-plugin-<name> binaries; default bin/plugins.
+	// A relative one is relative to the host's working directory, not to
+	// the config file's: `host run` and `host check-config` both resolve
+	// it so (PluginsDirAbs), and have always done so for run.
 	PluginsDir string
 	// AdminToken guards /admin and every mutating request. It is required
 	// when Listen is not a loopback address.
@@ -142,16 +145,30 @@ const (
 	DefaultPluginsDir = "bin/plugins"
 )
 
+// ListenEnv names the environment variable that, when set and not
+// empty, replaces the config file's listen (as `make run LISTEN=...`
+// does), so one file serves on another port without being edited.
+const ListenEnv = "TASKHOST_LISTEN"
+
+// PluginsDirAbs is PluginsDir as an absolute path: a relative one is
+// joined to the working directory. Messages about missing plugins name
+// it, so a user who ran from another directory sees where the host
+// looked.
+func (c *Config) PluginsDirAbs() string { return absDir(c.PluginsDir) }
+
 // reservedNames cannot be plugin names.
 var reservedNames = map[string]bool{"host": true, "admin": true}
 
-// LoadConfig reads and validates the config file at path.
+// LoadConfig reads and validates the config file at path. A non-empty
+// $TASKHOST_LISTEN (ListenEnv) replaces the file's listen, and is
+// validated as listen is.
 func LoadConfig(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	return ParseConfig(path, data)
+	p := configParser{file: path, listen: os.Getenv(ListenEnv)}
+	return p.parse(data)
 }
 
 // ParseConfig parses and validates config file contents; file names the
@@ -162,8 +179,10 @@ func ParseConfig(file string, data []byte) (*Config, error) {
 }
 
 type configParser struct {
-	file  string
-	unset map[*yaml.Node][]string // a value -> the unset variables it refers to
+	file string
+	// listen, when not empty, replaces the file's listen ($TASKHOST_LISTEN).
+	listen string
+	unset  map[*yaml.Node][]string // a value -> the unset variables it refers to
 }
 
 // unsetNote is what an error about value n adds when n refers to unset
@@ -322,6 +341,9 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 		if err != nil {
 			return nil, err
 		}
+	}
+	if p.listen != "" {
+		cfg.Listen = p.listen
 	}
 	if !publicReadsSet {
 		host, _, _ := net.SplitHostPort(cfg.Listen)
@@ -499,24 +521,30 @@ func emptyDocument(n *yaml.Node) bool {
 }
 
 func (p *configParser) validate(cfg *Config, root *yaml.Node) error {
+	// An error about an overriding $TASKHOST_LISTEN names the variable,
+	// not the file's line, which is not what is wrong.
+	listenNode, from := findKey(root, "listen"), ""
+	if p.listen != "" {
+		listenNode, from = nil, " (from $"+ListenEnv+", which replaces the file's listen)"
+	}
 	host, port, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
-		return p.errf("listen", findKey(root, "listen"), "%q is not host:port (e.g. 127.0.0.1:8080): %v", cfg.Listen, err)
+		return p.errf("listen", listenNode, "%q%s is not host:port (e.g. 127.0.0.1:8080): %v", cfg.Listen, from, err)
 	}
 	if port == "" {
-		return p.errf("listen", findKey(root, "listen"), "%q: the port is empty", cfg.Listen)
+		return p.errf("listen", listenNode, "%q%s: the port is empty", cfg.Listen, from)
 	}
 	if n, err := strconv.Atoi(port); err == nil {
 		if n < 0 || n > 65535 {
-			return p.errf("listen", findKey(root, "listen"), "%q: the port must be a number from 0 to 65535", cfg.Listen)
+			return p.errf("listen", listenNode, "%q%s: the port must be a number from 0 to 65535", cfg.Listen, from)
 		}
 	} else if _, err := net.LookupPort("tcp", port); err != nil {
-		return p.errf("listen", findKey(root, "listen"), "%q: the port is neither a number from 0 to 65535 nor a service name", cfg.Listen)
+		return p.errf("listen", listenNode, "%q%s: the port is neither a number from 0 to 65535 nor a service name", cfg.Listen, from)
 	}
 	if !IsLoopback(host) && cfg.AdminToken == "" {
-		return p.errf("admin_token", findKey(root, "listen"),
-			"required because listen (%s) is not a loopback address: set admin_token (e.g. admin_token: ${TASKHOST_ADMIN_TOKEN}) or listen on 127.0.0.1%s",
-			cfg.Listen, p.unsetNote(findKey(root, "admin_token"), "admin_token"))
+		return p.errf("admin_token", listenNode,
+			"required because listen (%s%s) is not a loopback address: set admin_token (e.g. admin_token: ${TASKHOST_ADMIN_TOKEN}) or listen on 127.0.0.1%s",
+			cfg.Listen, from, p.unsetNote(findKey(root, "admin_token"), "admin_token"))
 	}
 	if strings.ContainsFunc(cfg.AdminToken, unicode.IsSpace) {
 		return p.errf("admin_token", findKey(root, "admin_token"), "holds white space; use at least 16 random letters and digits (it is sent as Authorization: Bearer <admin_token>)")

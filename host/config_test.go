@@ -1,6 +1,9 @@
 package host
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -189,5 +192,76 @@ func TestHTTPGuardSettings(t *testing.T) {
 		if _, err := ParseConfig("taskhost.yaml", []byte(text)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v; want %q", text, err, want)
 		}
+	}
+}
+
+// TestListenEnvReplacesTheFilesListen: $TASKHOST_LISTEN (what `make run
+// LISTEN=...` sets) replaces the file's listen in LoadConfig, is checked
+// as listen is, with errors naming the variable, and decides the
+// public_reads default as listen does. ParseConfig ignores it.
+func TestListenEnvReplacesTheFilesListen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "taskhost.yaml")
+	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:8080\nplugins_dir: bin/plugins\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct{ env, listen, wantErr string }{
+		{"", "127.0.0.1:8080", ""},
+		{"127.0.0.1:9090", "127.0.0.1:9090", ""},
+		{"[::1]:0", "[::1]:0", ""},
+		{"9090", "", `listen: "9090" (from $TASKHOST_LISTEN, which replaces the file's listen) is not host:port`},
+		{"127.0.0.1:70000", "", `listen: "127.0.0.1:70000" (from $TASKHOST_LISTEN, which replaces the file's listen): the port must be a number from 0 to 65535`},
+		{"0.0.0.0:9090", "", "admin_token: required because listen (0.0.0.0:9090 (from $TASKHOST_LISTEN"},
+	} {
+		t.Setenv(ListenEnv, tt.env)
+		cfg, err := LoadConfig(path)
+		switch {
+		case tt.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("TASKHOST_LISTEN=%q: %v; want an error saying %q", tt.env, err, tt.wantErr)
+			}
+		case err != nil:
+			t.Errorf("TASKHOST_LISTEN=%q: %v", tt.env, err)
+		case cfg.Listen != tt.listen || !cfg.PublicReads:
+			t.Errorf("TASKHOST_LISTEN=%q: listen %q, public_reads %v; want %q, true", tt.env, cfg.Listen, cfg.PublicReads, tt.listen)
+		}
+	}
+	// A non-loopback address from the variable turns public reads off,
+	// as the same address in the file does.
+	t.Setenv("TASKHOST_TEST_TOKEN", "0123456789abcdef0123")
+	if err := os.WriteFile(path, []byte("admin_token: ${TASKHOST_TEST_TOKEN}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(ListenEnv, "0.0.0.0:9090")
+	if cfg, err := LoadConfig(path); err != nil || cfg.Listen != "0.0.0.0:9090" || cfg.PublicReads {
+		t.Errorf("a non-loopback TASKHOST_LISTEN with a token: %+v, %v; want listen 0.0.0.0:9090 and public_reads false", cfg, err)
+	}
+	if cfg, err := ParseConfig(path, []byte("listen: 127.0.0.1:8080\n")); err != nil || cfg.Listen != "127.0.0.1:8080" {
+		t.Errorf("ParseConfig with TASKHOST_LISTEN set: %+v, %v; want the file's listen", cfg, err)
+	}
+}
+
+// TestPluginsDirIsRelativeToTheWorkingDirectory: a relative plugins_dir is
+// resolved against the working directory (as `host run` has always
+// done), and a missing binary fails the config check naming that
+// directory, whatever directory the config file is in.
+func TestPluginsDirIsRelativeToTheWorkingDirectory(t *testing.T) {
+	work := t.TempDir()
+	t.Chdir(work)
+	cfg, err := ParseConfig(filepath.Join(t.TempDir(), "taskhost.yaml"), []byte("plugins_dir: plugins\nplugins:\n  metrics: {enabled: true}\n  off: {enabled: false}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.PluginsDirAbs(); got != filepath.Join(work, "plugins") {
+		t.Errorf("PluginsDirAbs = %q, want %q", got, filepath.Join(work, "plugins"))
+	}
+	checks := CheckPluginConfigs(context.Background(), cfg)
+	want := "plugins.metrics: no executable fp-plugin-metrics in the plugins directory " + filepath.Join(work, "plugins") +
+		" (plugins_dir plugins is relative to the working directory, not to the config file)"
+	if len(checks) != 1 || checks[0].Err == nil || !strings.Contains(checks[0].Err.Error(), want) {
+		t.Errorf("checks = %+v; want one failure saying %q", checks, want)
+	}
+	d, err := Discover(cfg.PluginsDir)
+	if err != nil || len(d.Binaries) != 0 || len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "plugins directory "+filepath.Join(work, "plugins")+" does not exist") {
+		t.Errorf("Discover = %+v, %v; want a warning naming %s", d, err, filepath.Join(work, "plugins"))
 	}
 }

@@ -21,7 +21,8 @@ type Discovered struct {
 	Warnings []string
 }
 
-// Discover scans dir, non-recursively, for executable regular files named
+// Discover scans dir (a relative one from the working directory, see
+// Config.PluginsDir), non-recursively, for executable regular files named
 // fp-plugin-<name>, or symbolic links to such files in dir. A missing
 // directory is not an error: the host runs with no plugins and says so.
 // Neither is a directory or binary others could change (see trust.go):
@@ -31,7 +32,7 @@ func Discover(dir string) (Discovered, error) {
 	d := Discovered{Binaries: map[string]string{}}
 	realDir, err := checkPluginsDir(dir)
 	if os.IsNotExist(err) {
-		d.Warnings = append(d.Warnings, fmt.Sprintf("plugins directory %s does not exist; build the plugins with `make build`", dir))
+		d.Warnings = append(d.Warnings, fmt.Sprintf("plugins directory %s does not exist%s; build the plugins with `make build`, or set plugins_dir", absDir(dir), relativeNote(dir)))
 		return d, nil
 	}
 	if err != nil {
@@ -79,4 +80,13 @@ func (d Discovered) Names() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// absDir is dir made absolute against the working directory, or dir
+// itself when that fails.
+func absDir(dir string) string {
+	if abs, err := filepath.Abs(dir); err == nil {
+		return abs
+	}
+	return dir
 }

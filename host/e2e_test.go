@@ -31,6 +31,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// Each test's config says where its host listens; a TASKHOST_LISTEN
+	// left in the environment would send every host to one address.
+	os.Unsetenv("TASKHOST_LISTEN") // host.ListenEnv
 	dir, err := os.MkdirTemp("", "taskhost-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

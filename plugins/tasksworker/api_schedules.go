@@ -132,7 +132,8 @@ func listReports(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		writeError(w, http.StatusBadRequest, "unknown status %q; use one of %s", f.Status, strings.Join(service.ReportStatuses, ", "))
 		return
 	}
-	for key, dst := range map[string]*int64{"message_id": &f.MessageID, "before": &f.Before} {
+	var taskID int64
+	for key, dst := range map[string]*int64{"task_id": &taskID, "message_id": &f.MessageID, "before": &f.Before} {
 		if s := q.Get(key); s != "" {
 			n, err := strconv.ParseInt(s, 10, 64)
 			if err != nil || n <= 0 {
@@ -141,6 +142,15 @@ func listReports(w http.ResponseWriter, r *http.Request, rt *runtime) {
 			}
 			*dst = n
 		}
+	}
+	// task_id is the tasks API's id; message_id, the same number, is its
+	// deprecated name. Both may be given only when they agree.
+	if taskID != 0 {
+		if f.MessageID != 0 && f.MessageID != taskID {
+			writeError(w, http.StatusBadRequest, "task_id %d and message_id %d name different tasks; give task_id only (message_id is its deprecated name)", taskID, f.MessageID)
+			return
+		}
+		f.MessageID = taskID
 	}
 	if !queryLimit(w, q, &f.Limit) {
 		return
