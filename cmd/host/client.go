@@ -83,7 +83,7 @@ func addCommonFlags(fs *flag.FlagSet, noTimeout bool) commonFlags {
 	}
 	return commonFlags{
 		config:  configFlag(fs),
-		addr:    fs.String("addr", "", "host address `URL`, such as http://127.0.0.1:8080 (default: the listen of -config's file)"),
+		addr:    fs.String("addr", "", "host address `URL`, such as http://127.0.0.1:8080 (default: the listen of -config's file, else $TASKHOST_LISTEN, else 127.0.0.1:8080)"),
 		token:   fs.String("token", os.Getenv("TASKHOST_ADMIN_TOKEN"), "admin `TOKEN` (default $TASKHOST_ADMIN_TOKEN, else -config's admin_token)"),
 		json:    fs.Bool("json", false, "print the answer as JSON"),
 		timeout: fs.Duration("timeout", def, "give up after `D`, such as 30s; 0: never (default 2m; never for tasks submit and tasks wait)"),
@@ -95,9 +95,13 @@ func (f commonFlags) client() *client.Client {
 	if base == "" || token == "" {
 		cfg, err := host.LoadConfig(*f.config)
 		if base == "" {
-			base = host.DefaultListen
-			if err == nil {
-				base = cfg.Listen
+			switch {
+			case err == nil:
+				base = cfg.Listen // $TASKHOST_LISTEN already replaced it
+			case os.Getenv(host.ListenEnv) != "":
+				base = os.Getenv(host.ListenEnv)
+			default:
+				base = host.DefaultListen
 			}
 		}
 		if token == "" && err == nil {
