@@ -254,7 +254,8 @@ var errAnswered = errors.New("the plugin's answer ended")
 // its body as cut short; the error returned is then a *RequestBodyError.
 // When the plugin answers before reading the whole body, body is closed
 // (if it is an io.Closer) to end a read in progress. ProxyHTTPStream
-// returns only once it reads body no more.
+// returns only once it reads body no more. ctx should not end because a
+// body read failed: the body's error is reported when it ends the call.
 func (c *Client) ProxyHTTPStream(ctx context.Context, req ProxyRequest, body io.Reader, onHeader func(status int, h http.Header), onBody func([]byte) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -50,12 +50,21 @@ func (s *Server) proxyStream(w http.ResponseWriter, r *http.Request, name string
 	_ = rc.EnableFullDuplex()
 	wait := s.h.Config().BodyTimeout
 
-	ctx, cancel := context.WithCancelCause(r.Context())
+	// Not r's context itself: net/http cancels it when a body read fails,
+	// and the call must end by the body's error (so the plugin reads a cut
+	// body, and the client gets its 408). Once the body has ended, a
+	// client that goes away cancels the call.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
 	defer cancel(nil)
 	idle := newIdleWatch(s.proxyTimeout, func() { cancel(errProxyIdle) })
 	defer idle.stop()
-
 	body := &streamedBody{r: r.Body, rc: rc, wait: wait, touch: idle.touch}
+	defer context.AfterFunc(r.Context(), func() {
+		if body.ended() {
+			cancel(context.Canceled)
+		}
+	})()
+
 	rel := newRelay(w, wait, idle.touch)
 	defer rel.done()
 	err := client.ProxyHTTPStream(ctx, req, body, rel.header, rel.body)
@@ -68,9 +77,9 @@ func (s *Server) proxyStream(w http.ResponseWriter, r *http.Request, name string
 	case rel.wrote:
 		s.log.Warn("proxied upload or its answer cut short", "plugin", name, "path", r.URL.Path, "error", err)
 	case errors.As(err, &bodyErr):
-		if r.Context().Err() != nil {
-			return // the client went away: nobody reads an answer
-		}
+		// Answered even when the request's context is done: a read
+		// deadline passing cancels it too, and that client waits for its
+		// 408. A client that went away reads nothing, at no cost.
 		s.log.Warn("proxied upload cut short", "plugin", name, "path", r.URL.Path, "error", bodyErr.Err)
 		s.bodyFailed(w, bodyErr.Err)
 	case errors.Is(context.Cause(ctx), errProxyIdle):
@@ -116,6 +125,13 @@ func (b *streamedBody) Read(p []byte) (int, error) {
 		b.mu.Unlock()
 	}
 	return n, err
+}
+
+// ended reports whether the body was read to its end.
+func (b *streamedBody) ended() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.eof
 }
 
 // Close makes a read in progress fail at once, by a read deadline in the
