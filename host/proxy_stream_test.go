@@ -29,7 +29,7 @@ func (uploadPlugin) Configure(context.Context, capability.ConfigureRequest) erro
 func (uploadPlugin) CheckHealth(context.Context) (capability.Health, error) {
 	return capability.Health{Status: capability.HealthOK}, nil
 }
-func (uploadPlugin) Stop(context.Context) error                      { return nil }
+func (uploadPlugin) Stop(context.Context) error                         { return nil }
 func (p uploadPlugin) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.h(w, r) }
 
 const uploadConfig = "listen: 127.0.0.1:0\nadmin_token: " + testToken + "\nmax_body_bytes: 4096\nplugins:\n  up:\n    enabled: true\n"
