@@ -81,7 +81,7 @@ func (s *Server) proxyStream(w http.ResponseWriter, r *http.Request, name string
 		// deadline passing cancels it too, and that client waits for its
 		// 408. A client that went away reads nothing, at no cost.
 		s.log.Warn("proxied upload cut short", "plugin", name, "path", r.URL.Path, "error", bodyErr.Err)
-		s.bodyFailed(w, bodyErr.Err)
+		s.bodyFailed(w, bodyErr.Err, "no more of the streamed request body arrived")
 	case errors.Is(context.Cause(ctx), errProxyIdle):
 		s.proxyFailed(w, r, name, fmt.Errorf("%w: %w", errProxyIdle, context.DeadlineExceeded))
 	default:

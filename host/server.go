@@ -524,15 +524,16 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 		httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over the %d-byte limit (max_body_bytes)", limit))
 		return nil, false
 	}
-	s.bodyFailed(w, err)
+	s.bodyFailed(w, err, "the request body did not arrive")
 	return nil, false
 }
 
-// bodyFailed answers a request whose body could not be read.
-func (s *Server) bodyFailed(w http.ResponseWriter, err error) {
+// bodyFailed answers a request whose body could not be read; late says
+// what did not arrive in time.
+func (s *Server) bodyFailed(w http.ResponseWriter, err error, late string) {
 	if isTimeout(err) {
 		w.Header().Set("Connection", "close")
-		httpError(w, http.StatusRequestTimeout, fmt.Sprintf("the request body did not arrive within %s (body_timeout_seconds)", s.h.Config().BodyTimeout))
+		httpError(w, http.StatusRequestTimeout, fmt.Sprintf("%s within %s (body_timeout_seconds)", late, s.h.Config().BodyTimeout))
 		return
 	}
 	httpError(w, http.StatusBadRequest, "cannot read request body: "+err.Error())
