@@ -132,9 +132,25 @@ func (b *failingBody) Read(p []byte) (int, error) {
 // end: a handler cannot take a cut upload for a whole one.
 func TestCutBodyReadsAsAnError(t *testing.T) {
 	readErr := make(chan error, 1)
+	started := make(chan struct{}, 1) // the handler has read a first piece
 	c := capabilitytest.Connect(t, &httpPlugin{h: func(w http.ResponseWriter, r *http.Request) {
-		_, err := io.Copy(io.Discard, r.Body)
-		readErr <- err
+		buf := make([]byte, 1024)
+		for {
+			n, err := r.Body.Read(buf)
+			if n > 0 {
+				select {
+				case started <- struct{}{}:
+				default:
+				}
+			}
+			if err != nil {
+				if err == io.EOF {
+					err = nil
+				}
+				readErr <- err
+				return
+			}
+		}
 	}})
 
 	t.Run("body read fails", func(t *testing.T) {
@@ -147,12 +163,20 @@ func TestCutBodyReadsAsAnError(t *testing.T) {
 	})
 
 	t.Run("call cancelled", func(t *testing.T) {
+		select { // a signal of the subtest before
+		case <-started:
+		default:
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		pr, pw := io.Pipe()
 		go func() {
 			// One line, then the caller gives up while the handler waits.
 			_, _ = pw.Write([]byte(`{"task":"t"}` + "\n"))
+			select {
+			case <-started:
+			case <-time.After(30 * time.Second):
+			}
 			cancel()
 		}()
 		_, _, err := proxyStream(t, ctx, c, pr)
