@@ -294,3 +294,26 @@ func TestOldPluginGetsWholeBodies(t *testing.T) {
 		t.Fatalf("streaming to an old plugin: %v, want ErrUnimplemented", err)
 	}
 }
+
+// BenchmarkStreamedUpload measures a streamed NDJSON body through the
+// in-process plugin connection (about 15 MB per op).
+func BenchmarkStreamedUpload(b *testing.B) {
+	c := capabilitytest.Connect(b, &httpPlugin{h: func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprint(w, n)
+	}})
+	size, _ := io.Copy(io.Discard, newLines(100_000))
+	b.SetBytes(size)
+	for b.Loop() {
+		var out strings.Builder
+		err := c.ProxyHTTPStream(context.Background(), capability.ProxyRequest{Method: "POST", Path: "/"}, newLines(100_000),
+			func(int, http.Header) {}, func(p []byte) error { out.Write(p); return nil })
+		if err != nil || out.String() != fmt.Sprint(size) {
+			b.Fatalf("upload: %v, answer %q, want %d", err, out.String(), size)
+		}
+	}
+}
