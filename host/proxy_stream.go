@@ -7,6 +7,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,9 +80,12 @@ func (s *Server) proxyStream(w http.ResponseWriter, r *http.Request, name string
 	case errors.As(err, &bodyErr):
 		// Answered even when the request's context is done: a read
 		// deadline passing cancels it too, and that client waits for its
-		// 408. A client that went away reads nothing, at no cost.
+		// 408. A client that went away reads nothing, at no cost. The
+		// plugin got the upload's first part and may have acted on it.
 		s.log.Warn("proxied upload cut short", "plugin", name, "path", r.URL.Path, "error", bodyErr.Err)
-		s.bodyFailed(w, bodyErr.Err, "no more of the streamed request body arrived")
+		w.Header().Set(outcomeHeader, "unknown")
+		s.bodyFailed(w, bodyErr.Err, "no more of the streamed request body arrived",
+			"; plugin "+strconv.Quote(name)+" got the part before and may have stored some of it: check before sending it again")
 	case errors.Is(context.Cause(ctx), errProxyIdle):
 		s.proxyFailed(w, r, name, fmt.Errorf("%w: %w", errProxyIdle, context.DeadlineExceeded))
 	default:

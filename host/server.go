@@ -524,19 +524,19 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 		httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over the %d-byte limit (max_body_bytes)", limit))
 		return nil, false
 	}
-	s.bodyFailed(w, err, "the request body did not arrive")
+	s.bodyFailed(w, err, "the request body did not arrive", "")
 	return nil, false
 }
 
 // bodyFailed answers a request whose body could not be read; late says
-// what did not arrive in time.
-func (s *Server) bodyFailed(w http.ResponseWriter, err error, late string) {
+// what did not arrive in time, and more is added to the message.
+func (s *Server) bodyFailed(w http.ResponseWriter, err error, late, more string) {
 	if isTimeout(err) {
 		w.Header().Set("Connection", "close")
-		httpError(w, http.StatusRequestTimeout, fmt.Sprintf("%s within %s (body_timeout_seconds)", late, s.h.Config().BodyTimeout))
+		httpError(w, http.StatusRequestTimeout, fmt.Sprintf("%s within %s (body_timeout_seconds)%s", late, s.h.Config().BodyTimeout, more))
 		return
 	}
-	httpError(w, http.StatusBadRequest, "cannot read request body: "+err.Error())
+	httpError(w, http.StatusBadRequest, "cannot read request body: "+err.Error()+more)
 }
 
 // relay copies a plugin's answer to w as it arrives. No WriteTimeout
