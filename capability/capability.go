@@ -22,10 +22,16 @@ const (
 	HTTP       Capability = "http"
 	Actions    Capability = "actions"
 	Tasks      Capability = "tasks"
+	// HTTPBodyStream says the plugin's HTTP handler takes a request body
+	// as a stream (the ServeHTTPStream call), not only whole. Every plugin
+	// built with this package since the call exists serves it with its
+	// HTTPHandler; the host sends streamed bodies only to plugins that
+	// list it, so an older plugin binary keeps getting whole bodies.
+	HTTPBodyStream Capability = "http_body_stream"
 )
 
 // AllCapabilities lists every capability in a stable order.
-var AllCapabilities = []Capability{Lifecycles, Metrics, HTTP, Actions, Tasks}
+var AllCapabilities = []Capability{Lifecycles, Metrics, HTTP, HTTPBodyStream, Actions, Tasks}
 
 // namePattern is the rule for plugin names: the same string is the config
 // key, the URL segment and the metric prefix.
@@ -151,6 +157,13 @@ type MetricsProvider interface {
 // HTTPHandler is implemented by plugins that serve HTTP under
 // /plugin-pkg/<name>/. The request path seen by the plugin starts at "/".
 // It is http.Handler: a chi router or http.ServeMux satisfies it.
+//
+// A request with Content-Type application/x-ndjson may come with its body
+// streamed (ContentLength -1): r.Body yields the body as the client sends
+// it, and the handler may write (and Flush) its answer while it still
+// reads. A streamed body cut short (the client went away, or stopped
+// sending for body_timeout_seconds) reads as an error wrapping
+// io.ErrUnexpectedEOF, never as a clean end.
 type HTTPHandler interface {
 	http.Handler
 }
@@ -281,7 +294,7 @@ func CapabilitiesOf(v any) []Capability {
 		out = append(out, Metrics)
 	}
 	if _, ok := v.(HTTPHandler); ok {
-		out = append(out, HTTP)
+		out = append(out, HTTP, HTTPBodyStream)
 	}
 	if _, ok := v.(ActionProvider); ok {
 		out = append(out, Actions)

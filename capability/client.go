@@ -226,6 +226,107 @@ func (c *Client) ProxyHTTP(ctx context.Context, req ProxyRequest, onHeader func(
 	if err != nil {
 		return fromStatus("http", err)
 	}
+	return receiveResponse(stream, onHeader, onBody)
+}
+
+// bodyPieceSize is the most of a streamed request body one part carries.
+const bodyPieceSize = 32 << 10
+
+// RequestBodyError is returned by ProxyHTTPStream when reading the request
+// body failed (the client went away, or a read deadline passed). The call
+// to the plugin was cancelled, so its handler read the body as cut short.
+type RequestBodyError struct{ Err error }
+
+func (e *RequestBodyError) Error() string { return "read request body: " + e.Err.Error() }
+
+func (e *RequestBodyError) Unwrap() error { return e.Err }
+
+// errAnswered stops the body sender once the plugin's answer has ended.
+var errAnswered = errors.New("the plugin's answer ended")
+
+// ProxyHTTPStream is ProxyHTTP for a request whose body is read from body
+// as it arrives and sent in parts of up to 32 KiB while the answer comes
+// back (full duplex); req.Body is ignored. Call it only on a plugin whose
+// Description lists HTTPBodyStream: an older plugin answers
+// ErrUnimplemented.
+//
+// A body read that fails cancels the call, so the plugin's handler reads
+// its body as cut short; the error returned is then a *RequestBodyError.
+// When the plugin answers before reading the whole body, body is closed
+// (if it is an io.Closer) to end a read in progress. ProxyHTTPStream
+// returns only once it reads body no more. ctx should not end because a
+// body read failed: the body's error is reported when it ends the call.
+func (c *Client) ProxyHTTPStream(ctx context.Context, req ProxyRequest, body io.Reader, onHeader func(status int, h http.Header), onBody func([]byte) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stream, err := c.http.ServeHTTPStream(ctx)
+	if err != nil {
+		return fromStatus("http", err)
+	}
+	head := &pb.HTTPRequestPart{Head: &pb.HTTPRequest{
+		Method: req.Method, Path: req.Path, RawQuery: req.RawQuery,
+		Headers: headersToPB(req.Header), RemoteAddr: req.RemoteAddr, Actor: req.Actor,
+	}}
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		if err := sendBody(stream, head, body); err != nil {
+			cancel(err)
+		}
+	}()
+	err = receiveResponse(stream, onHeader, onBody)
+	select {
+	case <-sent:
+	default:
+		// The answer ended (or failed) first: stop sending.
+		cancel(errAnswered)
+		if cl, ok := body.(io.Closer); ok {
+			_ = cl.Close()
+		}
+		<-sent
+	}
+	var bodyErr *RequestBodyError
+	if errors.As(context.Cause(ctx), &bodyErr) {
+		return bodyErr
+	}
+	return err
+}
+
+// sendBody sends head, then body in parts until its end, marked on the
+// last part. A send that fails ends it quietly: the stream is over, and
+// the receiving side reports why.
+func sendBody(stream pb.HTTPHandler_ServeHTTPStreamClient, head *pb.HTTPRequestPart, body io.Reader) error {
+	if stream.Send(head) != nil {
+		return nil
+	}
+	for {
+		// A fresh buffer each time: gRPC may still hold a sent message.
+		// What one read gives is sent at once: a slow producer's lines
+		// reach the plugin as they come.
+		buf := make([]byte, bodyPieceSize)
+		n, err := body.Read(buf)
+		end := err == io.EOF
+		if err != nil && !end {
+			return &RequestBodyError{Err: err}
+		}
+		if n == 0 && !end {
+			continue
+		}
+		if stream.Send(&pb.HTTPRequestPart{Body: buf[:n], End: end}) != nil {
+			return nil
+		}
+		if end {
+			_ = stream.CloseSend()
+			return nil
+		}
+	}
+}
+
+// receiveResponse hands a plugin's answer, as it arrives, to onHeader
+// (once) and onBody.
+func receiveResponse(stream interface {
+	Recv() (*pb.HTTPResponseChunk, error)
+}, onHeader func(status int, h http.Header), onBody func([]byte) error) error {
 	first := true
 	for {
 		chunk, err := stream.Recv()

@@ -6,6 +6,8 @@
 // MetricsProvider, HTTPHandler, ActionProvider and TaskProvider. Serve finds
 // the optional capabilities by type assertion and registers only the gRPC
 // services the value really implements; Describe reports the same list.
+// An HTTPHandler also reports HTTPBodyStream: it serves the streamed-body
+// call too, through which the host sends an NDJSON upload as it arrives.
 //
 // The host talks to a plugin through a Client, and serves HostServices back
 // to it over go-plugin's GRPCBroker: a plugin never talks to another plugin

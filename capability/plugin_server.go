@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -235,6 +237,42 @@ type httpServer struct {
 }
 
 func (s *httpServer) ServeHTTP(req *pb.HTTPRequest, stream pb.HTTPHandler_ServeHTTPServer) error {
+	r, err := proxiedRequest(stream.Context(), req, bytes.NewReader(req.Body))
+	if err != nil {
+		return err
+	}
+	r.ContentLength = int64(len(req.Body))
+	w := &chunkWriter{stream: stream, header: http.Header{}}
+	s.impl.ServeHTTP(w, r)
+	return w.finish()
+}
+
+// ServeHTTPStream runs the handler on a request whose body arrives in
+// parts as the handler reads it; the response goes back as it is written,
+// so the handler may answer while it still reads (full duplex). The body
+// is read from the stream on demand: gRPC's flow control holds the host
+// back while the handler is slow, and nothing is buffered beyond one part.
+func (s *httpServer) ServeHTTPStream(stream pb.HTTPHandler_ServeHTTPStreamServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	if first.Head == nil {
+		return toStatus(&InvalidArgumentError{Msg: "bad proxied request: the first part carries no head"})
+	}
+	body := &streamBody{recv: stream.Recv, buf: first.Body, end: first.End}
+	r, err := proxiedRequest(stream.Context(), first.Head, body)
+	if err != nil {
+		return err
+	}
+	r.ContentLength = -1
+	w := &chunkWriter{stream: stream, header: http.Header{}}
+	s.impl.ServeHTTP(w, r)
+	return w.finish()
+}
+
+// proxiedRequest builds the handler's request from a proxied head.
+func proxiedRequest(ctx context.Context, req *pb.HTTPRequest, body io.Reader) (*http.Request, error) {
 	path := req.Path
 	if path == "" || path[0] != '/' {
 		path = "/" + path
@@ -243,13 +281,12 @@ func (s *httpServer) ServeHTTP(req *pb.HTTPRequest, stream pb.HTTPHandler_ServeH
 	if req.RawQuery != "" {
 		target += "?" + req.RawQuery
 	}
-	r, err := http.NewRequestWithContext(stream.Context(), req.Method, target, bytes.NewReader(req.Body))
+	r, err := http.NewRequestWithContext(ctx, req.Method, target, body)
 	if err != nil {
-		return toStatus(&InvalidArgumentError{Msg: "bad proxied request: " + err.Error()})
+		return nil, toStatus(&InvalidArgumentError{Msg: "bad proxied request: " + err.Error()})
 	}
 	r.RequestURI = target
 	r.RemoteAddr = req.RemoteAddr
-	r.ContentLength = int64(len(req.Body))
 	for _, h := range req.Headers {
 		for _, v := range h.Values {
 			r.Header.Add(h.Name, v)
@@ -258,15 +295,62 @@ func (s *httpServer) ServeHTTP(req *pb.HTTPRequest, stream pb.HTTPHandler_ServeH
 	if req.Actor != "" {
 		r.Header.Set("X-Taskhost-Actor", req.Actor)
 	}
-	w := &chunkWriter{stream: stream, header: http.Header{}}
-	s.impl.ServeHTTP(w, r)
-	return w.finish()
+	return r, nil
+}
+
+// streamBody is the body of a streamed request: it receives the next part
+// only when the handler has read the previous one. The body ends cleanly
+// only at the part marked end; a stream that closes or fails before it is
+// a cut body, read as an error so that a handler never takes a cut upload
+// for a whole one.
+type streamBody struct {
+	recv func() (*pb.HTTPRequestPart, error)
+	buf  []byte
+	end  bool
+	err  error
+}
+
+func (b *streamBody) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	for len(b.buf) == 0 {
+		if b.err != nil {
+			return 0, b.err
+		}
+		if b.end {
+			return 0, io.EOF
+		}
+		part, err := b.recv()
+		switch {
+		case err == io.EOF:
+			b.err = fmt.Errorf("request body cut short: the host closed it before its end: %w", io.ErrUnexpectedEOF)
+		case err != nil:
+			b.err = fmt.Errorf("request body cut short (the client went away or stopped sending): %v: %w",
+				fromStatus("receive body", err), io.ErrUnexpectedEOF)
+		default:
+			b.buf, b.end = part.Body, part.End
+		}
+	}
+	n := copy(p, b.buf)
+	b.buf = b.buf[n:]
+	return n, nil
+}
+
+// Close stops reading: later reads fail. The rest of the body, if any, is
+// dropped when the handler returns and the call ends.
+func (b *streamBody) Close() error {
+	if b.err == nil && !(b.end && len(b.buf) == 0) {
+		b.err = errors.New("read on a closed request body")
+	}
+	b.buf = nil
+	return nil
 }
 
 // chunkWriter is an http.ResponseWriter that sends gRPC chunks: status and
 // headers first, then the body in pieces of at most chunkSize.
 type chunkWriter struct {
-	stream      pb.HTTPHandler_ServeHTTPServer
+	stream      chunkSender
 	header      http.Header
 	status      int
 	wroteHeader bool
@@ -276,6 +360,11 @@ type chunkWriter struct {
 }
 
 const chunkSize = 32 << 10
+
+// chunkSender is the response side of either HTTP call.
+type chunkSender interface {
+	Send(*pb.HTTPResponseChunk) error
+}
 
 func (w *chunkWriter) Header() http.Header { return w.header }
 

@@ -462,21 +462,12 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusBadRequest, "the path holds a control character (such as %00): no plugin serves such a path")
 		return
 	}
-	limit := s.h.Config().MaxBodyBytes
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over the %d-byte limit (max_body_bytes)", limit))
+	streamed := streamsBody(r, st)
+	var body []byte
+	if !streamed {
+		if body, ok = s.readBody(w, r); !ok {
 			return
 		}
-		if isTimeout(err) {
-			w.Header().Set("Connection", "close")
-			httpError(w, http.StatusRequestTimeout, fmt.Sprintf("the request body did not arrive within %s (body_timeout_seconds)", s.h.Config().BodyTimeout))
-			return
-		}
-		httpError(w, http.StatusBadRequest, "cannot read request body: "+err.Error())
-		return
 	}
 	headers := filterRequestHeaders(r.Header)
 	if !utf8.ValidString(r.URL.RawQuery) {
@@ -492,18 +483,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	headers.Set("X-Forwarded-For", remote)
 	headers.Set("X-Forwarded-Host", r.Host)
 	headers.Set("X-Forwarded-Prefix", "/plugin-pkg/"+name)
-	ctx, cancel := context.WithTimeout(r.Context(), s.proxyTimeout)
-	defer cancel()
-	wrote := false
-	flusher, _ := w.(http.Flusher)
-	// No WriteTimeout bounds a response (it would cut a long stream); a
-	// client that stops reading is cut instead once one chunk has waited
-	// body_timeout_seconds. The deadline is lifted before the connection
-	// serves its next request.
-	rc := http.NewResponseController(w)
-	stall := s.h.Config().BodyTimeout
-	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
-	err = client.ProxyHTTP(ctx, capability.ProxyRequest{
+	preq := capability.ProxyRequest{
 		Method:     r.Method,
 		Path:       pluginPath(r, name),
 		RawQuery:   r.URL.RawQuery,
@@ -511,38 +491,106 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		Body:       body,
 		RemoteAddr: r.RemoteAddr,
 		Actor:      actorOf(r),
-	}, func(status int, h http.Header) {
-		wrote = true
-		for _, k := range hopHeaders {
-			h.Del(k)
-		}
-		h.Del("Set-Cookie") // a plugin cannot set cookies on the host's origin
-		for k, v := range h {
-			w.Header()[k] = v
-		}
-		if w.Header().Get("Content-Type") == "" {
-			w.Header().Set("Content-Type", "application/octet-stream")
-		}
-		w.WriteHeader(status)
-	}, func(b []byte) error {
-		_ = rc.SetWriteDeadline(time.Now().Add(stall))
-		if _, err := w.Write(b); err != nil {
-			return err
-		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		return nil
-	})
+	}
+	if streamed {
+		s.proxyStream(w, r, name, client, preq)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), s.proxyTimeout)
+	defer cancel()
+	rel := newRelay(w, s.h.Config().BodyTimeout, nil)
+	defer rel.done()
+	err = client.ProxyHTTP(ctx, preq, rel.header, rel.body)
 	if err == nil {
 		return
 	}
-	if wrote {
+	if rel.wrote {
 		s.log.Warn("proxied response cut short", "plugin", name, "path", r.URL.Path, "error", err)
 		return
 	}
 	s.proxyFailed(w, r, name, err)
 }
+
+// readBody reads a request body whole, bounded by max_body_bytes. When it
+// cannot, it answers and returns false.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	limit := s.h.Config().MaxBodyBytes
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err == nil {
+		return body, true
+	}
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over the %d-byte limit (max_body_bytes)", limit))
+		return nil, false
+	}
+	s.bodyFailed(w, err, "the request body did not arrive", "")
+	return nil, false
+}
+
+// bodyFailed answers a request whose body could not be read; late says
+// what did not arrive in time, and more is added to the message.
+func (s *Server) bodyFailed(w http.ResponseWriter, err error, late, more string) {
+	if isTimeout(err) {
+		w.Header().Set("Connection", "close")
+		httpError(w, http.StatusRequestTimeout, fmt.Sprintf("%s within %s (body_timeout_seconds)%s", late, s.h.Config().BodyTimeout, more))
+		return
+	}
+	httpError(w, http.StatusBadRequest, "cannot read request body: "+err.Error()+more)
+}
+
+// relay copies a plugin's answer to w as it arrives. No WriteTimeout
+// bounds a response (it would cut a long stream); a client that stops
+// reading is cut instead once one chunk has waited stall
+// (body_timeout_seconds). done lifts the deadline before the connection
+// serves its next request.
+type relay struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	flusher http.Flusher
+	stall   time.Duration
+	touch   func() // called on each piece of the answer, when set
+	wrote   bool
+}
+
+func newRelay(w http.ResponseWriter, stall time.Duration, touch func()) *relay {
+	flusher, _ := w.(http.Flusher)
+	return &relay{w: w, rc: http.NewResponseController(w), flusher: flusher, stall: stall, touch: touch}
+}
+
+func (p *relay) header(status int, h http.Header) {
+	if p.touch != nil {
+		p.touch()
+	}
+	p.wrote = true
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+	h.Del("Set-Cookie") // a plugin cannot set cookies on the host's origin
+	for k, v := range h {
+		p.w.Header()[k] = v
+	}
+	if p.w.Header().Get("Content-Type") == "" {
+		p.w.Header().Set("Content-Type", "application/octet-stream")
+	}
+	p.w.WriteHeader(status)
+}
+
+func (p *relay) body(b []byte) error {
+	_ = p.rc.SetWriteDeadline(time.Now().Add(p.stall))
+	if _, err := p.w.Write(b); err != nil {
+		return err
+	}
+	if p.flusher != nil {
+		p.flusher.Flush()
+	}
+	if p.touch != nil {
+		p.touch()
+	}
+	return nil
+}
+
+func (p *relay) done() { _ = p.rc.SetWriteDeadline(time.Time{}) }
 
 // outcomeHeader is set to "unknown" on a proxy error answered to a request
 // that may have changed something: the plugin received it, or may have,
@@ -567,9 +615,12 @@ func (s *Server) proxyFailed(w http.ResponseWriter, r *http.Request, name string
 	}
 	timedOut := errors.Is(err, context.DeadlineExceeded)
 	what := fmt.Sprintf("plugin %q stopped before it answered", name)
-	if timedOut {
+	switch {
+	case errors.Is(err, errProxyIdle):
+		what = fmt.Sprintf("the upload to plugin %q stalled: no body piece went in and no answer came out for %s", name, s.proxyTimeout)
+	case timedOut:
 		what = fmt.Sprintf("plugin %q did not answer within %s", name, s.proxyTimeout)
-	} else {
+	default:
 		s.log.Warn("proxied request got no answer", "plugin", name, "method", r.Method, "path", r.URL.Path, "error", err)
 	}
 	if !safeMethod(r.Method) {

@@ -4,6 +4,9 @@
 // them here when their messages are claimed, with the log lines and
 // progress they report shown in the task's report.
 //
+// It also serves one HTTP route, POST /count, a demo and test route for
+// streamed uploads (see Plugin.ServeHTTP).
+//
 // Copy this package to start a plugin of your own: keep Describe's name
 // equal to the config key, and name the binary fp-plugin-<name>.
 package example
@@ -13,6 +16,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"time"
 
 	"github.com/taskhost/taskhost/capability"
@@ -27,6 +32,7 @@ type Plugin struct{}
 var (
 	_ capability.Lifecycle    = Plugin{}
 	_ capability.TaskProvider = Plugin{}
+	_ capability.HTTPHandler  = Plugin{}
 )
 
 // Describe implements capability.Lifecycle.
@@ -92,6 +98,52 @@ func (Plugin) RunTask(ctx context.Context, run capability.TaskRun, ev capability
 		return json.Marshal(map[string]int{"counted": p.To})
 	}
 	return nil, fmt.Errorf("task %q: %w", run.Task, capability.ErrNotFound)
+}
+
+// ServeHTTP implements capability.HTTPHandler with one demo and test
+// route: POST /count reads the request body as it arrives and answers its
+// size, {"bytes": n, "lines": m} (a last line without a newline counts).
+// Sent as application/x-ndjson, a body of any size passes: the host
+// streams it here, and this route holds one 32 KiB piece at a time. A body
+// cut short answers 400 naming the read error.
+func (Plugin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/count" {
+		http.NotFound(w, r)
+		return
+	}
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "POST a body to /count", http.StatusMethodNotAllowed)
+		return
+	}
+	var size, lines int64
+	last := byte('\n')
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Body.Read(buf)
+		if n > 0 {
+			size += int64(n)
+			lines += int64(bytes.Count(buf[:n], []byte{'\n'}))
+			last = buf[n-1]
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "reading the body: " + err.Error()})
+			return
+		}
+	}
+	if last != '\n' {
+		lines++
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"bytes": size, "lines": lines})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 func strictJSON(b json.RawMessage, v any) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -43,5 +44,39 @@ func TestTasksOverTheWire(t *testing.T) {
 	var te *capability.TaskError
 	if !errors.As(err, &te) || !strings.Contains(te.Msg, `{"name": "..."}`) {
 		t.Fatalf("bad payload: %v", err)
+	}
+}
+
+func TestCountRoute(t *testing.T) {
+	c := capabilitytest.Start(t, example.Plugin{}, nil, nil)
+	ctx := context.Background()
+	call := func(method string, body string, streamed bool) (int, string) {
+		t.Helper()
+		var status int
+		var out strings.Builder
+		req := capability.ProxyRequest{Method: method, Path: "/count", Body: []byte(body)}
+		onHeader := func(s int, _ http.Header) { status = s }
+		onBody := func(b []byte) error { out.Write(b); return nil }
+		var err error
+		if streamed {
+			err = c.ProxyHTTPStream(ctx, req, strings.NewReader(body), onHeader, onBody)
+		} else {
+			err = c.ProxyHTTP(ctx, req, onHeader, onBody)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return status, out.String()
+	}
+	for _, streamed := range []bool{false, true} {
+		if s, out := call("POST", "{\"a\":1}\n{\"a\":2}\n{\"a\":3}", streamed); s != 200 || out != "{\"bytes\":23,\"lines\":3}\n" {
+			t.Errorf("count (streamed %v) = %d %q", streamed, s, out)
+		}
+		if s, out := call("POST", "", streamed); s != 200 || out != "{\"bytes\":0,\"lines\":0}\n" {
+			t.Errorf("count of nothing (streamed %v) = %d %q", streamed, s, out)
+		}
+	}
+	if s, _ := call("GET", "", false); s != http.StatusMethodNotAllowed {
+		t.Errorf("GET /count = %d, want 405", s)
 	}
 }

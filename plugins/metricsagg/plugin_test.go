@@ -28,7 +28,7 @@ func TestDescribeAndCapabilities(t *testing.T) {
 	}
 	// Serving MetricsProvider would make the host list the aggregator as
 	// a source of itself.
-	want := []capability.Capability{capability.Lifecycles, capability.HTTP}
+	want := []capability.Capability{capability.Lifecycles, capability.HTTP, capability.HTTPBodyStream}
 	if !slices.Equal(d.Capabilities, want) {
 		t.Errorf("capabilities = %v, want %v", d.Capabilities, want)
 	}

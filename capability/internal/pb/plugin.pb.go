@@ -687,6 +687,71 @@ func (x *HTTPRequest) GetActor() string {
 	return ""
 }
 
+// One part of a streamed request. The first part carries head (its body
+// empty); every part may carry a piece of the body. The part with end set
+// carries the last piece: only then is the body complete. A stream that
+// closes or is cancelled before it is a body cut short, and the plugin's
+// handler reads it as an error.
+type HTTPRequestPart struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Head          *HTTPRequest           `protobuf:"bytes,1,opt,name=head,proto3" json:"head,omitempty"`
+	Body          []byte                 `protobuf:"bytes,2,opt,name=body,proto3" json:"body,omitempty"`
+	End           bool                   `protobuf:"varint,3,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HTTPRequestPart) Reset() {
+	*x = HTTPRequestPart{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HTTPRequestPart) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HTTPRequestPart) ProtoMessage() {}
+
+func (x *HTTPRequestPart) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HTTPRequestPart.ProtoReflect.Descriptor instead.
+func (*HTTPRequestPart) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *HTTPRequestPart) GetHead() *HTTPRequest {
+	if x != nil {
+		return x.Head
+	}
+	return nil
+}
+
+func (x *HTTPRequestPart) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *HTTPRequestPart) GetEnd() bool {
+	if x != nil {
+		return x.End
+	}
+	return false
+}
+
 type HTTPResponseChunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        int32                  `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -698,7 +763,7 @@ type HTTPResponseChunk struct {
 
 func (x *HTTPResponseChunk) Reset() {
 	*x = HTTPResponseChunk{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -710,7 +775,7 @@ func (x *HTTPResponseChunk) String() string {
 func (*HTTPResponseChunk) ProtoMessage() {}
 
 func (x *HTTPResponseChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -723,7 +788,7 @@ func (x *HTTPResponseChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HTTPResponseChunk.ProtoReflect.Descriptor instead.
 func (*HTTPResponseChunk) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HTTPResponseChunk) GetStatus() int32 {
@@ -755,7 +820,7 @@ type ListActionsRequest struct {
 
 func (x *ListActionsRequest) Reset() {
 	*x = ListActionsRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +832,7 @@ func (x *ListActionsRequest) String() string {
 func (*ListActionsRequest) ProtoMessage() {}
 
 func (x *ListActionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +845,7 @@ func (x *ListActionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListActionsRequest.ProtoReflect.Descriptor instead.
 func (*ListActionsRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
 }
 
 type ActionSpec struct {
@@ -797,7 +862,7 @@ type ActionSpec struct {
 
 func (x *ActionSpec) Reset() {
 	*x = ActionSpec{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +874,7 @@ func (x *ActionSpec) String() string {
 func (*ActionSpec) ProtoMessage() {}
 
 func (x *ActionSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +887,7 @@ func (x *ActionSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ActionSpec.ProtoReflect.Descriptor instead.
 func (*ActionSpec) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ActionSpec) GetId() string {
@@ -876,7 +941,7 @@ type ListActionsResponse struct {
 
 func (x *ListActionsResponse) Reset() {
 	*x = ListActionsResponse{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +953,7 @@ func (x *ListActionsResponse) String() string {
 func (*ListActionsResponse) ProtoMessage() {}
 
 func (x *ListActionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +966,7 @@ func (x *ListActionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListActionsResponse.ProtoReflect.Descriptor instead.
 func (*ListActionsResponse) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListActionsResponse) GetActions() []*ActionSpec {
@@ -923,7 +988,7 @@ type InvokeActionRequest struct {
 
 func (x *InvokeActionRequest) Reset() {
 	*x = InvokeActionRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1000,7 @@ func (x *InvokeActionRequest) String() string {
 func (*InvokeActionRequest) ProtoMessage() {}
 
 func (x *InvokeActionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1013,7 @@ func (x *InvokeActionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvokeActionRequest.ProtoReflect.Descriptor instead.
 func (*InvokeActionRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *InvokeActionRequest) GetActionId() string {
@@ -989,7 +1054,7 @@ type InvokeActionResponse struct {
 
 func (x *InvokeActionResponse) Reset() {
 	*x = InvokeActionResponse{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +1066,7 @@ func (x *InvokeActionResponse) String() string {
 func (*InvokeActionResponse) ProtoMessage() {}
 
 func (x *InvokeActionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +1079,7 @@ func (x *InvokeActionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InvokeActionResponse.ProtoReflect.Descriptor instead.
 func (*InvokeActionResponse) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *InvokeActionResponse) GetMessage() string {
@@ -1039,7 +1104,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1116,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,7 +1129,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 type TaskSpec struct {
@@ -1079,7 +1144,7 @@ type TaskSpec struct {
 
 func (x *TaskSpec) Reset() {
 	*x = TaskSpec{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1156,7 @@ func (x *TaskSpec) String() string {
 func (*TaskSpec) ProtoMessage() {}
 
 func (x *TaskSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1169,7 @@ func (x *TaskSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskSpec.ProtoReflect.Descriptor instead.
 func (*TaskSpec) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *TaskSpec) GetName() string {
@@ -1144,7 +1209,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1156,7 +1221,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1169,7 +1234,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListTasksResponse) GetTasks() []*TaskSpec {
@@ -1191,7 +1256,7 @@ type RunTaskRequest struct {
 
 func (x *RunTaskRequest) Reset() {
 	*x = RunTaskRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[21]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1268,7 @@ func (x *RunTaskRequest) String() string {
 func (*RunTaskRequest) ProtoMessage() {}
 
 func (x *RunTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[21]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1281,7 @@ func (x *RunTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunTaskRequest.ProtoReflect.Descriptor instead.
 func (*RunTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RunTaskRequest) GetTask() string {
@@ -1262,7 +1327,7 @@ type RunTaskEvent struct {
 
 func (x *RunTaskEvent) Reset() {
 	*x = RunTaskEvent{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[22]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1339,7 @@ func (x *RunTaskEvent) String() string {
 func (*RunTaskEvent) ProtoMessage() {}
 
 func (x *RunTaskEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[22]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1352,7 @@ func (x *RunTaskEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunTaskEvent.ProtoReflect.Descriptor instead.
 func (*RunTaskEvent) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RunTaskEvent) GetLogLine() string {
@@ -1342,7 +1407,7 @@ type ListPluginsRequest struct {
 
 func (x *ListPluginsRequest) Reset() {
 	*x = ListPluginsRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[23]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1354,7 +1419,7 @@ func (x *ListPluginsRequest) String() string {
 func (*ListPluginsRequest) ProtoMessage() {}
 
 func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[23]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1367,7 +1432,7 @@ func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsRequest.ProtoReflect.Descriptor instead.
 func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{23}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListPluginsRequest) GetCapability() string {
@@ -1389,7 +1454,7 @@ type PluginInfo struct {
 
 func (x *PluginInfo) Reset() {
 	*x = PluginInfo{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1466,7 @@ func (x *PluginInfo) String() string {
 func (*PluginInfo) ProtoMessage() {}
 
 func (x *PluginInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1479,7 @@ func (x *PluginInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInfo.ProtoReflect.Descriptor instead.
 func (*PluginInfo) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PluginInfo) GetName() string {
@@ -1454,7 +1519,7 @@ type ListPluginsResponse struct {
 
 func (x *ListPluginsResponse) Reset() {
 	*x = ListPluginsResponse{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1531,7 @@ func (x *ListPluginsResponse) String() string {
 func (*ListPluginsResponse) ProtoMessage() {}
 
 func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1544,7 @@ func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsResponse.ProtoReflect.Descriptor instead.
 func (*ListPluginsResponse) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListPluginsResponse) GetPlugins() []*PluginInfo {
@@ -1498,7 +1563,7 @@ type HostCollectMetricsRequest struct {
 
 func (x *HostCollectMetricsRequest) Reset() {
 	*x = HostCollectMetricsRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1575,7 @@ func (x *HostCollectMetricsRequest) String() string {
 func (*HostCollectMetricsRequest) ProtoMessage() {}
 
 func (x *HostCollectMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1588,7 @@ func (x *HostCollectMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostCollectMetricsRequest.ProtoReflect.Descriptor instead.
 func (*HostCollectMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{26}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *HostCollectMetricsRequest) GetPlugin() string {
@@ -1543,7 +1608,7 @@ type HostRunTaskRequest struct {
 
 func (x *HostRunTaskRequest) Reset() {
 	*x = HostRunTaskRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1620,7 @@ func (x *HostRunTaskRequest) String() string {
 func (*HostRunTaskRequest) ProtoMessage() {}
 
 func (x *HostRunTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1633,7 @@ func (x *HostRunTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostRunTaskRequest.ProtoReflect.Descriptor instead.
 func (*HostRunTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{27}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *HostRunTaskRequest) GetPlugin() string {
@@ -1594,7 +1659,7 @@ type HostListTasksRequest struct {
 
 func (x *HostListTasksRequest) Reset() {
 	*x = HostListTasksRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1671,7 @@ func (x *HostListTasksRequest) String() string {
 func (*HostListTasksRequest) ProtoMessage() {}
 
 func (x *HostListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1684,7 @@ func (x *HostListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostListTasksRequest.ProtoReflect.Descriptor instead.
 func (*HostListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{28}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *HostListTasksRequest) GetPlugin() string {
@@ -1674,7 +1739,11 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x04body\x18\x05 \x01(\fR\x04body\x12\x1f\n" +
 	"\vremote_addr\x18\x06 \x01(\tR\n" +
 	"remoteAddr\x12\x14\n" +
-	"\x05actor\x18\a \x01(\tR\x05actor\"u\n" +
+	"\x05actor\x18\a \x01(\tR\x05actor\"l\n" +
+	"\x0fHTTPRequestPart\x123\n" +
+	"\x04head\x18\x01 \x01(\v2\x1f.taskhost.plugin.v1.HTTPRequestR\x04head\x12\x12\n" +
+	"\x04body\x18\x02 \x01(\fR\x04body\x12\x10\n" +
+	"\x03end\x18\x03 \x01(\bR\x03end\"u\n" +
 	"\x11HTTPResponseChunk\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\x05R\x06status\x124\n" +
 	"\aheaders\x18\x02 \x03(\v2\x1a.taskhost.plugin.v1.HeaderR\aheaders\x12\x12\n" +
@@ -1748,9 +1817,10 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\vCheckHealth\x12&.taskhost.plugin.v1.CheckHealthRequest\x1a'.taskhost.plugin.v1.CheckHealthResponse\x12I\n" +
 	"\x04Stop\x12\x1f.taskhost.plugin.v1.StopRequest\x1a .taskhost.plugin.v1.StopResponse2z\n" +
 	"\x0fMetricsProvider\x12g\n" +
-	"\x0eCollectMetrics\x12).taskhost.plugin.v1.CollectMetricsRequest\x1a*.taskhost.plugin.v1.CollectMetricsResponse2d\n" +
+	"\x0eCollectMetrics\x12).taskhost.plugin.v1.CollectMetricsRequest\x1a*.taskhost.plugin.v1.CollectMetricsResponse2\xc7\x01\n" +
 	"\vHTTPHandler\x12U\n" +
-	"\tServeHTTP\x12\x1f.taskhost.plugin.v1.HTTPRequest\x1a%.taskhost.plugin.v1.HTTPResponseChunk0\x012\xd3\x01\n" +
+	"\tServeHTTP\x12\x1f.taskhost.plugin.v1.HTTPRequest\x1a%.taskhost.plugin.v1.HTTPResponseChunk0\x01\x12a\n" +
+	"\x0fServeHTTPStream\x12#.taskhost.plugin.v1.HTTPRequestPart\x1a%.taskhost.plugin.v1.HTTPResponseChunk(\x010\x012\xd3\x01\n" +
 	"\x0eActionProvider\x12^\n" +
 	"\vListActions\x12&.taskhost.plugin.v1.ListActionsRequest\x1a'.taskhost.plugin.v1.ListActionsResponse\x12a\n" +
 	"\fInvokeAction\x12'.taskhost.plugin.v1.InvokeActionRequest\x1a(.taskhost.plugin.v1.InvokeActionResponse2\xbb\x01\n" +
@@ -1776,7 +1846,7 @@ func file_taskhost_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_taskhost_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_taskhost_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_taskhost_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_taskhost_plugin_v1_plugin_proto_goTypes = []any{
 	(CheckHealthResponse_Status)(0),   // 0: taskhost.plugin.v1.CheckHealthResponse.Status
 	(*DescribeRequest)(nil),           // 1: taskhost.plugin.v1.DescribeRequest
@@ -1791,65 +1861,69 @@ var file_taskhost_plugin_v1_plugin_proto_goTypes = []any{
 	(*CollectMetricsResponse)(nil),    // 10: taskhost.plugin.v1.CollectMetricsResponse
 	(*Header)(nil),                    // 11: taskhost.plugin.v1.Header
 	(*HTTPRequest)(nil),               // 12: taskhost.plugin.v1.HTTPRequest
-	(*HTTPResponseChunk)(nil),         // 13: taskhost.plugin.v1.HTTPResponseChunk
-	(*ListActionsRequest)(nil),        // 14: taskhost.plugin.v1.ListActionsRequest
-	(*ActionSpec)(nil),                // 15: taskhost.plugin.v1.ActionSpec
-	(*ListActionsResponse)(nil),       // 16: taskhost.plugin.v1.ListActionsResponse
-	(*InvokeActionRequest)(nil),       // 17: taskhost.plugin.v1.InvokeActionRequest
-	(*InvokeActionResponse)(nil),      // 18: taskhost.plugin.v1.InvokeActionResponse
-	(*ListTasksRequest)(nil),          // 19: taskhost.plugin.v1.ListTasksRequest
-	(*TaskSpec)(nil),                  // 20: taskhost.plugin.v1.TaskSpec
-	(*ListTasksResponse)(nil),         // 21: taskhost.plugin.v1.ListTasksResponse
-	(*RunTaskRequest)(nil),            // 22: taskhost.plugin.v1.RunTaskRequest
-	(*RunTaskEvent)(nil),              // 23: taskhost.plugin.v1.RunTaskEvent
-	(*ListPluginsRequest)(nil),        // 24: taskhost.plugin.v1.ListPluginsRequest
-	(*PluginInfo)(nil),                // 25: taskhost.plugin.v1.PluginInfo
-	(*ListPluginsResponse)(nil),       // 26: taskhost.plugin.v1.ListPluginsResponse
-	(*HostCollectMetricsRequest)(nil), // 27: taskhost.plugin.v1.HostCollectMetricsRequest
-	(*HostRunTaskRequest)(nil),        // 28: taskhost.plugin.v1.HostRunTaskRequest
-	(*HostListTasksRequest)(nil),      // 29: taskhost.plugin.v1.HostListTasksRequest
+	(*HTTPRequestPart)(nil),           // 13: taskhost.plugin.v1.HTTPRequestPart
+	(*HTTPResponseChunk)(nil),         // 14: taskhost.plugin.v1.HTTPResponseChunk
+	(*ListActionsRequest)(nil),        // 15: taskhost.plugin.v1.ListActionsRequest
+	(*ActionSpec)(nil),                // 16: taskhost.plugin.v1.ActionSpec
+	(*ListActionsResponse)(nil),       // 17: taskhost.plugin.v1.ListActionsResponse
+	(*InvokeActionRequest)(nil),       // 18: taskhost.plugin.v1.InvokeActionRequest
+	(*InvokeActionResponse)(nil),      // 19: taskhost.plugin.v1.InvokeActionResponse
+	(*ListTasksRequest)(nil),          // 20: taskhost.plugin.v1.ListTasksRequest
+	(*TaskSpec)(nil),                  // 21: taskhost.plugin.v1.TaskSpec
+	(*ListTasksResponse)(nil),         // 22: taskhost.plugin.v1.ListTasksResponse
+	(*RunTaskRequest)(nil),            // 23: taskhost.plugin.v1.RunTaskRequest
+	(*RunTaskEvent)(nil),              // 24: taskhost.plugin.v1.RunTaskEvent
+	(*ListPluginsRequest)(nil),        // 25: taskhost.plugin.v1.ListPluginsRequest
+	(*PluginInfo)(nil),                // 26: taskhost.plugin.v1.PluginInfo
+	(*ListPluginsResponse)(nil),       // 27: taskhost.plugin.v1.ListPluginsResponse
+	(*HostCollectMetricsRequest)(nil), // 28: taskhost.plugin.v1.HostCollectMetricsRequest
+	(*HostRunTaskRequest)(nil),        // 29: taskhost.plugin.v1.HostRunTaskRequest
+	(*HostListTasksRequest)(nil),      // 30: taskhost.plugin.v1.HostListTasksRequest
 }
 var file_taskhost_plugin_v1_plugin_proto_depIdxs = []int32{
 	0,  // 0: taskhost.plugin.v1.CheckHealthResponse.status:type_name -> taskhost.plugin.v1.CheckHealthResponse.Status
 	11, // 1: taskhost.plugin.v1.HTTPRequest.headers:type_name -> taskhost.plugin.v1.Header
-	11, // 2: taskhost.plugin.v1.HTTPResponseChunk.headers:type_name -> taskhost.plugin.v1.Header
-	15, // 3: taskhost.plugin.v1.ListActionsResponse.actions:type_name -> taskhost.plugin.v1.ActionSpec
-	20, // 4: taskhost.plugin.v1.ListTasksResponse.tasks:type_name -> taskhost.plugin.v1.TaskSpec
-	25, // 5: taskhost.plugin.v1.ListPluginsResponse.plugins:type_name -> taskhost.plugin.v1.PluginInfo
-	22, // 6: taskhost.plugin.v1.HostRunTaskRequest.request:type_name -> taskhost.plugin.v1.RunTaskRequest
-	1,  // 7: taskhost.plugin.v1.Lifecycle.Describe:input_type -> taskhost.plugin.v1.DescribeRequest
-	3,  // 8: taskhost.plugin.v1.Lifecycle.Configure:input_type -> taskhost.plugin.v1.ConfigureRequest
-	5,  // 9: taskhost.plugin.v1.Lifecycle.CheckHealth:input_type -> taskhost.plugin.v1.CheckHealthRequest
-	7,  // 10: taskhost.plugin.v1.Lifecycle.Stop:input_type -> taskhost.plugin.v1.StopRequest
-	9,  // 11: taskhost.plugin.v1.MetricsProvider.CollectMetrics:input_type -> taskhost.plugin.v1.CollectMetricsRequest
-	12, // 12: taskhost.plugin.v1.HTTPHandler.ServeHTTP:input_type -> taskhost.plugin.v1.HTTPRequest
-	14, // 13: taskhost.plugin.v1.ActionProvider.ListActions:input_type -> taskhost.plugin.v1.ListActionsRequest
-	17, // 14: taskhost.plugin.v1.ActionProvider.InvokeAction:input_type -> taskhost.plugin.v1.InvokeActionRequest
-	19, // 15: taskhost.plugin.v1.TaskProvider.ListTasks:input_type -> taskhost.plugin.v1.ListTasksRequest
-	22, // 16: taskhost.plugin.v1.TaskProvider.RunTask:input_type -> taskhost.plugin.v1.RunTaskRequest
-	24, // 17: taskhost.plugin.v1.HostServices.ListPlugins:input_type -> taskhost.plugin.v1.ListPluginsRequest
-	27, // 18: taskhost.plugin.v1.HostServices.CollectMetrics:input_type -> taskhost.plugin.v1.HostCollectMetricsRequest
-	28, // 19: taskhost.plugin.v1.HostServices.RunTask:input_type -> taskhost.plugin.v1.HostRunTaskRequest
-	29, // 20: taskhost.plugin.v1.HostServices.ListTasks:input_type -> taskhost.plugin.v1.HostListTasksRequest
-	2,  // 21: taskhost.plugin.v1.Lifecycle.Describe:output_type -> taskhost.plugin.v1.DescribeResponse
-	4,  // 22: taskhost.plugin.v1.Lifecycle.Configure:output_type -> taskhost.plugin.v1.ConfigureResponse
-	6,  // 23: taskhost.plugin.v1.Lifecycle.CheckHealth:output_type -> taskhost.plugin.v1.CheckHealthResponse
-	8,  // 24: taskhost.plugin.v1.Lifecycle.Stop:output_type -> taskhost.plugin.v1.StopResponse
-	10, // 25: taskhost.plugin.v1.MetricsProvider.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
-	13, // 26: taskhost.plugin.v1.HTTPHandler.ServeHTTP:output_type -> taskhost.plugin.v1.HTTPResponseChunk
-	16, // 27: taskhost.plugin.v1.ActionProvider.ListActions:output_type -> taskhost.plugin.v1.ListActionsResponse
-	18, // 28: taskhost.plugin.v1.ActionProvider.InvokeAction:output_type -> taskhost.plugin.v1.InvokeActionResponse
-	21, // 29: taskhost.plugin.v1.TaskProvider.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
-	23, // 30: taskhost.plugin.v1.TaskProvider.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
-	26, // 31: taskhost.plugin.v1.HostServices.ListPlugins:output_type -> taskhost.plugin.v1.ListPluginsResponse
-	10, // 32: taskhost.plugin.v1.HostServices.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
-	23, // 33: taskhost.plugin.v1.HostServices.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
-	21, // 34: taskhost.plugin.v1.HostServices.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
-	21, // [21:35] is the sub-list for method output_type
-	7,  // [7:21] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	12, // 2: taskhost.plugin.v1.HTTPRequestPart.head:type_name -> taskhost.plugin.v1.HTTPRequest
+	11, // 3: taskhost.plugin.v1.HTTPResponseChunk.headers:type_name -> taskhost.plugin.v1.Header
+	16, // 4: taskhost.plugin.v1.ListActionsResponse.actions:type_name -> taskhost.plugin.v1.ActionSpec
+	21, // 5: taskhost.plugin.v1.ListTasksResponse.tasks:type_name -> taskhost.plugin.v1.TaskSpec
+	26, // 6: taskhost.plugin.v1.ListPluginsResponse.plugins:type_name -> taskhost.plugin.v1.PluginInfo
+	23, // 7: taskhost.plugin.v1.HostRunTaskRequest.request:type_name -> taskhost.plugin.v1.RunTaskRequest
+	1,  // 8: taskhost.plugin.v1.Lifecycle.Describe:input_type -> taskhost.plugin.v1.DescribeRequest
+	3,  // 9: taskhost.plugin.v1.Lifecycle.Configure:input_type -> taskhost.plugin.v1.ConfigureRequest
+	5,  // 10: taskhost.plugin.v1.Lifecycle.CheckHealth:input_type -> taskhost.plugin.v1.CheckHealthRequest
+	7,  // 11: taskhost.plugin.v1.Lifecycle.Stop:input_type -> taskhost.plugin.v1.StopRequest
+	9,  // 12: taskhost.plugin.v1.MetricsProvider.CollectMetrics:input_type -> taskhost.plugin.v1.CollectMetricsRequest
+	12, // 13: taskhost.plugin.v1.HTTPHandler.ServeHTTP:input_type -> taskhost.plugin.v1.HTTPRequest
+	13, // 14: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:input_type -> taskhost.plugin.v1.HTTPRequestPart
+	15, // 15: taskhost.plugin.v1.ActionProvider.ListActions:input_type -> taskhost.plugin.v1.ListActionsRequest
+	18, // 16: taskhost.plugin.v1.ActionProvider.InvokeAction:input_type -> taskhost.plugin.v1.InvokeActionRequest
+	20, // 17: taskhost.plugin.v1.TaskProvider.ListTasks:input_type -> taskhost.plugin.v1.ListTasksRequest
+	23, // 18: taskhost.plugin.v1.TaskProvider.RunTask:input_type -> taskhost.plugin.v1.RunTaskRequest
+	25, // 19: taskhost.plugin.v1.HostServices.ListPlugins:input_type -> taskhost.plugin.v1.ListPluginsRequest
+	28, // 20: taskhost.plugin.v1.HostServices.CollectMetrics:input_type -> taskhost.plugin.v1.HostCollectMetricsRequest
+	29, // 21: taskhost.plugin.v1.HostServices.RunTask:input_type -> taskhost.plugin.v1.HostRunTaskRequest
+	30, // 22: taskhost.plugin.v1.HostServices.ListTasks:input_type -> taskhost.plugin.v1.HostListTasksRequest
+	2,  // 23: taskhost.plugin.v1.Lifecycle.Describe:output_type -> taskhost.plugin.v1.DescribeResponse
+	4,  // 24: taskhost.plugin.v1.Lifecycle.Configure:output_type -> taskhost.plugin.v1.ConfigureResponse
+	6,  // 25: taskhost.plugin.v1.Lifecycle.CheckHealth:output_type -> taskhost.plugin.v1.CheckHealthResponse
+	8,  // 26: taskhost.plugin.v1.Lifecycle.Stop:output_type -> taskhost.plugin.v1.StopResponse
+	10, // 27: taskhost.plugin.v1.MetricsProvider.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
+	14, // 28: taskhost.plugin.v1.HTTPHandler.ServeHTTP:output_type -> taskhost.plugin.v1.HTTPResponseChunk
+	14, // 29: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:output_type -> taskhost.plugin.v1.HTTPResponseChunk
+	17, // 30: taskhost.plugin.v1.ActionProvider.ListActions:output_type -> taskhost.plugin.v1.ListActionsResponse
+	19, // 31: taskhost.plugin.v1.ActionProvider.InvokeAction:output_type -> taskhost.plugin.v1.InvokeActionResponse
+	22, // 32: taskhost.plugin.v1.TaskProvider.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
+	24, // 33: taskhost.plugin.v1.TaskProvider.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
+	27, // 34: taskhost.plugin.v1.HostServices.ListPlugins:output_type -> taskhost.plugin.v1.ListPluginsResponse
+	10, // 35: taskhost.plugin.v1.HostServices.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
+	24, // 36: taskhost.plugin.v1.HostServices.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
+	22, // 37: taskhost.plugin.v1.HostServices.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
+	23, // [23:38] is the sub-list for method output_type
+	8,  // [8:23] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_taskhost_plugin_v1_plugin_proto_init() }
@@ -1863,7 +1937,7 @@ func file_taskhost_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskhost_plugin_v1_plugin_proto_rawDesc), len(file_taskhost_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   6,
 		},

@@ -352,7 +352,8 @@ var MetricsProvider_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	HTTPHandler_ServeHTTP_FullMethodName = "/taskhost.plugin.v1.HTTPHandler/ServeHTTP"
+	HTTPHandler_ServeHTTP_FullMethodName       = "/taskhost.plugin.v1.HTTPHandler/ServeHTTP"
+	HTTPHandler_ServeHTTPStream_FullMethodName = "/taskhost.plugin.v1.HTTPHandler/ServeHTTPStream"
 )
 
 // HTTPHandlerClient is the client API for HTTPHandler service.
@@ -363,6 +364,10 @@ const (
 type HTTPHandlerClient interface {
 	// The first chunk carries status and headers; later chunks carry body.
 	ServeHTTP(ctx context.Context, in *HTTPRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[HTTPResponseChunk], error)
+	// ServeHTTPStream serves a request whose body is sent as it arrives,
+	// while the response comes back (full duplex). The host calls it only on
+	// a plugin that lists the "http_body_stream" capability in Describe.
+	ServeHTTPStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HTTPRequestPart, HTTPResponseChunk], error)
 }
 
 type hTTPHandlerClient struct {
@@ -392,6 +397,19 @@ func (c *hTTPHandlerClient) ServeHTTP(ctx context.Context, in *HTTPRequest, opts
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type HTTPHandler_ServeHTTPClient = grpc.ServerStreamingClient[HTTPResponseChunk]
 
+func (c *hTTPHandlerClient) ServeHTTPStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HTTPRequestPart, HTTPResponseChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &HTTPHandler_ServiceDesc.Streams[1], HTTPHandler_ServeHTTPStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[HTTPRequestPart, HTTPResponseChunk]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HTTPHandler_ServeHTTPStreamClient = grpc.BidiStreamingClient[HTTPRequestPart, HTTPResponseChunk]
+
 // HTTPHandlerServer is the server API for HTTPHandler service.
 // All implementations must embed UnimplementedHTTPHandlerServer
 // for forward compatibility.
@@ -400,6 +418,10 @@ type HTTPHandler_ServeHTTPClient = grpc.ServerStreamingClient[HTTPResponseChunk]
 type HTTPHandlerServer interface {
 	// The first chunk carries status and headers; later chunks carry body.
 	ServeHTTP(*HTTPRequest, grpc.ServerStreamingServer[HTTPResponseChunk]) error
+	// ServeHTTPStream serves a request whose body is sent as it arrives,
+	// while the response comes back (full duplex). The host calls it only on
+	// a plugin that lists the "http_body_stream" capability in Describe.
+	ServeHTTPStream(grpc.BidiStreamingServer[HTTPRequestPart, HTTPResponseChunk]) error
 	mustEmbedUnimplementedHTTPHandlerServer()
 }
 
@@ -412,6 +434,9 @@ type UnimplementedHTTPHandlerServer struct{}
 
 func (UnimplementedHTTPHandlerServer) ServeHTTP(*HTTPRequest, grpc.ServerStreamingServer[HTTPResponseChunk]) error {
 	return status.Error(codes.Unimplemented, "method ServeHTTP not implemented")
+}
+func (UnimplementedHTTPHandlerServer) ServeHTTPStream(grpc.BidiStreamingServer[HTTPRequestPart, HTTPResponseChunk]) error {
+	return status.Error(codes.Unimplemented, "method ServeHTTPStream not implemented")
 }
 func (UnimplementedHTTPHandlerServer) mustEmbedUnimplementedHTTPHandlerServer() {}
 func (UnimplementedHTTPHandlerServer) testEmbeddedByValue()                     {}
@@ -445,6 +470,13 @@ func _HTTPHandler_ServeHTTP_Handler(srv interface{}, stream grpc.ServerStream) e
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type HTTPHandler_ServeHTTPServer = grpc.ServerStreamingServer[HTTPResponseChunk]
 
+func _HTTPHandler_ServeHTTPStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(HTTPHandlerServer).ServeHTTPStream(&grpc.GenericServerStream[HTTPRequestPart, HTTPResponseChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HTTPHandler_ServeHTTPStreamServer = grpc.BidiStreamingServer[HTTPRequestPart, HTTPResponseChunk]
+
 // HTTPHandler_ServiceDesc is the grpc.ServiceDesc for HTTPHandler service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -457,6 +489,12 @@ var HTTPHandler_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "ServeHTTP",
 			Handler:       _HTTPHandler_ServeHTTP_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "ServeHTTPStream",
+			Handler:       _HTTPHandler_ServeHTTPStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "taskhost/plugin/v1/plugin.proto",

@@ -1,0 +1,51 @@
+package capability
+
+import (
+	"context"
+	"slices"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/taskhost/taskhost/capability/internal/pb"
+)
+
+// LegacyPluginSet serves impl (an HTTPHandler) as a plugin binary built
+// before ServeHTTPStream existed does: its Describe lists no
+// HTTPBodyStream, and the streaming call is unknown to it.
+func LegacyPluginSet(impl Lifecycle) plugin.PluginSet {
+	return plugin.PluginSet{pluginKey: &legacyPlugin{impl: impl}}
+}
+
+type legacyPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	impl Lifecycle
+}
+
+func (p *legacyPlugin) GRPCServer(broker *plugin.GRPCBroker, s *grpc.Server) error {
+	pb.RegisterLifecycleServer(s, &legacyLifecycle{lifecycleServer: &lifecycleServer{impl: p.impl, broker: broker}})
+	pb.RegisterHTTPHandlerServer(s, &legacyHTTP{httpServer: &httpServer{impl: p.impl.(HTTPHandler)}})
+	return nil
+}
+
+func (p *legacyPlugin) GRPCClient(ctx context.Context, broker *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
+	return newClient(ctx, broker, conn), nil
+}
+
+type legacyLifecycle struct{ *lifecycleServer }
+
+func (l *legacyLifecycle) Describe(ctx context.Context, req *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	resp, err := l.lifecycleServer.Describe(ctx, req)
+	if err == nil {
+		resp.Capabilities = slices.DeleteFunc(resp.Capabilities, func(c string) bool { return c == string(HTTPBodyStream) })
+	}
+	return resp, err
+}
+
+type legacyHTTP struct{ *httpServer }
+
+func (*legacyHTTP) ServeHTTPStream(pb.HTTPHandler_ServeHTTPStreamServer) error {
+	return status.Error(codes.Unimplemented, "unknown method ServeHTTPStream for service taskhost.plugin.v1.HTTPHandler")
+}
