@@ -26,6 +26,10 @@ import (
 // and so starts that claim at once. When a claim comes back short while
 // this pool's outcomes are still being written, the next one goes out as
 // soon as one of those writes returns rather than after the idle interval.
+//
+// After a short claim the dispatcher waits ClaimIdleInterval, or, while
+// the broker announces submitted messages (announcements), until one for
+// a topic of this pool comes or ClaimIdleFallback passes.
 func (p *Pool) dispatch() {
 	defer close(p.dispatcherDone)
 	defer close(p.jobs)
@@ -37,6 +41,7 @@ func (p *Pool) dispatch() {
 	// A suspect (see suspect) waits until it can run alone.
 	iso := newIsolation(p)
 	defer iso.stop()
+	ann := newAnnouncements(p)
 	for p.claimCtx.Err() == nil {
 		acks := p.out.takeAcks()
 		inflight := iso.settle(int(p.inflight.Load()))
@@ -63,6 +68,7 @@ func (p *Pool) dispatch() {
 			default:
 			}
 		}
+		ann.claiming()
 		msgs, err := p.out.exchange(p.claimCtx, acks, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.topics, Max: free})
 		// Whatever was claimed is ours to finish, even if we are stopping:
 		// the workers requeue it.
@@ -96,18 +102,103 @@ func (p *Pool) dispatch() {
 		if p.inflight.Load()+p.out.pending.Load() > 0 {
 			written = p.out.written
 		}
-		idle.Reset(p.opts.ClaimIdleInterval)
-		select {
-		case <-idle.C:
-		case <-written:
-			idle.Stop()
-		case <-p.out.acksReady:
-			idle.Stop()
-		case <-p.wake:
-			idle.Stop()
-		case <-p.claimCtx.Done():
-			idle.Stop()
+		deadline := time.Now().Add(ann.interval())
+		idle.Reset(time.Until(deadline))
+	wait:
+		for {
+			select {
+			case <-idle.C:
+				break wait
+			case n := <-ann.notices():
+				if ann.wakes(n) {
+					idle.Stop()
+					break wait
+				}
+				if !ann.due.IsZero() && ann.due.Before(deadline) {
+					deadline = ann.due
+					idle.Reset(time.Until(deadline))
+				}
+			case <-written:
+				idle.Stop()
+				break wait
+			case <-p.out.acksReady:
+				idle.Stop()
+				break wait
+			case <-p.wake:
+				idle.Stop()
+				break wait
+			case <-p.claimCtx.Done():
+				idle.Stop()
+				break wait
+			}
 		}
+	}
+}
+
+// announcements is the dispatcher's view of the broker's announcements of
+// submitted messages (broker.Notifier): which wake it, and how long it may
+// wait idle.
+type announcements struct {
+	p      *Pool
+	sub    broker.Subscription // nil: the broker has none
+	topics map[string]bool     // the pool's topics
+	// due is when the earliest message announced with a delay becomes
+	// available, zero for none: the idle wait ends then.
+	due time.Time
+}
+
+func newAnnouncements(p *Pool) *announcements {
+	a := &announcements{p: p, sub: p.notices, topics: map[string]bool{}}
+	for _, t := range p.topics {
+		a.topics[t] = true
+	}
+	return a
+}
+
+// notices is the subscription's channel; nil (never ready) without one.
+func (a *announcements) notices() <-chan broker.Notice {
+	if a.sub == nil {
+		return nil
+	}
+	return a.sub.Notices()
+}
+
+// interval is how long the dispatcher may wait idle: the fallback while
+// announcements arrive, the idle interval otherwise, and never past due.
+func (a *announcements) interval() time.Duration {
+	d := a.p.opts.ClaimIdleInterval
+	if a.sub != nil && a.sub.Listening() {
+		d = a.p.opts.ClaimIdleFallback
+	}
+	if !a.due.IsZero() {
+		d = min(d, max(time.Until(a.due), 0))
+	}
+	return d
+}
+
+// wakes reports whether n calls for a claim now; a notice of delayed
+// messages on one of the pool's topics moves due instead.
+func (a *announcements) wakes(n broker.Notice) bool {
+	if n.Topic == "" {
+		return true
+	}
+	if !a.topics[n.Topic] {
+		return false
+	}
+	if n.Delay <= 0 {
+		return true
+	}
+	if at := time.Now().Add(n.Delay); a.due.IsZero() || at.Before(a.due) {
+		a.due = at
+	}
+	return false
+}
+
+// claiming notes that a claim goes out now: it finds the messages that
+// were due by now.
+func (a *announcements) claiming() {
+	if !a.due.IsZero() && !a.due.After(time.Now()) {
+		a.due = time.Time{}
 	}
 }
 

@@ -138,6 +138,8 @@ type Broker struct {
 	maxPayload int
 	log        hclog.Logger
 
+	ins    *Inserter // the insert statements (enqueue.go)
+	listen *listener // LISTEN for submits, started by the first Subscribe (listen.go)
 	pool   *pool
 	closed atomic.Bool
 	rr     atomic.Uint64 // rotates the topic Claim serves first
@@ -172,6 +174,10 @@ func New(ctx context.Context, opts Options) (*Broker, error) {
 		b.log = hclog.NewNullLogger()
 	}
 	b.shared = sqlstore.New(dialect{b}, b.maxPayload)
+	if b.ins, err = NewInserter(schema); err != nil {
+		return nil, err
+	}
+	b.listen = newListener(cfg, b.ins.Channel(), b.log)
 	maxConns := int(opts.MaxConns)
 	if maxConns <= 0 {
 		maxConns = max(4, runtime.NumCPU())
@@ -207,6 +213,7 @@ func (b *Broker) Close() error {
 	if b.closed.Swap(true) {
 		return nil
 	}
+	b.listen.close()
 	b.pool.close()
 	return nil
 }
