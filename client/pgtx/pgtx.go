@@ -199,4 +199,3 @@ func inserter(schema string) (*postgres.Inserter, error) {
 	got, _ := inserters.LoadOrStore(schema, in)
 	return got.(*postgres.Inserter), nil
 }
-
