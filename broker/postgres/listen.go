@@ -45,6 +45,7 @@ func (b *Broker) Subscribe() broker.Subscription { return b.listen.subscribe() }
 
 type listener struct {
 	cfg     *pgx.ConnConfig
+	dial    func(context.Context, *pgx.ConnConfig) (*pgx.Conn, error) // pgx.ConnectConfig; tests replace it
 	channel string
 	log     hclog.Logger
 
@@ -72,7 +73,7 @@ func newListener(cfg *pgx.ConnConfig, channel string, log hclog.Logger) *listene
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &listener{
-		cfg: cfg, channel: channel, log: log.With("channel", channel),
+		cfg: cfg, dial: pgx.ConnectConfig, channel: channel, log: log.With("channel", channel),
 		subs: map[*subscription]struct{}{}, ctx: ctx, cancel: cancel, done: make(chan struct{}),
 	}
 }
@@ -170,7 +171,7 @@ func (l *listener) run() {
 // session connects, LISTENs and hands notifications on until the
 // connection fails or the listener closes.
 func (l *listener) session() error {
-	conn, err := pgx.ConnectConfig(l.ctx, l.cfg)
+	conn, err := l.dial(l.ctx, l.cfg)
 	if err != nil {
 		return err
 	}
