@@ -9,8 +9,9 @@ import (
 )
 
 // Submit validates req and queues it, creating the topic's row (unlimited,
-// dead-lettering, not paused) when it is missing, and notifies the
-// schema's channel (enqueue.go). An empty payload is stored as {}.
+// dead-lettering, not paused) when it is missing, and, once it is
+// committed, announces it to the worker pools (announce.go). An empty
+// payload is stored as {}.
 func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, error) {
 	if err := broker.ValidateSubmit(req, b.maxPayload); err != nil {
 		return 0, err
@@ -21,6 +22,9 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 		id, err = b.ins.insert(ctx, c, req)
 		return err
 	})
+	if err == nil {
+		b.announce.add([]broker.SubmitRequest{req})
+	}
 	return id, err
 }
 
@@ -52,18 +56,26 @@ func (b *Broker) SubmitMany(ctx context.Context, reqs []broker.SubmitRequest) ([
 	if err != nil {
 		return nil, err
 	}
+	b.announce.add(reqs)
 	return ids, nil
 }
 
 // InsertMessage queues the validated req in c's transaction, as Submit
-// does, and returns its id.
+// does, and returns its id. A schedule's fire is rare: it announces its
+// message in the same transaction.
 func (d dialect) InsertMessage(c sqlstore.Conn, req broker.SubmitRequest) (int64, error) {
 	payload, headers, err := submitFields(req)
 	if err != nil {
 		return 0, err
 	}
-	var id int64
+	var id, n int64
 	err = c.QueryRow(d.b.ins.one,
-		req.Topic, req.Task, payload, headers, req.MaxAttempts, micros(req.Delay)).Scan(&id, nil)
-	return id, err
+		req.Topic, req.Task, payload, headers, req.MaxAttempts, micros(req.Delay)).Scan(&id)
+	if err != nil {
+		return 0, err
+	}
+	if err := c.QueryRow(d.b.ins.notify, payloads([]broker.SubmitRequest{req})).Scan(&n); err != nil {
+		return 0, err
+	}
+	return id, nil
 }

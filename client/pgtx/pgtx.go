@@ -48,11 +48,19 @@ type Option func(*config)
 type config struct {
 	schema     string
 	maxPayload int
+	quiet      bool
 }
 
 // WithSchema names the schema of the broker's tables: the broker's schema
 // setting. Default public.
 func WithSchema(schema string) Option { return func(c *config) { c.schema = schema } }
+
+// WithoutNotify queues the tasks without announcing them: idle worker
+// pools then find them by their fallback poll (worker.Options
+// ClaimIdleFallback, 5 s by default) instead of at once, and the
+// transaction does not wait for the commits of other notifying
+// transactions (see the package documentation).
+func WithoutNotify() Option { return func(c *config) { c.quiet = true } }
 
 // WithMaxPayload bounds a payload in bytes, as the broker's max payload
 // setting does. Default broker.MaxPayloadSize.
@@ -92,6 +100,11 @@ func Submit(ctx context.Context, tx pgx.Tx, t Task, opts ...Option) (int64, erro
 	if err != nil {
 		return 0, fmt.Errorf("pgtx: submit: %w", err)
 	}
+	if !cfg.quiet {
+		if err := in.Notify(ctx, tx, []broker.SubmitRequest{req}); err != nil {
+			return 0, fmt.Errorf("pgtx: submit: announcing the task: %w", err)
+		}
+	}
 	return id, nil
 }
 
@@ -123,6 +136,11 @@ func SubmitMany(ctx context.Context, tx pgx.Tx, tasks []Task, opts ...Option) ([
 	ids, err := in.InsertMany(ctx, tx, reqs, cfg.maxPayload)
 	if err != nil {
 		return nil, fmt.Errorf("pgtx: submit many: %w", err)
+	}
+	if !cfg.quiet {
+		if err := in.Notify(ctx, tx, reqs); err != nil {
+			return nil, fmt.Errorf("pgtx: submit many: announcing the tasks: %w", err)
+		}
 	}
 	return ids, nil
 }

@@ -55,7 +55,7 @@ func count(t *testing.T, c *pgx.Conn, schema, table string) int {
 
 // startPool runs task "mail.receipt" on topic "mail" from b until the
 // test ends, and returns the payloads it ran.
-func startPool(t *testing.T, b broker.Broker) <-chan string {
+func startPool(t *testing.T, b *postgres.Broker) <-chan string {
 	t.Helper()
 	ran := make(chan string, 100)
 	reg := worker.NewRegistry()
@@ -63,11 +63,23 @@ func startPool(t *testing.T, b broker.Broker) <-chan string {
 		ran <- string(tc.Payload)
 		return "sent", nil
 	}})
-	p := worker.NewPool(b, reg, worker.Options{Logger: hclog.NewNullLogger()})
+	// Both waits an hour: the pool claims when a task is announced (or
+	// when its listener starts).
+	p := worker.NewPool(b, reg, worker.Options{Logger: hclog.NewNullLogger(),
+		ClaimIdleInterval: time.Hour, ClaimIdleFallback: time.Hour})
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Stop(context.Background()) })
+	s := b.Subscribe()
+	defer s.Close()
+	deadline := time.Now().Add(waitDeadline)
+	for !s.Listening() {
+		if time.Now().After(deadline) {
+			t.Fatal("the broker does not listen for announcements")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	return ran
 }
 
