@@ -199,3 +199,31 @@ func TestBrokerThatOnlySubmitsOpensNoListener(t *testing.T) {
 		t.Error("listening after Close")
 	}
 }
+
+func TestRetryIsAnnouncedWithItsBackoff(t *testing.T) {
+	a := newTestBroker(t, Options{})
+	b := otherHost(t, a)
+	var tries atomic.Int32
+	reg := worker.NewRegistry()
+	reg.MustRegister(worker.Task{Name: "flaky", Topic: "q", MaxAttempts: 3, Handler: func(context.Context, *worker.TaskContext) (any, error) {
+		if tries.Add(1) == 1 {
+			return nil, worker.RetryAfter(errors.New("first try fails"), 200*time.Millisecond)
+		}
+		return "ok", nil
+	}})
+	// Both waits an hour: the retry runs only if its requeue is announced.
+	p := worker.NewPool(b, reg, worker.Options{ClaimIdleInterval: time.Hour, ClaimIdleFallback: time.Hour, Logger: hclog.NewNullLogger()})
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Stop(context.Background()) })
+	waitFor(t, "listening", b.listen.listening.Load)
+	id, err := a.Submit(context.Background(), broker.SubmitRequest{Topic: "q", Task: "flaky"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitMessageDone(t, a, id)
+	if n := tries.Load(); n != 2 {
+		t.Errorf("%d tries, want 2", n)
+	}
+}
