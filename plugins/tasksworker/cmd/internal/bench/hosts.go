@@ -22,8 +22,8 @@ import (
 //     A's process, so nothing calls its Wake), and host B's pool runs it;
 //     latency from just before Submit to B's report of the message done.
 //     Once with the pool waiting for announcements (LISTEN/NOTIFY, the
-//     default) and once polling every worker.DefaultClaimIdleInterval (as
-//     before announcements: ClaimIdleFallback set to the idle interval).
+//     default) and once polling every worker.DefaultClaimIdleInterval, as
+//     before announcements (the pool's broker hides broker.Notifier).
 //   - idle pools (-idle-pools N): N brokers, each with a pool and nothing
 //     to run, for -idle-for; the transactions the database committed per
 //     second over that window (pg_stat_database, xact_commit and
@@ -38,11 +38,22 @@ const (
 	modePoll   pollMode = "poll"   // ClaimIdleInterval between polls
 )
 
-func (m pollMode) options(o worker.Options) worker.Options {
+// pool returns a pool of reg on b that waits for work as m says: in
+// modePoll b is hidden behind a broker without announcements, as before
+// brokers had them (the pool polls every ClaimIdleInterval, and nothing
+// but its own Wake cuts that short).
+func (m pollMode) pool(b *postgres.Broker, reg *worker.Registry, o worker.Options) *worker.Pool {
 	if m == modePoll {
-		o.ClaimIdleFallback = worker.DefaultClaimIdleInterval
+		return worker.NewPool(unannounced{b, b, b}, reg, o)
 	}
-	return o
+	return worker.NewPool(b, reg, o)
+}
+
+// unannounced is a PostgreSQL broker without broker.Notifier.
+type unannounced struct {
+	broker.Broker
+	broker.AckClaimer
+	broker.OrphanReclaimer
 }
 
 // host opens another broker on the bench's schema, as another host's.
@@ -87,9 +98,7 @@ func (bn *bench) acrossHosts(ctx context.Context, run int, mode pollMode) (bench
 	reg := worker.NewRegistry()
 	reg.MustRegister(worker.Task{Name: benchTask, Topic: topic,
 		Handler: func(context.Context, *worker.TaskContext) (any, error) { return nil, nil }})
-	p := worker.NewPool(hb, reg, mode.options(worker.Options{
-		Concurrency: cfg.workers, Observer: obs, Logger: bn.log.Named("pool"),
-	}))
+	p := mode.pool(hb, reg, worker.Options{Concurrency: cfg.workers, Observer: obs, Logger: bn.log.Named("pool")})
 	if err := p.Start(ctx); err != nil {
 		return r, err
 	}
@@ -98,8 +107,10 @@ func (bn *bench) acrossHosts(ctx context.Context, run int, mode pollMode) (bench
 		defer cancel()
 		_ = p.Stop(sctx)
 	}()
-	if err := waitListening(ctx, hb); err != nil {
-		return r, err
+	if mode == modeListen {
+		if err := waitListening(ctx, hb); err != nil {
+			return r, err
+		}
 	}
 	// Let the pool open its connections and reach its idle wait.
 	time.Sleep(500 * time.Millisecond)
@@ -137,13 +148,16 @@ func (bn *bench) idleRate(ctx context.Context, n int, mode pollMode, run int) (f
 		reg := worker.NewRegistry()
 		reg.MustRegister(worker.Task{Name: benchTask, Topic: topic,
 			Handler: func(context.Context, *worker.TaskContext) (any, error) { return nil, nil }})
-		p := worker.NewPool(b, reg, mode.options(worker.Options{Logger: bn.log.Named("pool")}))
+		p := mode.pool(b, reg, worker.Options{Logger: bn.log.Named("pool")})
 		if err := p.Start(ctx); err != nil {
 			return 0, err
 		}
 		pools = append(pools, p)
 	}
 	for _, b := range brokers {
+		if mode != modeListen {
+			break
+		}
 		if err := waitListening(ctx, b); err != nil {
 			return 0, err
 		}
@@ -183,21 +197,25 @@ func runHosts(ctx context.Context, bn *bench, out io.Writer, summary map[string]
 	if cfg.acrossHosts {
 		fmt.Fprintf(out, "== across hosts: host A submits %g/s for %s (Submit, no Wake); host B's pool (a broker of its own, Concurrency %d) runs them\n",
 			cfg.rate, cfg.duration, cfg.workers)
-		for _, mode := range []pollMode{modeListen, modePoll} {
-			var p50, p99, mx []float64
-			for run := 1; run <= cfg.runs; run++ {
+		// The modes take turns run by run, so both see the same machine.
+		modes := []pollMode{modeListen, modePoll}
+		p50, p99, mx := map[pollMode][]float64{}, map[pollMode][]float64{}, map[pollMode][]float64{}
+		for run := 1; run <= cfg.runs; run++ {
+			for _, mode := range modes {
 				r, err := bn.acrossHosts(ctx, run, mode)
 				if err != nil {
 					return fmt.Errorf("across hosts (%s), run %d: %w", mode, run, err)
 				}
 				fmt.Fprintf(out, "  %-6s run %d  %6d jobs at %6.0f/s  latency p50 %s  p95 %s  p99 %s  max %s ms\n",
 					mode, run, r.SteadyN, r.SteadyRate, fmtNum(r.SteadyP50), fmtNum(r.SteadyP95), fmtNum(r.SteadyP99), fmtNum(r.SteadyMax))
-				p50, p99, mx = append(p50, r.SteadyP50), append(p99, r.SteadyP99), append(mx, r.SteadyMax)
+				p50[mode], p99[mode], mx[mode] = append(p50[mode], r.SteadyP50), append(p99[mode], r.SteadyP99), append(mx[mode], r.SteadyMax)
 			}
+		}
+		for _, mode := range modes {
 			fmt.Fprintf(out, "  %-6s median of %d runs: p50 %s ms  p99 %s ms  (max %s ms)\n",
-				mode, cfg.runs, fmtNum(median(p50)), fmtNum(median(p99)), fmtNum(median(mx)))
-			summary["hosts_"+string(mode)+"_p50_ms"] = round2(median(p50))
-			summary["hosts_"+string(mode)+"_p99_ms"] = round2(median(p99))
+				mode, cfg.runs, fmtNum(median(p50[mode])), fmtNum(median(p99[mode])), fmtNum(median(mx[mode])))
+			summary["hosts_"+string(mode)+"_p50_ms"] = round2(median(p50[mode]))
+			summary["hosts_"+string(mode)+"_p99_ms"] = round2(median(p99[mode]))
 		}
 	}
 	if cfg.idlePools > 0 {
