@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"slices"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
@@ -114,8 +115,8 @@ func (p *Pool) dispatch() {
 					idle.Stop()
 					break wait
 				}
-				if !ann.due.IsZero() && ann.due.Before(deadline) {
-					deadline = ann.due
+				if next, ok := ann.next(); ok && next.Before(deadline) {
+					deadline = next
 					idle.Reset(time.Until(deadline))
 				}
 			case <-written:
@@ -142,10 +143,15 @@ type announcements struct {
 	p      *Pool
 	sub    broker.Subscription // nil: the broker has none
 	topics map[string]bool     // the pool's topics
-	// due is when the earliest message announced with a delay becomes
-	// available, zero for none: the idle wait ends then.
-	due time.Time
+	// due holds, in order, when the messages announced with a delay become
+	// available (at most maxDue, the earliest kept): the idle wait ends at
+	// the first.
+	due []time.Time
 }
+
+// maxDue bounds announcements.due; later ones are left to the fallback
+// poll.
+const maxDue = 256
 
 func newAnnouncements(p *Pool) *announcements {
 	a := &announcements{p: p, sub: p.notices, topics: map[string]bool{}}
@@ -164,20 +170,29 @@ func (a *announcements) notices() <-chan broker.Notice {
 }
 
 // interval is how long the dispatcher may wait idle: the fallback while
-// announcements arrive, the idle interval otherwise, and never past due.
+// announcements arrive, the idle interval otherwise, and never past the
+// first due time.
 func (a *announcements) interval() time.Duration {
 	d := a.p.opts.ClaimIdleInterval
 	if a.sub != nil && a.sub.Listening() {
 		d = a.p.opts.ClaimIdleFallback
 	}
-	if !a.due.IsZero() {
-		d = min(d, max(time.Until(a.due), 0))
+	if next, ok := a.next(); ok {
+		d = min(d, max(time.Until(next), 0))
 	}
 	return d
 }
 
+// next is the first due time, if any.
+func (a *announcements) next() (time.Time, bool) {
+	if len(a.due) == 0 {
+		return time.Time{}, false
+	}
+	return a.due[0], true
+}
+
 // wakes reports whether n calls for a claim now; a notice of delayed
-// messages on one of the pool's topics moves due instead.
+// messages on one of the pool's topics adds a due time instead.
 func (a *announcements) wakes(n broker.Notice) bool {
 	if n.Topic == "" {
 		return true
@@ -188,8 +203,13 @@ func (a *announcements) wakes(n broker.Notice) bool {
 	if n.Delay <= 0 {
 		return true
 	}
-	if at := time.Now().Add(n.Delay); a.due.IsZero() || at.Before(a.due) {
-		a.due = at
+	at := time.Now().Add(n.Delay)
+	i, _ := slices.BinarySearchFunc(a.due, at, time.Time.Compare)
+	if i < maxDue {
+		a.due = slices.Insert(a.due, i, at)
+		if len(a.due) > maxDue {
+			a.due = a.due[:maxDue]
+		}
 	}
 	return false
 }
@@ -197,9 +217,12 @@ func (a *announcements) wakes(n broker.Notice) bool {
 // claiming notes that a claim goes out now: it finds the messages that
 // were due by now.
 func (a *announcements) claiming() {
-	if !a.due.IsZero() && !a.due.After(time.Now()) {
-		a.due = time.Time{}
+	now := time.Now()
+	i := 0
+	for i < len(a.due) && !a.due[i].After(now) {
+		i++
 	}
+	a.due = a.due[i:]
 }
 
 // toWorkers hands a claimed message to the workers.

@@ -35,7 +35,7 @@ const (
 	listenStable = 10 * time.Second
 	// noticeBuffer is how many notices a subscription holds for a reader
 	// that is busy.
-	noticeBuffer = 64
+	noticeBuffer = 256
 )
 
 // Subscribe returns a subscription to the messages submitted to the
