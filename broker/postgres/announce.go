@@ -12,7 +12,9 @@ import (
 // This file owns the announcer: after Submit and SubmitMany commit, it
 // announces their messages (enqueue.go) from a transaction of its own,
 // one at a time per broker, each carrying every announcement that piled
-// up while the previous one was in flight. That transaction writes nothing
+// up while the previous one was in flight. It has a connection of its own
+// (opened with the first announcement), so an announcement never queues
+// behind the submits for one of the pool's. That transaction writes nothing
 // that must survive a crash, so it commits without waiting for the WAL
 // flush (synchronous_commit off) and holds PostgreSQL's notification lock
 // only briefly; the submits' own commits never wait for it. A process
@@ -37,6 +39,7 @@ type announcer struct {
 	started bool
 	closed  bool
 	kick    chan struct{}
+	conn    *pgx.Conn // run's own
 	ctx     context.Context
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -86,6 +89,11 @@ func (a *announcer) close() {
 
 func (a *announcer) run() {
 	defer close(a.done)
+	defer func() {
+		if a.conn != nil {
+			closeConn(a.conn)
+		}
+	}()
 	for {
 		select {
 		case <-a.kick:
@@ -102,14 +110,37 @@ func (a *announcer) run() {
 		if len(ps) == 0 {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(a.ctx, announceTimeout)
-		err := a.b.run(ctx, "announce", func(c *pgx.Conn) error {
-			var n int64
-			return c.QueryRow(ctx, a.sql, ps).Scan(&n)
-		})
-		cancel()
-		if err != nil && a.ctx.Err() == nil {
+		if err := a.send(ps); err != nil && a.ctx.Err() == nil {
 			a.b.log.Debug("could not announce submitted messages; the worker pools' fallback poll finds them", "error", err)
+		}
+	}
+}
+
+// send sends one announcement of ps on the announcer's connection,
+// opening it when needed. A connection that fails is dropped, and when it
+// was an old one (the server may have closed it while it sat idle) the
+// announcement is sent once more on a new one.
+func (a *announcer) send(ps []string) error {
+	ctx, cancel := context.WithTimeout(a.ctx, announceTimeout)
+	defer cancel()
+	for {
+		fresh := false
+		if a.conn == nil || a.conn.IsClosed() {
+			c, err := pgx.ConnectConfig(ctx, a.b.pool.cfg)
+			if err != nil {
+				return err
+			}
+			a.conn, fresh = c, true
+		}
+		var n int64
+		err := a.conn.QueryRow(ctx, a.sql, ps).Scan(&n)
+		if err == nil {
+			return nil
+		}
+		closeConn(a.conn)
+		a.conn = nil
+		if fresh || ctx.Err() != nil {
+			return err
 		}
 	}
 }
