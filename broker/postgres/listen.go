@@ -21,9 +21,9 @@ import (
 // Subscribe, so a broker that only submits never opens it, and it
 // reconnects with backoff when its connection drops; while it is down,
 // Listening is false and the pools poll at their claim idle interval.
-// A connection that dies without a word from the server (a cable pulled)
-// is noticed by TCP keepalive only (pgx's default, minutes): until then
-// the pools keep their slow fallback poll.
+// A connection that dies without a word from the server (a cable pulled,
+// a partition) is found by a ping after listenPingAfter without a
+// notification, which fails within listenPingTimeout.
 
 var _ broker.Notifier = (*Broker)(nil)
 
@@ -33,6 +33,11 @@ const (
 	listenRetryMax = 5 * time.Second
 	// listenStable: a session that lasted this long resets the backoff.
 	listenStable = 10 * time.Second
+	// listenPingAfter: the listening connection is pinged after this long
+	// without a notification.
+	listenPingAfter = 15 * time.Second
+	// listenPingTimeout bounds that ping.
+	listenPingTimeout = 5 * time.Second
 	// noticeBuffer is how many notices a subscription holds for a reader
 	// that is busy.
 	noticeBuffer = 256
@@ -51,6 +56,8 @@ type listener struct {
 
 	listening atomic.Bool
 	pid       atomic.Uint32 // backend pid of the listening connection, 0 when down
+	pingAfter time.Duration // listenPingAfter; tests shorten it
+	pings     atomic.Int64  // pings that found the connection alive
 
 	mu      sync.Mutex
 	subs    map[*subscription]struct{}
@@ -73,7 +80,7 @@ func newListener(cfg *pgx.ConnConfig, channel string, log hclog.Logger) *listene
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &listener{
-		cfg: cfg, dial: pgx.ConnectConfig, channel: channel, log: log.With("channel", channel),
+		cfg: cfg, dial: pgx.ConnectConfig, channel: channel, pingAfter: listenPingAfter, log: log.With("channel", channel),
 		subs: map[*subscription]struct{}{}, ctx: ctx, cancel: cancel, done: make(chan struct{}),
 	}
 }
@@ -186,9 +193,12 @@ func (l *listener) session() error {
 	// nobody.
 	l.broadcast(broker.Notice{})
 	for {
-		n, err := conn.WaitForNotification(l.ctx)
+		n, err := l.wait(conn)
 		if err != nil {
 			return err
+		}
+		if n == nil {
+			continue
 		}
 		var p notifyPayload
 		if json.Unmarshal([]byte(n.Payload), &p) != nil || p.Topic == "" {
@@ -197,4 +207,24 @@ func (l *listener) session() error {
 		}
 		l.broadcast(broker.Notice{Topic: p.Topic, Delay: time.Duration(max(p.DelayUS, 0)) * time.Microsecond})
 	}
+}
+
+// wait returns the next notification on conn, or nil after
+// listenPingAfter without one, once a ping found the connection alive. A
+// notification that arrives during the ping is kept for the next wait.
+func (l *listener) wait(conn *pgx.Conn) (*pgconn.Notification, error) {
+	ctx, cancel := context.WithTimeout(l.ctx, l.pingAfter)
+	n, err := conn.WaitForNotification(ctx)
+	cancel()
+	if err == nil || l.ctx.Err() != nil || ctx.Err() == nil {
+		return n, err
+	}
+	// The wait timed out: a timeout leaves the connection open.
+	pctx, cancel := context.WithTimeout(l.ctx, listenPingTimeout)
+	defer cancel()
+	if err := conn.Ping(pctx); err != nil {
+		return nil, err
+	}
+	l.pings.Add(1)
+	return nil, nil
 }

@@ -227,3 +227,31 @@ func TestRetryIsAnnouncedWithItsBackoff(t *testing.T) {
 		t.Errorf("%d tries, want 2", n)
 	}
 }
+
+func TestQuietListenerPingsAndKeepsItsConnection(t *testing.T) {
+	a := newTestBroker(t, Options{})
+	b := otherHost(t, a)
+	b.listen.pingAfter = 20 * time.Millisecond
+	s := b.Subscribe()
+	defer s.Close()
+	waitFor(t, "listening", s.Listening)
+	pid := b.listen.pid.Load()
+	waitFor(t, "three pings", func() bool { return b.listen.pings.Load() >= 3 })
+	if now := b.listen.pid.Load(); now != pid || !s.Listening() {
+		t.Fatalf("after the pings: pid %d (was %d), listening %v", now, pid, s.Listening())
+	}
+	if _, err := a.Submit(context.Background(), broker.SubmitRequest{Topic: "quiet", Task: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(notifyDeadline)
+	for {
+		select {
+		case n := <-s.Notices():
+			if n.Topic == "quiet" {
+				return
+			}
+		case <-deadline:
+			t.Fatal("no notice of the submit after the pings")
+		}
+	}
+}
