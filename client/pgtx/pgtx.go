@@ -1,6 +1,7 @@
 package pgtx
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,7 +21,8 @@ type Task struct {
 	Topic string
 	// Name is the task's name, such as "mail.receipt".
 	Name string
-	// Payload is the task's input, a JSON value; empty means {}.
+	// Payload is the task's input, a JSON value; empty or null means {},
+	// as in the HTTP API.
 	Payload json.RawMessage
 	// Headers travel with the task to its handler.
 	Headers map[string]string
@@ -157,7 +159,11 @@ func configure(opts []Option) config {
 }
 
 func (t Task) request() broker.SubmitRequest {
-	return broker.SubmitRequest{Topic: t.Topic, Task: t.Name, Payload: t.Payload, Headers: t.Headers,
+	payload := t.Payload
+	if string(bytes.TrimSpace(payload)) == "null" {
+		payload = nil
+	}
+	return broker.SubmitRequest{Topic: t.Topic, Task: t.Name, Payload: payload, Headers: t.Headers,
 		Delay: t.Delay, MaxAttempts: t.MaxAttempts}
 }
 
