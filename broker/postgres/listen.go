@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +37,8 @@ const (
 	// listenPingAfter: the listening connection is pinged after this long
 	// without a notification.
 	listenPingAfter = 15 * time.Second
+	// listenConnectTimeout bounds connecting and LISTEN.
+	listenConnectTimeout = 10 * time.Second
 	// listenPingTimeout bounds that ping.
 	listenPingTimeout = 5 * time.Second
 	// noticeBuffer is how many notices a subscription holds for a reader
@@ -178,14 +181,17 @@ func (l *listener) run() {
 // session connects, LISTENs and hands notifications on until the
 // connection fails or the listener closes.
 func (l *listener) session() error {
-	conn, err := l.dial(l.ctx, l.cfg)
+	ctx, cancel := context.WithTimeout(l.ctx, listenConnectTimeout)
+	defer cancel()
+	conn, err := l.dial(ctx, l.cfg)
 	if err != nil {
 		return err
 	}
 	defer closeConn(conn)
-	if _, err := conn.Exec(l.ctx, `LISTEN `+pgx.Identifier{l.channel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{l.channel}.Sanitize()); err != nil {
 		return err
 	}
+	cancel()
 	l.pid.Store(conn.PgConn().PID())
 	l.listening.Store(true)
 	l.log.Info("listening for submitted messages", "pid", conn.PgConn().PID())
@@ -215,8 +221,9 @@ func (l *listener) session() error {
 func (l *listener) wait(conn *pgx.Conn) (*pgconn.Notification, error) {
 	ctx, cancel := context.WithTimeout(l.ctx, l.pingAfter)
 	n, err := conn.WaitForNotification(ctx)
+	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
 	cancel()
-	if err == nil || l.ctx.Err() != nil || ctx.Err() == nil {
+	if err == nil || !timedOut || l.ctx.Err() != nil {
 		return n, err
 	}
 	// The wait timed out: a timeout leaves the connection open.
