@@ -299,3 +299,37 @@ func TestSchemaWithoutTablesSaysRunMigrate(t *testing.T) {
 		t.Fatalf("Submit = %v, want a VersionError saying run `host migrate`", err)
 	}
 }
+
+func TestWithoutNotifySendsNoAnnouncement(t *testing.T) {
+	schema, _, app := setup(t)
+	ctx := context.Background()
+	listener := testdb.Connect(t, "")
+	if _, err := listener.Exec(ctx, `LISTEN `+pgx.Identifier{postgres.NotifyChannel(schema)}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		topic string
+		opts  []pgtx.Option
+	}{
+		{"quiet", []pgtx.Option{pgtx.WithSchema(schema), pgtx.WithoutNotify()}},
+		{"loud", []pgtx.Option{pgtx.WithSchema(schema)}},
+	} {
+		err := pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+			_, err := pgtx.Submit(ctx, tx, pgtx.Task{Topic: c.topic, Name: "t"}, c.opts...)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Notifications arrive in commit order: the first is the loud one's.
+	wctx, cancel := context.WithTimeout(ctx, waitDeadline)
+	defer cancel()
+	n, err := listener.WaitForNotification(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(n.Payload, `"topic":"loud"`) {
+		t.Errorf("first notification %q, want the loud task's", n.Payload)
+	}
+}
