@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"slices"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
@@ -26,6 +27,10 @@ import (
 // and so starts that claim at once. When a claim comes back short while
 // this pool's outcomes are still being written, the next one goes out as
 // soon as one of those writes returns rather than after the idle interval.
+//
+// After a short claim the dispatcher waits ClaimIdleInterval, or, while
+// the broker announces submitted messages (announcements), until one for
+// a topic of this pool comes or ClaimIdleFallback passes.
 func (p *Pool) dispatch() {
 	defer close(p.dispatcherDone)
 	defer close(p.jobs)
@@ -37,6 +42,7 @@ func (p *Pool) dispatch() {
 	// A suspect (see suspect) waits until it can run alone.
 	iso := newIsolation(p)
 	defer iso.stop()
+	ann := newAnnouncements(p)
 	for p.claimCtx.Err() == nil {
 		acks := p.out.takeAcks()
 		inflight := iso.settle(int(p.inflight.Load()))
@@ -63,6 +69,7 @@ func (p *Pool) dispatch() {
 			default:
 			}
 		}
+		ann.claiming()
 		msgs, err := p.out.exchange(p.claimCtx, acks, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.topics, Max: free})
 		// Whatever was claimed is ours to finish, even if we are stopping:
 		// the workers requeue it.
@@ -96,19 +103,126 @@ func (p *Pool) dispatch() {
 		if p.inflight.Load()+p.out.pending.Load() > 0 {
 			written = p.out.written
 		}
-		idle.Reset(p.opts.ClaimIdleInterval)
-		select {
-		case <-idle.C:
-		case <-written:
-			idle.Stop()
-		case <-p.out.acksReady:
-			idle.Stop()
-		case <-p.wake:
-			idle.Stop()
-		case <-p.claimCtx.Done():
-			idle.Stop()
+		deadline := time.Now().Add(ann.interval())
+		idle.Reset(time.Until(deadline))
+	wait:
+		for {
+			select {
+			case <-idle.C:
+				break wait
+			case n := <-ann.notices():
+				if ann.wakes(n) {
+					idle.Stop()
+					break wait
+				}
+				if next, ok := ann.next(); ok && next.Before(deadline) {
+					deadline = next
+					idle.Reset(time.Until(deadline))
+				}
+			case <-written:
+				idle.Stop()
+				break wait
+			case <-p.out.acksReady:
+				idle.Stop()
+				break wait
+			case <-p.wake:
+				idle.Stop()
+				break wait
+			case <-p.claimCtx.Done():
+				idle.Stop()
+				break wait
+			}
 		}
 	}
+}
+
+// announcements is the dispatcher's view of the broker's announcements of
+// submitted messages (broker.Notifier): which wake it, and how long it may
+// wait idle.
+type announcements struct {
+	p      *Pool
+	sub    broker.Subscription // nil: the broker has none
+	topics map[string]bool     // the pool's topics
+	// due holds, in order, when the messages announced with a delay become
+	// available (at most maxDue, the earliest kept): the idle wait ends at
+	// the first.
+	due []time.Time
+}
+
+// maxDue bounds announcements.due; later ones are left to the fallback
+// poll.
+const maxDue = 256
+
+func newAnnouncements(p *Pool) *announcements {
+	a := &announcements{p: p, sub: p.notices, topics: map[string]bool{}}
+	for _, t := range p.topics {
+		a.topics[t] = true
+	}
+	return a
+}
+
+// notices is the subscription's channel; nil (never ready) without one.
+func (a *announcements) notices() <-chan broker.Notice {
+	if a.sub == nil {
+		return nil
+	}
+	return a.sub.Notices()
+}
+
+// interval is how long the dispatcher may wait idle: the fallback while
+// announcements arrive, the idle interval otherwise, and never past the
+// first due time.
+func (a *announcements) interval() time.Duration {
+	d := a.p.opts.ClaimIdleInterval
+	if a.sub != nil && a.sub.Listening() {
+		d = a.p.opts.ClaimIdleFallback
+	}
+	if next, ok := a.next(); ok {
+		d = min(d, max(time.Until(next), 0))
+	}
+	return d
+}
+
+// next is the first due time, if any.
+func (a *announcements) next() (time.Time, bool) {
+	if len(a.due) == 0 {
+		return time.Time{}, false
+	}
+	return a.due[0], true
+}
+
+// wakes reports whether n calls for a claim now; a notice of delayed
+// messages on one of the pool's topics adds a due time instead.
+func (a *announcements) wakes(n broker.Notice) bool {
+	if n.Topic == "" {
+		return true
+	}
+	if !a.topics[n.Topic] {
+		return false
+	}
+	if n.Delay <= 0 {
+		return true
+	}
+	at := time.Now().Add(n.Delay)
+	i, _ := slices.BinarySearchFunc(a.due, at, time.Time.Compare)
+	if i < maxDue {
+		a.due = slices.Insert(a.due, i, at)
+		if len(a.due) > maxDue {
+			a.due = a.due[:maxDue]
+		}
+	}
+	return false
+}
+
+// claiming notes that a claim goes out now: it finds the messages that
+// were due by now.
+func (a *announcements) claiming() {
+	now := time.Now()
+	i := 0
+	for i < len(a.due) && !a.due[i].After(now) {
+		i++
+	}
+	a.due = a.due[i:]
 }
 
 // toWorkers hands a claimed message to the workers.

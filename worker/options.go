@@ -20,6 +20,7 @@ const (
 	DefaultConcurrency       = 8
 	DefaultHeartbeatInterval = 5 * time.Second
 	DefaultClaimIdleInterval = 100 * time.Millisecond
+	DefaultClaimIdleFallback = 5 * time.Second
 	DefaultDrainTimeout      = 30 * time.Second
 	DefaultAbandonAfter      = 5 * time.Second
 )
@@ -45,6 +46,14 @@ type Options struct {
 	// ClaimIdleInterval is how long the dispatcher waits after a claim
 	// that found nothing; Wake cuts it short. Default 100ms.
 	ClaimIdleInterval time.Duration
+	// ClaimIdleFallback replaces ClaimIdleInterval while the broker
+	// announces submitted messages (broker.Notifier: postgres, whose
+	// listening connection is up): the dispatcher then claims when an
+	// announcement for one of its topics comes, and polls this often only
+	// in case one was lost, or for messages that become available without
+	// one (a retry's backoff, a requeue by another worker or the reaper, a
+	// freed concurrency slot). Default 5s.
+	ClaimIdleFallback time.Duration
 	// DrainTimeout is how long Stop lets running handlers finish before
 	// cancelling them; default 30s, negative means cancel at once.
 	DrainTimeout time.Duration
@@ -114,6 +123,10 @@ func (opts Options) withDefaults() Options {
 	if opts.ClaimIdleInterval <= 0 {
 		opts.ClaimIdleInterval = DefaultClaimIdleInterval
 	}
+	if opts.ClaimIdleFallback <= 0 {
+		opts.ClaimIdleFallback = DefaultClaimIdleFallback
+	}
+	opts.ClaimIdleFallback = max(opts.ClaimIdleFallback, opts.ClaimIdleInterval)
 	switch {
 	case opts.DrainTimeout == 0:
 		opts.DrainTimeout = DefaultDrainTimeout

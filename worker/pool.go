@@ -49,8 +49,9 @@ type Pool struct {
 	topics  []string
 	stopped chan struct{} // closed when the pool is fully stopped
 
-	wake      chan struct{} // Wake: claim now
-	slotFreed chan struct{} // a worker finished a message
+	wake      chan struct{}       // Wake: claim now
+	notices   broker.Subscription // the broker's announcements (broker.Notifier), or nil
+	slotFreed chan struct{}       // a worker finished a message
 	jobs      chan broker.Message
 	abandon   chan struct{} // closed: stop waiting on handlers
 	out       *completer    // writes every outcome
@@ -180,6 +181,9 @@ func (p *Pool) Start(ctx context.Context) error {
 	for range n {
 		go p.work()
 	}
+	if n, ok := p.b.(broker.Notifier); ok {
+		p.notices = n.Subscribe()
+	}
 	go p.dispatch()
 	p.state = stateRunning
 	p.log.Info("worker pool started", "topics", p.topics, "concurrency", n)
@@ -237,6 +241,9 @@ func (p *Pool) Stop(ctx context.Context) error {
 	p.draining.Store(true)
 	p.stopClaim()
 	<-p.dispatcherDone // it closed jobs: the workers end when it is empty
+	if p.notices != nil {
+		p.notices.Close()
+	}
 
 	workersDone := make(chan struct{})
 	go func() {

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"sort"
 
 	"github.com/jackc/pgx/v5"
@@ -164,6 +165,12 @@ func (b *Broker) ack(ctx context.Context, a *ackBatch) ([]error, error) {
 // id and token, args the rest) and releases the claim's locks, in one
 // transaction; broker.ErrClaimLost when the UPDATE matched nothing.
 func (b *Broker) endClaim(ctx context.Context, op string, c broker.Claim, sql string, args ...any) error {
+	return b.endClaimTopic(ctx, op, c, nil, sql, args...)
+}
+
+// endClaimTopic is endClaim for a statement that returns the message's
+// topic, which it reads into topic when topic is not nil.
+func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, topic *string, sql string, args ...any) error {
 	if c.Token == "" {
 		if b.closed.Load() {
 			return broker.ErrClosed
@@ -178,10 +185,23 @@ func (b *Broker) endClaim(ctx context.Context, op string, c broker.Claim, sql st
 		batch.Queue(sql, append([]any{c.ID, c.Token}, args...)...)
 		batch.Queue(releaseLocksSQL, []int64{c.ID}, []string{c.Token})
 		br := conn.SendBatch(ctx, batch)
-		tag, err := br.Exec()
-		if err != nil {
-			br.Close()
-			return err
+		lost := false
+		if topic != nil {
+			err := br.QueryRow().Scan(topic)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+				lost = true
+			case err != nil:
+				br.Close()
+				return err
+			}
+		} else {
+			tag, err := br.Exec()
+			if err != nil {
+				br.Close()
+				return err
+			}
+			lost = tag.RowsAffected() == 0
 		}
 		if _, err := br.Exec(); err != nil {
 			br.Close()
@@ -190,7 +210,7 @@ func (b *Broker) endClaim(ctx context.Context, op string, c broker.Claim, sql st
 		if err := br.Close(); err != nil {
 			return err
 		}
-		if tag.RowsAffected() == 0 {
+		if lost {
 			return broker.ErrClaimLost
 		}
 		return nil
@@ -207,14 +227,23 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	}
 	req.Error = broker.CleanText(req.Error)
 	if req.Requeue {
-		return b.endClaim(ctx, "nack", req.Claim, `
+		// The requeued message is announced as a submit is, with its
+		// delay, so that the pools that wait for announcements claim it
+		// when it is due rather than at their fallback poll.
+		var topic string
+		err := b.endClaimTopic(ctx, "nack", req.Claim, &topic, `
 			UPDATE tw_messages
 			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL, finished_at = NULL,
 				available_at = now() + $3::bigint * interval '1 microsecond', last_error = $4,
 				attempts = CASE WHEN $5 THEN greatest(attempts - 1, 0) ELSE attempts END,
 				suspect = $6, waiting_since = $7
-			WHERE id = $1 AND token::text = $2`,
+			WHERE id = $1 AND token::text = $2
+			RETURNING topic`,
 			micros(req.Delay), req.Error, req.NotRun, req.Suspect, req.WaitingSince)
+		if err == nil {
+			b.announce.add([]broker.SubmitRequest{{Topic: topic, Delay: req.Delay}})
+		}
+		return err
 	}
 	return b.endClaim(ctx, "nack", req.Claim, `
 		UPDATE tw_messages m

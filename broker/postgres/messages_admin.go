@@ -40,12 +40,12 @@ func listSQL(f broker.MessageFilter, limit int) (string, []any) {
 }
 
 // Requeue puts message id back in the queue, available now, if it is dead
-// or failed, in one statement; otherwise it reports the state it found
-// ("" for no message).
-func (dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {
+// or failed, in one statement, and announces it as a submit is;
+// otherwise it reports the state it found ("" for no message).
+func (d dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {
 	var (
-		state   *string
-		updated bool
+		state, topic *string
+		updated      bool
 	)
 	err := c.QueryRow(`
 		WITH u AS (
@@ -53,11 +53,18 @@ func (dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {
 			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
 				finished_at = NULL, available_at = now()
 			WHERE id = $1 AND state IN ('dead', 'failed')
-			RETURNING 1
+			RETURNING topic
 		)
-		SELECT (SELECT state FROM tw_messages WHERE id = $1), EXISTS (SELECT 1 FROM u)`, id).Scan(&state, &updated)
+		SELECT (SELECT state FROM tw_messages WHERE id = $1), EXISTS (SELECT 1 FROM u), (SELECT topic FROM u)`,
+		id).Scan(&state, &updated, &topic)
 	if err != nil || state == nil {
 		return "", false, err
+	}
+	if updated && topic != nil {
+		var n int64
+		if err := c.QueryRow(d.b.ins.notify, payloads([]broker.SubmitRequest{{Topic: *topic}})).Scan(&n); err != nil {
+			return "", false, err
+		}
 	}
 	return *state, updated, nil
 }

@@ -138,10 +138,13 @@ type Broker struct {
 	maxPayload int
 	log        hclog.Logger
 
-	pool   *pool
-	closed atomic.Bool
-	rr     atomic.Uint64 // rotates the topic Claim serves first
-	floors claimFloors
+	ins      *Inserter  // the insert statements (enqueue.go)
+	listen   *listener  // LISTEN for submits, started by the first Subscribe (listen.go)
+	announce *announcer // NOTIFY after submits (announce.go)
+	pool     *pool
+	closed   atomic.Bool
+	rr       atomic.Uint64 // rotates the topic Claim serves first
+	floors   claimFloors
 }
 
 // New connects, brings the schema up to date (see Migrate) and returns the
@@ -172,6 +175,11 @@ func New(ctx context.Context, opts Options) (*Broker, error) {
 		b.log = hclog.NewNullLogger()
 	}
 	b.shared = sqlstore.New(dialect{b}, b.maxPayload)
+	if b.ins, err = NewInserter(schema); err != nil {
+		return nil, err
+	}
+	b.listen = newListener(cfg, b.ins.Channel(), b.log)
+	b.announce = newAnnouncer(b)
 	maxConns := int(opts.MaxConns)
 	if maxConns <= 0 {
 		maxConns = max(4, runtime.NumCPU())
@@ -207,6 +215,8 @@ func (b *Broker) Close() error {
 	if b.closed.Swap(true) {
 		return nil
 	}
+	b.announce.close()
+	b.listen.close()
 	b.pool.close()
 	return nil
 }

@@ -38,6 +38,9 @@ type benchConfig struct {
 	timeout      time.Duration
 	verbose      bool
 	cpuProfile   string
+	acrossHosts  bool
+	idlePools    int
+	idleFor      time.Duration
 }
 
 func benchDefaultDSN() string {
@@ -72,6 +75,9 @@ func Main(args []string) int {
 	fs.IntVar(&c.submitBatch, "submit-batch", 1000, "messages per SubmitMany call (0 or 1: Submit one by one)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up on a phase after this long")
 	fs.BoolVar(&c.verbose, "v", false, "log the pool's and broker's warnings to stderr")
+	fs.BoolVar(&c.acrossHosts, "across-hosts", false, "postgres: instead of the main phases, the steady stream submitted by one broker and run by another broker's pool, as on two hosts (listening, then polling)")
+	fs.IntVar(&c.idlePools, "idle-pools", 0, "postgres: instead of the main phases, run this many idle brokers+pools and count the database's transactions/s (polling, then listening); give -dsn a database of its own")
+	fs.DurationVar(&c.idleFor, "idle-for", 30*time.Second, "how long -idle-pools counts")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: host bench [flags]\n\nMeasures the broker and the worker pool with their default settings.\n\n")
@@ -95,6 +101,12 @@ func Main(args []string) int {
 		return 2
 	case c.submitBatch < 0 || c.submitBatch > broker.MaxSubmitBatch:
 		fmt.Fprintf(os.Stderr, "host bench: -submit-batch must be from 0 to %d\n", broker.MaxSubmitBatch)
+		return 2
+	case (c.acrossHosts || c.idlePools > 0) && c.kind != "postgres":
+		fmt.Fprintln(os.Stderr, "host bench: -across-hosts and -idle-pools need -broker postgres")
+		return 2
+	case c.idlePools < 0 || c.idleFor <= 0:
+		fmt.Fprintln(os.Stderr, "host bench: -idle-pools must not be negative and -idle-for must be positive")
 		return 2
 	case c.claimLatency && c.kind != "postgres":
 		fmt.Fprintln(os.Stderr, "host bench: -claim-latency needs -broker postgres")

@@ -23,4 +23,10 @@
 // With -claim-latency (postgres only) it then seeds 1,000 and 1,000,000
 // queued messages in turn and times Claim of one message, nacking each
 // claimed message back outside the timer so the depth stays put.
+//
+// -across-hosts and -idle-pools (postgres) replace the three phases with
+// measurements of several hosts sharing the database (hosts.go): the
+// steady stream submitted by one broker and run by another broker's pool,
+// and the transactions per second idle pools cost, each with the pools
+// waiting for announcements and polling as before.
 package bench

@@ -182,6 +182,15 @@ func (bn *bench) steady(ctx context.Context, topic string, r *benchResult) error
 	defer func() { _ = bn.stopPool(p) }()
 	// Let the pool open its connections and reach its idle poll.
 	time.Sleep(500 * time.Millisecond)
+	return bn.stream(ctx, topic, r, obs, p.Wake)
+}
+
+// stream submits the steady stream to topic through bn.b, calling wake
+// (when not nil) after each Submit, and records in r the latencies from
+// just before each Submit to obs's report of the message done.
+func (bn *bench) stream(ctx context.Context, topic string, r *benchResult, obs *benchObserver, wake func()) error {
+	cfg := bn.cfg
+	n := r.SteadyN
 
 	type sub struct {
 		id     int64
@@ -211,7 +220,9 @@ func (bn *bench) steady(ctx context.Context, topic string, r *benchResult) error
 			before := time.Now()
 			id, err := bn.b.Submit(ctx, req)
 			after := time.Now()
-			p.Wake()
+			if wake != nil {
+				wake()
+			}
 			if err != nil {
 				mu.Lock()
 				if firstErr == nil {

@@ -144,6 +144,19 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 	fmt.Fprintln(out)
 	summary["params"] = params
 
+	if cfg.acrossHosts || cfg.idlePools > 0 {
+		if err := runHosts(ctx, bn, out, summary); err != nil {
+			return err
+		}
+		line, err := json.Marshal(summary)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(out, "== summary (JSON)")
+		fmt.Fprintln(out, string(line))
+		return nil
+	}
+
 	var results []benchResult
 	for run := 1; run <= cfg.runs; run++ {
 		fmt.Fprintf(out, "== run %d/%d\n", run, cfg.runs)

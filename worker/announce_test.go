@@ -1,0 +1,79 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/memory"
+)
+
+// fakeSubscription is a subscription whose notices the test sends.
+type fakeSubscription struct {
+	c         chan broker.Notice
+	listening atomic.Bool
+}
+
+func (s *fakeSubscription) Notices() <-chan broker.Notice { return s.c }
+func (s *fakeSubscription) Listening() bool               { return s.listening.Load() }
+func (s *fakeSubscription) Close()                        {}
+
+// announcingBroker is a memory broker with announcements
+// (broker.Notifier) the test sends.
+type announcingBroker struct {
+	*memory.Broker
+	sub *fakeSubscription
+}
+
+func (a *announcingBroker) Subscribe() broker.Subscription { return a.sub }
+
+func newAnnouncingBroker(listening bool) *announcingBroker {
+	a := &announcingBroker{Broker: memory.New(), sub: &fakeSubscription{c: make(chan broker.Notice, 16)}}
+	a.sub.listening.Store(listening)
+	return a
+}
+
+func TestAnnouncementsWakeTheDispatcher(t *testing.T) {
+	ab := newAnnouncingBroker(true)
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
+	// Both waits an hour: only the announcements make the pool claim.
+	startPool(t, ab, reg, Options{ClaimIdleInterval: time.Hour, ClaimIdleFallback: time.Hour})
+	ctx := context.Background()
+
+	id, err := ab.Submit(ctx, broker.SubmitRequest{Topic: DefaultTopic, Task: "x", Payload: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ab.sub.c <- broker.Notice{Topic: "some other topic"}
+	ab.sub.c <- broker.Notice{Topic: DefaultTopic}
+	waitState(t, ab, id, broker.StateDone)
+
+	// Delayed messages: the pool claims each when it is due.
+	var ids []int64
+	for _, d := range []time.Duration{300 * time.Millisecond, 100 * time.Millisecond} {
+		id, err := ab.Submit(ctx, broker.SubmitRequest{Topic: DefaultTopic, Task: "x", Payload: json.RawMessage(`{}`), Delay: d})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		ab.sub.c <- broker.Notice{Topic: DefaultTopic, Delay: d}
+	}
+	for _, id := range ids {
+		waitState(t, ab, id, broker.StateDone)
+	}
+}
+
+func TestPoolPollsWhileAnnouncementsAreDown(t *testing.T) {
+	ab := newAnnouncingBroker(false)
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
+	startPool(t, ab, reg, Options{ClaimIdleInterval: 10 * time.Millisecond, ClaimIdleFallback: time.Hour})
+	// No announcement comes, and the fallback is an hour: the pool finds
+	// the message by polling at its idle interval.
+	id := submit(t, ab, "x", `{}`)
+	waitState(t, ab, id, broker.StateDone)
+}
