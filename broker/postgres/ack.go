@@ -24,13 +24,13 @@ const releaseLocksSQL = `
 
 // ackSQL marks done the messages whose claims are in the arrays $1 ids
 // and $2 tokens, storing the results $3, and returns the ordinals $4 of
-// the outcomes it applied.
+// the outcomes it applied, with their messages' topics.
 const ackSQL = `
 	UPDATE tw_messages m
 	SET state = 'done', finished_at = now(), result = u.res::jsonb, token = NULL
 	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[]) AS u(id, tok, res, ord)
 	WHERE m.id = ANY ($1::bigint[]) AND m.id = u.id AND m.token::text = u.tok
-	RETURNING u.ord`
+	RETURNING u.ord, m.topic`
 
 // ackBatch is an Ack call's outcomes as its statements take them: the
 // distinct claims with a token, sorted by id.
@@ -40,6 +40,8 @@ type ackBatch struct {
 	toks    []string
 	results []*string
 	ords    []int32
+	// topics the applied outcomes freed a slot of, read by read.
+	topics map[string]bool
 }
 
 // newAckBatch checks outcomes (a result that is not JSON is
@@ -106,13 +108,16 @@ func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.topics = make(map[string]bool, 1)
 	for rows.Next() {
 		var ord int32
-		if err := rows.Scan(&ord); err != nil {
+		var topic string
+		if err := rows.Scan(&ord, &topic); err != nil {
 			rows.Close()
 			return nil, err
 		}
 		errs[ord] = nil
+		a.topics[topic] = true
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -158,18 +163,32 @@ func (b *Broker) ack(ctx context.Context, a *ackBatch) ([]error, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.announceFreed(a.topics)
 	return errs, nil
 }
 
-// endClaim runs the claim-ending UPDATE sql (its $1 and $2 are the claim's
-// id and token, args the rest) and releases the claim's locks, in one
-// transaction; broker.ErrClaimLost when the UPDATE matched nothing.
-func (b *Broker) endClaim(ctx context.Context, op string, c broker.Claim, sql string, args ...any) error {
-	return b.endClaimTopic(ctx, op, c, nil, sql, args...)
+// announceFreed announces the topics among freed that have a concurrency
+// limit (as the last claim of this process found them), after the
+// transaction that freed their slots committed: a pool of another process
+// waiting for a slot of such a topic claims at once instead of at its
+// fallback poll. Topics without a limit are not announced: a finished
+// message of theirs lets no one claim more.
+func (b *Broker) announceFreed(freed map[string]bool) {
+	var reqs []broker.SubmitRequest
+	for topic := range freed {
+		if b.floors.isLimited(topic) {
+			reqs = append(reqs, broker.SubmitRequest{Topic: topic})
+		}
+	}
+	if len(reqs) > 0 {
+		b.announce.add(reqs)
+	}
 }
 
-// endClaimTopic is endClaim for a statement that returns the message's
-// topic, which it reads into topic when topic is not nil.
+// endClaimTopic runs the claim-ending UPDATE sql (its $1 and $2 are the
+// claim's id and token, args the rest), which returns the message's topic,
+// read into topic, and releases the claim's locks, in one transaction;
+// broker.ErrClaimLost when the UPDATE matched nothing.
 func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, topic *string, sql string, args ...any) error {
 	if c.Token == "" {
 		if b.closed.Load() {
@@ -186,22 +205,13 @@ func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, t
 		batch.Queue(releaseLocksSQL, []int64{c.ID}, []string{c.Token})
 		br := conn.SendBatch(ctx, batch)
 		lost := false
-		if topic != nil {
-			err := br.QueryRow().Scan(topic)
-			switch {
-			case errors.Is(err, pgx.ErrNoRows):
-				lost = true
-			case err != nil:
-				br.Close()
-				return err
-			}
-		} else {
-			tag, err := br.Exec()
-			if err != nil {
-				br.Close()
-				return err
-			}
-			lost = tag.RowsAffected() == 0
+		err := br.QueryRow().Scan(topic)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			lost = true
+		case err != nil:
+			br.Close()
+			return err
 		}
 		if _, err := br.Exec(); err != nil {
 			br.Close()
@@ -245,23 +255,37 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		}
 		return err
 	}
-	return b.endClaim(ctx, "nack", req.Claim, `
+	return b.endClaimFreeing(ctx, "nack", req.Claim, `
 		UPDATE tw_messages m
 		SET state = CASE
 				WHEN coalesce((SELECT t.dead_letter_enabled FROM tw_topics t WHERE t.name = m.topic), true)
 				THEN 'dead' ELSE 'failed' END,
 			finished_at = now(), token = NULL, last_error = $3, suspect = $4, waiting_since = NULL
-		WHERE m.id = $1 AND m.token::text = $2`,
+		WHERE m.id = $1 AND m.token::text = $2
+		RETURNING m.topic`,
 		req.Error, req.Suspect)
+}
+
+// endClaimFreeing is endClaimTopic for a statement that ends the message
+// (it leaves the running state for good), announcing the slot it freed
+// (announceFreed).
+func (b *Broker) endClaimFreeing(ctx context.Context, op string, c broker.Claim, sql string, args ...any) error {
+	var topic string
+	err := b.endClaimTopic(ctx, op, c, &topic, sql, args...)
+	if err == nil {
+		b.announceFreed(map[string]bool{topic: true})
+	}
+	return err
 }
 
 // DeadLetter ends an attempt dead with reason as its last error, whatever
 // the topic's dead-letter setting.
 func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
 	reason = broker.CleanText(reason)
-	return b.endClaim(ctx, "dead letter", c, `
+	return b.endClaimFreeing(ctx, "dead letter", c, `
 		UPDATE tw_messages
 		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3, suspect = false, waiting_since = NULL
-		WHERE id = $1 AND token::text = $2`,
+		WHERE id = $1 AND token::text = $2
+		RETURNING topic`,
 		reason)
 }

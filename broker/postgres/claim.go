@@ -142,6 +142,14 @@ func (f *claimFloors) get(topic string, now time.Time) (at time.Time, id int64, 
 	return fl.at, fl.id, true, fl.limited
 }
 
+// isLimited reports whether the last claim of topic by this process found
+// it limited (it has a concurrency limit).
+func (f *claimFloors) isLimited(topic string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.m[topic].limited
+}
+
 // claimed records a claim of topic that the gate allowed to take allowed
 // messages and that got msgs (sorted by key), walking from the start when
 // full is set, and that found the topic limited or not. A claim that got
@@ -282,6 +290,8 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 				return nil, nil, err
 			}
 			if a != nil {
+				// The acks committed with this topic's claim.
+				b.announceFreed(a.topics)
 				ackErrs, a = errs, nil
 			}
 			if out == nil {

@@ -255,3 +255,48 @@ func TestQuietListenerPingsAndKeepsItsConnection(t *testing.T) {
 		}
 	}
 }
+
+// A slot of a limited topic that another process frees is announced: a
+// pool waiting for it claims at once, not at its fallback poll. Both ends
+// of an attempt that free a slot are covered: an ack and a failure.
+func TestFreedSlotOfALimitedTopicWakesAnotherHost(t *testing.T) {
+	a := newTestBroker(t, Options{})
+	b := otherHost(t, a)
+	ctx := context.Background()
+	one := 1
+	if _, err := a.SetTopic(ctx, "q", broker.TopicPatch{ConcurrencyLimit: &one}); err != nil {
+		t.Fatal(err)
+	}
+	for _, end := range []string{"ack", "nack"} {
+		// Host a holds the topic's one slot.
+		held, err := a.Submit(ctx, broker.SubmitRequest{Topic: "q", Task: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs, err := a.Claim(ctx, broker.ClaimRequest{WorkerID: "host-a", Topics: []string{"q"}, Max: 1})
+		if err != nil || len(msgs) != 1 || msgs[0].ID != held {
+			t.Fatalf("%s: host a claims %d: got %v, %v", end, held, msgs, err)
+		}
+		p := runPool(t, b, worker.Options{ClaimIdleInterval: time.Hour, ClaimIdleFallback: time.Hour})
+		waitFor(t, "listening", b.listen.listening.Load)
+		// Announced, but the topic is full: b's pool finds nothing to
+		// claim and waits an hour unless told again.
+		waiting, err := a.Submit(ctx, broker.SubmitRequest{Topic: "q", Task: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		claim := broker.Claim{ID: msgs[0].ID, Token: msgs[0].Token}
+		if end == "ack" {
+			errs, err := a.Ack(ctx, []broker.Outcome{{Claim: claim}})
+			if err != nil || errs[0] != nil {
+				t.Fatalf("ack: %v %v", errs, err)
+			}
+		} else if err := a.Nack(ctx, broker.NackRequest{Claim: claim, Error: "boom"}); err != nil {
+			t.Fatalf("nack: %v", err)
+		}
+		waitMessageDone(t, a, waiting)
+		if err := p.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
