@@ -110,16 +110,22 @@ func TestStreamedBodyOfAnySize(t *testing.T) {
 	}
 }
 
-// failingBody yields some lines, then fails as a client that went away.
+// failingBody yields some lines, then, once the handler has read a
+// first piece, fails as a client that went away.
 type failingBody struct {
-	lines *lines
-	left  int
+	lines   *lines
+	left    int
+	started <-chan struct{}
 }
 
 var errClientGone = errors.New("client went away")
 
 func (b *failingBody) Read(p []byte) (int, error) {
 	if b.left <= 0 {
+		select {
+		case <-b.started:
+		case <-time.After(30 * time.Second):
+		}
 		return 0, errClientGone
 	}
 	n, err := b.lines.Read(p[:min(len(p), b.left)])
@@ -154,7 +160,7 @@ func TestCutBodyReadsAsAnError(t *testing.T) {
 	}})
 
 	t.Run("body read fails", func(t *testing.T) {
-		_, _, err := proxyStream(t, context.Background(), c, &failingBody{lines: newLines(1000), left: 100 << 10})
+		_, _, err := proxyStream(t, context.Background(), c, &failingBody{lines: newLines(1000), left: 100 << 10, started: started})
 		var be *capability.RequestBodyError
 		if !errors.As(err, &be) || !errors.Is(err, errClientGone) {
 			t.Fatalf("proxy error = %v, want a RequestBodyError wrapping the read error", err)

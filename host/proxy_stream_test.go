@@ -179,10 +179,20 @@ func TestOldPluginGetsBufferedUploads(t *testing.T) {
 // read error, not a clean end of a shorter body.
 func TestCutUploadIsAnErrorInThePlugin(t *testing.T) {
 	ch := make(chan seen, 1)
-	_, base := serveUpload(t, uploadConfig, false, counter(ch))
+	started := make(chan struct{})
+	count := counter(ch)
+	_, base := serveUpload(t, uploadConfig, false, func(w http.ResponseWriter, r *http.Request) {
+		r.Body = &firstRead{ReadCloser: r.Body, started: started}
+		count(w, r)
+	})
 	pr, pw := io.Pipe()
 	go func() {
 		_, _ = pw.Write([]byte(ndjson(500)))
+		// Gone once the plugin has read a first piece.
+		select {
+		case <-started:
+		case <-time.After(time.Minute):
+		}
 		pw.CloseWithError(errors.New("the client gives up"))
 	}()
 	req, err := http.NewRequest("POST", base+"/plugin-pkg/up/upload", pr)
@@ -198,6 +208,21 @@ func TestCutUploadIsAnErrorInThePlugin(t *testing.T) {
 	if sv.err == nil || !errors.Is(sv.err, io.ErrUnexpectedEOF) {
 		t.Fatalf("the plugin read the cut upload as %v after %d lines; want an error wrapping io.ErrUnexpectedEOF", sv.err, sv.lines)
 	}
+}
+
+// firstRead closes started at its first piece.
+type firstRead struct {
+	io.ReadCloser
+	started chan struct{}
+	once    sync.Once
+}
+
+func (f *firstRead) Read(p []byte) (int, error) {
+	n, err := f.ReadCloser.Read(p)
+	if n > 0 {
+		f.once.Do(func() { close(f.started) })
+	}
+	return n, err
 }
 
 // The plugin's answer reaches the client while the client still sends
