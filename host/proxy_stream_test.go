@@ -292,7 +292,7 @@ func TestUploadAnswerIsFullDuplex(t *testing.T) {
 // and an unknown outcome; a client that stops sending is cut at the body
 // timeout.
 func TestUploadTimeouts(t *testing.T) {
-	config := strings.Replace(uploadConfig, "max_body_bytes", "body_timeout_seconds: 1\nmax_body_bytes", 1)
+	config := strings.Replace(uploadConfig, "max_body_bytes", "body_timeout_seconds: 3\nmax_body_bytes", 1)
 	var mu sync.Mutex
 	mode := "count"
 	ch := make(chan seen, 1)
@@ -309,13 +309,14 @@ func TestUploadTimeouts(t *testing.T) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		<-r.Context().Done()
 	})
-	s.proxyTimeout = 2 * time.Second
+	s.proxyTimeout = 6 * time.Second
 
-	// 12 lines, one every 250 ms: 3 s in all, over the body timeout (1 s)
-	// and the proxy timeout (2 s).
+	// 32 lines, one every 250 ms: 8 s in all, over the body timeout (3 s)
+	// and the proxy timeout (6 s). The timeouts leave wide margins for a
+	// loaded machine: a line is late only after 3 s without one.
 	pr, pw := io.Pipe()
 	go func() {
-		for i := range 12 {
+		for i := range 32 {
 			time.Sleep(250 * time.Millisecond) // a slow producer's pace
 			if _, err := fmt.Fprintf(pw, "{\"i\":%d}\n", i); err != nil {
 				return
@@ -324,8 +325,8 @@ func TestUploadTimeouts(t *testing.T) {
 		_ = pw.Close()
 	}()
 	a := upload(t, base, "application/x-ndjson", pr)
-	if a.status != 200 || !strings.HasPrefix(a.body, "lines=12 ") {
-		t.Fatalf("slow but steady upload: %d %q, want all 12 lines", a.status, a.body)
+	if a.status != 200 || !strings.HasPrefix(a.body, "lines=32 ") {
+		t.Fatalf("slow but steady upload: %d %q, want all 32 lines", a.status, a.body)
 	}
 	received(t, ch)
 
