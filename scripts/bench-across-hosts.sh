@@ -18,8 +18,11 @@
 #
 # idle: ten hosts, each with tasks_worker alone, idle; after SETTLE seconds,
 # xact_commit + xact_rollback of the database in pg_stat_database is read
-# before and after each window of IDLE seconds. BIN=DIR runs the binaries of
-# another build, such as the one before announcements:
+# before and after each window of IDLE seconds.
+#
+# No setting turns the announcements off; BIN=DIR runs the binaries of
+# another build in either mode, such as the one before announcements (its
+# pools poll every 100 ms):
 #   git worktree add --detach /tmp/taskhost-before 1ba2848^ && make -C /tmp/taskhost-before build
 #   BIN=/tmp/taskhost-before/bin scripts/bench-across-hosts.sh idle
 #
