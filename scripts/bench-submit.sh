@@ -105,7 +105,7 @@ T1=$(now)
 
 echo "burning down with $WORKERS workers ..." >&2
 "${HOSTCLI[@]}" topics resume default "${ADDR[@]}" >/dev/null
-while [ "$(queued_or_running)" != 0 ]; do sleep 0.2; done
+while [ "$(queued_or_running)" != 0 ]; do sleep 1; done
 T2=$(now)
 
 hwm() { awk '/^VmHWM/ {printf "%.0f MiB", $2 / 1024}' "/proc/$1/status" 2>/dev/null || echo "?"; }
