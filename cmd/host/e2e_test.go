@@ -16,32 +16,7 @@ import (
 var hostURL string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "taskhost-cli-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	var log testhost.SyncBuffer
-	stop, err := startHost(dir, &log)
-	code := 1
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "start a host for the command-line tests: %v\n%s", err, log.String())
-	} else {
-		code = m.Run()
-		stop()
-		if code != 0 {
-			fmt.Fprintf(os.Stderr, "host log:\n%s", log.String())
-		}
-	}
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func startHost(dir string, log *testhost.SyncBuffer) (func(), error) {
-	if err := testhost.Build(dir); err != nil {
-		return nil, err
-	}
-	url, stop, err := testhost.Start(dir, `plugins:
+	testhost.Main(m, "the command-line tests", `plugins:
   tasks_worker:
     enabled: true
     config:
@@ -50,9 +25,7 @@ func startHost(dir string, log *testhost.SyncBuffer) (func(), error) {
       workers: 4
       schedules:
         - {name: nightly, task: demo.echo, cron: "0 3 * * *"}
-`, log)
-	hostURL = url
-	return stop, err
+`, &hostURL)
 }
 
 // TestCommandLineOnAHost drives the real host with the commands this

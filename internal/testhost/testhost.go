@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -131,4 +132,35 @@ func Start(dir, config string, log *SyncBuffer) (url string, stop func(), err er
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// Main is a TestMain for tests that talk to one real host: it builds and
+// starts a host with config (as Start takes it) in a temporary directory,
+// sets *url to its address, runs the tests, stops the host and exits. The
+// host's log is printed when it does not start or a test fails; what
+// names the tests in the message when it does not start.
+func Main(m *testing.M, what, config string, url *string) {
+	dir, err := os.MkdirTemp("", "taskhost-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	var log SyncBuffer
+	var stop func()
+	err = Build(dir)
+	if err == nil {
+		*url, stop, err = Start(dir, config, &log)
+	}
+	code := 1
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "start a host for %s: %v\n%s", what, err, log.String())
+	} else {
+		code = m.Run()
+		stop()
+		if code != 0 {
+			fmt.Fprintf(os.Stderr, "host log:\n%s", log.String())
+		}
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
 }
