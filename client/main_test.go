@@ -12,12 +12,5 @@ import (
 var hostURL string
 
 func TestMain(m *testing.M) {
-	testhost.Main(m, "the client tests", `plugins:
-  tasks_worker:
-    enabled: true
-    config:
-      broker: local
-      data_dir: {{dir}}/var
-      workers: 4
-`, &hostURL)
+	testhost.Main(m, "the client tests", testhost.LocalTasksWorker, &hostURL)
 }

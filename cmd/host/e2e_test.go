@@ -16,14 +16,7 @@ import (
 var hostURL string
 
 func TestMain(m *testing.M) {
-	testhost.Main(m, "the command-line tests", `plugins:
-  tasks_worker:
-    enabled: true
-    config:
-      broker: local
-      data_dir: {{dir}}/var
-      workers: 4
-      schedules:
+	testhost.Main(m, "the command-line tests", testhost.LocalTasksWorker+`      schedules:
         - {name: nightly, task: demo.echo, cron: "0 3 * * *"}
 `, &hostURL)
 }

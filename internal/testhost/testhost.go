@@ -164,3 +164,15 @@ func Main(m *testing.M, what, config string, url *string) {
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
+
+// LocalTasksWorker is a configuration for Start and Main: tasks_worker on
+// the local store under dir/var with 4 workers. Lines appended to it go
+// into tasks_worker's config, indented by six spaces.
+const LocalTasksWorker = `plugins:
+  tasks_worker:
+    enabled: true
+    config:
+      broker: local
+      data_dir: {{dir}}/var
+      workers: 4
+`
