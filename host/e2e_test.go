@@ -19,10 +19,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/taskhost/taskhost/internal/testhost"
 )
 
 var (
@@ -89,22 +90,7 @@ func buildBinaries() error {
 }
 
 // syncBuffer collects a process's output for assertions.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+type syncBuffer = testhost.SyncBuffer
 
 type hostProc struct {
 	cmd    *exec.Cmd

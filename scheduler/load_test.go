@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/taskhost/taskhost/broker/memory"
 	"github.com/taskhost/taskhost/broker/postgres"
 	"github.com/taskhost/taskhost/internal/testdb"
+	"github.com/taskhost/taskhost/internal/testhost"
 )
 
 // scheduleBroker is what the load tests need of a broker: its schedules
@@ -79,22 +79,9 @@ func (s *slowStore) fewest(n int) (least, total int) {
 	return least, total
 }
 
-// syncBuffer is a log sink safe for the beat's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) lines(level string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), "["+level+"]")
+// logLines counts the log lines at level in logs.
+func logLines(logs *testhost.SyncBuffer, level string) int {
+	return strings.Count(logs.String(), "["+level+"]")
 }
 
 // runSlowPasses runs a beat over n schedules every second whose passes
@@ -118,7 +105,7 @@ func runSlowPasses(t *testing.T, b scheduleBroker, n int, delay time.Duration) {
 	}
 	fence := broker.Fence{Name: BeatLease, Holder: "h", Term: lease.Term}
 	store := &slowStore{ScheduleStore: b, delay: delay, submitted: map[string]int{}}
-	logs := &syncBuffer{}
+	logs := &testhost.SyncBuffer{}
 	log := hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info})
 	beat := &Beat{
 		Schedules: &Ticker{Store: store, Logger: log, Lookup: func(task, topic string) (string, bool) { return "q", true }},
@@ -148,14 +135,15 @@ func runSlowPasses(t *testing.T, b scheduleBroker, n int, delay time.Duration) {
 			last, lastGrowth = total, time.Now()
 		}
 		if time.Now().After(deadline) || time.Since(lastGrowth) > 45*time.Second {
-			t.Log(logs.buf.String()[:min(1500, logs.buf.Len())])
+			out := logs.String()
+			t.Log(out[:min(1500, len(out))])
 			t.Fatalf("after %s: the schedule with the fewest submissions has %d (want 3), %d submitted in all, none for %s: schedules are skipped for ever",
 				time.Since(start).Round(time.Second), least, total, time.Since(lastGrowth).Round(time.Second))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	// One summary line per pass at most, never one per schedule.
-	if w := logs.lines("WARN") + logs.lines("ERROR"); w > 20 {
+	if w := logLines(logs, "WARN") + logLines(logs, "ERROR"); w > 20 {
 		t.Errorf("%d WARN and ERROR lines for %d schedules over %s; want a few summaries", w, n, time.Since(start).Round(time.Second))
 	}
 }

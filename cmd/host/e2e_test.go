@@ -2,131 +2,23 @@ package main
 
 import (
 	"fmt"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
-	"time"
+
+	"github.com/taskhost/taskhost/internal/testhost"
 )
 
 // hostURL is a real host TestMain starts (bin/host and tasks_worker built
 // from this tree, on the local store), for the command line to talk to.
 var hostURL string
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "taskhost-cli-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	var log lockedBuffer
-	stop, err := startHost(dir, &log)
-	code := 1
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "start a host for the command-line tests: %v\n%s", err, log.String())
-	} else {
-		code = m.Run()
-		stop()
-		if code != 0 {
-			fmt.Fprintf(os.Stderr, "host log:\n%s", log.String())
-		}
-	}
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func startHost(dir string, log *lockedBuffer) (func(), error) {
-	plugins := filepath.Join(dir, "plugins")
-	for out, pkg := range map[string]string{
-		filepath.Join(dir, "host"):                       "./cmd/host",
-		filepath.Join(plugins, "fp-plugin-tasks_worker"): "./plugins/tasksworker/cmd/fp-plugin-tasks_worker",
-	} {
-		cmd := exec.Command("go", "build", "-o", out, pkg)
-		cmd.Dir = "../.."
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	config := fmt.Sprintf(`listen: %s
-plugins_dir: %s
-plugins:
-  tasks_worker:
-    enabled: true
-    config:
-      broker: local
-      data_dir: %s
-      workers: 4
-      schedules:
+	testhost.Main(m, "the command-line tests", testhost.LocalTasksWorker+`      schedules:
         - {name: nightly, task: demo.echo, cron: "0 3 * * *"}
-`, addr, plugins, filepath.Join(dir, "var"))
-	path := filepath.Join(dir, "taskhost.yaml")
-	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(filepath.Join(dir, "host"), "-config", path)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(60 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
-	hostURL = "http://" + addr
-	for deadline := time.Now().Add(90 * time.Second); ; {
-		if resp, err := http.Get(hostURL + "/plugin-pkg/tasks_worker/api/health"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return stop, nil
-			}
-		}
-		select {
-		case <-exited:
-			return nil, fmt.Errorf("the host exited before tasks_worker answered")
-		default:
-		}
-		if time.Now().After(deadline) {
-			stop()
-			return nil, fmt.Errorf("tasks_worker did not answer /api/health within 90s")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+`, &hostURL)
 }
 
 // TestCommandLineOnAHost drives the real host with the commands this

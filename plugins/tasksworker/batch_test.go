@@ -26,6 +26,7 @@ import (
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/capability/capabilitytest"
 	"github.com/taskhost/taskhost/internal/testdb"
+	"github.com/taskhost/taskhost/internal/testhost"
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 )
 
@@ -428,31 +429,13 @@ func (w *flushWriter) bytes() []byte {
 	return bytes.Clone(w.body.Bytes())
 }
 
-// syncBuffer collects a logger's output.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestBatchNDJSONClientCutOff: a client that goes away mid-stream keeps
 // the chunks that were committed, whole, and nothing else; the plugin logs
 // what was stored at WARN.
 func TestBatchNDJSONClientCutOff(t *testing.T) {
 	for store, cfg := range batchStores {
 		t.Run(store, func(t *testing.T) {
-			var logs syncBuffer
+			var logs testhost.SyncBuffer
 			logger := hclog.New(&hclog.LoggerOptions{Name: "tasks_worker", Level: hclog.Info, JSONFormat: true, Output: &logs})
 			p := startPaused(t, logger, cfg(t))
 

@@ -1,0 +1,178 @@
+// Package testhost gives tests a real host: bin/host and the tasks_worker
+// plugin built from this tree, started on a free loopback port with the
+// configuration a test gives, and a log sink safe for concurrent writers.
+package testhost
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// SyncBuffer is a bytes buffer safe for concurrent writers: a process's
+// or a logger's output, read by a test for assertions or on failure.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns everything written so far.
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Build builds bin/host into dir/host and the tasks_worker plugin into
+// dir/plugins/fp-plugin-tasks_worker, from the module this test runs in.
+func Build(dir string) error {
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	builds := map[string]string{
+		filepath.Join(dir, "host"):                              "./cmd/host",
+		filepath.Join(dir, "plugins", "fp-plugin-tasks_worker"): "./plugins/tasksworker/cmd/fp-plugin-tasks_worker",
+	}
+	for out, pkg := range builds {
+		cmd := exec.Command("go", "build", "-o", out, pkg)
+		cmd.Dir = root
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
+		}
+	}
+	return nil
+}
+
+// moduleRoot is the nearest directory above the working directory that
+// holds go.mod.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Start runs the host Build put in dir on a free loopback port and waits
+// until tasks_worker answers /api/health. The configuration file is
+// "listen" and "plugins_dir" followed by config, in which {{dir}} stands
+// for dir. The host's output goes to log. stop sends SIGTERM and waits for
+// the host to exit (killing it after 60 s).
+func Start(dir, config string, log *SyncBuffer) (url string, stop func(), err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	text := fmt.Sprintf("listen: %s\nplugins_dir: %s\n", addr, filepath.Join(dir, "plugins")) +
+		strings.ReplaceAll(config, "{{dir}}", dir)
+	path := filepath.Join(dir, "taskhost.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(filepath.Join(dir, "host"), "-config", path)
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stop = func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(60 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}
+	url = "http://" + addr
+	for deadline := time.Now().Add(90 * time.Second); ; {
+		if resp, err := http.Get(url + "/plugin-pkg/tasks_worker/api/health"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return url, stop, nil
+			}
+		}
+		select {
+		case <-exited:
+			return "", nil, errors.New("the host exited before tasks_worker answered")
+		default:
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return "", nil, errors.New("tasks_worker did not answer /api/health within 90s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Main is a TestMain for tests that talk to one real host: it builds and
+// starts a host with config (as Start takes it) in a temporary directory,
+// sets *url to its address, runs the tests, stops the host and exits. The
+// host's log is printed when it does not start or a test fails; what
+// names the tests in the message when it does not start.
+func Main(m *testing.M, what, config string, url *string) {
+	dir, err := os.MkdirTemp("", "taskhost-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	var log SyncBuffer
+	var stop func()
+	err = Build(dir)
+	if err == nil {
+		*url, stop, err = Start(dir, config, &log)
+	}
+	code := 1
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "start a host for %s: %v\n%s", what, err, log.String())
+	} else {
+		code = m.Run()
+		stop()
+		if code != 0 {
+			fmt.Fprintf(os.Stderr, "host log:\n%s", log.String())
+		}
+	}
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// LocalTasksWorker is a configuration for Start and Main: tasks_worker on
+// the local store under dir/var with 4 workers. Lines appended to it go
+// into tasks_worker's config, indented by six spaces.
+const LocalTasksWorker = `plugins:
+  tasks_worker:
+    enabled: true
+    config:
+      broker: local
+      data_dir: {{dir}}/var
+      workers: 4
+`
