@@ -155,7 +155,7 @@ func TestRealPrometheusScrapesEverySeries(t *testing.T) {
 	produceConditionalSeries(t, h)
 	dir := t.TempDir()
 	promAddr := freeAddr(t)
-	cfg := fmt.Sprintf(`global: {scrape_interval: 1s, scrape_timeout: 1s}
+	cfg := fmt.Sprintf(`global: {scrape_interval: 3s, scrape_timeout: 3s}
 scrape_configs:
   - job_name: taskhost
     metrics_path: /plugin-pkg/metrics/api/prometheus
@@ -183,7 +183,9 @@ scrape_configs:
 		t.Fatal(err)
 	}
 	var missing []string
-	waitFor(t, 60*time.Second, "Prometheus has every golden series", func() bool {
+	// A scrape may time out on a loaded machine (then up is 0 until the
+	// next one): wait for a scrape that is up, not only for the names.
+	waitFor(t, 120*time.Second, "Prometheus has every golden series, and its last scrape is up", func() bool {
 		resp, err := http.Get("http://" + promAddr + "/api/v1/label/__name__/values")
 		if err != nil {
 			return false
@@ -209,10 +211,10 @@ scrape_configs:
 				missing = append(missing, name)
 			}
 		}
-		return len(missing) == 0 && have["up"]
+		if len(missing) > 0 || !have["up"] {
+			return false
+		}
+		_, up := get(t, "http://"+promAddr+"/api/v1/query?query=up")
+		return strings.Contains(up, `"value":[`) && strings.Contains(up, `,"1"]`)
 	})
-	_, up := get(t, "http://"+promAddr+"/api/v1/query?query=up")
-	if !strings.Contains(up, `"value":[`) || !strings.Contains(up, `,"1"]`) {
-		t.Fatalf("the taskhost target is not up in Prometheus: %s", up)
-	}
 }
