@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/taskhost/taskhost/client"
 	"github.com/taskhost/taskhost/internal/testhost"
 )
 
@@ -75,6 +77,11 @@ func TestCommandLineOnAHost(t *testing.T) {
 		t.Fatalf("topics list after pause:\n%s", out)
 	}
 	must("", "topics", "resume", "default")
+	// The test makes the schedule it deletes, so that it can run again
+	// against the same host (go test -count).
+	if _, err := client.New(hostURL).CreateSchedule(context.Background(), client.ScheduleSpec{Name: "nightly", Task: "demo.echo", Cron: "0 3 * * *"}); err != nil && !client.IsConflict(err) {
+		t.Fatalf("create the schedule nightly: %v", err)
+	}
 	if out, _ := must("", "schedules", "disable", "nightly"); !regexp.MustCompile(`(?m)^enabled\s+false$`).MatchString(out) {
 		t.Fatalf("schedules disable:\n%s", out)
 	}
