@@ -300,3 +300,27 @@ func TestFreedSlotOfALimitedTopicWakesAnotherHost(t *testing.T) {
 		}
 	}
 }
+
+// The messages the reaper requeues are announced: a pool of another
+// process claims them at once, not at its fallback poll.
+func TestReclaimedMessagesAreAnnounced(t *testing.T) {
+	a := newTestBroker(t, Options{})
+	b := otherHost(t, a)
+	ctx := context.Background()
+	id, err := a.Submit(ctx, broker.SubmitRequest{Topic: "q", Task: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A worker that then dies holds it.
+	msgs, err := a.Claim(ctx, broker.ClaimRequest{WorkerID: "dead-worker", Topics: []string{"q"}, Max: 1})
+	if err != nil || len(msgs) != 1 || msgs[0].ID != id {
+		t.Fatalf("claim %d: got %v, %v", id, msgs, err)
+	}
+	runPool(t, b, worker.Options{ClaimIdleInterval: time.Hour, ClaimIdleFallback: time.Hour})
+	waitFor(t, "listening", b.listen.listening.Load)
+	res, err := a.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"some-live-worker"}})
+	if err != nil || res.Reclaimed != 1 {
+		t.Fatalf("reclaim: %+v, %v", res, err)
+	}
+	waitMessageDone(t, a, id)
+}

@@ -37,7 +37,7 @@ const reclaimSQL = `
 				$4::text, m.claimed_by, m.orphaned + 1, $3::int)
 			ELSE format('%s worker %s stopped heartbeating; requeued by the reaper', $4::text, m.claimed_by) END
 	WHERE m.id = ANY (ARRAY (SELECT id FROM orphan))
-	RETURNING m.id, m.state`
+	RETURNING m.id, m.state, m.topic`
 
 // reclaimLocksSQL deletes the locks whose holder is not in $1 and that were
 // acquired at least $2 µs ago, and the locks held under claims that no
@@ -79,8 +79,9 @@ const withinGraceSQL = `
 func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
 	live := slices.Clone(req.Live)
 	var res broker.ReclaimResult
+	var topics map[string]bool
 	err := d.b.run(ctx, "reclaim orphans", func(c *pgx.Conn) error {
-		res = broker.ReclaimResult{}
+		res, topics = broker.ReclaimResult{}, map[string]bool{}
 		return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
 			if err := checkFence(ctx, tx, req.Fence); err != nil {
 				return err
@@ -97,14 +98,15 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 			}
 			for rows.Next() {
 				var (
-					id    int64
-					state string
+					id           int64
+					state, topic string
 				)
-				if err := rows.Scan(&id, &state); err != nil {
+				if err := rows.Scan(&id, &state, &topic); err != nil {
 					rows.Close()
 					return err
 				}
 				res.IDs = append(res.IDs, id)
+				topics[topic] = true
 				if state == broker.StateDead {
 					res.DeadLettered++
 				} else {
@@ -130,6 +132,17 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 		return broker.ReclaimResult{}, err
 	}
 	sort.Slice(res.IDs, func(i, j int) bool { return res.IDs[i] < res.IDs[j] })
+	// The requeued messages are claimable now, and every reclaimed one
+	// freed its slot: announce their topics, so that the pools that wait
+	// for announcements claim them at once rather than at their fallback
+	// poll.
+	if len(topics) > 0 {
+		reqs := make([]broker.SubmitRequest, 0, len(topics))
+		for topic := range topics {
+			reqs = append(reqs, broker.SubmitRequest{Topic: topic})
+		}
+		d.b.announce.add(reqs)
+	}
 	if res.Reclaimed+res.DeadLettered+res.LocksReleased > 0 {
 		d.b.log.Info("reclaimed orphans", "reclaimed", res.Reclaimed, "dead_lettered", res.DeadLettered,
 			"locks_released", res.LocksReleased)
