@@ -429,6 +429,21 @@ func (w *flushWriter) bytes() []byte {
 	return bytes.Clone(w.body.Bytes())
 }
 
+// servePiped starts an NDJSON upload to p whose body the test writes
+// through send; served is closed when the handler returns.
+func servePiped(p http.Handler) (send *io.PipeWriter, w *flushWriter, served chan struct{}) {
+	body, send := io.Pipe()
+	w = newFlushWriter()
+	req := httptest.NewRequest("POST", "/api/tasks/batch", body)
+	req.Header.Set("Content-Type", "application/x-ndjson")
+	served = make(chan struct{})
+	go func() {
+		defer close(served)
+		p.ServeHTTP(w, req)
+	}()
+	return send, w, served
+}
+
 // TestBatchNDJSONClientCutOff: a client that goes away mid-stream keeps
 // the chunks that were committed, whole, and nothing else; the plugin logs
 // what was stored at WARN.
@@ -439,15 +454,7 @@ func TestBatchNDJSONClientCutOff(t *testing.T) {
 			logger := hclog.New(&hclog.LoggerOptions{Name: "tasks_worker", Level: hclog.Info, JSONFormat: true, Output: &logs})
 			p := startPaused(t, logger, cfg(t))
 
-			body, send := io.Pipe()
-			w := newFlushWriter()
-			req := httptest.NewRequest("POST", "/api/tasks/batch", body)
-			req.Header.Set("Content-Type", "application/x-ndjson")
-			served := make(chan struct{})
-			go func() {
-				defer close(served)
-				p.ServeHTTP(w, req)
-			}()
+			send, w, served := servePiped(p)
 			if _, err := io.WriteString(send, ndjson(1, 1000)); err != nil {
 				t.Fatal(err)
 			}
@@ -506,15 +513,7 @@ func TestBatchNDJSONClientCutOff(t *testing.T) {
 // stored without sending more.
 func TestBatchNDJSONIdleStore(t *testing.T) {
 	p := startPaused(t, testLogger(t), batchStores["local"](t))
-	body, send := io.Pipe()
-	w := newFlushWriter()
-	req := httptest.NewRequest("POST", "/api/tasks/batch", body)
-	req.Header.Set("Content-Type", "application/x-ndjson")
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		p.ServeHTTP(w, req)
-	}()
+	send, w, served := servePiped(p)
 	if _, err := io.WriteString(send, ndjson(1, 3)); err != nil {
 		t.Fatal(err)
 	}
