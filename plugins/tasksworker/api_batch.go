@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
@@ -34,8 +35,9 @@ const (
 	// ndjsonChunk is how many tasks one NDJSON chunk (one SubmitMany,
 	// one transaction) holds at most.
 	ndjsonChunk = 1000
-	// ndjsonIdle: a chunk is stored when no line arrived for this long,
-	// so that a slow producer sees its tasks stored promptly.
+	// ndjsonIdle: a chunk is stored when no line arrived for this long
+	// while the body waited for the client, so that a slow producer sees
+	// its tasks stored promptly.
 	ndjsonIdle = 200 * time.Millisecond
 )
 
@@ -190,6 +192,20 @@ func readLines(body io.Reader, limit int, out chan<- ndLine, stop <-chan struct{
 	}
 }
 
+// bodyReader is the request body, telling whether a read is waiting for
+// the client: only then is a pause the client's, and worth storing what
+// was gathered for (the idle store).
+type bodyReader struct {
+	r       io.Reader
+	waiting atomic.Bool
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	b.waiting.Store(true)
+	defer b.waiting.Store(false)
+	return b.r.Read(p)
+}
+
 var errLineTooLong = errors.New("line too long")
 
 // readLine reads one line without its end (\n or \r\n). A last line
@@ -309,7 +325,8 @@ func (p *Plugin) submitNDJSON(w http.ResponseWriter, r *http.Request, rt *runtim
 	// When the upload stops before (a bad task, a failed store), it ends
 	// at its next send, or when its read returns: the server ends the
 	// body when this handler returns.
-	go readLines(r.Body, lineLimit(rt), lines, stop)
+	body := &bodyReader{r: r.Body}
+	go readLines(body, lineLimit(rt), lines, stop)
 	defer close(stop)
 
 	c := &committer{svc: rt.svc, w: w, ctx: ctx, failed: make(chan struct{})}
@@ -385,6 +402,12 @@ loop:
 		case <-idle.C:
 			if wait := ndjsonIdle - time.Since(last); wait > 0 {
 				idle.Reset(wait)
+				continue
+			}
+			if len(lines) > 0 || !body.waiting.Load() {
+				// Lines are on their way (this goroutine or the reader
+				// was slow, not the client): not an idle client.
+				idle.Reset(ndjsonIdle)
 				continue
 			}
 			flush()
