@@ -477,10 +477,13 @@ func TestBatchNDJSONClientCutOff(t *testing.T) {
 
 			a := parseNDAnswer(t, w.bytes())
 			ids := a.ids()
-			// The 200 lines gathered are stored only if they idled out
-			// (200 ms with no line) before the body failed.
-			if n := len(ids); n != 1000 && n != 1200 {
-				t.Fatalf("the answer names %d ids, want the first chunk's 1000 (or 1200 after an idle store)", n)
+			// Typically the first chunk's 1,000. More when lines idled
+			// out (200 ms with no line) before the body failed, and on a
+			// loaded machine a pause between two lines can split a chunk,
+			// so fewer too: whatever the count, it must be a whole prefix
+			// of committed chunks, as checked below.
+			if n := len(ids); n < 1 || n > 1200 {
+				t.Fatalf("the answer names %d ids, want from 1 (a stored chunk) to the 1200 lines sent", n)
 			}
 			stored := storedLines(t, p)
 			if !slices.Equal(stored, seq(1, len(ids))) {
@@ -517,13 +520,15 @@ func TestBatchNDJSONIdleStore(t *testing.T) {
 	if _, err := io.WriteString(send, ndjson(1, 3)); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-w.flushed:
-	case <-time.After(60 * time.Second):
-		t.Fatal("3 lines, then nothing: never stored")
-	}
-	if a := parseNDAnswer(t, w.bytes()); len(a.chunks) != 1 || len(a.chunks[0].IDs) != 3 {
-		t.Fatalf("after an idle pause: %s", w.bytes())
+	// A loaded machine may store them in more than one chunk (a pause
+	// between two of the lines idles out too): wait until all 3 are.
+	deadline := time.After(60 * time.Second)
+	for len(parseNDAnswer(t, w.bytes()).ids()) < 3 {
+		select {
+		case <-w.flushed:
+		case <-deadline:
+			t.Fatalf("3 lines, then nothing: never all stored; answer so far %s", w.bytes())
+		}
 	}
 	if _, err := io.WriteString(send, ndjson(4, 4)); err != nil {
 		t.Fatal(err)
@@ -531,8 +536,9 @@ func TestBatchNDJSONIdleStore(t *testing.T) {
 	send.Close()
 	<-served
 	a := parseNDAnswer(t, w.bytes())
-	if len(a.chunks) != 2 || !jsonEqual(t, a.final, map[string]any{"done": true, "stored": 4, "lines": 4}) {
-		t.Errorf("answer %s", w.bytes())
+	last := a.chunks[len(a.chunks)-1]
+	if len(a.chunks) < 2 || last.FirstLine != 4 || len(last.IDs) != 1 || !jsonEqual(t, a.final, map[string]any{"done": true, "stored": 4, "lines": 4}) {
+		t.Errorf("answer %s, want line 4 in a chunk of its own after the first 3 lines", w.bytes())
 	}
 }
 
