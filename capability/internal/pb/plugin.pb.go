@@ -26,6 +26,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// How a task's attempt ended when its final event carries an error.
+type TaskOutcome int32
+
+const (
+	// A failure: retried after the task's backoff while attempts remain.
+	TaskOutcome_OUTCOME_ERROR TaskOutcome = 0
+	// Run the task again after snooze_seconds, without using an attempt.
+	TaskOutcome_OUTCOME_SNOOZE TaskOutcome = 1
+	// Failed for good: no further attempt (dead when the topic dead-letters).
+	TaskOutcome_OUTCOME_PERMANENT TaskOutcome = 2
+	// The task cancelled itself: it ends cancelled and is never retried.
+	TaskOutcome_OUTCOME_CANCEL TaskOutcome = 3
+)
+
+// Enum value maps for TaskOutcome.
+var (
+	TaskOutcome_name = map[int32]string{
+		0: "OUTCOME_ERROR",
+		1: "OUTCOME_SNOOZE",
+		2: "OUTCOME_PERMANENT",
+		3: "OUTCOME_CANCEL",
+	}
+	TaskOutcome_value = map[string]int32{
+		"OUTCOME_ERROR":     0,
+		"OUTCOME_SNOOZE":    1,
+		"OUTCOME_PERMANENT": 2,
+		"OUTCOME_CANCEL":    3,
+	}
+)
+
+func (x TaskOutcome) Enum() *TaskOutcome {
+	p := new(TaskOutcome)
+	*p = x
+	return p
+}
+
+func (x TaskOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TaskOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_taskhost_plugin_v1_plugin_proto_enumTypes[0].Descriptor()
+}
+
+func (TaskOutcome) Type() protoreflect.EnumType {
+	return &file_taskhost_plugin_v1_plugin_proto_enumTypes[0]
+}
+
+func (x TaskOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TaskOutcome.Descriptor instead.
+func (TaskOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{0}
+}
+
 type CheckHealthResponse_Status int32
 
 const (
@@ -62,11 +119,11 @@ func (x CheckHealthResponse_Status) String() string {
 }
 
 func (CheckHealthResponse_Status) Descriptor() protoreflect.EnumDescriptor {
-	return file_taskhost_plugin_v1_plugin_proto_enumTypes[0].Descriptor()
+	return file_taskhost_plugin_v1_plugin_proto_enumTypes[1].Descriptor()
 }
 
 func (CheckHealthResponse_Status) Type() protoreflect.EnumType {
-	return &file_taskhost_plugin_v1_plugin_proto_enumTypes[0]
+	return &file_taskhost_plugin_v1_plugin_proto_enumTypes[1]
 }
 
 func (x CheckHealthResponse_Status) Number() protoreflect.EnumNumber {
@@ -1314,13 +1371,21 @@ func (x *RunTaskRequest) GetAttempt() int32 {
 
 // One of log, progress or the final result.
 type RunTaskEvent struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LogLine       string                 `protobuf:"bytes,1,opt,name=log_line,json=logLine,proto3" json:"log_line,omitempty"`
-	Progress      float64                `protobuf:"fixed64,2,opt,name=progress,proto3" json:"progress,omitempty"`
-	HasProgress   bool                   `protobuf:"varint,3,opt,name=has_progress,json=hasProgress,proto3" json:"has_progress,omitempty"`
-	Done          bool                   `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
-	ResultJson    []byte                 `protobuf:"bytes,5,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
-	Error         string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	LogLine     string                 `protobuf:"bytes,1,opt,name=log_line,json=logLine,proto3" json:"log_line,omitempty"`
+	Progress    float64                `protobuf:"fixed64,2,opt,name=progress,proto3" json:"progress,omitempty"`
+	HasProgress bool                   `protobuf:"varint,3,opt,name=has_progress,json=hasProgress,proto3" json:"has_progress,omitempty"`
+	Done        bool                   `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
+	ResultJson  []byte                 `protobuf:"bytes,5,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
+	Error       string                 `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	// With done and error set: how the attempt ended. A plugin that leaves it
+	// unset (every plugin built before it existed) gets OUTCOME_ERROR, the
+	// behaviour of that time. A plugin that sets another kind still sets
+	// error to the reason, so that an older host, which does not know the
+	// field, treats the attempt as failed rather than done.
+	Outcome TaskOutcome `protobuf:"varint,7,opt,name=outcome,proto3,enum=taskhost.plugin.v1.TaskOutcome" json:"outcome,omitempty"`
+	// With OUTCOME_SNOOZE: seconds to wait before the task runs again.
+	SnoozeSeconds float64 `protobuf:"fixed64,8,opt,name=snooze_seconds,json=snoozeSeconds,proto3" json:"snooze_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1395,6 +1460,20 @@ func (x *RunTaskEvent) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *RunTaskEvent) GetOutcome() TaskOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return TaskOutcome_OUTCOME_ERROR
+}
+
+func (x *RunTaskEvent) GetSnoozeSeconds() float64 {
+	if x != nil {
+		return x.SnoozeSeconds
+	}
+	return 0
 }
 
 type ListPluginsRequest struct {
@@ -1783,7 +1862,7 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\fpayload_json\x18\x02 \x01(\fR\vpayloadJson\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x03 \x01(\tR\tmessageId\x12\x18\n" +
-	"\aattempt\x18\x04 \x01(\x05R\aattempt\"\xb3\x01\n" +
+	"\aattempt\x18\x04 \x01(\x05R\aattempt\"\x95\x02\n" +
 	"\fRunTaskEvent\x12\x19\n" +
 	"\blog_line\x18\x01 \x01(\tR\alogLine\x12\x1a\n" +
 	"\bprogress\x18\x02 \x01(\x01R\bprogress\x12!\n" +
@@ -1791,7 +1870,9 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x04done\x18\x04 \x01(\bR\x04done\x12\x1f\n" +
 	"\vresult_json\x18\x05 \x01(\fR\n" +
 	"resultJson\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"4\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x129\n" +
+	"\aoutcome\x18\a \x01(\x0e2\x1f.taskhost.plugin.v1.TaskOutcomeR\aoutcome\x12%\n" +
+	"\x0esnooze_seconds\x18\b \x01(\x01R\rsnoozeSeconds\"4\n" +
 	"\x12ListPluginsRequest\x12\x1e\n" +
 	"\n" +
 	"capability\x18\x01 \x01(\tR\n" +
@@ -1810,7 +1891,12 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x12<\n" +
 	"\arequest\x18\x02 \x01(\v2\".taskhost.plugin.v1.RunTaskRequestR\arequest\".\n" +
 	"\x14HostListTasksRequest\x12\x16\n" +
-	"\x06plugin\x18\x01 \x01(\tR\x06plugin2\xe7\x02\n" +
+	"\x06plugin\x18\x01 \x01(\tR\x06plugin*_\n" +
+	"\vTaskOutcome\x12\x11\n" +
+	"\rOUTCOME_ERROR\x10\x00\x12\x12\n" +
+	"\x0eOUTCOME_SNOOZE\x10\x01\x12\x15\n" +
+	"\x11OUTCOME_PERMANENT\x10\x02\x12\x12\n" +
+	"\x0eOUTCOME_CANCEL\x10\x032\xe7\x02\n" +
 	"\tLifecycle\x12U\n" +
 	"\bDescribe\x12#.taskhost.plugin.v1.DescribeRequest\x1a$.taskhost.plugin.v1.DescribeResponse\x12X\n" +
 	"\tConfigure\x12$.taskhost.plugin.v1.ConfigureRequest\x1a%.taskhost.plugin.v1.ConfigureResponse\x12^\n" +
@@ -1845,85 +1931,87 @@ func file_taskhost_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 	return file_taskhost_plugin_v1_plugin_proto_rawDescData
 }
 
-var file_taskhost_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_taskhost_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_taskhost_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_taskhost_plugin_v1_plugin_proto_goTypes = []any{
-	(CheckHealthResponse_Status)(0),   // 0: taskhost.plugin.v1.CheckHealthResponse.Status
-	(*DescribeRequest)(nil),           // 1: taskhost.plugin.v1.DescribeRequest
-	(*DescribeResponse)(nil),          // 2: taskhost.plugin.v1.DescribeResponse
-	(*ConfigureRequest)(nil),          // 3: taskhost.plugin.v1.ConfigureRequest
-	(*ConfigureResponse)(nil),         // 4: taskhost.plugin.v1.ConfigureResponse
-	(*CheckHealthRequest)(nil),        // 5: taskhost.plugin.v1.CheckHealthRequest
-	(*CheckHealthResponse)(nil),       // 6: taskhost.plugin.v1.CheckHealthResponse
-	(*StopRequest)(nil),               // 7: taskhost.plugin.v1.StopRequest
-	(*StopResponse)(nil),              // 8: taskhost.plugin.v1.StopResponse
-	(*CollectMetricsRequest)(nil),     // 9: taskhost.plugin.v1.CollectMetricsRequest
-	(*CollectMetricsResponse)(nil),    // 10: taskhost.plugin.v1.CollectMetricsResponse
-	(*Header)(nil),                    // 11: taskhost.plugin.v1.Header
-	(*HTTPRequest)(nil),               // 12: taskhost.plugin.v1.HTTPRequest
-	(*HTTPRequestPart)(nil),           // 13: taskhost.plugin.v1.HTTPRequestPart
-	(*HTTPResponseChunk)(nil),         // 14: taskhost.plugin.v1.HTTPResponseChunk
-	(*ListActionsRequest)(nil),        // 15: taskhost.plugin.v1.ListActionsRequest
-	(*ActionSpec)(nil),                // 16: taskhost.plugin.v1.ActionSpec
-	(*ListActionsResponse)(nil),       // 17: taskhost.plugin.v1.ListActionsResponse
-	(*InvokeActionRequest)(nil),       // 18: taskhost.plugin.v1.InvokeActionRequest
-	(*InvokeActionResponse)(nil),      // 19: taskhost.plugin.v1.InvokeActionResponse
-	(*ListTasksRequest)(nil),          // 20: taskhost.plugin.v1.ListTasksRequest
-	(*TaskSpec)(nil),                  // 21: taskhost.plugin.v1.TaskSpec
-	(*ListTasksResponse)(nil),         // 22: taskhost.plugin.v1.ListTasksResponse
-	(*RunTaskRequest)(nil),            // 23: taskhost.plugin.v1.RunTaskRequest
-	(*RunTaskEvent)(nil),              // 24: taskhost.plugin.v1.RunTaskEvent
-	(*ListPluginsRequest)(nil),        // 25: taskhost.plugin.v1.ListPluginsRequest
-	(*PluginInfo)(nil),                // 26: taskhost.plugin.v1.PluginInfo
-	(*ListPluginsResponse)(nil),       // 27: taskhost.plugin.v1.ListPluginsResponse
-	(*HostCollectMetricsRequest)(nil), // 28: taskhost.plugin.v1.HostCollectMetricsRequest
-	(*HostRunTaskRequest)(nil),        // 29: taskhost.plugin.v1.HostRunTaskRequest
-	(*HostListTasksRequest)(nil),      // 30: taskhost.plugin.v1.HostListTasksRequest
+	(TaskOutcome)(0),                  // 0: taskhost.plugin.v1.TaskOutcome
+	(CheckHealthResponse_Status)(0),   // 1: taskhost.plugin.v1.CheckHealthResponse.Status
+	(*DescribeRequest)(nil),           // 2: taskhost.plugin.v1.DescribeRequest
+	(*DescribeResponse)(nil),          // 3: taskhost.plugin.v1.DescribeResponse
+	(*ConfigureRequest)(nil),          // 4: taskhost.plugin.v1.ConfigureRequest
+	(*ConfigureResponse)(nil),         // 5: taskhost.plugin.v1.ConfigureResponse
+	(*CheckHealthRequest)(nil),        // 6: taskhost.plugin.v1.CheckHealthRequest
+	(*CheckHealthResponse)(nil),       // 7: taskhost.plugin.v1.CheckHealthResponse
+	(*StopRequest)(nil),               // 8: taskhost.plugin.v1.StopRequest
+	(*StopResponse)(nil),              // 9: taskhost.plugin.v1.StopResponse
+	(*CollectMetricsRequest)(nil),     // 10: taskhost.plugin.v1.CollectMetricsRequest
+	(*CollectMetricsResponse)(nil),    // 11: taskhost.plugin.v1.CollectMetricsResponse
+	(*Header)(nil),                    // 12: taskhost.plugin.v1.Header
+	(*HTTPRequest)(nil),               // 13: taskhost.plugin.v1.HTTPRequest
+	(*HTTPRequestPart)(nil),           // 14: taskhost.plugin.v1.HTTPRequestPart
+	(*HTTPResponseChunk)(nil),         // 15: taskhost.plugin.v1.HTTPResponseChunk
+	(*ListActionsRequest)(nil),        // 16: taskhost.plugin.v1.ListActionsRequest
+	(*ActionSpec)(nil),                // 17: taskhost.plugin.v1.ActionSpec
+	(*ListActionsResponse)(nil),       // 18: taskhost.plugin.v1.ListActionsResponse
+	(*InvokeActionRequest)(nil),       // 19: taskhost.plugin.v1.InvokeActionRequest
+	(*InvokeActionResponse)(nil),      // 20: taskhost.plugin.v1.InvokeActionResponse
+	(*ListTasksRequest)(nil),          // 21: taskhost.plugin.v1.ListTasksRequest
+	(*TaskSpec)(nil),                  // 22: taskhost.plugin.v1.TaskSpec
+	(*ListTasksResponse)(nil),         // 23: taskhost.plugin.v1.ListTasksResponse
+	(*RunTaskRequest)(nil),            // 24: taskhost.plugin.v1.RunTaskRequest
+	(*RunTaskEvent)(nil),              // 25: taskhost.plugin.v1.RunTaskEvent
+	(*ListPluginsRequest)(nil),        // 26: taskhost.plugin.v1.ListPluginsRequest
+	(*PluginInfo)(nil),                // 27: taskhost.plugin.v1.PluginInfo
+	(*ListPluginsResponse)(nil),       // 28: taskhost.plugin.v1.ListPluginsResponse
+	(*HostCollectMetricsRequest)(nil), // 29: taskhost.plugin.v1.HostCollectMetricsRequest
+	(*HostRunTaskRequest)(nil),        // 30: taskhost.plugin.v1.HostRunTaskRequest
+	(*HostListTasksRequest)(nil),      // 31: taskhost.plugin.v1.HostListTasksRequest
 }
 var file_taskhost_plugin_v1_plugin_proto_depIdxs = []int32{
-	0,  // 0: taskhost.plugin.v1.CheckHealthResponse.status:type_name -> taskhost.plugin.v1.CheckHealthResponse.Status
-	11, // 1: taskhost.plugin.v1.HTTPRequest.headers:type_name -> taskhost.plugin.v1.Header
-	12, // 2: taskhost.plugin.v1.HTTPRequestPart.head:type_name -> taskhost.plugin.v1.HTTPRequest
-	11, // 3: taskhost.plugin.v1.HTTPResponseChunk.headers:type_name -> taskhost.plugin.v1.Header
-	16, // 4: taskhost.plugin.v1.ListActionsResponse.actions:type_name -> taskhost.plugin.v1.ActionSpec
-	21, // 5: taskhost.plugin.v1.ListTasksResponse.tasks:type_name -> taskhost.plugin.v1.TaskSpec
-	26, // 6: taskhost.plugin.v1.ListPluginsResponse.plugins:type_name -> taskhost.plugin.v1.PluginInfo
-	23, // 7: taskhost.plugin.v1.HostRunTaskRequest.request:type_name -> taskhost.plugin.v1.RunTaskRequest
-	1,  // 8: taskhost.plugin.v1.Lifecycle.Describe:input_type -> taskhost.plugin.v1.DescribeRequest
-	3,  // 9: taskhost.plugin.v1.Lifecycle.Configure:input_type -> taskhost.plugin.v1.ConfigureRequest
-	5,  // 10: taskhost.plugin.v1.Lifecycle.CheckHealth:input_type -> taskhost.plugin.v1.CheckHealthRequest
-	7,  // 11: taskhost.plugin.v1.Lifecycle.Stop:input_type -> taskhost.plugin.v1.StopRequest
-	9,  // 12: taskhost.plugin.v1.MetricsProvider.CollectMetrics:input_type -> taskhost.plugin.v1.CollectMetricsRequest
-	12, // 13: taskhost.plugin.v1.HTTPHandler.ServeHTTP:input_type -> taskhost.plugin.v1.HTTPRequest
-	13, // 14: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:input_type -> taskhost.plugin.v1.HTTPRequestPart
-	15, // 15: taskhost.plugin.v1.ActionProvider.ListActions:input_type -> taskhost.plugin.v1.ListActionsRequest
-	18, // 16: taskhost.plugin.v1.ActionProvider.InvokeAction:input_type -> taskhost.plugin.v1.InvokeActionRequest
-	20, // 17: taskhost.plugin.v1.TaskProvider.ListTasks:input_type -> taskhost.plugin.v1.ListTasksRequest
-	23, // 18: taskhost.plugin.v1.TaskProvider.RunTask:input_type -> taskhost.plugin.v1.RunTaskRequest
-	25, // 19: taskhost.plugin.v1.HostServices.ListPlugins:input_type -> taskhost.plugin.v1.ListPluginsRequest
-	28, // 20: taskhost.plugin.v1.HostServices.CollectMetrics:input_type -> taskhost.plugin.v1.HostCollectMetricsRequest
-	29, // 21: taskhost.plugin.v1.HostServices.RunTask:input_type -> taskhost.plugin.v1.HostRunTaskRequest
-	30, // 22: taskhost.plugin.v1.HostServices.ListTasks:input_type -> taskhost.plugin.v1.HostListTasksRequest
-	2,  // 23: taskhost.plugin.v1.Lifecycle.Describe:output_type -> taskhost.plugin.v1.DescribeResponse
-	4,  // 24: taskhost.plugin.v1.Lifecycle.Configure:output_type -> taskhost.plugin.v1.ConfigureResponse
-	6,  // 25: taskhost.plugin.v1.Lifecycle.CheckHealth:output_type -> taskhost.plugin.v1.CheckHealthResponse
-	8,  // 26: taskhost.plugin.v1.Lifecycle.Stop:output_type -> taskhost.plugin.v1.StopResponse
-	10, // 27: taskhost.plugin.v1.MetricsProvider.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
-	14, // 28: taskhost.plugin.v1.HTTPHandler.ServeHTTP:output_type -> taskhost.plugin.v1.HTTPResponseChunk
-	14, // 29: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:output_type -> taskhost.plugin.v1.HTTPResponseChunk
-	17, // 30: taskhost.plugin.v1.ActionProvider.ListActions:output_type -> taskhost.plugin.v1.ListActionsResponse
-	19, // 31: taskhost.plugin.v1.ActionProvider.InvokeAction:output_type -> taskhost.plugin.v1.InvokeActionResponse
-	22, // 32: taskhost.plugin.v1.TaskProvider.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
-	24, // 33: taskhost.plugin.v1.TaskProvider.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
-	27, // 34: taskhost.plugin.v1.HostServices.ListPlugins:output_type -> taskhost.plugin.v1.ListPluginsResponse
-	10, // 35: taskhost.plugin.v1.HostServices.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
-	24, // 36: taskhost.plugin.v1.HostServices.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
-	22, // 37: taskhost.plugin.v1.HostServices.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
-	23, // [23:38] is the sub-list for method output_type
-	8,  // [8:23] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	1,  // 0: taskhost.plugin.v1.CheckHealthResponse.status:type_name -> taskhost.plugin.v1.CheckHealthResponse.Status
+	12, // 1: taskhost.plugin.v1.HTTPRequest.headers:type_name -> taskhost.plugin.v1.Header
+	13, // 2: taskhost.plugin.v1.HTTPRequestPart.head:type_name -> taskhost.plugin.v1.HTTPRequest
+	12, // 3: taskhost.plugin.v1.HTTPResponseChunk.headers:type_name -> taskhost.plugin.v1.Header
+	17, // 4: taskhost.plugin.v1.ListActionsResponse.actions:type_name -> taskhost.plugin.v1.ActionSpec
+	22, // 5: taskhost.plugin.v1.ListTasksResponse.tasks:type_name -> taskhost.plugin.v1.TaskSpec
+	0,  // 6: taskhost.plugin.v1.RunTaskEvent.outcome:type_name -> taskhost.plugin.v1.TaskOutcome
+	27, // 7: taskhost.plugin.v1.ListPluginsResponse.plugins:type_name -> taskhost.plugin.v1.PluginInfo
+	24, // 8: taskhost.plugin.v1.HostRunTaskRequest.request:type_name -> taskhost.plugin.v1.RunTaskRequest
+	2,  // 9: taskhost.plugin.v1.Lifecycle.Describe:input_type -> taskhost.plugin.v1.DescribeRequest
+	4,  // 10: taskhost.plugin.v1.Lifecycle.Configure:input_type -> taskhost.plugin.v1.ConfigureRequest
+	6,  // 11: taskhost.plugin.v1.Lifecycle.CheckHealth:input_type -> taskhost.plugin.v1.CheckHealthRequest
+	8,  // 12: taskhost.plugin.v1.Lifecycle.Stop:input_type -> taskhost.plugin.v1.StopRequest
+	10, // 13: taskhost.plugin.v1.MetricsProvider.CollectMetrics:input_type -> taskhost.plugin.v1.CollectMetricsRequest
+	13, // 14: taskhost.plugin.v1.HTTPHandler.ServeHTTP:input_type -> taskhost.plugin.v1.HTTPRequest
+	14, // 15: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:input_type -> taskhost.plugin.v1.HTTPRequestPart
+	16, // 16: taskhost.plugin.v1.ActionProvider.ListActions:input_type -> taskhost.plugin.v1.ListActionsRequest
+	19, // 17: taskhost.plugin.v1.ActionProvider.InvokeAction:input_type -> taskhost.plugin.v1.InvokeActionRequest
+	21, // 18: taskhost.plugin.v1.TaskProvider.ListTasks:input_type -> taskhost.plugin.v1.ListTasksRequest
+	24, // 19: taskhost.plugin.v1.TaskProvider.RunTask:input_type -> taskhost.plugin.v1.RunTaskRequest
+	26, // 20: taskhost.plugin.v1.HostServices.ListPlugins:input_type -> taskhost.plugin.v1.ListPluginsRequest
+	29, // 21: taskhost.plugin.v1.HostServices.CollectMetrics:input_type -> taskhost.plugin.v1.HostCollectMetricsRequest
+	30, // 22: taskhost.plugin.v1.HostServices.RunTask:input_type -> taskhost.plugin.v1.HostRunTaskRequest
+	31, // 23: taskhost.plugin.v1.HostServices.ListTasks:input_type -> taskhost.plugin.v1.HostListTasksRequest
+	3,  // 24: taskhost.plugin.v1.Lifecycle.Describe:output_type -> taskhost.plugin.v1.DescribeResponse
+	5,  // 25: taskhost.plugin.v1.Lifecycle.Configure:output_type -> taskhost.plugin.v1.ConfigureResponse
+	7,  // 26: taskhost.plugin.v1.Lifecycle.CheckHealth:output_type -> taskhost.plugin.v1.CheckHealthResponse
+	9,  // 27: taskhost.plugin.v1.Lifecycle.Stop:output_type -> taskhost.plugin.v1.StopResponse
+	11, // 28: taskhost.plugin.v1.MetricsProvider.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
+	15, // 29: taskhost.plugin.v1.HTTPHandler.ServeHTTP:output_type -> taskhost.plugin.v1.HTTPResponseChunk
+	15, // 30: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:output_type -> taskhost.plugin.v1.HTTPResponseChunk
+	18, // 31: taskhost.plugin.v1.ActionProvider.ListActions:output_type -> taskhost.plugin.v1.ListActionsResponse
+	20, // 32: taskhost.plugin.v1.ActionProvider.InvokeAction:output_type -> taskhost.plugin.v1.InvokeActionResponse
+	23, // 33: taskhost.plugin.v1.TaskProvider.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
+	25, // 34: taskhost.plugin.v1.TaskProvider.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
+	28, // 35: taskhost.plugin.v1.HostServices.ListPlugins:output_type -> taskhost.plugin.v1.ListPluginsResponse
+	11, // 36: taskhost.plugin.v1.HostServices.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
+	25, // 37: taskhost.plugin.v1.HostServices.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
+	23, // 38: taskhost.plugin.v1.HostServices.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
+	24, // [24:39] is the sub-list for method output_type
+	9,  // [9:24] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_taskhost_plugin_v1_plugin_proto_init() }
@@ -1936,7 +2024,7 @@ func file_taskhost_plugin_v1_plugin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskhost_plugin_v1_plugin_proto_rawDesc), len(file_taskhost_plugin_v1_plugin_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   6,
