@@ -65,6 +65,10 @@ func New(logger hclog.Logger) *Plugin {
 			}
 			return nil
 		},
+		Waiting: func(s broker.Schedule) bool {
+			rt := p.current()
+			return rt != nil && rt.svc.ScheduleWaiting(s) != nil
+		},
 		Logger: logger.Named("schedules"),
 	})
 	p.router = p.routes()

@@ -69,6 +69,7 @@ type Service struct {
 	leader    *scheduler.Leader
 	settings  Settings
 	submitted func(topic string)
+	pending   PendingProviders // nil: none (SetPendingProviders)
 }
 
 // New returns the service over d.
