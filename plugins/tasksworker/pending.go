@@ -60,7 +60,9 @@ func (ps *providerSet) unlisted(pending []string, plugin string) []string {
 }
 
 // Pending is service.PendingProviders: during the start-up grace, the
-// plugins that may provide tasks and whose tasks were never listed, after
+// plugins that may provide tasks (the host lists those whose capabilities
+// are not known yet too) and whose tasks were never listed, while they
+// are starting or waiting to be restarted (not failed for good), after
 // a discovery at most pendingRefresh old (so a provider that is running
 // has its tasks registered before the caller looks again); none after the
 // grace, or without a host.

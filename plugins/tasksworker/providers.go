@@ -70,7 +70,9 @@ func discoverProviders(ctx context.Context, host capability.HostServices, reg *w
 	var pending []string
 	for _, pl := range plugins {
 		if pl.State != "running" && pl.State != "degraded" {
-			pending = ps.unlisted(pending, pl.Name)
+			if pl.State == "starting" || pl.State == "backoff" { // it will run: it may provide tasks
+				pending = ps.unlisted(pending, pl.Name)
+			}
 			continue
 		}
 		specs, err := host.ListTasks(lctx, pl.Name)
