@@ -101,3 +101,17 @@ func TestScheduleAndSubmitOfAProviderThatStartsLate(t *testing.T) {
 		t.Errorf("waiting gauge = %v, want 0", v)
 	}
 }
+
+// TestCheckConfigAcceptsSchedulesOfTasksNotRegistered: check-config runs
+// without the task registry: a schedule of a provider's task passes, one
+// whose task no task can ever have is refused, naming it.
+func TestCheckConfigAcceptsSchedulesOfTasksNotRegistered(t *testing.T) {
+	p := New(testLogger(t))
+	if err := p.CheckConfig(json.RawMessage(`{"schedules": [{"name": "r", "task": "images.resize", "interval_seconds": 60}]}`)); err != nil {
+		t.Errorf("a schedule of a provider's task: %v", err)
+	}
+	err := p.CheckConfig(json.RawMessage(`{"schedules": [{"name": "r", "task": "images resize", "interval_seconds": 60}]}`))
+	if err == nil || !strings.Contains(err.Error(), "schedules[0]") || !strings.Contains(err.Error(), "can never run") {
+		t.Errorf("a malformed task name: %v, want an error naming schedules[0]", err)
+	}
+}

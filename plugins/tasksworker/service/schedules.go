@@ -40,8 +40,8 @@ const (
 
 var scheduleName = regexp.MustCompile(fmt.Sprintf(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,%d}$`, broker.MaxScheduleNameLen-1))
 
-// Check makes the checks that need no running worker: name, timing,
-// missed policy and payload; it returns the payload to store. Its error
+// Check makes the checks that need no running worker: name, a task name
+// that a task can have, timing, missed policy and payload; it returns the payload to store. Its error
 // says which field is wrong and why.
 func (b ScheduleSpec) Check() (json.RawMessage, error) {
 	if !scheduleName.MatchString(b.Name) {
@@ -49,6 +49,9 @@ func (b ScheduleSpec) Check() (json.RawMessage, error) {
 	}
 	if b.Task == "" {
 		return nil, invalid("task is required")
+	}
+	if err := checkTaskName(b.Task); err != nil {
+		return nil, err
 	}
 	if _, err := scheduler.ParseTiming(b.IntervalSeconds, b.Cron); err != nil {
 		return nil, invalid("%v", err)
@@ -83,9 +86,6 @@ func (s *Service) ScheduleOf(b ScheduleSpec, source string) (broker.Schedule, er
 	}
 	payload, err := b.Check()
 	if err != nil {
-		return broker.Schedule{}, err
-	}
-	if err := checkTaskName(b.Task); err != nil {
 		return broker.Schedule{}, err
 	}
 	topic, err := s.scheduleTopic(context.Background(), b, source == SourceAPI)
