@@ -65,7 +65,7 @@ func TestScheduleAndSubmitOfAProviderThatStartsLate(t *testing.T) {
 	}
 	mustContain(t, "the schedules page", f.uiGet("/ui/schedules"), "waiting for a worker", "images.resize")
 	mustContain(t, "the schedule's page", f.uiGet("/ui/schedules/resize"), "Waiting for a worker", `no live worker runs task "images.resize"`)
-	waitUntil(t, 10*time.Second, "the beat has passed over the due schedule", func() bool {
+	waitUntil(t, 10*time.Second, "the waiting gauge counts the schedule", func() bool {
 		return value(f.scrape(), "fastpluggy_schedules_waiting") == 1
 	})
 	if fams := f.scrape(); value(fams, "fastpluggy_schedule_overdue_seconds") != 0 {
