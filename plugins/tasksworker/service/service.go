@@ -67,9 +67,9 @@ type Service struct {
 	pool      *worker.Pool
 	reaper    *reaper.Reaper
 	leader    *scheduler.Leader
+	pending   PendingProviders // nil: none (SetPendingProviders)
 	settings  Settings
 	submitted func(topic string)
-	pending   PendingProviders // nil: none (SetPendingProviders)
 }
 
 // New returns the service over d.
