@@ -28,7 +28,8 @@ type Schedule struct {
 	// Source is "api" or "config" (config ones are upserted at start).
 	Source string `json:"source"`
 	// LastAttempt is stamped when the beat fires the schedule, before the
-	// task is looked up and submitted (so it says "the beat tried").
+	// message is submitted (so it says "the beat tried"); a schedule whose
+	// task no live worker runs is not fired (it waits for one).
 	LastAttempt *time.Time `json:"last_attempt,omitempty"`
 	// LastSuccess is the end of the last attempt whose report said success.
 	LastSuccess *time.Time `json:"last_success,omitempty"`
@@ -55,7 +56,7 @@ type FireRequest struct {
 	// Next is the slot after this one: the new ExpectedNextRun.
 	Next time.Time
 	// Submit is the message to submit; nil stamps the attempt and
-	// advances the schedule without submitting (the task is unknown).
+	// advances the schedule without submitting (a skipped slot).
 	Submit *SubmitRequest
 	// Fence makes the fire a leader-only write.
 	Fence *Fence

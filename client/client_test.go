@@ -162,6 +162,14 @@ func TestSchedules(t *testing.T) {
 	if _, err := c.CreateSchedule(ctx, client.ScheduleSpec{Name: "bad", Task: "demo.echo"}); !client.IsBadRequest(err) || !strings.Contains(err.Error(), "interval") {
 		t.Fatalf("a schedule without timing: %v; want a 400 that says so", err)
 	}
+	// A schedule of a task no worker runs is stored and waits for one.
+	w, err := c.CreateSchedule(ctx, client.ScheduleSpec{Name: "client-test-waiting", Task: "images.resize", IntervalSeconds: 3600})
+	if err != nil || w.Waiting == nil || !strings.Contains(w.Waiting.Why, `no live worker runs task "images.resize"`) {
+		t.Fatalf("CreateSchedule of a task no worker runs: %+v, %v; want it waiting, saying why", w, err)
+	}
+	if err := c.DeleteSchedule(ctx, w.Name); err != nil {
+		t.Fatal(err)
+	}
 	if err := c.DeleteSchedule(ctx, spec.Name); err != nil {
 		t.Fatal(err)
 	}

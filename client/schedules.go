@@ -30,12 +30,24 @@ type Schedule struct {
 	ExpectedNextRun *time.Time `json:"expected_next_run,omitempty"`
 	CreatedAt       time.Time  `json:"created_at"`
 	UpdatedAt       time.Time  `json:"updated_at"`
+	// Waiting is set while the schedule is enabled and no live worker
+	// runs its task on its topic: the beat holds its due slot until one
+	// does.
+	Waiting *ScheduleWaiting `json:"waiting,omitempty"`
 
 	// Timing ("every 30s", "cron 0 3 * * *") and NextRun (the next slot
 	// the beat fires, nil when disabled) are filled by GetSchedule,
 	// CreateSchedule and UpdateSchedule, not by Schedules.
 	Timing  string     `json:"-"`
 	NextRun *time.Time `json:"-"`
+}
+
+// ScheduleWaiting says why a schedule waits for a worker.
+type ScheduleWaiting struct {
+	// Since is the due slot the beat holds; nil while the next slot is
+	// still ahead.
+	Since *time.Time `json:"since,omitempty"`
+	Why   string     `json:"why"`
 }
 
 // ScheduleSpec is a schedule to create or replace. Name and Task are

@@ -51,6 +51,7 @@ var publicNames = []string{
 	"fp_tasks_worker_fastpluggy_schedule_overdue_seconds",
 	"fp_tasks_worker_fastpluggy_scheduled_task_since_success_seconds",
 	"fp_tasks_worker_fastpluggy_scheduled_task_interval_seconds",
+	"fp_tasks_worker_fastpluggy_schedules_waiting",
 	// tasks_worker: task telemetry.
 	"fp_tasks_worker_fastpluggy_tasks_submitted_total",
 	"fp_tasks_worker_fastpluggy_tasks_completed_total",

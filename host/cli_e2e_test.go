@@ -30,6 +30,9 @@ plugins:
     enabled: true
 `)
 	h.waitState(t, "tasks_worker", "running", 30*time.Second)
+	// Until the metrics plugin has started, the host cannot say it
+	// provides no tasks, and a submit of an unknown task waits for it.
+	h.waitState(t, "metrics", "running", 30*time.Second)
 	cli := func(args ...string) (string, error) {
 		words := 1
 		if args[0] == "tasks" || args[0] == "schedules" {

@@ -18,7 +18,9 @@ import (
 
 // TaskLookup tells the ticker whether a worker runs task, on topic when
 // the schedule names one (this process or another live one), and the
-// topic to submit to (the task's default when topic is empty).
+// topic to submit to (the task's default when topic is empty). While it
+// says no, the schedule waits for a worker: its due slot is held, not
+// fired.
 type TaskLookup func(task, topic string) (string, bool)
 
 // Ticker fires due schedules. It runs on the beat leader only, and every
@@ -39,9 +41,20 @@ type TaskLookup func(task, topic string) (string, bool)
 // skipped: the latest is submitted, late (catch-up). So a schedule is
 // never skipped for ever because the beat is busy.
 //
-// Logs are summaries: one line per kind of event (late, skipped, unknown
-// task, invalid timing, failed fire) with its count and a few names, at
-// most once per LogEvery; never a line per schedule per pass.
+// Waiting for a worker. A due schedule whose task no live worker runs
+// (Lookup says no) is not fired: nothing is submitted or stamped, and its
+// due slot stays due, so it fires once a worker is live, as a slot the
+// passes were late for (a slot missed while no beat ran follows the
+// missed policy). A task provider that registers its tasks after the
+// beat starts, or a host that is deployed again, loses no slot. Such a
+// schedule is read by every pass until then; the health gauges leave it
+// out of the overdue gauge (HealthCollector.Waiting) and count it in
+// their own.
+//
+// Logs are summaries: one line per kind of event (late, skipped, waiting
+// for a worker, invalid timing, failed fire) with its count and a few
+// names, at most once per LogEvery; never a line per schedule per
+// pass.
 type Ticker struct {
 	Store  broker.ScheduleStore
 	Lookup TaskLookup
@@ -201,24 +214,23 @@ func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule
 		}
 		return broker.FireRequest{}, false, ctx.Err()
 	}
-	latest, missed := tm.latestDue(slot, at)
-	next := tm.Next(latest)
-	req := broker.FireRequest{Name: s.Name, Slot: latest, Next: next, Fence: &fence}
 	topic, known := t.Lookup(s.Task, s.Topic)
 	if s.Topic != "" {
 		topic = s.Topic
 	}
-	known = known && topic != ""
+	if !known || topic == "" {
+		// Held for a worker: see the type's comment.
+		t.add("waiting", s.Name+" (task "+s.Task+")", 0, nil)
+		return broker.FireRequest{}, false, nil
+	}
+	latest, missed := tm.latestDue(slot, at)
+	next := tm.Next(latest)
+	req := broker.FireRequest{Name: s.Name, Slot: latest, Next: next, Fence: &fence}
 	// Slots that came due while this run of passes went on, after the
 	// schedule's last change, were late because the passes are slow.
 	busy := !slot.Before(t.since) && !slot.Before(s.UpdatedAt.UTC().Truncate(time.Second))
 	submit := true
 	switch {
-	case !known:
-		// As the specification's scheduler does, the attempt is
-		// stamped before the task is looked up: the beat tried.
-		t.add("unknown", s.Name+" (task "+s.Task+")", 0, nil)
-		submit = false
 	case missed > 0 && busy:
 		t.add("late", s.Name, missed, nil)
 	case missed > 0 && s.MissedPolicy == broker.MissedSkip:
@@ -315,7 +327,7 @@ var summaries = map[string]struct {
 	"late":      {hclog.Warn, "schedules fired late: the beat's passes are slower than their periods; each fired its latest due slot"},
 	"skipped":   {hclog.Warn, "schedules missed slots while no beat ran; skipping them"},
 	"fire_once": {hclog.Warn, "schedules missed slots while no beat ran; firing once late"},
-	"unknown":   {hclog.Error, "no live worker runs the scheduled task; nothing submitted"},
+	"waiting":   {hclog.Warn, "schedules wait for a live worker that runs their task; their due slot fires once one is (see the schedule's waiting status)"},
 	"invalid":   {hclog.Error, "schedules have an invalid timing; they do not fire"},
 	"failed":    {hclog.Error, "schedules could not fire"},
 }
@@ -350,9 +362,14 @@ func (t *Ticker) summarize(log hclog.Logger, now time.Time) {
 // HealthCollector exports the schedule health gauges at scrape time, from
 // the stored schedules.
 type HealthCollector struct {
-	Store  func() broker.ScheduleStore // nil result: nothing to export
-	Logger hclog.Logger
-	Now    func() time.Time
+	Store func() broker.ScheduleStore // nil result: nothing to export
+	// Waiting, when set, says whether an enabled schedule waits for a
+	// live worker that runs its task (the beat holds its slot): such a
+	// schedule is left out of the overdue gauge, which answers "is the
+	// beat beating?", and counted in the waiting gauge.
+	Waiting func(broker.Schedule) bool
+	Logger  hclog.Logger
+	Now     func() time.Time
 }
 
 var (
@@ -360,6 +377,10 @@ var (
 		"Worst lateness across enabled schedules: the age of the oldest due slot not yet fired (expected_next_run, "+
 			"or the first slot of a schedule that never fired). The beat stamps a slot fired before the submit: "+
 			"it answers \"is the beat beating?\", not \"is the task running?\".", nil, nil)
+	waitingDesc = prometheus.NewDesc("fastpluggy_schedules_waiting",
+		"Enabled schedules that wait for a live worker that runs their task on their topic: the beat holds their due slot "+
+			"(left out of fastpluggy_schedule_overdue_seconds) until one is live. Above 0 for long: a provider plugin or host is down, "+
+			"or a schedule names a task nothing registers.", nil, nil)
 	sinceSuccessDesc = prometheus.NewDesc("fastpluggy_scheduled_task_since_success_seconds",
 		"Seconds since the schedule of this task last produced a successful report (the report status, not the payload). "+
 			"No series until the first success.", []string{"task"}, nil)
@@ -370,6 +391,7 @@ var (
 // Describe implements prometheus.Collector.
 func (c *HealthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- overdueDesc
+	ch <- waitingDesc
 	ch <- sinceSuccessDesc
 	ch <- intervalDesc
 }
@@ -402,7 +424,7 @@ func (c *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	at := now().UTC()
-	overdue := 0.0
+	overdue, waiting := 0.0, 0
 	type health struct{ since, period float64 }
 	worst := map[string]health{}
 	for _, s := range scheds {
@@ -413,7 +435,9 @@ func (c *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 		if err != nil {
 			continue
 		}
-		if slot := slotOf(s, tm); !slot.IsZero() {
+		if c.Waiting != nil && c.Waiting(s) {
+			waiting++
+		} else if slot := slotOf(s, tm); !slot.IsZero() {
 			overdue = max(overdue, at.Sub(slot).Seconds())
 		}
 		if s.LastSuccess == nil {
@@ -425,6 +449,7 @@ func (c *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(overdueDesc, prometheus.GaugeValue, overdue)
+	ch <- prometheus.MustNewConstMetric(waitingDesc, prometheus.GaugeValue, float64(waiting))
 	for task, h := range worst {
 		ch <- prometheus.MustNewConstMetric(sinceSuccessDesc, prometheus.GaugeValue, h.since, task)
 		ch <- prometheus.MustNewConstMetric(intervalDesc, prometheus.GaugeValue, h.period, task)

@@ -143,6 +143,20 @@ func (t Task) lockName(payload json.RawMessage) string {
 // taskNamePattern keeps task names printable and URL-safe.
 var taskNamePattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$`)
 
+// CheckTaskName says why no task can ever be registered under name (nil
+// when one can): the rules Register applies to a name.
+func CheckTaskName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("the task name is empty")
+	case len(name) > broker.MaxTaskLen:
+		return fmt.Errorf("the task name is %d bytes long, the limit is %d", len(name), broker.MaxTaskLen)
+	case !taskNamePattern.MatchString(name):
+		return errors.New("a task name may hold only letters, digits and _ . : / - (and not start with a punctuation mark)")
+	}
+	return nil
+}
+
 // ErrDuplicateTask is returned by Register for a name already taken.
 var ErrDuplicateTask = errors.New("task already registered")
 

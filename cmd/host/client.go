@@ -359,6 +359,9 @@ func (e *env) printSchedule(s client.Schedule) error {
 	fmt.Fprintf(w, "name\t%s\ntask\t%s\ntopic\t%s\npayload\t%s\ntiming\t%s\nenabled\t%v\nmissed_policy\t%s\nsource\t%s\n",
 		s.Name, s.Task, s.Topic, s.Payload, s.Timing, s.Enabled, s.MissedPolicy, s.Source)
 	fmt.Fprintf(w, "last_attempt\t%s\nlast_success\t%s\nnext_run\t%s\n", timeOrDash(s.LastAttempt), timeOrDash(s.LastSuccess), timeOrDash(s.NextRun))
+	if s.Waiting != nil {
+		fmt.Fprintf(w, "waiting\tsince %s: %s\n", timeOrDash(s.Waiting.Since), s.Waiting.Why)
+	}
 	return w.Flush()
 }
 

@@ -90,6 +90,14 @@ func TestCommandLineOnAHost(t *testing.T) {
 	}
 	must("", "schedules", "enable", "nightly")
 	must("", "schedules", "delete", "nightly")
+	// A schedule of a task no worker runs says it waits, and why.
+	if _, err := client.New(hostURL).CreateSchedule(context.Background(), client.ScheduleSpec{Name: "later", Task: "images.resize", IntervalSeconds: 3600}); err != nil && !client.IsConflict(err) {
+		t.Fatalf("create the schedule later: %v", err)
+	}
+	if out, _ := must("", "schedules", "get", "later"); !regexp.MustCompile(`(?m)^waiting\s+since .*no live worker runs task "images.resize"`).MatchString(out) {
+		t.Fatalf("schedules get of a waiting schedule:\n%s", out)
+	}
+	must("", "schedules", "delete", "later")
 	if code, _, errOut := runCLI("", "schedules", "get", "nightly", "-addr", hostURL); code != 1 || !strings.Contains(errOut, "HTTP 404") {
 		t.Fatalf("a deleted schedule: exit %d\n%s", code, errOut)
 	}

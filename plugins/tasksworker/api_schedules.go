@@ -18,9 +18,10 @@ import (
 	"github.com/taskhost/taskhost/scheduler"
 )
 
-// scheduleView adds what a person wants to see next to the stored row.
-func scheduleView(s broker.Schedule) map[string]any {
-	v := map[string]any{"schedule": s}
+// scheduleView adds what a person wants to see next to the stored row,
+// which carries its waiting status (service.ScheduleStatus).
+func scheduleView(svc *service.Service, s broker.Schedule) map[string]any {
+	v := map[string]any{"schedule": svc.StatusOf(s)}
 	if tm, err := scheduler.ParseTiming(s.IntervalSeconds, s.Cron); err == nil {
 		v["timing"] = tm.String()
 		v["period_seconds"] = tm.Period(time.Now()).Seconds()
@@ -37,10 +38,11 @@ func listSchedules(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		writeBrokerError(w, "list schedules", err)
 		return
 	}
-	if list == nil {
-		list = []broker.Schedule{}
+	out := make([]service.ScheduleStatus, 0, len(list))
+	for _, s := range list {
+		out = append(out, rt.svc.StatusOf(s))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"schedules": list})
+	writeJSON(w, http.StatusOK, map[string]any{"schedules": out})
 }
 
 // scheduleParam is the schedule named by the path; false when the name
@@ -64,7 +66,7 @@ func getSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		writeBrokerError(w, "get schedule", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, scheduleView(s))
+	writeJSON(w, http.StatusOK, scheduleView(rt.svc, s))
 }
 
 // putSchedule creates (POST) or replaces (PUT /schedules/{name}) one.
@@ -110,7 +112,7 @@ func putSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		writeBrokerError(w, "store schedule", err)
 		return
 	}
-	writeJSON(w, status, scheduleView(stored))
+	writeJSON(w, status, scheduleView(rt.svc, stored))
 }
 
 func deleteSchedule(w http.ResponseWriter, r *http.Request, rt *runtime) {

@@ -45,6 +45,7 @@ var goldenMetrics = map[string]dto.MetricType{
 	"fastpluggy_tasks_running":                       dto.MetricType_GAUGE,
 	"fastpluggy_tasks_duration_seconds":              dto.MetricType_HISTOGRAM,
 	"fastpluggy_tasks_heartbeat_age_seconds":         dto.MetricType_GAUGE,
+	"fastpluggy_schedules_waiting":                   dto.MetricType_GAUGE,
 }
 
 // scrape collects the plugin's metrics over gRPC and parses them.
@@ -330,9 +331,11 @@ func (unreadableWorkers) Workers(context.Context) ([]broker.WorkerInfo, error) {
 
 // TestSubmitsAndSchedulesOfOtherHostsTasksWaitForTheWorkerList: whether a
 // task this host does not run is run elsewhere is read from the broker's
-// worker list; when that cannot be read, a submit or a schedule of such a
-// task gets a 503 (retry), not a 400 (give up) and not a 201 for a task
-// that may not exist.
+// worker list; when that cannot be read, a submit of such a task gets a
+// 503 (retry), not a 400 (give up) and not a 201 for a task that may not
+// exist. A schedule needs no worker to be stored: it is accepted, and not
+// shown waiting while that cannot be told (the beat fires it then, and
+// its message waits for a worker as every message does).
 func TestSubmitsAndSchedulesOfOtherHostsTasksWaitForTheWorkerList(t *testing.T) {
 	f := start(t, nil)
 	rt := f.plugin.current()
@@ -350,7 +353,8 @@ func TestSubmitsAndSchedulesOfOtherHostsTasksWaitForTheWorkerList(t *testing.T) 
 	if res := f.do("POST", "/api/tasks", `{"task": "elsewhere.task", "topic": "default"}`); res.status != http.StatusServiceUnavailable {
 		t.Errorf("submit: %d %s, want 503", res.status, res.body)
 	}
-	if res := f.do("POST", "/api/schedules", `{"name": "s", "task": "elsewhere.task", "topic": "default", "interval_seconds": 60}`); res.status != http.StatusServiceUnavailable {
-		t.Errorf("schedule: %d %s, want 503", res.status, res.body)
+	res := f.do("POST", "/api/schedules", `{"name": "s", "task": "elsewhere.task", "topic": "default", "interval_seconds": 60}`)
+	if res.status != http.StatusCreated || res.json(t)["schedule"].(map[string]any)["waiting"] != nil {
+		t.Errorf("schedule: %d %s, want 201, not waiting", res.status, res.body)
 	}
 }

@@ -65,6 +65,10 @@ func New(logger hclog.Logger) *Plugin {
 			}
 			return nil
 		},
+		Waiting: func(s broker.Schedule) bool {
+			rt := p.current()
+			return rt != nil && rt.svc.ScheduleWaiting(s) != nil
+		},
 		Logger: logger.Named("schedules"),
 	})
 	p.router = p.routes()
@@ -111,7 +115,8 @@ var _ capability.ConfigChecker = (*Plugin)(nil)
 
 // CheckConfig implements capability.ConfigChecker: every check of the
 // config block that needs neither the broker nor the task registry (a
-// schedule's task and topic are checked when the plugin starts).
+// schedule's task need not be registered: a schedule of a task no worker
+// runs waits for one; its topic is checked when the plugin starts).
 func (p *Plugin) CheckConfig(raw json.RawMessage) error {
 	cfg, err := ParseConfig(raw)
 	if err != nil {

@@ -38,15 +38,14 @@ const unknownTaskWait = 10 * time.Minute
 // its provider goes down: its messages are still accepted, and an attempt
 // while the provider is down fails with a clear error and is retried by
 // the task's rules.
-func watchProviders(ctx context.Context, host capability.HostServices, reg *worker.Registry, log hclog.Logger) {
-	if host == nil {
+func watchProviders(ctx context.Context, ps *providerSet) {
+	if ps.host == nil {
 		return
 	}
-	known := map[string]string{} // task -> provider
 	every := time.NewTicker(providerRefresh)
 	defer every.Stop()
 	for {
-		discoverProviders(ctx, host, reg, known, log)
+		ps.discover(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -55,23 +54,34 @@ func watchProviders(ctx context.Context, host capability.HostServices, reg *work
 	}
 }
 
-func discoverProviders(ctx context.Context, host capability.HostServices, reg *worker.Registry, known map[string]string, log hclog.Logger) {
+// discoverProviders registers the tasks of the providers the host runs,
+// and returns the plugins that may provide tasks whose tasks it has never
+// listed (not running yet, or their list failed); false when the host
+// could not be asked.
+func discoverProviders(ctx context.Context, host capability.HostServices, reg *worker.Registry, ps *providerSet, log hclog.Logger) ([]string, bool) {
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	plugins, err := host.ListPlugins(lctx, capability.Tasks)
 	if err != nil {
 		log.Debug("cannot list task providers", "error", err)
-		return
+		return nil, false
 	}
+	known := ps.known
+	var pending []string
 	for _, pl := range plugins {
 		if pl.State != "running" && pl.State != "degraded" {
+			if pl.State == "starting" || pl.State == "backoff" { // it will run: it may provide tasks
+				pending = ps.unlisted(pending, pl.Name)
+			}
 			continue
 		}
 		specs, err := host.ListTasks(lctx, pl.Name)
 		if err != nil {
 			log.Warn("cannot list the tasks of a provider", "plugin", pl.Name, "error", err)
+			pending = ps.unlisted(pending, pl.Name)
 			continue
 		}
+		ps.listed[pl.Name] = true
 		for _, spec := range specs {
 			if owner, ok := known[spec.Name]; ok {
 				if owner != pl.Name {
@@ -91,6 +101,7 @@ func discoverProviders(ctx context.Context, host capability.HostServices, reg *w
 			known[spec.Name] = pl.Name
 		}
 	}
+	return pending, true
 }
 
 // providerRetry is the least delay before retrying an attempt that failed

@@ -94,6 +94,8 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 		return nil, err
 	}
 	svc := p.newService(cfg, b, reg, pool, rp)
+	providers := newProviderSet(host, reg, p.log.Named("providers"), unknownTaskGrace)
+	svc.SetPendingProviders(providers.Pending)
 	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp, reports: reports, svc: svc}
 	if err := applyConfigSchedules(ctx, svc, cfg.Schedules); err != nil {
 		_ = pool.Stop(ctx)
@@ -102,7 +104,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	rt.cancel = cancel
-	rt.wg.Go(func() { watchProviders(bg, host, reg, p.log.Named("providers")) })
+	rt.wg.Go(func() { watchProviders(bg, providers) })
 	if cfg.Reaper.Enabled {
 		rt.wg.Go(func() {
 			reclaimDeadNeighbours(bg, b, rp, pool.WorkerID(), cfg.Reaper.Grace,

@@ -38,7 +38,7 @@ func TestSchedulesAPI(t *testing.T) {
 		`{"name": "x", "task": "demo.echo"}`:                                                   "give interval_seconds",
 		`{"name": "x", "task": "demo.echo", "interval_seconds": 5, "cron": "* * * * *"}`:       "not both",
 		`{"name": "x", "task": "demo.echo", "interval_seconds": -1}`:                           "out of range",
-		`{"name": "x", "task": "nope", "interval_seconds": 5}`:                                 `unknown task \"nope\": it is not registered`,
+		`{"name": "x", "task": "no pe", "interval_seconds": 5}`:                                `task \"no pe\" can never run`,
 		`{"name": "", "task": "demo.echo", "interval_seconds": 5}`:                             "name",
 		`{"name": "x", "task": "demo.echo", "interval_seconds": 5, "missed_policy": "always"}`: "missed_policy",
 		`{"name": "x", "task": "demo.echo", "interval_seconds": 5, "colour": "red"}`:           "unknown field",

@@ -259,7 +259,7 @@ func flowUISchedules(t *testing.T, cfg map[string]any) {
 		{form("name", "c", "task", "demo.echo", "interval_seconds", "60", "cron", "* * * * *"), 400, "give either interval_seconds or cron, not both"},
 		{form("name", "c", "task", "demo.echo"), 400, "give interval_seconds"},
 		{form("name", "c", "task", "demo.echo", "interval_seconds", "often"), 400, `the interval must be a whole number of seconds, such as 60; "often" is not`},
-		{form("name", "c", "task", "demo.nope", "interval_seconds", "60"), 400, `unknown task "demo.nope": it is not registered`},
+		{form("name", "c", "task", "demo nope", "interval_seconds", "60"), 400, `task "demo nope" can never run`},
 		{form("name", "c", "task", "demo.echo", "interval_seconds", "60", "payload", "{oops"), 400, "The payload is not valid JSON"},
 		{form("name", "c", "task", "demo.echo", "interval_seconds", "60", "missed_policy", "sometimes"), 400, `missed_policy "sometimes"`},
 	} {

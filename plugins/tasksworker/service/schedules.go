@@ -40,8 +40,8 @@ const (
 
 var scheduleName = regexp.MustCompile(fmt.Sprintf(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,%d}$`, broker.MaxScheduleNameLen-1))
 
-// Check makes the checks that need no running worker: name, timing,
-// missed policy and payload; it returns the payload to store. Its error
+// Check makes the checks that need no running worker: name, a task name
+// that a task can have, timing, missed policy and payload; it returns the payload to store. Its error
 // says which field is wrong and why.
 func (b ScheduleSpec) Check() (json.RawMessage, error) {
 	if !scheduleName.MatchString(b.Name) {
@@ -49,6 +49,9 @@ func (b ScheduleSpec) Check() (json.RawMessage, error) {
 	}
 	if b.Task == "" {
 		return nil, invalid("task is required")
+	}
+	if err := checkTaskName(b.Task); err != nil {
+		return nil, err
 	}
 	if _, err := scheduler.ParseTiming(b.IntervalSeconds, b.Cron); err != nil {
 		return nil, invalid("%v", err)
@@ -71,10 +74,12 @@ func (b ScheduleSpec) Check() (json.RawMessage, error) {
 	return payload, nil
 }
 
-// ScheduleOf checks a declared schedule against the registry and returns
-// it as it is stored, or a *Problem that says which field is wrong and
-// why. A schedule from source SourceAPI may run on another live worker
-// (Place).
+// ScheduleOf checks a declared schedule and returns it as it is stored,
+// or a *Problem that says which field is wrong and why. Its task need not
+// be run by a live worker yet: the schedule then waits for one
+// (ScheduleWaiting). Without a topic it goes to the task's own, or while
+// the task is not registered here to scheduleTopic's choice. A topic from
+// source SourceAPI is checked as CheckTopic does.
 func (s *Service) ScheduleOf(b ScheduleSpec, source string) (broker.Schedule, error) {
 	if b.Task == "" {
 		return broker.Schedule{}, invalid("task is required; the tasks are %s", strings.Join(s.reg.Names(), ", "))
@@ -83,7 +88,7 @@ func (s *Service) ScheduleOf(b ScheduleSpec, source string) (broker.Schedule, er
 	if err != nil {
 		return broker.Schedule{}, err
 	}
-	topic, err := s.Place(context.Background(), b.Task, b.Topic, source == SourceAPI)
+	topic, err := s.scheduleTopic(context.Background(), b, source == SourceAPI)
 	if err != nil {
 		return broker.Schedule{}, err
 	}
@@ -178,8 +183,10 @@ type SpecError struct {
 func (e *SpecError) Error() string { return fmt.Sprintf("schedules[%d]: %v", e.Index, e.Err) }
 func (e *SpecError) Unwrap() error { return e.Err }
 
-// ApplySchedules upserts the schedules the config declares, checked
-// against this worker alone: a *SpecError names one that is wrong.
+// ApplySchedules upserts the schedules the config declares: a *SpecError
+// names one that is wrong. A schedule of a task no live worker runs yet
+// (a provider plugin registers its tasks after this) is stored and waits
+// for one.
 func (s *Service) ApplySchedules(ctx context.Context, specs []ScheduleSpec) error {
 	for i, b := range specs {
 		sc, err := s.ScheduleOf(b, SourceConfig)
@@ -194,19 +201,18 @@ func (s *Service) ApplySchedules(ctx context.Context, specs []ScheduleSpec) erro
 }
 
 // ScheduleLookup says where the beat fires a schedule of task (topic
-// when set, else the task's own) and whether it fires at all: the beat
+// when set, else the task's own) and whether it fires now: the beat
 // leader need not run every scheduled task; a schedule fires when some
-// live worker runs it.
+// live worker runs its task on its topic, and waits for one otherwise
+// (ScheduleWaiting says why).
 func (s *Service) ScheduleLookup(task, topic string) (string, bool) {
-	if t, ok := s.reg.Lookup(task); ok {
-		return t.Topic, true
-	}
 	if topic == "" {
-		return "", false
+		t, ok := s.reg.Lookup(task)
+		if !ok {
+			return "", false
+		}
+		topic = t.Topic
 	}
-	// When the worker list cannot be read, the slot fires all the same:
-	// a message of a task that no worker runs fails as unknown in the
-	// end, where a slot fired without one would be lost unseen.
-	runs, err := s.pool.RunsElsewhere(task, topic)
-	return topic, runs || err != nil
+	_, waiting := s.waitingFor(task, topic)
+	return topic, !waiting
 }

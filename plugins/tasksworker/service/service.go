@@ -67,6 +67,7 @@ type Service struct {
 	pool      *worker.Pool
 	reaper    *reaper.Reaper
 	leader    *scheduler.Leader
+	pending   PendingProviders // nil: none (SetPendingProviders)
 	settings  Settings
 	submitted func(topic string)
 }

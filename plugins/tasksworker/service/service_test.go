@@ -115,10 +115,10 @@ func TestSchedules(t *testing.T) {
 	if sc, err = s.ToggleSchedule(ctx, "every-minute"); err != nil || !sc.Enabled {
 		t.Fatalf("toggle again = %+v, %v; want enabled", sc, err)
 	}
-	err = s.ApplySchedules(ctx, []ScheduleSpec{spec, {Name: "x", Task: "nope", IntervalSeconds: 60}})
+	err = s.ApplySchedules(ctx, []ScheduleSpec{spec, {Name: "x", Task: "no such task", IntervalSeconds: 60}})
 	var bad *SpecError
-	if !errors.As(err, &bad) || bad.Index != 1 || !errors.Is(err, ErrInvalid) {
-		t.Errorf("ApplySchedules = %v, want a *SpecError for index 1", err)
+	if !errors.As(err, &bad) || bad.Index != 1 || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "can never run") {
+		t.Errorf("ApplySchedules = %v, want a *SpecError for index 1 saying its task can never run", err)
 	}
 	if topic, ok := s.ScheduleLookup("t.echo", ""); !ok || topic != "default" {
 		t.Errorf("ScheduleLookup = %q, %v", topic, ok)

@@ -19,14 +19,22 @@ import (
 // or the task's own when empty) once it checked the topic's name and that
 // a worker runs the task there: this one, or with client (a client's
 // request) another live worker, hosts sharing a broker need not run the
-// same plugins or claim the same topics; the config's schedules are
-// checked against this worker alone, since other hosts may not be up yet.
-// The error is a *Problem that says what is wrong: ErrUnavailable when it
-// cannot be told.
+// same plugins or claim the same topics. A client's request of a task no
+// live worker runs is accepted while task providers may still register it
+// (tasks_worker's start-up grace, PendingProviders), on its topic or the
+// default one, and its message waits for the task as package worker
+// says. The error is a *Problem that says what is wrong: ErrUnavailable
+// when it cannot be told.
 func (s *Service) Place(ctx context.Context, task, topic string, client bool) (string, error) {
-	t, local := s.reg.Lookup(task)
+	t, local, pending := s.lookupSoon(ctx, task)
+	if !client {
+		pending = nil
+	}
 	if topic == "" {
 		if !local {
+			if topic, ok, err := s.placePending(ctx, task, "", pending); ok {
+				return topic, err
+			}
 			return "", invalid("unknown task %q: it is not registered here (the tasks are %s); if a worker on another host runs it, name its topic in the request",
 				task, strings.Join(s.reg.Names(), ", "))
 		}
@@ -54,6 +62,9 @@ func (s *Service) Place(ctx context.Context, task, topic string, client bool) (s
 		}
 	}
 	if !local {
+		if _, ok, err := s.placePending(ctx, task, topic, pending); ok {
+			return topic, err
+		}
 		return "", invalid("unknown task %q: it is not registered here, and no live worker runs it on topic %q; the tasks here are %s",
 			task, topic, strings.Join(s.reg.Names(), ", "))
 	}

@@ -28,6 +28,8 @@ type uiSchedForm struct {
 type uiSchedRow struct {
 	broker.Schedule
 	Timing string
+	// Waiting: the schedule waits for a live worker that runs its task.
+	Waiting *service.Waiting
 }
 
 type uiSchedules struct {
@@ -100,7 +102,9 @@ func (u *UI) schedulesPage(w http.ResponseWriter, r *http.Request, svc *service.
 		d.Err = uiBrokerProblem("list the schedules", err)
 	}
 	for _, s := range list {
-		d.Rows = append(d.Rows, uiSchedRowOf(s))
+		row := uiSchedRowOf(s)
+		row.Waiting = svc.ScheduleWaiting(s)
+		d.Rows = append(d.Rows, row)
 	}
 	u.render(w, r, svc, status, "schedules", &uiPage{Title: "Schedules", Flash: fl, D: d})
 }
@@ -146,6 +150,7 @@ func uiSchedName(r *http.Request) string {
 
 func (u *UI) schedulePage(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, stored broker.Schedule, f uiSchedForm, fl *uiFlash) {
 	row := uiSchedRowOf(stored)
+	row.Waiting = svc.ScheduleWaiting(stored)
 	d := uiSchedules{Form: f, Tasks: svc.TaskNames(), Topics: svc.Served(), Policies: []string{broker.MissedSkip, broker.MissedFireOnce},
 		Edit: true, Stored: &row}
 	var err error
