@@ -1,0 +1,57 @@
+"""pytasks: the host tests' Python plugin; each task exercises one path."""
+
+import sys
+import time
+
+import taskhost_plugin as th
+
+plugin = th.Plugin("pytasks", version="0.1.0")
+
+
+@plugin.task("pytasks.count", max_attempts=5)
+def count(ctx, payload):
+    """Counts to {"to": n}, one step every {"step_ms": m}, with progress."""
+    n, step = int(payload["to"]), int(payload.get("step_ms", 100)) / 1000.0
+    for i in range(1, n + 1):
+        if ctx.wait(step):
+            raise th.TaskError("cancelled at %d" % i)
+        ctx.progress(i / n)
+        if i % 10 == 0:
+            ctx.log("counted %d" % i)
+    return {"counted": n}
+
+
+@plugin.task("pytasks.print", max_attempts=1)
+def print_task(ctx, payload):
+    """Prints to stdout, which a plugin must not do."""
+    print("a stray line from pytasks.print")
+    sys.stdout.flush()
+    return {"printed": True}
+
+
+@plugin.task("pytasks.hang", max_attempts=1, timeout=1)
+def hang(ctx, payload):
+    """Ignores its 1 s timeout and cancellation."""
+    time.sleep(3600)
+
+
+@plugin.task("pytasks.notjson", max_attempts=1)
+def notjson(ctx, payload):
+    """Returns a value json cannot encode."""
+    return {"a set": {1, 2}}
+
+
+@plugin.task("pytasks.rawbad", max_attempts=1)
+def rawbad(ctx, payload):
+    """Returns text that is not JSON as if it were."""
+    return th.RawJSON(b"{not json")
+
+
+@plugin.task("pytasks.raise", max_attempts=1)
+def raise_task(ctx, payload):
+    """Raises an ordinary exception."""
+    return {}["missing"]
+
+
+if __name__ == "__main__":
+    plugin.serve()
