@@ -24,6 +24,7 @@ _LEVELS = {
 
 # Attributes every logging.LogRecord has; the others are the caller's
 # fields (logger.info("msg", extra={"task": name})).
+_formatter = logging.Formatter()
 _RECORD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
@@ -77,7 +78,7 @@ class HclogHandler(logging.Handler):
         try:
             fields = {k: v for k, v in vars(record).items() if k not in _RECORD_ATTRS}
             if record.exc_info:
-                fields["error"] = self.formatException(record.exc_info)
+                fields["error"] = _formatter.formatException(record.exc_info)
             elif record.exc_text:
                 fields["error"] = record.exc_text
             line = format_line(_hclog_level(record.levelno), record.getMessage(), self.module, record.created, **fields)

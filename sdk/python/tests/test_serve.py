@@ -1,0 +1,179 @@
+"""The plugin process as go-plugin's host sees it: the magic cookie, the
+handshake line, mutual TLS, the services, the hclog lines on stderr, and
+a prompt exit on Shutdown. The host itself is exercised by host_test.go."""
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from taskhost_plugin import log as hclog
+from taskhost_plugin import server
+from taskhost_plugin.pb import grpc_controller_pb2, grpc_controller_pb2_grpc, grpc_stdio_pb2_grpc, health_pb2, health_pb2_grpc
+from taskhost_plugin.pb import plugin_pb2 as pb
+from taskhost_plugin.pb import plugin_pb2_grpc as pbg
+from google.protobuf import empty_pb2
+
+SDK = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PLUGIN = os.path.join(SDK, "testdata", "pytasks.py")
+# hclog's time layout, 2006-01-02T15:04:05.000000Z07:00, in UTC.
+# gRPC's C core logs in its own format (GRPC_VERBOSITY): the host keeps
+# such lines at debug level.
+GRPC_CORE_LOG = re.compile(r"^[EWID]\d{4} \d\d:\d\d:\d\d")
+TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
+
+
+def start(env_extra, args=()):
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": SDK}
+    env.update(env_extra)
+    return subprocess.Popen([sys.executable, PLUGIN, *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+class HelpersTest(unittest.TestCase):
+    def test_handshake_line(self):
+        line = server.handshake_line(1, "unix", "/tmp/plugin-x", b"\x01\x02\x03\x04")
+        self.assertEqual(line, "1|1|unix|/tmp/plugin-x|grpc|AQIDBA\n")  # unpadded base64
+        self.assertEqual(server.handshake_line(1, "tcp", "127.0.0.1:5", b""), "1|1|tcp|127.0.0.1:5|grpc|\n")
+
+    def test_certificate(self):
+        cert_pem, key_pem, der = server.make_certificate()
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        self.assertEqual(cert.public_bytes(serialization.Encoding.DER), der)
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        self.assertEqual(san.get_values_for_type(x509.DNSName), ["localhost"])
+        self.assertTrue(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+        self.assertIn(b"PRIVATE KEY", key_pem)
+
+    def test_log_line(self):
+        line = hclog.format_line("warn", "hello", "mod", 0, task="t", **{"@level": "x"})
+        obj = json.loads(line)
+        self.assertTrue(line.endswith("\n") and line.count("\n") == 1)
+        self.assertEqual((obj["@level"], obj["@message"], obj["@module"], obj["task"], obj["_@level"]), ("warn", "hello", "mod", "t", "x"))
+        self.assertEqual(obj["@timestamp"], "1970-01-01T00:00:00.000000Z")
+        self.assertRegex(hclog.timestamp(), TIMESTAMP)
+
+    def test_log_handler(self):
+        r, w = os.pipe()
+        import logging
+
+        lg = logging.getLogger("handler-test")
+        lg.propagate = False
+        lg.addHandler(hclog.HclogHandler("m", fd=w))
+        lg.setLevel(logging.DEBUG)
+        lg.info("multi\nline", extra={"k": 1})
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            lg.exception("failed")
+        os.close(w)
+        with os.fdopen(r) as f:
+            lines = f.read().splitlines()
+        self.assertEqual(len(lines), 2)
+        a, b = json.loads(lines[0]), json.loads(lines[1])
+        self.assertEqual((a["@level"], a["@message"], a["k"]), ("info", "multi\nline", 1))
+        self.assertEqual(b["@level"], "error")
+        self.assertIn("ValueError: boom", b["error"])
+
+
+class ServeTest(unittest.TestCase):
+    def test_run_by_hand(self):
+        p = start({})
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertEqual(out, b"")
+        self.assertIn(b"This binary is a plugin", err)
+
+    def test_check_config_unsupported(self):
+        p = start({}, ["check-config"])
+        p.communicate(b"{}", timeout=60)
+        self.assertEqual(p.returncode, server.CHECK_CONFIG_UNSUPPORTED)
+
+    def test_as_the_host_runs_it(self):
+        host_cert, host_key, _ = server.make_certificate()
+        p = start({
+            server.MAGIC_COOKIE_KEY: server.MAGIC_COOKIE_VALUE,
+            "PLUGIN_PROTOCOL_VERSIONS": "1",
+            "PLUGIN_CLIENT_CERT": host_cert.decode(),
+            "TASKHOST_LOG_LEVEL": "debug",
+        })
+        self.addCleanup(lambda: p.poll() is None and p.kill())
+        stderr = []
+        threading.Thread(target=lambda: stderr.extend(p.stderr.read().splitlines()), daemon=True).start()
+
+        line = p.stdout.readline().decode()
+        parts = line.rstrip("\n").split("|")
+        self.assertEqual(parts[:3] + [parts[4]], ["1", "1", "unix", "grpc"], line)
+        der = base64.b64decode(parts[5] + "=" * (-len(parts[5]) % 4))
+        plugin_cert = x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
+
+        opts = [("grpc.ssl_target_name_override", "localhost")]
+        target = "unix:" + parts[3]
+
+        # Without the host's certificate the plugin refuses the connection.
+        _, other_key, _ = server.make_certificate()
+        other_cert = server.make_certificate()
+        stranger = grpc.secure_channel(target, grpc.ssl_channel_credentials(plugin_cert, other_cert[1], other_cert[0]), opts)
+        with self.assertRaises(grpc.RpcError):
+            health_pb2_grpc.HealthStub(stranger).Check(health_pb2.HealthCheckRequest(service="plugin"), timeout=10)
+        stranger.close()
+
+        ch = grpc.secure_channel(target, grpc.ssl_channel_credentials(plugin_cert, host_key, host_cert), opts)
+        health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="plugin"), timeout=30)
+        self.assertEqual(health.status, health_pb2.HealthCheckResponse.SERVING)
+
+        stdio = grpc_stdio_pb2_grpc.GRPCStdioStub(ch).StreamStdio(empty_pb2.Empty())
+        life = pbg.LifecycleStub(ch)
+        d = life.Describe(pb.DescribeRequest(), timeout=10)
+        self.assertEqual((d.name, d.version, list(d.api_versions), list(d.capabilities), d.pid), ("pytasks", "0.1.0", [1], ["lifecycle", "tasks"], p.pid))
+        life.Configure(pb.ConfigureRequest(config_json=b"{}"), timeout=10)
+        self.assertEqual(life.CheckHealth(pb.CheckHealthRequest(), timeout=10).status, pb.CheckHealthResponse.STATUS_OK)
+
+        tasks = pbg.TaskProviderStub(ch)
+        names = [t.name for t in tasks.ListTasks(pb.ListTasksRequest(), timeout=10).tasks]
+        self.assertIn("pytasks.count", names)
+        evs = list(tasks.RunTask(pb.RunTaskRequest(task="pytasks.count", payload_json=b'{"to": 10, "step_ms": 1}', attempt=1), timeout=30))
+        self.assertEqual(evs[-1], pb.RunTaskEvent(done=True, result_json=b'{"counted":10}'))
+        self.assertEqual([e.log_line for e in evs if e.log_line], ["counted 10"])
+        self.assertEqual(len([e for e in evs if e.has_progress]), 10)
+        with self.assertRaises(grpc.RpcError) as cm:
+            list(tasks.RunTask(pb.RunTaskRequest(task="nope"), timeout=10))
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+        # A print reaches the host through GRPCStdio, never the handshake pipe.
+        evs = list(tasks.RunTask(pb.RunTaskRequest(task="pytasks.print", attempt=1), timeout=30))
+        self.assertEqual(evs[-1].result_json, b'{"printed":true}')
+        data = next(stdio)
+        self.assertEqual(data.data, b"a stray line from pytasks.print\n")
+
+        life.Stop(pb.StopRequest(), timeout=10)
+        grpc_controller_pb2_grpc.GRPCControllerStub(ch).Shutdown(grpc_controller_pb2.Empty(), timeout=10)
+        self.assertEqual(p.wait(timeout=10), 0)
+        self.assertEqual(p.stdout.read(), b"", "the plugin wrote more than the handshake on its stdout")
+        ch.close()
+        time.sleep(0.2)
+        levels = set()
+        for raw in stderr:
+            if GRPC_CORE_LOG.match(raw.decode()):
+                continue  # gRPC's own C logs (here: the stranger refused)
+            try:
+                obj = json.loads(raw)
+            except ValueError:
+                self.fail("a stderr line is not hclog JSON: %r" % raw)  # every stderr line is an hclog JSON object
+            self.assertRegex(obj["@timestamp"], TIMESTAMP)
+            self.assertEqual(obj["@module"], "pytasks")
+            levels.add(obj["@level"])
+        self.assertIn("debug", levels)
+        self.assertFalse(os.path.exists(parts[3]), "the socket file is left behind")
+
+
+if __name__ == "__main__":
+    unittest.main()
