@@ -21,6 +21,12 @@ def count(ctx, payload):
     return {"counted": n}
 
 
+@plugin.task("pytasks.noop")
+def noop(ctx, payload):
+    """Does nothing: the per-task cost of a Python task (scripts/bench-providers.sh)."""
+    return None
+
+
 @plugin.task("pytasks.print", max_attempts=1)
 def print_task(ctx, payload):
     """Prints to stdout, which a plugin must not do."""
