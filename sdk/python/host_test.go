@@ -206,7 +206,9 @@ func pidAlive(pid int) bool {
 // tasks API with their logs, progress, results and retries; a Python
 // plugin killed mid-task fails that attempt naming it and a retry
 // finishes the task; broken Python plugins are reported as clearly as Go
-// ones; SIGTERM of the host makes the Python plugins exit by themselves.
+// ones (a wrong name, a crash or a print at start, a start that hangs, a
+// task past its timeout, a result that is not JSON); SIGTERM of the host
+// makes the Python plugins exit by themselves.
 func TestPythonPluginsUnderTheHost(t *testing.T) {
 	checkPython(t)
 	dir := t.TempDir()
@@ -219,6 +221,7 @@ func TestPythonPluginsUnderTheHost(t *testing.T) {
 	pack(t, plugins, "testdata/impostor.py", "pyimpostor")
 	pack(t, plugins, "testdata/crasher.py", "pycrasher")
 	pack(t, plugins, "testdata/stdout.py", "pystdout")
+	pack(t, plugins, "testdata/hang.py", "pyhang")
 
 	log := &testhost.SyncBuffer{}
 	url, stop, err := testhost.Start(dir, `restart_budget: 1
@@ -232,6 +235,7 @@ plugins:
   pyimpostor: {enabled: true}
   pycrasher: {enabled: true}
   pystdout: {enabled: true}
+  pyhang: {enabled: true}
 `, log)
 	if err != nil {
 		t.Fatalf("start the host: %v\n%s", err, log.String())
@@ -319,6 +323,8 @@ plugins:
 			"pyimpostor": {`says its name is "somebody_else", but it is configured as "pyimpostor"`},
 			"pycrasher":  {"did not answer with the plugin handshake", "(exit status 1)", "RuntimeError: pycrasher: failing on purpose at start"},
 			"pystdout":   {"did not answer with the plugin handshake"},
+			// go-plugin waits 20 s for the handshake.
+			"pyhang": {"timeout while waiting for plugin to start"},
 		}
 		for name, wants := range cases {
 			var p plugin

@@ -298,7 +298,9 @@ def serve(plugin):
     """Runs plugin for the host until it is told to stop; returns the exit
     status. See the module's doc for the steps."""
     if len(sys.argv) == 2 and sys.argv[1] == CHECK_CONFIG_ARG:
-        os._exit(_check_config(plugin))
+        code = _check_config(plugin)
+        sys.stdout.flush()
+        os._exit(code)
     if os.environ.get(MAGIC_COOKIE_KEY) != MAGIC_COOKIE_VALUE:
         sys.stderr.write(NOT_A_PLUGIN)
         sys.stderr.flush()

@@ -8,6 +8,13 @@ import taskhost_plugin as th
 plugin = th.Plugin("pytasks", version="0.1.0")
 
 
+@plugin.check_config
+@plugin.on_configure
+def check(cfg):
+    if cfg.get("color", "red") not in ("red", "blue"):
+        raise th.InvalidConfig("must be red or blue", key="color")
+
+
 @plugin.task("pytasks.count", max_attempts=5)
 def count(ctx, payload):
     """Counts to {"to": n}, one step every {"step_ms": m}, with progress."""

@@ -92,10 +92,22 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(out, b"")
         self.assertIn(b"This binary is a plugin", err)
 
-    def test_check_config_unsupported(self):
-        p = start({}, ["check-config"])
-        p.communicate(b"{}", timeout=60)
-        self.assertEqual(p.returncode, server.CHECK_CONFIG_UNSUPPORTED)
+    def test_check_config(self):
+        for block, code, out in [
+            (b"{}", server.CHECK_CONFIG_OK, {}),
+            (b"", server.CHECK_CONFIG_OK, {}),
+            (b'{"color": "green"}', server.CHECK_CONFIG_INVALID, {"key": "color", "problem": "must be red or blue"}),
+            (b"{nope", server.CHECK_CONFIG_INVALID, None),
+        ]:
+            p = start({}, ["check-config"])
+            stdout, _ = p.communicate(block, timeout=60)
+            self.assertEqual(p.returncode, code, block)
+            if out == {}:
+                self.assertEqual(stdout, b"")
+            elif out is not None:
+                self.assertEqual(json.loads(stdout), out)
+            else:
+                self.assertIn("not JSON", json.loads(stdout)["problem"])
 
     def test_as_the_host_runs_it(self):
         host_cert, host_key, _ = server.make_certificate()
@@ -134,7 +146,10 @@ class ServeTest(unittest.TestCase):
         life = pbg.LifecycleStub(ch)
         d = life.Describe(pb.DescribeRequest(), timeout=10)
         self.assertEqual((d.name, d.version, list(d.api_versions), list(d.capabilities), d.pid), ("pytasks", "0.1.0", [1], ["lifecycle", "tasks"], p.pid))
-        life.Configure(pb.ConfigureRequest(config_json=b"{}"), timeout=10)
+        with self.assertRaises(grpc.RpcError) as cm:
+            life.Configure(pb.ConfigureRequest(config_json=b'{"color": "green"}'), timeout=10)
+        self.assertEqual((cm.exception.code(), cm.exception.details()), (grpc.StatusCode.FAILED_PRECONDITION, "invalid config: color: must be red or blue"))
+        life.Configure(pb.ConfigureRequest(config_json=b'{"color": "blue"}'), timeout=10)
         self.assertEqual(life.CheckHealth(pb.CheckHealthRequest(), timeout=10).status, pb.CheckHealthResponse.STATUS_OK)
 
         tasks = pbg.TaskProviderStub(ch)
