@@ -19,8 +19,15 @@ python3-cryptography are used; the gRPC stubs are generated and
 committed (make proto/python).
 """
 
-from .errors import CancelTask, InvalidConfig, MAX_SNOOZE_SECONDS, Permanent, Snooze, TaskError
-from .plugin import PROTOCOL_VERSION, Plugin, RawJSON, TaskContext
+import os as _os
+
+# The host's pid, read as early as possible: serve() exits when the
+# parent changes (the host died), and a host that dies while the plugin
+# starts must count too.
+HOST_PID = _os.getppid()
+
+from .errors import CancelTask, InvalidConfig, MAX_SNOOZE_SECONDS, Permanent, Snooze, TaskError  # noqa: E402
+from .plugin import PROTOCOL_VERSION, Plugin, RawJSON, TaskContext  # noqa: E402
 
 __all__ = [
     "CancelTask",

@@ -369,7 +369,9 @@ def serve(plugin):
 def _watch_parent(st):
     """Exits when the host process goes away (the parent changes), so a
     host killed with SIGKILL leaves no plugin running."""
-    parent = os.getppid()
+    import taskhost_plugin
+
+    parent = taskhost_plugin.HOST_PID
     while not st.exit.wait(1.0):
         if os.getppid() != parent:
             st.logger.warning("host process is gone, stopping", extra={"old_parent": parent})

@@ -6,8 +6,11 @@ import base64
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -36,6 +39,31 @@ def start(env_extra, args=()):
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": SDK}
     env.update(env_extra)
     return subprocess.Popen([sys.executable, PLUGIN, *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def reap(p):
+    """Kills p if it still runs, waits for it and closes its pipes."""
+    if p.poll() is None:
+        p.kill()
+    p.wait()
+    for f in (p.stdin, p.stdout, p.stderr):
+        if f is not None:
+            f.close()
+
+
+def _alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 class HelpersTest(unittest.TestCase):
@@ -109,6 +137,60 @@ class ServeTest(unittest.TestCase):
             else:
                 self.assertIn("not JSON", json.loads(stdout)["problem"])
 
+    def connect(self, p, host_cert, host_key):
+        """Reads the handshake of p and returns a channel to it."""
+        parts = p.stdout.readline().decode().rstrip("\n").split("|")
+        der = base64.b64decode(parts[5] + "=" * (-len(parts[5]) % 4))
+        plugin_cert = x509.load_der_x509_certificate(der).public_bytes(serialization.Encoding.PEM)
+        creds = grpc.ssl_channel_credentials(plugin_cert, host_key, host_cert)
+        ch = grpc.secure_channel("unix:" + parts[3], creds, [("grpc.ssl_target_name_override", "localhost")])
+        self.addCleanup(ch.close)
+        return ch
+
+    def test_sigterm_drains_running_tasks(self):
+        host_cert, host_key, _ = server.make_certificate()
+        p = start({server.MAGIC_COOKIE_KEY: server.MAGIC_COOKIE_VALUE, "PLUGIN_CLIENT_CERT": host_cert.decode()})
+        self.addCleanup(reap, p)
+        threading.Thread(target=p.stderr.read, daemon=True).start()
+        ch = self.connect(p, host_cert, host_key)
+        stream = pbg.TaskProviderStub(ch).RunTask(pb.RunTaskRequest(task="pytasks.count", payload_json=b'{"to": 20, "step_ms": 50}', attempt=1), timeout=60)
+        first = next(stream)  # the task runs
+        self.assertTrue(first.has_progress)
+        p.send_signal(signal.SIGTERM)
+        evs = list(stream)
+        self.assertEqual(evs[-1], pb.RunTaskEvent(done=True, result_json=b'{"counted":20}'))
+        self.assertEqual(p.wait(timeout=30), 0)
+
+    def test_exits_when_the_host_dies(self):
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d)
+        pidfile = os.path.join(d, "pid")
+        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": SDK, server.MAGIC_COOKIE_KEY: server.MAGIC_COOKIE_VALUE}
+        # A stand-in host: a shell that starts the plugin and waits.
+        out = os.path.join(d, "stdout")
+        sh = subprocess.Popen(["/bin/sh", "-c", '"$0" "$1" >"$3" 2>/dev/null & echo $! > "$2.tmp"; mv "$2.tmp" "$2"; wait', sys.executable, PLUGIN, pidfile, out],
+                              env=env, start_new_session=True)
+        self.addCleanup(lambda: sh.poll() is None and sh.kill())
+        for _ in range(600):
+            if os.path.exists(pidfile):
+                break
+            time.sleep(0.1)
+        with open(pidfile) as f:
+            pid = int(f.read())
+        self.addCleanup(lambda: _kill(pid))
+        for _ in range(600):  # until it serves: its handshake is written
+            with open(out) as f:
+                if f.read().endswith("\n"):
+                    break
+            time.sleep(0.1)
+        sh.kill()
+        sh.wait()
+        for _ in range(600):
+            if not _alive(pid):
+                break
+            time.sleep(0.1)
+        self.assertFalse(_alive(pid), "the plugin still runs 60 s after its host died")
+
     def test_as_the_host_runs_it(self):
         host_cert, host_key, _ = server.make_certificate()
         p = start({
@@ -117,7 +199,7 @@ class ServeTest(unittest.TestCase):
             "PLUGIN_CLIENT_CERT": host_cert.decode(),
             "TASKHOST_LOG_LEVEL": "debug",
         })
-        self.addCleanup(lambda: p.poll() is None and p.kill())
+        self.addCleanup(reap, p)
         stderr = []
         threading.Thread(target=lambda: stderr.extend(p.stderr.read().splitlines()), daemon=True).start()
 
