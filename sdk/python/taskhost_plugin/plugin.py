@@ -152,6 +152,13 @@ class Run:
             return
         self.q.put(ev)
 
+    def abort(self):
+        """The host gave up on the attempt (the call was cancelled): tells
+        the handler, and ends events() at once, even if the handler never
+        returns."""
+        self.ctx.cancel()
+        self.q.put(None)
+
     def _target(self):
         try:
             if self.ctx.payload_json and self.ctx.payload_json.strip():
@@ -185,6 +192,8 @@ class Run:
                     ev = self.q.get(timeout=timeout)
                 except queue.Empty:
                     continue
+                if ev is None:  # aborted
+                    return
                 yield ev
                 if ev.done:
                     return

@@ -196,7 +196,7 @@ class TaskProvider(pbg.TaskProviderServicer):
                 context.abort(grpc.StatusCode.UNAVAILABLE, "plugin %s runs its limit of %d tasks at once" % (st.plugin.name, st.plugin.max_tasks))
             st.running[key] = run
         # The host cancels the call when the worker gives up the attempt.
-        context.add_callback(run.ctx.cancel)
+        context.add_callback(run.abort)
         try:
             for ev in run.events():
                 yield ev

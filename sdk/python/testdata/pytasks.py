@@ -48,6 +48,13 @@ def hang(ctx, payload):
     time.sleep(3600)
 
 
+@plugin.task("pytasks.stubborn", max_attempts=1)
+def stubborn(ctx, payload):
+    """Ignores cancellation, with no timeout."""
+    ctx.log("stubborn")
+    time.sleep(3600)
+
+
 @plugin.task("pytasks.notjson", max_attempts=1)
 def notjson(ctx, payload):
     """Returns a value json cannot encode."""

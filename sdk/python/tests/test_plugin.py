@@ -3,6 +3,7 @@ the final event each outcome sends."""
 
 import logging
 import math
+import threading
 import time
 import unittest
 
@@ -153,6 +154,23 @@ class RunTest(unittest.TestCase):
         self.assertEqual(got, [None])
         evs = run(p, "p.t", b"{bad")
         self.assertIn("the payload is not JSON", evs[-1].error)
+
+    def test_abort_ends_the_events_at_once(self):
+        p = th.Plugin("p")
+        release = threading.Event()
+
+        @p.task("p.stuck")
+        def stuck(ctx, payload):
+            ctx.log("started")
+            release.wait(30)  # ignores cancellation
+
+        r = Run(p.tasks["p.stuck"], pb.RunTaskRequest(task="p.stuck"), {}, quiet)
+        evs = r.events()
+        self.assertEqual(next(evs), pb.RunTaskEvent(log_line="started"))
+        r.abort()
+        self.assertEqual(list(evs), [])
+        self.assertTrue(r.ctx.cancelled)
+        release.set()
 
     def test_timeout_abandons_the_handler(self):
         p = th.Plugin("p")

@@ -251,13 +251,19 @@ class ServeTest(unittest.TestCase):
         data = next(stdio)
         self.assertEqual(data.data, b"a stray line from pytasks.print\n")
 
-        life.Stop(pb.StopRequest(), timeout=10)
+        # A call the host cancels frees its place at once, though its
+        # handler still runs: Stop then finds nothing running.
+        long = tasks.RunTask(pb.RunTaskRequest(task="pytasks.stubborn", attempt=1), timeout=120)
+        self.assertEqual(next(long).log_line, "stubborn")
+        long.cancel()
+
+        life.Stop(pb.StopRequest(), timeout=30)
         grpc_controller_pb2_grpc.GRPCControllerStub(ch).Shutdown(grpc_controller_pb2.Empty(), timeout=10)
         self.assertEqual(p.wait(timeout=10), 0)
         self.assertEqual(p.stdout.read(), b"", "the plugin wrote more than the handshake on its stdout")
         ch.close()
         time.sleep(0.2)
-        levels = set()
+        levels, messages = set(), []
         for raw in stderr:
             if GRPC_CORE_LOG.match(raw.decode()):
                 continue  # gRPC's own C logs (here: the stranger refused)
@@ -268,7 +274,9 @@ class ServeTest(unittest.TestCase):
             self.assertRegex(obj["@timestamp"], TIMESTAMP)
             self.assertEqual(obj["@module"], "pytasks")
             levels.add(obj["@level"])
+            messages.append(obj["@message"])
         self.assertIn("debug", levels)
+        self.assertFalse([m for m in messages if "still running" in m], messages)
         self.assertFalse(os.path.exists(parts[3]), "the socket file is left behind")
 
 
