@@ -318,6 +318,21 @@ plugins:
 		}, func() string { return "" })
 	})
 
+	t.Run("a line written to stderr directly is logged, whatever it holds", func(t *testing.T) {
+		// Sent as it is, this JSON line would stop go-plugin's log reader
+		// (its "@message" is not a string), and the host with it.
+		id := h.submit(t, "pytasks.stderr", map[string]any{}, 0)
+		if v := h.wait(t, id, 60*time.Second); v.State != "done" {
+			t.Fatalf("pytasks.stderr: state %s", v.State)
+		}
+		waitFor(t, 30*time.Second, "the host log has the line", func() bool {
+			return strings.Contains(log.String(), `{"@message": 1, "@level": 2, "@timestamp": 3}`)
+		}, func() string { return "" })
+		if p := h.plugin(t, "pytasks"); p.State != "running" {
+			t.Fatalf("pytasks after its stderr line: %+v", p)
+		}
+	})
+
 	t.Run("broken Python plugins are reported", func(t *testing.T) {
 		cases := map[string][]string{
 			"pyimpostor": {`says its name is "somebody_else", but it is configured as "pyimpostor"`},

@@ -101,3 +101,53 @@ def setup(module, fd=2):
     root.addHandler(HclogHandler(module, fd))
     root.setLevel(level_from_env())
     return logging.getLogger(module)
+
+
+class StderrLines:
+    """Stands in for sys.stderr once the plugin serves: each line written
+    (a print(file=sys.stderr), a thread's traceback) goes out as an hclog
+    JSON line whose message is that line. Never as it is: go-plugin takes
+    a JSON line on stderr for a log entry, and one whose "@message" or
+    "@level" is not a string stops the host."""
+
+    def __init__(self, module, fd=2, level="warn"):
+        self.module = module
+        self.fd = fd
+        self.level = level
+        self.encoding = "utf-8"
+        self.errors = "replace"
+        self._buf = ""
+        self._lock = threading.Lock()
+
+    def write(self, s):
+        if not isinstance(s, str):
+            s = str(s)
+        with self._lock:
+            self._buf += s
+            lines = self._buf.split("\n")
+            self._buf = lines.pop()
+            for line in lines:
+                self._emit(line)
+        return len(s)
+
+    def _emit(self, line):
+        if not line:
+            return
+        data = format_line(self.level, line, self.module, stream="stderr").encode("utf-8", "replace")
+        while data:
+            data = data[os.write(self.fd, data):]
+
+    def flush(self):
+        with self._lock:
+            if self._buf:
+                self._emit(self._buf)
+                self._buf = ""
+
+    def isatty(self):
+        return False
+
+    def writable(self):
+        return True
+
+    def fileno(self):
+        return self.fd

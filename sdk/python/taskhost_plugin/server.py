@@ -308,6 +308,8 @@ def serve(plugin):
 
     logger = hclog.setup(plugin.name)
     plugin.logger = logger
+    sys.stderr.flush()
+    sys.stderr = hclog.StderrLines(plugin.name)
     st = State(plugin, logger)
 
     # go-plugin's plugins ignore SIGINT (a terminal's ^C reaches the whole

@@ -42,6 +42,13 @@ def print_task(ctx, payload):
     return {"printed": True}
 
 
+@plugin.task("pytasks.stderr", max_attempts=1)
+def stderr_task(ctx, payload):
+    """Writes to stderr directly, a line go-plugin would take for a log entry."""
+    print('{"@message": 1, "@level": 2, "@timestamp": 3}', file=sys.stderr)
+    return {"written": True}
+
+
 @plugin.task("pytasks.hang", max_attempts=1, timeout=1)
 def hang(ctx, payload):
     """Ignores its 1 s timeout and cancellation."""

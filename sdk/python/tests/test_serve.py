@@ -257,6 +257,10 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(next(long).log_line, "stubborn")
         long.cancel()
 
+        # A line written to stderr directly is wrapped, never sent as it is.
+        evs = list(tasks.RunTask(pb.RunTaskRequest(task="pytasks.stderr", attempt=1), timeout=30))
+        self.assertEqual(evs[-1].result_json, b'{"written":true}')
+
         life.Stop(pb.StopRequest(), timeout=30)
         grpc_controller_pb2_grpc.GRPCControllerStub(ch).Shutdown(grpc_controller_pb2.Empty(), timeout=10)
         self.assertEqual(p.wait(timeout=10), 0)
@@ -273,10 +277,13 @@ class ServeTest(unittest.TestCase):
                 self.fail("a stderr line is not hclog JSON: %r" % raw)  # every stderr line is an hclog JSON object
             self.assertRegex(obj["@timestamp"], TIMESTAMP)
             self.assertEqual(obj["@module"], "pytasks")
+            for k in ("@level", "@message", "@timestamp"):
+                self.assertIsInstance(obj[k], str, raw)
             levels.add(obj["@level"])
             messages.append(obj["@message"])
         self.assertIn("debug", levels)
         self.assertFalse([m for m in messages if "still running" in m], messages)
+        self.assertIn('{"@message": 1, "@level": 2, "@timestamp": 3}', messages)
         self.assertFalse(os.path.exists(parts[3]), "the socket file is left behind")
 
 
