@@ -147,6 +147,21 @@ class ServeTest(unittest.TestCase):
         self.addCleanup(ch.close)
         return ch
 
+    def test_without_mtls(self):
+        # A host without AutoMTLS sends no certificate: no TLS, and the
+        # handshake's sixth field is empty.
+        p = start({server.MAGIC_COOKIE_KEY: server.MAGIC_COOKIE_VALUE})
+        self.addCleanup(reap, p)
+        threading.Thread(target=p.stderr.read, daemon=True).start()
+        parts = p.stdout.readline().decode().rstrip("\n").split("|")
+        self.assertEqual((len(parts), parts[5]), (6, ""))
+        ch = grpc.insecure_channel("unix:" + parts[3])
+        self.addCleanup(ch.close)
+        d = pbg.LifecycleStub(ch).Describe(pb.DescribeRequest(), timeout=30)
+        self.assertEqual(d.name, "pytasks")
+        grpc_controller_pb2_grpc.GRPCControllerStub(ch).Shutdown(grpc_controller_pb2.Empty(), timeout=10)
+        self.assertEqual(p.wait(timeout=30), 0)
+
     def test_sigterm_drains_running_tasks(self):
         host_cert, host_key, _ = server.make_certificate()
         p = start({server.MAGIC_COOKIE_KEY: server.MAGIC_COOKIE_VALUE, "PLUGIN_CLIENT_CERT": host_cert.decode()})
