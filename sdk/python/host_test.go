@@ -265,6 +265,15 @@ plugins:
 		}
 	})
 
+	t.Run("a task uses the host's services", func(t *testing.T) {
+		id := h.submit(t, "pytasks.relay", map[string]any{}, 1)
+		v := h.wait(t, id, 60*time.Second)
+		want := `{"plugins":["pyexample","pytasks"],"tasks":["pyexample.flaky","pyexample.greet"],"greeting":"hello, relay","logs":["step 1 of 2: hello,","step 2 of 2: relay"]}`
+		if v.State != "done" || string(v.Result) != want {
+			t.Fatalf("pytasks.relay: state %s, result %s, error %v; want done with %s", v.State, v.Result, v.Error, want)
+		}
+	})
+
 	t.Run("a failed attempt is retried", func(t *testing.T) {
 		id := h.submit(t, "pyexample.flaky", map[string]any{"fail": 2}, 0)
 		v := h.wait(t, id, 60*time.Second)

@@ -52,9 +52,11 @@ class TaskContext:
     message_id   the task's id in the task system, as a string.
     config       the plugin's config block (a dict).
     logger       the plugin's logger (stderr, in the host's log).
+    host         the host's services (HostServices): other plugins and
+                 their tasks; None outside the host.
     """
 
-    def __init__(self, task, payload_json, message_id, attempt, config, logger, send, deadline=None):
+    def __init__(self, task, payload_json, message_id, attempt, config, logger, send, deadline=None, host=None):
         self.task = task
         self.payload_json = payload_json
         self.message_id = message_id
@@ -62,6 +64,7 @@ class TaskContext:
         self.config = config
         self.logger = logger
         self.deadline = deadline  # time.monotonic() value, or None
+        self.host = host
         self._send = send
         self._cancelled = threading.Event()
         self.payload = None
@@ -137,7 +140,7 @@ class Run:
     timeout is abandoned (Python cannot stop a thread): its context says
     cancelled, and what it does later is dropped."""
 
-    def __init__(self, task, req, config, logger):
+    def __init__(self, task, req, config, logger, host=None):
         self.task = task
         self.logger = logger
         self.q = queue.Queue()
@@ -145,7 +148,7 @@ class Run:
         deadline = None
         if task.timeout:
             deadline = time.monotonic() + task.timeout
-        self.ctx = TaskContext(task.name, req.payload_json, req.message_id, req.attempt, config, logger, self._send, deadline)
+        self.ctx = TaskContext(task.name, req.payload_json, req.message_id, req.attempt, config, logger, self._send, deadline, host)
 
     def _send(self, ev):
         if self.done.is_set():
@@ -218,6 +221,8 @@ class Plugin:
         self.max_tasks = max_tasks
         self.tasks = {}
         self.config = {}
+        # The host's services (HostServices), set at each start.
+        self.host = None
         self._configure_hooks = []
         self._stop_hooks = []
         self._health = None

@@ -11,7 +11,8 @@
    the host through GRPCStdio: stray print()s show up in the host's log as
    a warning, as a Go plugin's do.
 4. The services: grpc.health.v1 (SERVING for "plugin"), GRPCController
-   (Shutdown), GRPCStdio, GRPCBroker, and taskhost's Lifecycle and
+   (Shutdown), GRPCStdio, GRPCBroker (through which the host offers its
+   services: plugin.host, ctx.host), and taskhost's Lifecycle and
    TaskProvider.
 5. Stopping: Lifecycle.Stop drains the running tasks within the host's
    deadline; Shutdown (or SIGTERM, or the host process going away) makes
@@ -39,6 +40,7 @@ from .pb import grpc_broker_pb2_grpc, grpc_controller_pb2, grpc_controller_pb2_g
 from .pb import grpc_stdio_pb2, grpc_stdio_pb2_grpc, health_pb2, health_pb2_grpc
 from .pb import plugin_pb2 as pb
 from .pb import plugin_pb2_grpc as pbg
+from .host import HostServices
 from .plugin import PROTOCOL_VERSION, Run
 
 MAGIC_COOKIE_KEY = "FP_PLUGIN_MAGIC_COOKIE"
@@ -117,6 +119,20 @@ class State:
         self.stopping = False
         self.exit = threading.Event()
         self.stdio = queue.Queue(maxsize=1000)
+        self.conn_infos = {}  # broker id -> ConnInfo, from the host
+        self.host_credentials = None  # for dialing the host's services
+
+    def conn_info(self, service_id, timeout):
+        """The broker's connection info for service_id, waiting up to
+        timeout seconds for the host to send it."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while service_id not in self.conn_infos:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.lock.wait(left)
+            return self.conn_infos[service_id]
 
     def drain(self, seconds):
         """Refuses new attempts, waits up to seconds for the running ones,
@@ -148,6 +164,11 @@ class Lifecycle(pbg.LifecycleServicer):
         )
 
     def Configure(self, request, context):
+        st = self.st
+        if st.plugin.host is not None:
+            st.plugin.host.close()
+        bid = request.host_broker_id
+        st.plugin.host = HostServices(lambda timeout: st.conn_info(bid, timeout), st.host_credentials)
         try:
             self.st.plugin.configure(request.config_json)
         except errors.InvalidConfig as e:
@@ -187,7 +208,7 @@ class TaskProvider(pbg.TaskProviderServicer):
         task = st.plugin.tasks.get(request.task)
         if task is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "plugin %s has no task %r" % (st.plugin.name, request.task))
-        run = Run(task, request, st.plugin.config, st.logger)
+        run = Run(task, request, st.plugin.config, st.logger, st.plugin.host)
         key = id(run)
         with st.lock:
             if st.stopping:
@@ -237,12 +258,17 @@ class Stdio(grpc_stdio_pb2_grpc.GRPCStdioServicer):
 
 
 class Broker(grpc_broker_pb2_grpc.GRPCBrokerServicer):
-    """The host offers its services (HostServices) through go-plugin's
-    broker; this SDK does not dial them yet, and only takes the offers."""
+    """go-plugin's broker: the host sends the address of each service it
+    offers (its HostServices, at each Configure); the plugin offers none."""
+
+    def __init__(self, st):
+        self.st = st
 
     def StartStream(self, request_iterator, context):
-        for _ in request_iterator:
-            pass
+        for info in request_iterator:
+            with self.st.lock:
+                self.st.conn_infos[info.service_id] = info
+                self.st.lock.notify_all()
         return
         yield  # a stream that sends nothing
 
@@ -326,7 +352,7 @@ def serve(plugin):
     health_pb2_grpc.add_HealthServicer_to_server(Health(), server)
     grpc_controller_pb2_grpc.add_GRPCControllerServicer_to_server(Controller(st), server)
     grpc_stdio_pb2_grpc.add_GRPCStdioServicer_to_server(Stdio(st), server)
-    grpc_broker_pb2_grpc.add_GRPCBrokerServicer_to_server(Broker(), server)
+    grpc_broker_pb2_grpc.add_GRPCBrokerServicer_to_server(Broker(st), server)
 
     path = _listen_address()
     cert_der = b""
@@ -334,6 +360,7 @@ def serve(plugin):
     if client_cert:
         cert_pem, key_pem, cert_der = make_certificate()
         creds = grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=client_cert.encode(), require_client_auth=True)
+        st.host_credentials = grpc.ssl_channel_credentials(client_cert.encode(), key_pem, cert_pem)
         bound = server.add_secure_port("unix:" + path, creds)
     else:
         bound = server.add_insecure_port("unix:" + path)

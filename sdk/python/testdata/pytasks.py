@@ -34,6 +34,16 @@ def noop(ctx, payload):
     return None
 
 
+@plugin.task("pytasks.relay", max_attempts=1)
+def relay(ctx, payload):
+    """Lists the task plugins and runs pyexample.greet through the host."""
+    names = sorted(p["name"] for p in ctx.host.list_plugins("tasks") if p["state"] == "running")
+    tasks = sorted(t["name"] for t in ctx.host.list_tasks("pyexample"))
+    logs = []
+    res = ctx.host.run_task("pyexample", "pyexample.greet", {"name": "relay"}, on_log=logs.append)
+    return {"plugins": names, "tasks": tasks, "greeting": res["greeting"], "logs": logs}
+
+
 @plugin.task("pytasks.print", max_attempts=1)
 def print_task(ctx, payload):
     """Prints to stdout, which a plugin must not do."""
