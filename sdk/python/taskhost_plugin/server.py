@@ -117,6 +117,7 @@ class State:
         self.lock = threading.Condition()
         self.running = {}  # id -> Run
         self.stopping = False
+        self.shutdown = False  # the host's Shutdown: exit now
         self.exit = threading.Event()
         self.stdio = queue.Queue(maxsize=1000)
         self.conn_infos = {}  # broker id -> ConnInfo, from the host
@@ -240,6 +241,7 @@ class Controller(grpc_controller_pb2_grpc.GRPCControllerServicer):
 
     def Shutdown(self, request, context):
         self.st.logger.debug("shutdown requested by the host")
+        self.st.shutdown = True
         self.st.exit.set()
         return grpc_controller_pb2.Empty()
 
@@ -380,10 +382,11 @@ def serve(plugin):
     while not st.exit.wait(0.5):
         pass
 
-    # Told to exit: by Shutdown (the host has already called Stop and
-    # waited for it), by SIGTERM or by the host's death (drain first).
+    # Told to exit: by Shutdown (after Stop, which drained; a Shutdown
+    # alone, like go-plugin's, does not wait: the host kills the process
+    # 2 s after it), or by SIGTERM or the host's death (drain first).
     if not st.stopping:
-        st.drain(DEFAULT_STOP_SECONDS)
+        st.drain(0 if st.shutdown else DEFAULT_STOP_SECONDS)
         plugin.stopped()
     server.stop(grace=0.5).wait(2)
     try:

@@ -159,8 +159,12 @@ class ServeTest(unittest.TestCase):
         self.addCleanup(ch.close)
         d = pbg.LifecycleStub(ch).Describe(pb.DescribeRequest(), timeout=30)
         self.assertEqual(d.name, "pytasks")
+        # A Shutdown without Stop (go-plugin's Kill) does not wait for the
+        # running tasks (a SIGTERM would drain them for 30 s).
+        stuck = pbg.TaskProviderStub(ch).RunTask(pb.RunTaskRequest(task="pytasks.stubborn", attempt=1), timeout=120)
+        self.assertEqual(next(stuck).log_line, "stubborn")
         grpc_controller_pb2_grpc.GRPCControllerStub(ch).Shutdown(grpc_controller_pb2.Empty(), timeout=10)
-        self.assertEqual(p.wait(timeout=30), 0)
+        self.assertEqual(p.wait(timeout=20), 0)
 
     def test_sigterm_drains_running_tasks(self):
         host_cert, host_key, _ = server.make_certificate()
