@@ -295,7 +295,8 @@ plugins:
 		// One attempt each (a provider's tasks get at least 3 unless the
 		// submit says otherwise); the default topic keeps dead letters.
 		cases := []struct{ task, want string }{
-			{"pytasks.hang", "task pytasks.hang timed out after 1 s"},
+			// The host bounds the attempt (TaskSpec.timeout_seconds).
+			{"pytasks.hang", "timed out after 1s: running pytasks.hang in plugin pytasks"},
 			{"pytasks.notjson", "task pytasks.notjson returned a result that is not JSON: Object of type set is not JSON serializable"},
 			{"pytasks.rawbad", "the task's result cannot be stored: it is not valid JSON"},
 			{"pytasks.raise", "KeyError: 'missing'"},
@@ -328,8 +329,8 @@ plugins:
 	})
 
 	t.Run("a line written to stderr directly is logged, whatever it holds", func(t *testing.T) {
-		// Sent as it is, this JSON line would stop go-plugin's log reader
-		// (its "@message" is not a string), and the host with it.
+		// Sent as it is, this JSON line (its "@message" is not a string)
+		// would make an older host's log reader, go-plugin's, panic.
 		id := h.submit(t, "pytasks.stderr", map[string]any{}, 0)
 		if v := h.wait(t, id, 60*time.Second); v.State != "done" {
 			t.Fatalf("pytasks.stderr: state %s", v.State)

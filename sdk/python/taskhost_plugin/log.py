@@ -106,9 +106,9 @@ def setup(module, fd=2):
 class StderrLines:
     """Stands in for sys.stderr once the plugin serves: each line written
     (a print(file=sys.stderr), a thread's traceback) goes out as an hclog
-    JSON line whose message is that line. Never as it is: go-plugin takes
-    a JSON line on stderr for a log entry, and one whose "@message" or
-    "@level" is not a string stops the host."""
+    JSON line whose message is that line. Never as it is: the host takes a
+    JSON line on stderr for a log entry, and one whose "@message" or
+    "@level" is not a string made older hosts (go-plugin's parser) panic."""
 
     def __init__(self, module, fd=2, level="warn"):
         self.module = module

@@ -22,6 +22,12 @@ MAX_ATTEMPTS = 1000
 
 PROTOCOL_VERSION = 1
 
+# A task's timeout is the host's to enforce (TaskSpec.timeout_seconds: the
+# worker cancels the call and fails the attempt as timed out). The SDK
+# ends the attempt itself this much later, for a host that predates the
+# field.
+TIMEOUT_GRACE = 1.0
+
 
 class RawJSON(bytes):
     """A task result that is JSON text already: sent as it is, not encoded
@@ -40,7 +46,8 @@ class Task:
         self.description = description
 
     def spec(self):
-        return pb.TaskSpec(name=self.name, description=self.description, topic=self.topic, max_attempts=self.max_attempts)
+        return pb.TaskSpec(name=self.name, description=self.description, topic=self.topic, max_attempts=self.max_attempts,
+                           timeout_seconds=float(self.timeout or 0))
 
 
 class TaskContext:
@@ -137,17 +144,21 @@ def final_event(task_name, result=None, exc=None, logger=None):
 class Run:
     """One attempt: the handler runs in its own thread; events() yields
     what it reports, then its final event. A handler still running at its
-    timeout is abandoned (Python cannot stop a thread): its context says
-    cancelled, and what it does later is dropped."""
+    timeout is abandoned (Python cannot stop a thread): the host cancels
+    the call at the timeout (abort), or else the SDK ends the attempt
+    grace seconds later; either way its context says cancelled, and what
+    it does later is dropped."""
 
-    def __init__(self, task, req, config, logger, host=None):
+    def __init__(self, task, req, config, logger, host=None, grace=TIMEOUT_GRACE):
         self.task = task
         self.logger = logger
         self.q = queue.Queue()
         self.done = threading.Event()
+        self.end = None  # when the SDK ends the attempt itself
         deadline = None
         if task.timeout:
             deadline = time.monotonic() + task.timeout
+            self.end = deadline + grace
         self.ctx = TaskContext(task.name, req.payload_json, req.message_id, req.attempt, config, logger, self._send, deadline, host)
 
     def _send(self, ev):
@@ -184,8 +195,8 @@ class Run:
         try:
             while True:
                 timeout = None
-                if self.ctx.deadline is not None:
-                    timeout = self.ctx.deadline - time.monotonic()
+                if self.end is not None:
+                    timeout = self.end - time.monotonic()
                     if timeout <= 0:
                         self.ctx.cancel()
                         self.logger.warning("task timed out; its thread is left to end by itself", extra={"task": self.task.name, "timeout_seconds": self.task.timeout})

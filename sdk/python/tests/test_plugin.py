@@ -17,9 +17,9 @@ quiet.propagate = False
 quiet.addHandler(logging.NullHandler())
 
 
-def run(plugin, name, payload=b"{}", attempt=1):
+def run(plugin, name, payload=b"{}", attempt=1, grace=0.1):
     req = pb.RunTaskRequest(task=name, payload_json=payload, message_id="7", attempt=attempt)
-    return list(Run(plugin.tasks[name], req, {"k": "v"}, quiet).events())
+    return list(Run(plugin.tasks[name], req, {"k": "v"}, quiet, grace=grace).events())
 
 
 class DeclareTest(unittest.TestCase):
@@ -57,7 +57,7 @@ class DeclareTest(unittest.TestCase):
 
             More text."""
 
-        self.assertEqual(p.tasks["p.a"].spec(), pb.TaskSpec(name="p.a", topic="images", max_attempts=5, description="Resizes images."))
+        self.assertEqual(p.tasks["p.a"].spec(), pb.TaskSpec(name="p.a", topic="images", max_attempts=5, description="Resizes images.", timeout_seconds=2.5))
         with self.assertRaises(ValueError):
             p.task("p.a")
 
