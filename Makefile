@@ -106,6 +106,37 @@ proto: ## regenerate capability/internal/pb from the .proto files (needs protoc)
 		--go-grpc_out=. --go-grpc_opt=module=github.com/taskhost/taskhost \
 		capability/proto/taskhost/plugin/v1/plugin.proto
 
+# The Python SDK: Debian's interpreter and packages (python3-grpcio,
+# python3-protobuf, python3-cryptography), never the PATH's python3.
+PYTHON    ?= /usr/bin/python3
+PYSDK     := sdk/python
+PYPB      := $(PYSDK)/taskhost_plugin/pb
+
+.PHONY: proto/python
+proto/python: ## regenerate the Python SDK's stubs in sdk/python/taskhost_plugin/pb (needs protoc and python3-grpc-tools)
+	@command -v protoc >/dev/null || { echo "protoc not found: apt-get install -y protobuf-compiler"; exit 1; }
+	@$(PYTHON) -c 'import grpc_tools.protoc' 2>/dev/null || { echo "grpc_tools not found: apt-get install -y python3-grpc-tools"; exit 1; }
+	@set -e; stage=$$(mktemp -d); trap 'rm -rf "$$stage"' EXIT; \
+	gp=$$($(GO) list -m -f '{{.Dir}}' github.com/hashicorp/go-plugin); \
+	inc=$$($(PYTHON) -c 'import grpc_tools, os; print(os.path.join(os.path.dirname(grpc_tools.__file__), "_proto"))'); \
+	mkdir -p "$$stage/taskhost_plugin/pb"; \
+	cp capability/proto/taskhost/plugin/v1/plugin.proto $(PYSDK)/proto/health.proto \
+		$$gp/internal/plugin/grpc_broker.proto $$gp/internal/plugin/grpc_controller.proto $$gp/internal/plugin/grpc_stdio.proto \
+		"$$stage/taskhost_plugin/pb/"; \
+	rm -f $(PYPB)/*_pb2.py $(PYPB)/*_pb2_grpc.py; \
+	protoc -I "$$stage" -I "$$inc" --python_out=$(PYSDK) "$$stage"/taskhost_plugin/pb/*.proto; \
+	$(PYTHON) -m grpc_tools.protoc -I "$$stage" -I "$$inc" --grpc_python_out=$(PYSDK) "$$stage"/taskhost_plugin/pb/*.proto; \
+	echo "regenerated $(PYPB)"
+
+.PHONY: build/python
+build/python: ## pack the example Python plugin into bin/plugins/fp-plugin-pyexample (one executable file with the SDK in it)
+	@mkdir -p $(PLUGINS)
+	$(PYTHON) $(PYSDK)/mkplugin.py examples/python/pyexample -o $(PLUGINS)/fp-plugin-pyexample
+
+.PHONY: test/python
+test/python: ## the Python SDK's unit tests (Debian's python3, see sdk/python/README.md)
+	cd $(PYSDK) && $(PYTHON) -m unittest discover -s tests -t . -v
+
 .PHONY: tidy
 tidy: ## go mod tidy
 	$(GO) mod tidy

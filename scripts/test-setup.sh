@@ -2,7 +2,8 @@
 # Makes sure what the test suite needs is there, installing or starting what
 # is missing: PostgreSQL answering at $PGHOST:$PGPORT with a database "test",
 # promtool and prometheus (metrics and alert-rule tests), Chromium (the UI
-# test). Quick when everything is in place. `make test` and `make test/race`
+# test), Debian's Python 3 with python3-grpcio, python3-protobuf and
+# python3-cryptography (the Python SDK's tests). Quick when everything is in place. `make test` and `make test/race`
 # run it first; TASKHOST_TEST_SETUP=0 skips it.
 #
 # Installing needs root (apt-get); as another user it says what to install.
@@ -95,3 +96,9 @@ fi
 # itself scrapes a running host in a test; Chromium drives the UI test.
 command -v promtool >/dev/null || apt_install prometheus
 command -v chromium >/dev/null || apt_install chromium
+
+# The Python SDK (sdk/python) uses Debian's interpreter and packages only,
+# never the PATH's python3 (which may be another one).
+if ! /usr/bin/python3 -c 'import grpc, google.protobuf, cryptography' >/dev/null 2>&1; then
+  apt_install python3 python3-grpcio python3-protobuf python3-cryptography
+fi

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The per-task cost of a task run in a provider plugin (Go and Python)
+# against an in-process task: a burn-down of N no-op tasks through each.
+#
+#   scripts/bench-providers.sh [N] [ROUNDS]        (defaults: 10000 3)
+#
+# It builds (make build, and the test plugin pytasks of the Python SDK,
+# sdk/python/testdata/pytasks.py, packed with mkplugin.py), starts bin/host
+# with tasks_worker on the memory broker (so that the store weighs
+# nothing), the Go example plugin and pytasks. Then, ROUNDS times, for
+# each kind in turn: it pauses the topic "default", submits N tasks as
+# NDJSON (`bin/host tasks submit -file -`), resumes the topic and times
+# until nothing is queued or running. It prints each burn-down and the
+# median in tasks/s:
+#
+#   in-process  demo.echo        (tasks_worker's built-in task)
+#   go          example.greet    (the Go example plugin, {"name": "x"})
+#   python      pytasks.noop     (returns None)
+#
+# Environment:
+#   WORKERS=8               tasks_worker's workers
+#   LISTEN=127.0.0.1:18091  the host's address
+#   KEEP=1                  keep the temporary directory (config, host log)
+set -euo pipefail
+
+N=${1:-10000}
+ROUNDS=${2:-3}
+WORKERS=${WORKERS:-8}
+LISTEN=${LISTEN:-127.0.0.1:18091}
+PYTHON=${PYTHON:-/usr/bin/python3}
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TMP=$(mktemp -d /tmp/taskhost-bench-providers.XXXXXX)
+HOST_PID=
+cleanup() {
+	if [ -n "$HOST_PID" ] && kill -0 "$HOST_PID" 2>/dev/null; then
+		kill -TERM "$HOST_PID" 2>/dev/null || true
+		wait "$HOST_PID" 2>/dev/null || true
+	fi
+	if [ "${KEEP:-0}" = 1 ]; then echo "kept $TMP" >&2; else rm -rf "$TMP"; fi
+}
+trap cleanup EXIT
+
+echo "building (make build, pytasks) ..." >&2
+make -s build >/dev/null
+mkdir -p "$TMP/plugins"
+cp bin/plugins/fp-plugin-tasks_worker bin/plugins/fp-plugin-example "$TMP/plugins/"
+"$PYTHON" sdk/python/mkplugin.py sdk/python/testdata/pytasks.py -o "$TMP/plugins/fp-plugin-pytasks" >/dev/null
+
+cat >"$TMP/taskhost.yaml" <<YAML
+listen: $LISTEN
+plugins_dir: $TMP/plugins
+plugins:
+  tasks_worker:
+    enabled: true
+    config:
+      broker: memory
+      workers: $WORKERS
+  example:
+    enabled: true
+  pytasks:
+    enabled: true
+YAML
+
+HOSTCLI=("$ROOT/bin/host")
+ADDR=(-addr "http://$LISTEN")
+"$ROOT/bin/host" -config "$TMP/taskhost.yaml" >"$TMP/host.log" 2>&1 &
+HOST_PID=$!
+for _ in $(seq 1 600); do
+	if "${HOSTCLI[@]}" topics list "${ADDR[@]}" -timeout 2s >/dev/null 2>&1; then break; fi
+	if ! kill -0 "$HOST_PID" 2>/dev/null; then echo "the host exited; its log:" >&2; cat "$TMP/host.log" >&2; exit 1; fi
+	sleep 0.1
+done
+
+now() { date +%s.%N; }
+queued_or_running() {
+	"${HOSTCLI[@]}" topics list "${ADDR[@]}" | awk '$1 == "default" {print $2 + $3; found = 1} END {if (!found) print 0}'
+}
+drain() { while [ "$(queued_or_running)" != 0 ]; do sleep 0.2; done; }
+
+# The providers' tasks are registered within a refresh (5 s) of their
+# start: wait until one of each is accepted and done (a warm-up too).
+for line in '{"task":"demo.echo"}' '{"task":"example.greet","payload":{"name":"x"}}' '{"task":"pytasks.noop"}'; do
+	for _ in $(seq 1 600); do
+		if echo "$line" | "${HOSTCLI[@]}" tasks submit -file - "${ADDR[@]}" >/dev/null 2>&1; then break; fi
+		sleep 0.1
+	done
+done
+drain
+
+declare -A LINE=(
+	[in-process]='{"task":"demo.echo"}'
+	[go]='{"task":"example.greet","payload":{"name":"x"}}'
+	[python]='{"task":"pytasks.noop"}'
+)
+KINDS=(in-process go python)
+declare -A RATES
+for round in $(seq 1 "$ROUNDS"); do
+	for kind in "${KINDS[@]}"; do
+		"${HOSTCLI[@]}" topics pause default "${ADDR[@]}" >/dev/null
+		awk -v n="$N" -v l="${LINE[$kind]}" 'BEGIN { for (i = 0; i < n; i++) print l }' |
+			"${HOSTCLI[@]}" tasks submit -file - "${ADDR[@]}" >/dev/null 2>&1
+		T0=$(now)
+		"${HOSTCLI[@]}" topics resume default "${ADDR[@]}" >/dev/null
+		drain
+		T1=$(now)
+		rate=$(awk -v n="$N" -v a="$T0" -v b="$T1" 'BEGIN { printf "%.0f", n / (b - a) }')
+		RATES[$kind]="${RATES[$kind]:-} $rate"
+		printf "round %d  %-10s  %6d tasks in %6.2f s  %6d tasks/s\n" "$round" "$kind" "$N" "$(awk -v a="$T0" -v b="$T1" 'BEGIN { print b - a }')" "$rate"
+	done
+done
+
+echo "median of $ROUNDS burn-downs of $N no-op tasks, $WORKERS workers, memory broker:"
+for kind in "${KINDS[@]}"; do
+	# shellcheck disable=SC2086
+	med=$(printf "%s\n" ${RATES[$kind]} | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+	printf "  %-10s  %6d tasks/s   (rounds: %s)\n" "$kind" "$med" "${RATES[$kind]# }"
+done
+if grep -q "plugin failed\|panic" "$TMP/host.log"; then
+	echo "the host log has failures; see it with KEEP=1" >&2
+fi
