@@ -124,6 +124,7 @@ const (
 	ReportCancelled = "cancelled"
 	ReportSkipped   = "skipped"
 	ReportLost      = "lost"
+	ReportSnoozed   = "snoozed"
 )
 
 // ReportFilter selects reports; zero fields match all.

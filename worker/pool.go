@@ -73,9 +73,10 @@ type Pool struct {
 	startedAt  time.Time // when Start ran
 	startTasks []string  // the tasks Start registered the worker with
 
-	claims holdings  // claimed, outcome not yet written (see hold)
-	back   giveBacks // claims to requeue without running (see giveBack)
-	beat   beat      // the latest heartbeat
+	claims   holdings  // claimed, outcome not yet written (see hold)
+	attempts attempts  // the handlers running, for CancelRunning
+	back     giveBacks // claims to requeue without running (see giveBack)
+	beat     beat      // the latest heartbeat
 
 	inflight atomic.Int64 // claimed and not yet handed to the completer
 	running  atomic.Int64 // handlers running
