@@ -11,8 +11,9 @@ import (
 // of the attempts it runs (attempts), CancelRunning, which cancels one of
 // them, and how a cancel request that comes before its handler starts is
 // kept for it (early). The heartbeat asks the broker for the cancel
-// requests of this worker's messages (pollCancels, cancelpoll.go), and a
-// broker that announces them makes the pool act at once.
+// requests of this worker's messages (pollCancels), and a broker that
+// announces them (broker.CancelNotifier) makes the pool act at once
+// (watchCancels).
 
 // ErrCancelRequested is the cause (context.Cause) of a handler's context
 // cancelled because someone asked to cancel its task (Pool.CancelRunning):
@@ -135,4 +136,39 @@ func (p *Pool) CancelRunning(id int64) bool {
 	}
 	p.log.Info("cancel requested for a claimed task", "message_id", id)
 	return true
+}
+
+// pollCancels asks the broker which of the messages running under this
+// worker have a cancel request, and cancels those the pool holds. The
+// heartbeat calls it after each beat: it is how a cancel asked for in
+// another process reaches a pool whose broker announces none, or whose
+// announcement was missed.
+func (p *Pool) pollCancels(ctx context.Context) {
+	claims, err := p.b.CancelRequests(ctx, p.opts.WorkerID)
+	if err != nil {
+		if p.hbCtx.Err() == nil {
+			p.log.Warn("could not ask the broker for cancel requests; asking again at the next heartbeat", "error", err)
+		}
+		return
+	}
+	for _, c := range claims {
+		if held, _ := p.claims.holds(c); held {
+			p.CancelRunning(c.ID)
+		}
+	}
+}
+
+// watchCancels cancels, as they are announced, the attempts the pool runs
+// whose cancel is requested, until the heartbeat stops (hbCtx); the pool
+// starts it when its broker is a broker.CancelNotifier.
+func (p *Pool) watchCancels(notices <-chan int64) {
+	defer close(p.cancelsDone)
+	for {
+		select {
+		case <-p.hbCtx.Done():
+			return
+		case id := <-notices:
+			p.CancelRunning(id)
+		}
+	}
 }

@@ -66,6 +66,7 @@ type Pool struct {
 	dispatcherDone chan struct{}
 	heartbeatDone  chan struct{}
 	strayDone      chan struct{}
+	cancelsDone    chan struct{} // closed: watchCancels returned (or never ran)
 	workers        sync.WaitGroup
 
 	elsewhere elsewhereView // what other workers run (see RunsElsewhere)
@@ -171,12 +172,18 @@ func (p *Pool) Start(ctx context.Context) error {
 	p.dispatcherDone = make(chan struct{})
 	p.heartbeatDone = make(chan struct{})
 	p.strayDone = make(chan struct{})
+	p.cancelsDone = make(chan struct{})
 	p.startedAt = time.Now()
 	p.claims.init(2 * n)
 	p.out = newCompleter(p.b, p.log, p.opts.WorkerID, p.obs, p.opts.Reporter, &p.claims, n)
 
 	go p.heartbeat()
 	go p.checkStrays()
+	if cn, ok := p.b.(broker.CancelNotifier); ok {
+		go p.watchCancels(cn.CancelNotices())
+	} else {
+		close(p.cancelsDone)
+	}
 	p.out.start()
 	p.workers.Add(n)
 	for range n {
@@ -282,6 +289,7 @@ func (p *Pool) Stop(ctx context.Context) error {
 	p.stopHB()
 	<-p.heartbeatDone
 	<-p.strayDone
+	<-p.cancelsDone
 	p.cancelRun()
 
 	unregister := brokerCallTimeout
