@@ -2,9 +2,13 @@ package host_test
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/taskhost/taskhost/broker/postgres"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // exampleHost starts a host on a PostgreSQL schema of its own with
@@ -115,5 +119,57 @@ func TestProviderOutcomesThroughTheHost(t *testing.T) {
 	waitFor(t, 30*time.Second, "the bad snooze's reports", func() bool { return len(h.reportsOf(t, negative)) == 2 })
 	if st := statusesOf(h.reportsOf(t, negative)); st != "failed,failed" {
 		t.Errorf("the bad snooze's reports: %s", st)
+	}
+}
+
+// exampleRunning is what the example plugin's GET /running answers: the
+// tasks running in the provider's process.
+func (p *hostProc) exampleRunning(t *testing.T) int {
+	t.Helper()
+	var out struct {
+		Running int `json:"running"`
+	}
+	if _, err := call("GET", p.base+"/plugin-pkg/example/running", nil, &out); err != nil {
+		return -1
+	}
+	return out.Running
+}
+
+// TestCancelAProviderTaskThroughTheHost: a task running in the example
+// plugin, cancelled through the broker as any process sharing it does,
+// stops in the provider's process (its RunTask's context is cancelled
+// across the plugin boundary) and ends cancelled in its one attempt of
+// three; a task that cancels itself ends so too.
+func TestCancelAProviderTaskThroughTheHost(t *testing.T) {
+	schema := pgSchema(t)
+	h := exampleHost(t, schema)
+	b, err := postgres.New(t.Context(), postgres.Options{DSN: testdb.DSN(), Schema: schema, MaxConns: 2})
+	if err != nil {
+		t.Fatalf("PostgreSQL broker: %v\n%s", err, testdb.HowToStart)
+	}
+	defer b.Close()
+
+	self := h.submitJSON(t, map[string]any{"task": "example.cancel_self", "payload": map[string]any{"reason": "the order was withdrawn"}})
+	m := h.waitTask(t, self, 60*time.Second, "cancelled", func(m twTask) bool { return m.State == "cancelled" })
+	if m.Attempts != 1 || m.Error == nil || *m.Error != "the order was withdrawn" {
+		t.Errorf("example.cancel_self: %d attempts, error %v; want one attempt and its reason", m.Attempts, m.Error)
+	}
+
+	id := h.submitJSON(t, map[string]any{"task": "example.sleep", "payload": map[string]any{"seconds": 3600}})
+	h.waitTask(t, id, 60*time.Second, "running", func(m twTask) bool { return m.State == "running" })
+	waitFor(t, 60*time.Second, "example.sleep runs in the provider", func() bool { return h.exampleRunning(t) == 1 })
+	n, _ := strconv.ParseInt(id, 10, 64)
+	if m, err := b.Cancel(t.Context(), n); err != nil || m.State != "running" {
+		t.Fatalf("cancel of the running example.sleep: %s, %v", m.State, err)
+	}
+	waitFor(t, 60*time.Second, "example.sleep stops in the provider", func() bool { return h.exampleRunning(t) == 0 })
+	m = h.waitTask(t, id, 60*time.Second, "cancelled", func(m twTask) bool { return m.State == "cancelled" })
+	if m.Attempts != 1 {
+		t.Errorf("the cancelled example.sleep has %d attempts, want 1", m.Attempts)
+	}
+	var rs []reportView
+	waitFor(t, 30*time.Second, "the cancelled attempt's report", func() bool { rs = h.reportsOf(t, id); return len(rs) > 0 })
+	if st := statusesOf(rs); st != "cancelled" {
+		t.Errorf("reports of the cancelled example.sleep: %s", st)
 	}
 }
