@@ -135,11 +135,12 @@ func (p *hostProc) exampleRunning(t *testing.T) int {
 	return out.Running
 }
 
-// TestCancelAProviderTaskThroughTheHost: a task running in the example
-// plugin, cancelled through the broker as any process sharing it does,
-// stops in the provider's process (its RunTask's context is cancelled
-// across the plugin boundary) and ends cancelled in its one attempt of
-// three; a task that cancels itself ends so too.
+// TestCancelAProviderTaskThroughTheHost: tasks running in the example
+// plugin stop in the provider's process (their RunTask's context is
+// cancelled across the plugin boundary) and end cancelled in their one
+// attempt of three, whether the cancel is asked of the host that runs
+// them (POST /api/tasks/{id}/cancel) or of the broker by another process;
+// a task that cancels itself ends so too.
 func TestCancelAProviderTaskThroughTheHost(t *testing.T) {
 	schema := pgSchema(t)
 	h := exampleHost(t, schema)
@@ -155,21 +156,39 @@ func TestCancelAProviderTaskThroughTheHost(t *testing.T) {
 		t.Errorf("example.cancel_self: %d attempts, error %v; want one attempt and its reason", m.Attempts, m.Error)
 	}
 
-	id := h.submitJSON(t, map[string]any{"task": "example.sleep", "payload": map[string]any{"seconds": 3600}})
-	h.waitTask(t, id, 60*time.Second, "running", func(m twTask) bool { return m.State == "running" })
-	waitFor(t, 60*time.Second, "example.sleep runs in the provider", func() bool { return h.exampleRunning(t) == 1 })
-	n, _ := strconv.ParseInt(id, 10, 64)
-	if m, err := b.Cancel(t.Context(), n); err != nil || m.State != "running" {
-		t.Fatalf("cancel of the running example.sleep: %s, %v", m.State, err)
-	}
-	waitFor(t, 60*time.Second, "example.sleep stops in the provider", func() bool { return h.exampleRunning(t) == 0 })
-	m = h.waitTask(t, id, 60*time.Second, "cancelled", func(m twTask) bool { return m.State == "cancelled" })
-	if m.Attempts != 1 {
-		t.Errorf("the cancelled example.sleep has %d attempts, want 1", m.Attempts)
-	}
-	var rs []reportView
-	waitFor(t, 30*time.Second, "the cancelled attempt's report", func() bool { rs = h.reportsOf(t, id); return len(rs) > 0 })
-	if st := statusesOf(rs); st != "cancelled" {
-		t.Errorf("reports of the cancelled example.sleep: %s", st)
+	for _, how := range []string{"api", "broker"} {
+		id := h.submitJSON(t, map[string]any{"task": "example.sleep", "payload": map[string]any{"seconds": 3600}})
+		h.waitTask(t, id, 60*time.Second, "running", func(m twTask) bool { return m.State == "running" })
+		waitFor(t, 60*time.Second, "example.sleep runs in the provider", func() bool { return h.exampleRunning(t) == 1 })
+		switch how {
+		case "api":
+			var out struct {
+				State           string `json:"state"`
+				CancelRequested bool   `json:"cancel_requested"`
+			}
+			code, err := call("POST", h.api("/tasks/"+id+"/cancel"), nil, &out)
+			if err != nil || code != 202 || out.State != "running" || !out.CancelRequested {
+				t.Fatalf("cancel of the running example.sleep through the API: %d %+v, %v", code, out, err)
+			}
+		case "broker":
+			n, _ := strconv.ParseInt(id, 10, 64)
+			if m, err := b.Cancel(t.Context(), n); err != nil || m.State != "running" {
+				t.Fatalf("cancel of the running example.sleep through the broker: %s, %v", m.State, err)
+			}
+		}
+		waitFor(t, 60*time.Second, "example.sleep stops in the provider ("+how+")", func() bool { return h.exampleRunning(t) == 0 })
+		m = h.waitTask(t, id, 60*time.Second, "cancelled", func(m twTask) bool { return m.State == "cancelled" })
+		if m.Attempts != 1 {
+			t.Errorf("the example.sleep cancelled through the %s has %d attempts, want 1", how, m.Attempts)
+		}
+		var rs []reportView
+		waitFor(t, 30*time.Second, "the cancelled attempt's report", func() bool { rs = h.reportsOf(t, id); return len(rs) > 0 })
+		if st := statusesOf(rs); st != "cancelled" {
+			t.Errorf("reports of the example.sleep cancelled through the %s: %s", how, st)
+		}
+		// Finished: a second cancel answers 409 with its state.
+		if code, err := call("POST", h.api("/tasks/"+id+"/cancel"), nil, nil); code != 409 || err == nil || !strings.Contains(err.Error(), `"state":"cancelled"`) {
+			t.Errorf("cancel of the cancelled example.sleep: %d %v, want 409 naming its state", code, err)
+		}
 	}
 }
