@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,7 +12,22 @@ import (
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/local"
 )
+
+// everyBroker is testBrokers with the local (SQLite) broker too.
+func everyBroker(t *testing.T) map[string]func(t *testing.T) broker.Broker {
+	m := testBrokers(t)
+	m["local"] = func(t *testing.T) broker.Broker {
+		b, err := local.Open(context.Background(), local.Options{Path: filepath.Join(t.TempDir(), "tw.db")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		return b
+	}
+	return m
+}
 
 // reportLog is a Reporter that keeps every report.
 type reportLog struct {
@@ -86,7 +102,7 @@ func calledTimes(calls *sync.Map, id int64) int32 {
 // attempt, a bad snooze fails the attempt as an error does, and a
 // permanent failure ends the task at once, on each broker.
 func TestSnoozeAndPermanent(t *testing.T) {
-	for name, open := range testBrokers(t) {
+	for name, open := range everyBroker(t) {
 		t.Run(name, func(t *testing.T) {
 			b := open(t)
 			var calls sync.Map
