@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
+	"time"
 )
 
 // ProtocolVersion is the wire version of this contract. It changes only on
@@ -207,7 +208,13 @@ type TaskSpec struct {
 	Name        string `json:"name"`
 	Description string `json:"description"`
 	Topic       string `json:"topic"`
-	MaxAttempts int    `json:"max_attempts"`
+	// MaxAttempts bounds the attempts of one task (1: no retry); 0 means
+	// the default, 3.
+	MaxAttempts int `json:"max_attempts"`
+	// Timeout bounds one attempt: when it runs out the attempt's context
+	// is cancelled and it fails as timed out (and is retried while
+	// attempts remain). 0: no bound.
+	Timeout time.Duration `json:"timeout,omitempty"`
 }
 
 // TaskRun is one execution of a provided task.

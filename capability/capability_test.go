@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/capability/capabilitytest"
@@ -173,7 +174,7 @@ func TestConfigureBrokersHostServices(t *testing.T) {
 			return capability.MetricsPayload{Body: []byte("m_" + plugin), Format: "text"}, nil
 		},
 		ListTasksFunc: func(_ context.Context, plugin string) ([]capability.TaskSpec, error) {
-			return []capability.TaskSpec{{Name: plugin + ".hello", Topic: "default", MaxAttempts: 3}}, nil
+			return []capability.TaskSpec{{Name: plugin + ".hello", Topic: "default", MaxAttempts: 3, Timeout: 90 * time.Second}}, nil
 		},
 	}
 	capabilitytest.Start(t, p, map[string]any{"workers": 3}, host)
@@ -193,7 +194,7 @@ func TestConfigureBrokersHostServices(t *testing.T) {
 		t.Fatalf("collect from a down plugin: %v, want ErrUnavailable", err)
 	}
 	specs, err := p.host.ListTasks(ctx, "ex")
-	if err != nil || len(specs) != 1 || specs[0].Name != "ex.hello" || specs[0].MaxAttempts != 3 {
+	if err != nil || len(specs) != 1 || specs[0].Name != "ex.hello" || specs[0].MaxAttempts != 3 || specs[0].Timeout != 90*time.Second {
 		t.Fatalf("list tasks through the host = %+v, %v", specs, err)
 	}
 	if _, err := p.host.RunTask(ctx, "nobody", capability.TaskRun{Task: "x"}, nil); !errors.Is(err, capability.ErrNotFound) {

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
@@ -181,6 +183,7 @@ func tasksToPB(specs []TaskSpec) *pb.ListTasksResponse {
 	for _, t := range specs {
 		resp.Tasks = append(resp.Tasks, &pb.TaskSpec{
 			Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: int32(t.MaxAttempts),
+			TimeoutSeconds: t.Timeout.Seconds(),
 		})
 	}
 	return resp
@@ -189,7 +192,8 @@ func tasksToPB(specs []TaskSpec) *pb.ListTasksResponse {
 func tasksFromPB(r *pb.ListTasksResponse) []TaskSpec {
 	out := make([]TaskSpec, 0, len(r.Tasks))
 	for _, t := range r.Tasks {
-		out = append(out, TaskSpec{Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: int(t.MaxAttempts)})
+		out = append(out, TaskSpec{Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: int(t.MaxAttempts),
+			Timeout: secondsToDuration(t.TimeoutSeconds)})
 	}
 	return out
 }
@@ -420,4 +424,19 @@ func headersToPB(h http.Header) []*pb.Header {
 		out = append(out, &pb.Header{Name: k, Values: v})
 	}
 	return out
+}
+
+// secondsToDuration reads a number of seconds from the wire: NaN reads as
+// negative, so that it is refused as a negative one is, and a number too
+// large for a Duration as the largest.
+func secondsToDuration(s float64) time.Duration {
+	switch {
+	case math.IsNaN(s):
+		return -1
+	case s >= float64(math.MaxInt64)/float64(time.Second):
+		return math.MaxInt64
+	case s <= float64(math.MinInt64)/float64(time.Second):
+		return math.MinInt64
+	}
+	return time.Duration(s * float64(time.Second))
 }

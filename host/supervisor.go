@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -409,8 +410,8 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		AutoMTLS:         true,
 		SkipHostEnv:      true,
-		Logger:           s.log,
-		Stderr:           s.stderr,
+		Logger:           goPluginLogger(s.log, cmd.Path),
+		Stderr:           io.MultiWriter(s.stderr, newStderrLog(s.log.Named(filepath.Base(cmd.Path)))),
 		SyncStdout:       &warnWriter{log: s.log, stream: "stdout"},
 		SyncStderr:       &warnWriter{log: s.log, stream: "stderr"},
 		StartTimeout:     startTimeout,

@@ -70,7 +70,7 @@ func (p *Pool) dispatch() {
 			}
 		}
 		ann.claiming()
-		msgs, err := p.out.exchange(p.claimCtx, acks, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.topics, Max: free})
+		msgs, err := p.out.exchange(p.claimCtx, acks, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.claimTopics(), Max: free})
 		// Whatever was claimed is ours to finish, even if we are stopping:
 		// the workers requeue it.
 		p.claims.hold(msgs)
@@ -140,9 +140,8 @@ func (p *Pool) dispatch() {
 // submitted messages (broker.Notifier): which wake it, and how long it may
 // wait idle.
 type announcements struct {
-	p      *Pool
-	sub    broker.Subscription // nil: the broker has none
-	topics map[string]bool     // the pool's topics
+	p   *Pool
+	sub broker.Subscription // nil: the broker has none
 	// due holds, in order, when the messages announced with a delay become
 	// available (at most maxDue, the earliest kept): the idle wait ends at
 	// the first.
@@ -154,11 +153,7 @@ type announcements struct {
 const maxDue = 256
 
 func newAnnouncements(p *Pool) *announcements {
-	a := &announcements{p: p, sub: p.notices, topics: map[string]bool{}}
-	for _, t := range p.topics {
-		a.topics[t] = true
-	}
-	return a
+	return &announcements{p: p, sub: p.notices}
 }
 
 // notices is the subscription's channel; nil (never ready) without one.
@@ -197,7 +192,7 @@ func (a *announcements) wakes(n broker.Notice) bool {
 	if n.Topic == "" {
 		return true
 	}
-	if !a.topics[n.Topic] {
+	if _, ours := slices.BinarySearch(a.p.claimTopics(), n.Topic); !ours {
 		return false
 	}
 	if n.Delay <= 0 {

@@ -41,7 +41,10 @@ func (p *Pool) heartbeat() {
 		var err error
 		if info := p.info(); !slices.Equal(info.Tasks, registered) {
 			// Tasks were registered since (other plugins' tasks, found
-			// by polling): say so, so that other workers know.
+			// by polling): claim their topics too, and say so, so that
+			// other workers know.
+			p.refreshTopics(ctx)
+			info = p.info()
 			if err = p.b.RegisterWorker(ctx, info); err == nil {
 				registered = info.Tasks
 			}
@@ -71,6 +74,32 @@ func (p *Pool) heartbeat() {
 		}
 		t.Reset(wait)
 	}
+}
+
+// refreshTopics adds the topics of tasks registered since Start to those
+// the pool claims from, creating them in the broker (with no settings of
+// their own) so their gauges show, and wakes the dispatcher to claim from
+// them. A topic is never dropped: its messages still need this worker.
+func (p *Pool) refreshTopics(ctx context.Context) {
+	old := p.claimTopics()
+	var added []string
+	for _, t := range p.wantedTopics() {
+		if _, has := slices.BinarySearch(old, t); !has {
+			added = append(added, t)
+		}
+	}
+	if len(added) == 0 {
+		return
+	}
+	for _, t := range added {
+		if _, err := p.b.SetTopic(ctx, t, broker.TopicPatch{}); err != nil {
+			p.log.Warn("could not create the topic of a task registered since the start; claiming from it anyway", "topic", t, "error", err)
+		}
+	}
+	topics := slices.Sorted(slices.Values(append(slices.Clone(old), added...)))
+	p.topics.Store(&topics)
+	p.log.Info("claiming from the topics of tasks registered since the start", "added", added, "topics", topics)
+	p.Wake()
 }
 
 // beaten records the outcome of a heartbeat.

@@ -83,3 +83,30 @@ func TestLastHeartbeatSaysWhenWritesFail(t *testing.T) {
 	b.refuse.Store(false)
 	waitFor("a heartbeat once writes go through again", func(at time.Time, err error) bool { return err == nil && at.After(failedAt) })
 }
+
+// TestTaskOfANewTopicRegisteredLaterRuns: a task registered after Start
+// (another plugin's, found later) on a topic the pool did not claim from
+// runs: the heartbeat adds its topic, creates it in the broker and
+// registers the worker with it.
+func TestTaskOfANewTopicRegisteredLaterRuns(t *testing.T) {
+	b := memory.New()
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
+	p := startPool(t, b, reg, Options{HeartbeatInterval: 20 * time.Millisecond})
+	if got := strings.Join(p.Topics(), ","); got != "default" {
+		t.Fatalf("topics at start = %s, want default", got)
+	}
+	reg.MustRegister(Task{Name: "late", Topic: "images", Handler: func(context.Context, *TaskContext) (any, error) { return "ran", nil }})
+	id, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: "images", Task: "late"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, b, id, broker.StateDone)
+	if got := strings.Join(p.Topics(), ","); got != "default,images" {
+		t.Errorf("topics after the late task = %s, want default,images", got)
+	}
+	eventually(t, "the worker registered with the new topic", func() bool {
+		ws, _ := b.Workers(context.Background())
+		return len(ws) == 1 && strings.Join(ws[0].Topics, ",") == "default,images"
+	})
+}

@@ -44,9 +44,12 @@ type Pool struct {
 	log  hclog.Logger
 	obs  Observer
 
-	mu      sync.Mutex
-	state   poolState
-	topics  []string
+	mu    sync.Mutex
+	state poolState
+	// topics is what the pool claims from, sorted: Options.Topics and the
+	// topic of every registered task, set by Start and widened by the
+	// heartbeat when tasks are registered later (refreshTopics).
+	topics  atomic.Pointer[[]string]
 	stopped chan struct{} // closed when the pool is fully stopped
 
 	wake      chan struct{}       // Wake: claim now
@@ -109,11 +112,30 @@ func (p *Pool) WorkerID() string { return p.opts.WorkerID }
 // Concurrency is the number of handlers that may run at once.
 func (p *Pool) Concurrency() int { return p.opts.Concurrency }
 
-// Topics lists the topics the pool claims from (known after Start).
-func (p *Pool) Topics() []string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append([]string(nil), p.topics...)
+// Topics lists the topics the pool claims from (known after Start). It
+// grows when tasks of a new topic are registered (other plugins' tasks).
+func (p *Pool) Topics() []string { return append([]string(nil), p.claimTopics()...) }
+
+// claimTopics is the topics to claim from now; the caller must not change
+// the slice.
+func (p *Pool) claimTopics() []string {
+	if t := p.topics.Load(); t != nil {
+		return *t
+	}
+	return nil
+}
+
+// wantedTopics is Options.Topics and the topic of every registered task,
+// sorted.
+func (p *Pool) wantedTopics() []string {
+	topics := map[string]bool{}
+	for _, t := range p.reg.Topics() {
+		topics[t] = true
+	}
+	for _, t := range p.opts.Topics {
+		topics[t] = true
+	}
+	return sortedKeys(topics)
 }
 
 // Running is the number of handlers running now.
@@ -140,20 +162,16 @@ func (p *Pool) Start(ctx context.Context) error {
 		return ErrStopped
 	}
 
-	topics := map[string]bool{}
-	for _, t := range p.reg.Topics() {
-		topics[t] = true
-	}
 	for _, t := range p.opts.Topics {
 		if err := broker.ValidateTopicName(t); err != nil {
 			return fmt.Errorf("start worker pool: topic %q: %w", t, err)
 		}
-		topics[t] = true
 	}
+	topics := p.wantedTopics()
 	if len(topics) == 0 {
 		return errors.New("start worker pool: no topic to claim from: register a task or list topics in Options.Topics")
 	}
-	p.topics = sortedKeys(topics)
+	p.topics.Store(&topics)
 
 	info := p.info()
 	if err := p.b.RegisterWorker(ctx, info); err != nil {
@@ -194,7 +212,7 @@ func (p *Pool) Start(ctx context.Context) error {
 	}
 	go p.dispatch()
 	p.state = stateRunning
-	p.log.Info("worker pool started", "topics", p.topics, "concurrency", n)
+	p.log.Info("worker pool started", "topics", topics, "concurrency", n)
 	return nil
 }
 
@@ -204,7 +222,7 @@ func (p *Pool) info() broker.WorkerInfo {
 		Host:     p.opts.Host,
 		PID:      p.opts.PID,
 		Roles:    append([]string(nil), p.opts.Roles...),
-		Topics:   append([]string(nil), p.topics...),
+		Topics:   p.Topics(),
 		Capacity: p.opts.Concurrency,
 		Tasks:    p.reg.Names(),
 	}

@@ -104,7 +104,8 @@ func providedTask(host capability.HostServices, plugin string, spec capability.T
 		Name:        spec.Name,
 		Description: fmt.Sprintf("%s (provided by plugin %s)", spec.Description, plugin),
 		Topic:       spec.Topic,
-		MaxAttempts: min(max(spec.MaxAttempts, 3), broker.MaxAttempts), // what a submit may ask for
+		MaxAttempts: providedAttempts(spec.MaxAttempts),
+		Timeout:     spec.Timeout,
 		Handler: func(ctx context.Context, tc *worker.TaskContext) (any, error) {
 			res, err := host.RunTask(ctx, plugin, capability.TaskRun{
 				Task: spec.Name, Payload: tc.Payload, MessageID: fmt.Sprint(tc.MessageID), Attempt: tc.Attempt,
@@ -124,6 +125,16 @@ func providedTask(host capability.HostServices, plugin string, spec capability.T
 			return nil, fmt.Errorf("running %s in plugin %s: %w", spec.Name, plugin, err)
 		},
 	}
+}
+
+// providedAttempts is the attempts of a provided task whose spec asks
+// for n: 3 when it names none (0), n up to what a submit may ask for.
+// A negative n is kept, for the registry to refuse with its reason.
+func providedAttempts(n int) int {
+	if n == 0 {
+		return 3
+	}
+	return min(n, broker.MaxAttempts)
 }
 
 // taskEvents forwards a provided task's events to its attempt.

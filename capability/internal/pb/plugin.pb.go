@@ -1190,13 +1190,16 @@ func (*ListTasksRequest) Descriptor() ([]byte, []int) {
 }
 
 type TaskSpec struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Description   string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
-	Topic         string                 `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
-	MaxAttempts   int32                  `protobuf:"varint,4,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	Topic       string                 `protobuf:"bytes,3,opt,name=topic,proto3" json:"topic,omitempty"`
+	MaxAttempts int32                  `protobuf:"varint,4,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	// Bounds one attempt: when it runs out, the attempt's RunTask call is
+	// cancelled and the attempt fails as timed out. 0: no bound.
+	TimeoutSeconds float64 `protobuf:"fixed64,5,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *TaskSpec) Reset() {
@@ -1253,6 +1256,13 @@ func (x *TaskSpec) GetTopic() string {
 func (x *TaskSpec) GetMaxAttempts() int32 {
 	if x != nil {
 		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *TaskSpec) GetTimeoutSeconds() float64 {
+	if x != nil {
+		return x.TimeoutSeconds
 	}
 	return 0
 }
@@ -1849,12 +1859,13 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x1f\n" +
 	"\vresult_json\x18\x02 \x01(\fR\n" +
 	"resultJson\"\x12\n" +
-	"\x10ListTasksRequest\"y\n" +
+	"\x10ListTasksRequest\"\xa2\x01\n" +
 	"\bTaskSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12\x14\n" +
 	"\x05topic\x18\x03 \x01(\tR\x05topic\x12!\n" +
-	"\fmax_attempts\x18\x04 \x01(\x05R\vmaxAttempts\"G\n" +
+	"\fmax_attempts\x18\x04 \x01(\x05R\vmaxAttempts\x12'\n" +
+	"\x0ftimeout_seconds\x18\x05 \x01(\x01R\x0etimeoutSeconds\"G\n" +
 	"\x11ListTasksResponse\x122\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x1c.taskhost.plugin.v1.TaskSpecR\x05tasks\"\x80\x01\n" +
 	"\x0eRunTaskRequest\x12\x12\n" +
