@@ -70,19 +70,21 @@ func (as *attempts) end(id int64, a *attempt) (requested bool) {
 	return a.requested
 }
 
-// cancel cancels the running attempt of message id; false when none runs.
-func (as *attempts) cancel(id int64) bool {
+// cancel cancels the running attempt of message id; running is false
+// when none runs, first false when its cancel was requested already.
+func (as *attempts) cancel(id int64) (running, first bool) {
 	as.mu.Lock()
 	a := as.running[id]
 	if a != nil {
+		first = !a.requested
 		a.requested = true
 	}
 	as.mu.Unlock()
 	if a == nil {
-		return false
+		return false, false
 	}
 	a.cancel(ErrCancelRequested)
-	return true
+	return true, first
 }
 
 // keepEarly keeps a cancel request for message id, held by the pool but
@@ -122,8 +124,10 @@ func (as *attempts) forgetEarly(id int64) {
 // this process; a cancel asked for elsewhere reaches the pool through the
 // broker (its cancel notices, or the heartbeat's Broker.CancelRequests).
 func (p *Pool) CancelRunning(id int64) bool {
-	if p.attempts.cancel(id) {
-		p.log.Info("cancel requested: cancelling the running task", "message_id", id)
+	if running, first := p.attempts.cancel(id); running {
+		if first {
+			p.log.Info("cancel requested: cancelling the running task", "message_id", id)
+		}
 		return true
 	}
 	if !p.claims.holdsID(id) {
@@ -131,10 +135,10 @@ func (p *Pool) CancelRunning(id int64) bool {
 	}
 	p.attempts.keepEarly(id)
 	// The handler may have started between the two looks.
-	if p.attempts.cancel(id) {
+	if running, _ := p.attempts.cancel(id); running {
 		p.attempts.forgetEarly(id)
 	}
-	p.log.Info("cancel requested for a claimed task", "message_id", id)
+	p.log.Debug("cancel requested for a task claimed and not running", "message_id", id)
 	return true
 }
 
