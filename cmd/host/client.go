@@ -39,7 +39,7 @@ type clientCommand struct {
 	// optArgs: the positional arguments may also be left out (the
 	// command's run checks what it was given).
 	optArgs bool
-	about string
+	about   string
 	// setup defines the command's own flags on fs and returns its run.
 	setup func(fs *flag.FlagSet) func(ctx context.Context, e *env, args []string) error
 	// noTimeout: -timeout defaults to none (a long upload, a wait).
