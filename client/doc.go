@@ -5,7 +5,7 @@
 //
 //	c := client.New("http://127.0.0.1:8080", client.WithToken(os.Getenv("TASKHOST_ADMIN_TOKEN")))
 //	id, err := c.Submit(ctx, client.Task{Task: "demo.echo", Payload: json.RawMessage(`{"hello":"world"}`)})
-//	t, err := c.Wait(ctx, id) // t.State is done, failed or dead
+//	t, err := c.Wait(ctx, id) // t.State is done, failed, dead or cancelled
 //
 // # Errors
 //
