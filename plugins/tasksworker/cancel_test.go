@@ -131,5 +131,6 @@ func TestUICancel(t *testing.T) {
 		t.Fatal("a task whose cancel is requested still offers Cancel")
 	}
 
+	mustContain(t, "running list", f.uiGet("/ui/running"), `>cancelling</span>`)
 	mustContain(t, "tasks list", f.uiGet("/ui/tasks?state=cancelled"), `<option selected>cancelled</option>`, "/ui/tasks/"+queued)
 }
