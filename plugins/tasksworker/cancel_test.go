@@ -1,11 +1,36 @@
 package tasksworker
 
 import (
+	"context"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/taskhost/taskhost/broker"
 )
+
+// runningElsewhere stores a demo.sleep task on a topic this process does
+// not serve and claims it as another worker would: it stays running,
+// whatever this process's pool does, until that worker ends it.
+func (f *fixture) runningElsewhere() string {
+	f.t.Helper()
+	rt := f.plugin.current()
+	if rt == nil {
+		f.t.Fatal("the plugin is not running")
+	}
+	ctx := context.Background()
+	id, err := rt.broker.Submit(ctx, broker.SubmitRequest{Topic: "elsewhere", Task: "demo.sleep"})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ms, err := rt.broker.Claim(ctx, broker.ClaimRequest{WorkerID: "worker-elsewhere", Topics: []string{"elsewhere"}, Max: 1})
+	if err != nil || len(ms) != 1 || ms[0].ID != id {
+		f.t.Fatalf("claim as another worker = %v, %v", ms, err)
+	}
+	return strconv.FormatInt(id, 10)
+}
 
 // TestCancelAPI: POST /api/tasks/{id}/cancel answers 200 for a queued
 // task (now cancelled), 202 for a running one (its cancel requested),
@@ -40,8 +65,7 @@ func TestCancelAPI(t *testing.T) {
 		t.Fatalf("cancel of a bad id: %d %s", res.status, res.body)
 	}
 
-	running := f.submit(`{"task": "demo.sleep", "payload": {"seconds": 600}}`)
-	f.waitState(running, "running")
+	running := f.runningElsewhere()
 	res = f.do("POST", "/api/tasks/"+running+"/cancel", "")
 	if res.status != http.StatusAccepted || !jsonEqual(t, res.json(t), map[string]any{"id": running, "state": "running", "cancel_requested": true}) {
 		t.Fatalf("cancel of a running task: %d %s", res.status, res.body)
@@ -119,8 +143,7 @@ func TestUICancel(t *testing.T) {
 		t.Fatalf("cancel of a cancelled task: flash %q", got)
 	}
 
-	running := f.submit(`{"task": "demo.sleep", "payload": {"seconds": 600}}`)
-	f.waitState(running, "running")
+	running := f.runningElsewhere()
 	mustContain(t, "running task page", f.uiGet("/ui/tasks/"+running), `id="cancel"`)
 	if got := flashOf(f.follow(f.uiPost("/ui/tasks/"+running+"/cancel", nil))); !strings.Contains(got, "is asked to stop") {
 		t.Fatalf("cancel of a running task: flash %q", got)
