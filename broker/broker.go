@@ -41,8 +41,9 @@
 //     ends (ack, nack, dead letter, reclaim).
 //   - Nack with Requeue puts the message back (available after Delay, claim
 //     fields cleared, attempts kept); without it the message ends dead when
-//     its topic dead-letters and failed otherwise. DeadLetter always ends it
-//     dead.
+//     its topic dead-letters and failed otherwise. Nack with Cancel ends it
+//     cancelled whatever Requeue says (never retried; its last error is
+//     Error, or "cancelled"). DeadLetter always ends it dead.
 //   - Finished messages (done, failed, dead, cancelled) stay readable by id.
 //     Requeue brings a dead or failed one back to the queue, keeping its
 //     attempts and last error, and clearing CancelRequestedAt; a cancelled
@@ -58,8 +59,8 @@
 //     ErrInvalid) and counts them; running ones are not touched.
 //   - A running message whose cancel was requested ends cancelled when its
 //     holder nacks it with Cancel, or with Requeue (it is never requeued);
-//     an Ack (success) or a Nack without Requeue (a permanent failure)
-//     still ends it done, failed or dead: whichever write its valid token
+//     an Ack (success), a Nack without Requeue (a permanent failure) or a
+//     DeadLetter still ends it done, failed or dead: whichever write its valid token
 //     makes first wins, and after it Cancel returns ErrFinished.
 //     CancelRequests lists a worker's running claims whose cancel was
 //     requested: the worker polls it at its heartbeat. A cancel request is

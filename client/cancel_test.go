@@ -66,9 +66,10 @@ func TestCancel(t *testing.T) {
 	if err != nil || got.State != client.StateRunning || !got.CancelRequested {
 		t.Fatalf("Cancel of a running task = %+v, %v; want it running with its cancel requested", got, err)
 	}
+	// The worker that runs it may have stopped it already.
 	tk, err := c.Get(ctx, run)
-	if err != nil || tk.CancelRequestedAt == nil {
-		t.Fatalf("Get after the cancel request = %+v, %v; want cancel_requested_at", tk, err)
+	if err != nil || tk.CancelRequestedAt == nil || (tk.State != client.StateRunning && tk.State != client.StateCancelled) {
+		t.Fatalf("Get after the cancel request = %+v, %v; want it running or cancelled, with cancel_requested_at", tk, err)
 	}
 
 	// CancelQueued: the queued ones of the task, not the running one.
@@ -89,8 +90,8 @@ func TestCancel(t *testing.T) {
 			t.Fatalf("task %s after CancelQueued: %s, %v; want cancelled", id, tk.State, err)
 		}
 	}
-	if tk, err := c.Get(ctx, run); err != nil || tk.State != client.StateRunning {
-		t.Fatalf("running task %s after CancelQueued: %s, %v; want still running", run, tk.State, err)
+	if tk, err := c.Get(ctx, run); err != nil || (tk.State != client.StateRunning && tk.State != client.StateCancelled) {
+		t.Fatalf("running task %s after CancelQueued: %s, %v; want it left to its worker", run, tk.State, err)
 	}
 	if _, err := c.CancelQueued(ctx, client.CancelFilter{}); !client.IsBadRequest(err) || !strings.Contains(err.Error(), "name a topic or a task") {
 		t.Fatalf("CancelQueued with an empty filter: %v; want a bad request saying what to name", err)

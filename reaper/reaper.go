@@ -117,6 +117,10 @@ type Metrics struct {
 	Reclaimed    prometheus.Counter
 	DeadLettered prometheus.Counter
 	Skipped      prometheus.Counter
+	// Cancelled, when set, counts the orphans ended cancelled because
+	// their cancel was requested (NewMetrics leaves it nil: it is the task
+	// system's cancelled counter, which its owner registers).
+	Cancelled prometheus.Counter
 }
 
 // NewMetrics registers the reaper counters on reg.
@@ -197,6 +201,9 @@ func (r *Reaper) pass(ctx context.Context, fence *broker.Fence) Result {
 	if r.metrics != nil {
 		r.metrics.Reclaimed.Add(float64(res.Reclaimed))
 		r.metrics.DeadLettered.Add(float64(res.DeadLettered))
+		if r.metrics.Cancelled != nil {
+			r.metrics.Cancelled.Add(float64(res.Cancelled))
+		}
 	}
 	if res.WithinGrace > 0 {
 		// The grace guard refused part of the pass: say so and count it,

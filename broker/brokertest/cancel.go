@@ -21,6 +21,7 @@ var cancelCases = []testCase[broker.Broker]{
 	{"CancelFinishedAndUnknown", testCancelFinished},
 	{"CancelQueuedByFilter", testCancelQueuedFilter},
 	{"CancelRacingClaim", testCancelRacingClaim},
+	{"CancelNackRacingAck", testCancelNackRacingAck},
 }
 
 // cancelDurableCases are the cancellation cases of RunDurable.
@@ -416,6 +417,57 @@ func testCancelRacingClaim(t *testing.T, b broker.Broker) {
 	}
 	if len(want) != len(claimed) {
 		t.Fatalf("%d cancel requests, %d claimed", len(want), len(claimed))
+	}
+}
+
+// testCancelNackRacingAck: the holder's Ack and its Nack{Cancel}, sent at
+// once with the same valid token (a task that finished as its cancel came
+// in), end each message in exactly one of the two: the write that won
+// returns nil and decides the state, the other returns ErrClaimLost.
+func testCancelNackRacingAck(t *testing.T, b broker.Broker) {
+	ctx := ctxOf(t)
+	const n = 30
+	submitN(t, b, "na", n)
+	ms := claim(t, b, "w", n, "na")
+	if len(ms) != n {
+		t.Fatalf("claimed %d, want %d", len(ms), n)
+	}
+	for _, m := range ms {
+		cancel(t, b, m.ID)
+	}
+	ackErrs := make([]error, n)
+	nackErrs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			errs, err := b.Ack(ctx, []broker.Outcome{{Claim: m.ClaimOf()}})
+			if err == nil {
+				err = errs[0]
+			}
+			ackErrs[i] = err
+		}()
+		go func() {
+			defer wg.Done()
+			nackErrs[i] = b.Nack(ctx, broker.NackRequest{Claim: m.ClaimOf(), Cancel: true})
+		}()
+	}
+	wg.Wait()
+	for i, m := range ms {
+		got := get(t, b, m.ID)
+		switch {
+		case ackErrs[i] == nil && errors.Is(nackErrs[i], broker.ErrClaimLost):
+			if got.State != broker.StateDone {
+				t.Fatalf("message %d: the ack won, but it is %s", m.ID, got.State)
+			}
+		case nackErrs[i] == nil && errors.Is(ackErrs[i], broker.ErrClaimLost):
+			if got.State != broker.StateCancelled {
+				t.Fatalf("message %d: the cancel won, but it is %s", m.ID, got.State)
+			}
+		default:
+			t.Fatalf("message %d: ack %v, nack{cancel} %v; want exactly one to win", m.ID, ackErrs[i], nackErrs[i])
+		}
 	}
 }
 
