@@ -41,11 +41,34 @@
 //     ends (ack, nack, dead letter, reclaim).
 //   - Nack with Requeue puts the message back (available after Delay, claim
 //     fields cleared, attempts kept); without it the message ends dead when
-//     its topic dead-letters and failed otherwise. DeadLetter always ends it
-//     dead.
-//   - Finished messages (done, failed, dead) stay readable by id. Requeue
-//     brings a dead or failed one back to the queue, keeping its attempts and
-//     last error.
+//     its topic dead-letters and failed otherwise. Nack with Cancel ends it
+//     cancelled whatever Requeue says (never retried; its last error is
+//     Error, or "cancelled"). DeadLetter always ends it dead.
+//   - Finished messages (done, failed, dead, cancelled) stay readable by id.
+//     Requeue brings a dead or failed one back to the queue, keeping its
+//     attempts and last error, and clearing CancelRequestedAt; a cancelled
+//     one is ErrInvalid (it is submitted again instead).
+//   - Cancel of a queued message ends it cancelled at once (FinishedAt
+//     set, last error "cancelled"). Cancel of a running message only sets
+//     CancelRequestedAt (once; later cancels keep the first time): the
+//     claim, its slot, its locks and its token stay until its holder ends
+//     the attempt. Cancel of a finished message changes nothing and
+//     returns the message with an error wrapping ErrFinished that names its
+//     state; of an unknown id, ErrNotFound. CancelQueued cancels the queued
+//     messages matching its filter (topic and/or task; an empty filter is
+//     ErrInvalid) and counts them; running ones are not touched.
+//   - A running message whose cancel was requested ends cancelled when its
+//     holder nacks it with Cancel, or with Requeue (it is never requeued);
+//     an Ack (success), a Nack without Requeue (a permanent failure) or a
+//     DeadLetter still ends it done, failed or dead: whichever write its valid token
+//     makes first wins, and after it Cancel returns ErrFinished.
+//     CancelRequests lists a worker's running claims whose cancel was
+//     requested: the worker polls it at its heartbeat. A cancel request is
+//     also announced at once to the brokers that implement CancelNotifier
+//     (postgres), from every process sharing the store.
+//   - The orphan reclaim of a message whose cancel was requested ends it
+//     cancelled (not requeued, not dead), counted in
+//     ReclaimResult.Cancelled.
 //   - ListMessages is newest first, Limit 50 by default (1000 at most),
 //     Before pages; an unknown state is invalid.
 //   - A worker is live while its last heartbeat is within the broker's
@@ -130,6 +153,10 @@ const (
 	StateDone    = "done"
 	StateFailed  = "failed"
 	StateDead    = "dead"
+	// StateCancelled: the message was cancelled (Broker.Cancel while
+	// queued, CancelQueued, or a running attempt that ended with
+	// NackRequest.Cancel). Terminal, like done, failed and dead.
+	StateCancelled = "cancelled"
 )
 
 // Worker roles.
@@ -208,6 +235,10 @@ type Message struct {
 	// that runs its task (nil when it is not waiting). It is kept across
 	// requeues, so the wait counts across processes and hosts.
 	WaitingSince *time.Time `json:"waiting_since,omitempty"`
+	// CancelRequestedAt is when a cancel of the running message was first
+	// requested (Broker.Cancel); its worker is to stop the attempt, which
+	// then ends cancelled. Kept on the finished message as a record.
+	CancelRequestedAt *time.Time `json:"cancel_requested_at,omitempty"`
 }
 
 // Claim names one attempt of one message: the fencing token that ack, nack
@@ -254,6 +285,10 @@ type NackRequest struct {
 	// WaitingSince, with Requeue, is when the message began to wait for a
 	// worker that runs its task (Message.WaitingSince); nil clears it.
 	WaitingSince *time.Time
+	// Cancel ends the attempt and the message cancelled, never retried,
+	// whatever Requeue says (Error, or "cancelled" when empty, is its last
+	// error).
+	Cancel bool
 }
 
 // WorkerInfo describes a worker process.
@@ -389,6 +424,10 @@ type Broker interface {
 	GetMessage(ctx context.Context, id int64) (Message, error)
 	// Requeue puts a dead or failed message back in the queue.
 	Requeue(ctx context.Context, id int64) error
+
+	// Canceller cancels messages (Cancel, CancelQueued) and tells workers
+	// which of their running messages to stop (CancelRequests).
+	Canceller
 
 	// AcquireLock takes lock name for the claim c held by holder; false if
 	// someone else holds it.

@@ -3,7 +3,7 @@ package broker
 import "slices"
 
 // States are the message states, in the order a message may pass them.
-var States = []string{StateQueued, StateRunning, StateDone, StateFailed, StateDead}
+var States = []string{StateQueued, StateRunning, StateDone, StateFailed, StateDead, StateCancelled}
 
 // ValidateMessageFilter checks a ListMessages filter (an unknown state is
 // invalid) and returns the limit it asks for: f.Limit, DefaultListLimit

@@ -37,15 +37,19 @@ type ReclaimResult struct {
 	// of non-live holders) left alone because they are younger than the
 	// grace: the fourth fail-closed guard at work.
 	WithinGrace int `json:"within_grace"`
+	// Cancelled counts the reclaimed messages whose cancel was requested:
+	// they end cancelled instead of going back to the queue (they are
+	// counted in IDs, not in Reclaimed or DeadLettered).
+	Cancelled int `json:"cancelled,omitempty"`
 }
 
 // FinishedPurger is implemented by brokers that keep finished messages
 // until told to drop them (postgres; memory and local keep a fixed number,
 // see their Retain option).
 type FinishedPurger interface {
-	// PurgeFinished deletes the done messages that finished before the
-	// cutoff, and the record of schedule fires older than it; dead and
-	// failed messages stay for an operator. It returns how many messages
+	// PurgeFinished deletes the done and cancelled messages that finished
+	// before the cutoff, and the record of schedule fires older than it;
+	// dead and failed messages stay for an operator. It returns how many messages
 	// it deleted (with the error, after one, the count of those deleted
 	// before it).
 	PurgeFinished(ctx context.Context, before time.Time) (int, error)
@@ -61,7 +65,8 @@ type OrphanReclaimer interface {
 	// ReclaimOrphans, in one transaction: running messages whose claimer
 	// is not in req.Live and that were claimed at least req.Grace ago go
 	// back to queued (claim fields and token cleared), or to dead once
-	// they have been orphaned req.MaxAttempts times; locks whose holder is not in
+	// they have been orphaned req.MaxAttempts times, or to cancelled when
+	// their cancel was requested; locks whose holder is not in
 	// req.Live, acquired at least req.Grace ago, are deleted.
 	ReclaimOrphans(ctx context.Context, req ReclaimRequest) (ReclaimResult, error)
 	// ExpireWorker marks a worker's heartbeat as long past, so it leaves

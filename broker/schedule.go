@@ -125,6 +125,7 @@ const (
 	ReportCancelled = "cancelled"
 	ReportSkipped   = "skipped"
 	ReportLost      = "lost"
+	ReportSnoozed   = "snoozed"
 )
 
 // ReportFilter selects reports; zero fields match all.

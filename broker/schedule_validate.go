@@ -19,7 +19,7 @@ const ScheduleHeader = "schedule"
 const SourceAPI = "api"
 
 // ReportStatuses are the statuses a report may have.
-var ReportStatuses = []string{ReportSuccess, ReportFailed, ReportError, ReportTimeout, ReportCancelled, ReportSkipped, ReportLost}
+var ReportStatuses = []string{ReportSuccess, ReportFailed, ReportError, ReportTimeout, ReportCancelled, ReportSkipped, ReportLost, ReportSnoozed}
 
 // NormalizeSchedule checks a schedule's definition and returns it as every
 // broker stores it. Errors wrap ErrInvalid and say what is wrong.

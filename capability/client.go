@@ -153,7 +153,8 @@ func (c *Client) ListTasks(ctx context.Context) ([]TaskSpec, error) {
 }
 
 // RunTask runs one task in the plugin, forwarding its log lines and
-// progress to events. A task error is returned as a *TaskError.
+// progress to events. A task error is returned as a *TaskError, with the
+// outcome the task asked for.
 func (c *Client) RunTask(ctx context.Context, run TaskRun, events TaskEvents) (json.RawMessage, error) {
 	stream, err := c.tasks.RunTask(ctx, runToPB(run))
 	if err != nil {
@@ -161,11 +162,6 @@ func (c *Client) RunTask(ctx context.Context, run TaskRun, events TaskEvents) (j
 	}
 	return receiveTaskEvents("run task "+run.Task, stream, events)
 }
-
-// TaskError is a task's own failure, as opposed to a transport failure.
-type TaskError struct{ Msg string }
-
-func (e *TaskError) Error() string { return e.Msg }
 
 type taskEventStream interface {
 	Recv() (*pb.RunTaskEvent, error)
@@ -183,7 +179,7 @@ func receiveTaskEvents(what string, stream taskEventStream, events TaskEvents) (
 		switch {
 		case ev.Done:
 			if ev.Error != "" {
-				return ev.ResultJson, &TaskError{Msg: ev.Error}
+				return ev.ResultJson, taskErrorOf(ev)
 			}
 			return ev.ResultJson, nil
 		case ev.HasProgress:

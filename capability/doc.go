@@ -9,6 +9,12 @@
 // An HTTPHandler also reports HTTPBodyStream: it serves the streamed-body
 // call too, through which the host sends an NDJSON upload as it arrives.
 //
+// A TaskProvider's RunTask ends an attempt with a result, an error (a
+// failure, retried by the task's rules), or one of the outcomes Snooze,
+// Permanent and CancelTask, which travel to tasks_worker in the final
+// RunTaskEvent; a caller reads them from the TaskError it gets. RunTask's
+// context is cancelled when the task is cancelled while it runs.
+//
 // The host talks to a plugin through a Client, and serves HostServices back
 // to it over go-plugin's GRPCBroker: a plugin never talks to another plugin
 // directly. The generated protobuf code lives in capability/internal and is

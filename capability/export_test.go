@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/taskhost/taskhost/capability/internal/pb"
 )
@@ -48,4 +49,14 @@ type legacyHTTP struct{ *httpServer }
 
 func (*legacyHTTP) ServeHTTPStream(pb.HTTPHandler_ServeHTTPStreamServer) error {
 	return status.Error(codes.Unimplemented, "unknown method ServeHTTPStream for service taskhost.plugin.v1.HTTPHandler")
+}
+
+// TaskErrorOfWire decodes a final RunTaskEvent from its wire bytes and
+// reads the TaskError it stands for, as a host reads a plugin's.
+func TaskErrorOfWire(b []byte) (*TaskError, error) {
+	var ev pb.RunTaskEvent
+	if err := proto.Unmarshal(b, &ev); err != nil {
+		return nil, err
+	}
+	return taskErrorOf(&ev), nil
 }

@@ -52,9 +52,12 @@ func (s *hostServicesServer) RunTask(req *pb.HostRunTaskRequest, stream pb.HostS
 		// caller can tell it from the task's own failure.
 		return toStatus(err)
 	}
+	// The task's own failure passes on with its outcome (snooze,
+	// permanent, cancel), so a plugin that runs another's task sees what
+	// that task asked for.
 	final := &pb.RunTaskEvent{Done: true, ResultJson: res}
 	if te != nil {
-		final.Error = te.Msg
+		final = finalEvent(res, te)
 	}
 	ev.mu.Lock()
 	defer ev.mu.Unlock()

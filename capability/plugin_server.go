@@ -203,13 +203,7 @@ func (s *taskServer) RunTask(req *pb.RunTaskRequest, stream pb.TaskProvider_RunT
 	res, err := s.impl.RunTask(stream.Context(), TaskRun{
 		Task: req.Task, Payload: req.PayloadJson, MessageID: req.MessageId, Attempt: int(req.Attempt),
 	}, ev)
-	final := &pb.RunTaskEvent{Done: true, ResultJson: res}
-	if err != nil {
-		final.Error = err.Error()
-		if final.Error == "" {
-			final.Error = "task failed"
-		}
-	}
+	final := finalEvent(res, err)
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	return stream.Send(final)

@@ -1,11 +1,11 @@
 // Package client is a Go client of a running taskhost: it submits tasks
 // to the tasks_worker plugin's API (one at a time, or streamed in batches
-// of millions), reads them back, waits for them, lists them, and manages
-// schedules, topics, reports and the host's plugins.
+// of millions), reads them back, waits for them, lists them, cancels
+// them, and manages schedules, topics, reports and the host's plugins.
 //
 //	c := client.New("http://127.0.0.1:8080", client.WithToken(os.Getenv("TASKHOST_ADMIN_TOKEN")))
 //	id, err := c.Submit(ctx, client.Task{Task: "demo.echo", Payload: json.RawMessage(`{"hello":"world"}`)})
-//	t, err := c.Wait(ctx, id) // t.State is done, failed or dead
+//	t, err := c.Wait(ctx, id) // t.State is done, failed, dead or cancelled
 //
 // # Errors
 //
@@ -23,8 +23,8 @@
 // Reads (Get, Wait, List, Schedules, GetSchedule, Reports, GetReport,
 // Topics, Plugins) are retried per the RetryPolicy (DefaultRetry unless
 // WithRetry says otherwise) on a 502, 503 or 504 and on any connection
-// failure. Submit, CreateSchedule, UpdateSchedule, DeleteSchedule and
-// SetTopic are retried only on a 503 (the host or the plugin could not
+// failure. Submit, Cancel, CancelQueued, CreateSchedule, UpdateSchedule,
+// DeleteSchedule and SetTopic are retried only on a 503 (the host or the plugin could not
 // take the request now; a Retry-After is honoured) and when no connection
 // could be made (the request never left). A call that ends with
 // ErrOutcomeUnknown is never retried, nor is any other answer.

@@ -17,6 +17,9 @@ const (
 	StateDone    = "done"
 	StateFailed  = "failed"
 	StateDead    = "dead"
+	// StateCancelled: cancelled (Cancel, CancelQueued) before it ran, or
+	// its running attempt stopped on a cancel; never retried.
+	StateCancelled = "cancelled"
 )
 
 // Task is a task to submit, and a submitted one as Get, Wait and List
@@ -49,12 +52,16 @@ type Task struct {
 	Result json.RawMessage `json:"result,omitempty"`
 	// Error is the last attempt's error.
 	Error *string `json:"error,omitempty"`
+	// CancelRequestedAt: the running task was asked to stop then
+	// (Cancel); it ends cancelled unless it finishes first.
+	CancelRequestedAt *time.Time `json:"cancel_requested_at,omitempty"`
 }
 
 // Finished reports whether the task is in a state it leaves only when
-// someone requeues it: done, failed or dead.
+// someone requeues it: done, failed, dead or cancelled (which is never
+// requeued).
 func (t Task) Finished() bool {
-	return t.State == StateDone || t.State == StateFailed || t.State == StateDead
+	return t.State == StateDone || t.State == StateFailed || t.State == StateDead || t.State == StateCancelled
 }
 
 // submitItem is what Submit and the batch calls send of a Task.
@@ -91,11 +98,12 @@ func (c *Client) Get(ctx context.Context, id string) (Task, error) {
 	return t, err
 }
 
-// Wait polls the task until it is finished (done, failed or dead: see
-// Task.Finished) and returns it; the polls start 100 ms apart and grow to
-// 2 s. ctx bounds the wait: when it ends first, Wait returns the task as
-// last read with ctx's error. A finished task's State says how it ended;
-// a failed or dead task is not an error of Wait.
+// Wait polls the task until it is finished (done, failed, dead or
+// cancelled: see Task.Finished) and returns it; the polls start 100 ms
+// apart and grow to 2 s. ctx bounds the wait: when it ends first, Wait
+// returns the task as last read with ctx's error. A finished task's State
+// says how it ended; a failed, dead or cancelled task is not an error of
+// Wait.
 func (c *Client) Wait(ctx context.Context, id string) (Task, error) {
 	delay := 100 * time.Millisecond
 	for {

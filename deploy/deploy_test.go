@@ -59,6 +59,8 @@ var publicNames = []string{
 	"fp_tasks_worker_fastpluggy_tasks_submitted_per_topic_total",
 	"fp_tasks_worker_fastpluggy_tasks_completed_per_topic_total",
 	"fp_tasks_worker_fastpluggy_tasks_failed_per_topic_total",
+	"fp_tasks_worker_fastpluggy_tasks_cancelled_total",
+	"fp_tasks_worker_fastpluggy_tasks_cancelled_per_topic_total",
 	"fp_tasks_worker_fastpluggy_tasks_running",
 	"fp_tasks_worker_fastpluggy_tasks_duration_seconds",
 	"fp_tasks_worker_fastpluggy_tasks_reports_dropped_total",

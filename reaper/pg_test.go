@@ -534,3 +534,41 @@ func BenchmarkPassOver1MRowsWith1000Orphans(b *testing.B) {
 		}
 	}
 }
+
+// TestACancelRequestedOrphanEndsCancelled: on every durable store, a pass
+// ends an orphan whose cancel was requested cancelled, says so in its
+// summary and counts it in the Cancelled counter, not as reclaimed.
+func TestACancelRequestedOrphanEndsCancelled(t *testing.T) {
+	for _, kind := range storeKinds {
+		t.Run(kind.name, func(t *testing.T) {
+			s := kind.open(t)
+			ctx := t.Context()
+			register(t, s.observer, self, other)
+			orphan := claimAs(t, s.observer, ghost, "")
+			if m, err := s.observer.Cancel(ctx, orphan.ID); err != nil || m.CancelRequestedAt == nil {
+				t.Fatalf("Cancel = %+v, %v", m, err)
+			}
+			const grace = 200 * time.Millisecond
+			time.Sleep(2 * grace) // the claim is now past the grace
+			h := newHarness(s.reaper, settings(grace, 3))
+			h.m.Cancelled = prometheus.NewCounter(prometheus.CounterOpts{Name: "cancelled_total", Help: "test"})
+			res := h.r.PassAsLeader(ctx, leaseFor(t, s.reaper))
+			if res.Skipped != "" || res.Cancelled != 1 || res.Reclaimed != 0 || res.DeadLettered != 0 || len(res.IDs) != 1 {
+				t.Fatalf("pass = %+v, want message %d ended cancelled", res, orphan.ID)
+			}
+			if !strings.Contains(res.Summary(), "ended 1 cancelled") {
+				t.Fatalf("summary %q does not say it ended one cancelled", res.Summary())
+			}
+			if got := testutil.ToFloat64(h.m.Cancelled); got != 1 {
+				t.Fatalf("cancelled counter = %v, want 1", got)
+			}
+			if got := testutil.ToFloat64(h.m.Reclaimed); got != 0 {
+				t.Fatalf("reclaimed counter = %v, want 0", got)
+			}
+			got, err := s.observer.GetMessage(ctx, orphan.ID)
+			if err != nil || got.State != broker.StateCancelled || !got.Suspect {
+				t.Fatalf("orphan after the pass = %+v, %v; want cancelled", got, err)
+			}
+		})
+	}
+}

@@ -103,6 +103,9 @@ func (r Result) Summary() string {
 		return fmt.Sprintf("reclaimed nothing: %s", r.Reason)
 	}
 	s := fmt.Sprintf("reclaimed %d, dead-lettered %d, released %d lock(s)", r.Reclaimed, r.DeadLettered, r.LocksReleased)
+	if r.Cancelled > 0 {
+		s += fmt.Sprintf("; ended %d cancelled, as their cancel was requested", r.Cancelled)
+	}
 	if r.WithinGrace > 0 {
 		s += fmt.Sprintf("; left %d orphan(s) younger than the grace", r.WithinGrace)
 	}
@@ -114,6 +117,10 @@ type Metrics struct {
 	Reclaimed    prometheus.Counter
 	DeadLettered prometheus.Counter
 	Skipped      prometheus.Counter
+	// Cancelled, when set, counts the orphans ended cancelled because
+	// their cancel was requested (NewMetrics leaves it nil: it is the task
+	// system's cancelled counter, which its owner registers).
+	Cancelled prometheus.Counter
 }
 
 // NewMetrics registers the reaper counters on reg.
@@ -194,6 +201,9 @@ func (r *Reaper) pass(ctx context.Context, fence *broker.Fence) Result {
 	if r.metrics != nil {
 		r.metrics.Reclaimed.Add(float64(res.Reclaimed))
 		r.metrics.DeadLettered.Add(float64(res.DeadLettered))
+		if r.metrics.Cancelled != nil {
+			r.metrics.Cancelled.Add(float64(res.Cancelled))
+		}
 	}
 	if res.WithinGrace > 0 {
 		// The grace guard refused part of the pass: say so and count it,
@@ -204,9 +214,9 @@ func (r *Reaper) pass(ctx context.Context, fence *broker.Fence) Result {
 			r.metrics.Skipped.Inc()
 		}
 	}
-	if res.Reclaimed+res.DeadLettered+res.LocksReleased > 0 {
+	if res.Reclaimed+res.DeadLettered+res.Cancelled+res.LocksReleased > 0 {
 		r.log.Warn("reaper reclaimed orphans of dead workers", "reclaimed", res.Reclaimed,
-			"dead_lettered", res.DeadLettered, "locks_released", res.LocksReleased, "ids", fmt.Sprint(res.IDs))
+			"dead_lettered", res.DeadLettered, "cancelled", res.Cancelled, "locks_released", res.LocksReleased, "ids", fmt.Sprint(res.IDs))
 	}
 	return out
 }

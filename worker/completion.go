@@ -21,7 +21,8 @@ type completion struct {
 	result  json.RawMessage
 	lost    bool
 	requeue bool
-	notRan  bool // with requeue: the task never ran (NackRequest.NotRun)
+	cancel  bool // the message ends cancelled (NackRequest.Cancel)
+	notRan  bool // with requeue: the attempt is given back (NackRequest.NotRun)
 	suspect bool // with notRan: the message stays a suspect (NackRequest.Suspect)
 	// waitingSince, with requeue: when the message began to wait for a
 	// worker that runs its task (NackRequest.WaitingSince).
@@ -49,6 +50,26 @@ func (c *completion) notRun(d time.Duration, reason, status string) *completion 
 		reason = broker.OrphanedErrorPrefix + " its last worker died running it; requeued without running: " + reason
 	}
 	return c.requeueAfter(d, reason, status)
+}
+
+// snooze requeues a message whose task asked to run again after d
+// (Snooze): its attempt is given back, as the task did not fail.
+func (c *completion) snooze(d time.Duration, reason string) *completion {
+	c.notRan = true
+	return c.requeueAfter(d, reason, StatusSnoozed)
+}
+
+// The last error of a task cancelled on request (CancelRunning).
+const (
+	cancelledWhileRunning = "cancelled: a cancel was requested while the task ran"
+	cancelledBeforeRun    = "cancelled: a cancel was requested before the task ran"
+)
+
+// cancelled ends the message cancelled, never retried, with reason as its
+// last error.
+func (c *completion) cancelled(reason string) *completion {
+	c.cancel = true
+	return c.nackWith(false, 0, reason, StatusCancelled)
 }
 
 func (c *completion) requeueNow(reason, status string) *completion {

@@ -26,6 +26,21 @@
 // "lost" and never as the task's outcome, because the message now belongs
 // to someone else.
 //
+// A handler ends its attempt by returning a result (done) or an error
+// (failed: retried after the task's backoff while attempts remain), or
+// one of three outcomes: Snooze (run again after a delay, the attempt
+// given back), Permanent (failed, no further attempt) and CancelTask
+// (cancelled, never retried). A task of a provider plugin returns the same
+// three from package capability; tasks_worker turns them into these.
+//
+// A running attempt is cancelled by CancelRunning: its handler's context
+// is cancelled with cause ErrCancelRequested and the attempt ends
+// cancelled (broker.NackRequest.Cancel), unless the handler returned
+// success first, whose ack wins. The pool learns of cancels asked of the
+// broker by other processes from Broker.CancelRequests, polled at each
+// heartbeat, and, when the broker is a broker.CancelNotifier (PostgreSQL),
+// from its notices at once.
+//
 // Stop drains: it stops claiming, lets running handlers finish for up to
 // Options.DrainTimeout, then cancels their contexts and puts their messages
 // back in the queue, so a deploy leaves nothing running under a dead owner.

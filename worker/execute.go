@@ -134,20 +134,29 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 		Attempt: attempt, MaxAttempts: maxAttempts,
 		onLog: func(line string) { log.Debug("task log", "line", line) },
 	}
-	res, abandoned, timedOut := p.run(t, tc, log)
+	res, ran, abandoned, timedOut, cancelled := p.run(t, tc, log)
 	c.dur = time.Since(c.started)
-	c.tc, c.timedOut = tc, timedOut
+	if ran {
+		c.tc, c.timedOut = tc, timedOut
+	}
 
 	switch {
+	case !ran:
+		log.Info("task cancelled before it ran")
+		return c.cancelled(cancelledBeforeRun)
 	case abandoned:
 		return c.requeueNow("worker stopped (the task ignored cancellation)", StatusStopped)
 	case res.err == nil:
+		// Success wins over a cancel request that came too late.
 		body, err := marshalResult(res.value)
 		if err == nil {
 			c.ack, c.result, c.status = true, body, StatusDone
 			return c
 		}
 		res.err = fmt.Errorf("the task's result cannot be stored: %w", err)
+	case cancelled:
+		log.Info("task cancelled while it ran", "error", res.err.Error())
+		return c.cancelled(cancelledWhileRunning)
 	case p.runCtx.Err() != nil:
 		// Hard stop: the failure is most likely the cancellation itself.
 		// The worker's stop cut the attempt short, not the task: it gives
@@ -163,6 +172,23 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 	if msg == "" {
 		msg = "task failed"
 	}
+	if oe := outcomeOf(res.err); oe != nil {
+		switch oe.kind {
+		case outcomeSnooze:
+			if err := checkSnooze(oe.after); err != nil {
+				msg = err.Error()
+				break
+			}
+			log.Debug("task snoozed", "retry_in", oe.after.String())
+			return c.snooze(oe.after, msg)
+		case outcomePermanent:
+			log.Warn("task failed permanently; no further attempt", "error", msg, "max_attempts", maxAttempts)
+			return c.fail(msg, false, 0)
+		case outcomeCancel:
+			log.Info("task cancelled itself", "reason", msg)
+			return c.cancelled(msg)
+		}
+	}
 	if attempt < maxAttempts {
 		d := t.retryDelay(attempt, res.err)
 		log.Warn("task failed; retrying", "error", msg, "max_attempts", maxAttempts, "retry_in", d.String())
@@ -173,18 +199,23 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 }
 
 // run calls the handler in its own goroutine, so a handler that ignores
-// cancellation can be abandoned, and turns a panic into an error.
-func (p *Pool) run(t Task, tc *TaskContext, log *msgLogger) (res handlerResult, abandoned, timedOut bool) {
-	var (
-		ctx    context.Context
-		cancel context.CancelFunc
-	)
-	if t.Timeout > 0 {
-		ctx, cancel = context.WithTimeout(p.runCtx, t.Timeout)
-	} else {
-		ctx, cancel = context.WithCancel(p.runCtx)
+// cancellation can be abandoned, and turns a panic into an error. ran is
+// false when a cancel request came before the handler started (it did
+// not), cancelled true when one came while it ran (CancelRunning).
+func (p *Pool) run(t Task, tc *TaskContext, log *msgLogger) (res handlerResult, ran, abandoned, timedOut, cancelled bool) {
+	base, cancelBase := context.WithCancelCause(p.runCtx)
+	defer cancelBase(nil)
+	a, requested := p.attempts.start(tc.MessageID, cancelBase)
+	defer func() { cancelled = p.attempts.end(tc.MessageID, a) }()
+	if requested {
+		return handlerResult{}, false, false, false, true
 	}
-	defer cancel()
+	ctx := base
+	if t.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(base, t.Timeout)
+		defer cancel()
+	}
 	p.running.Add(1)
 	defer p.running.Add(-1)
 
@@ -202,10 +233,10 @@ func (p *Pool) run(t Task, tc *TaskContext, log *msgLogger) (res handlerResult, 
 	select {
 	case res = <-done:
 	case <-p.abandon:
-		return handlerResult{}, true, false
+		return handlerResult{}, true, true, false, false
 	}
 	timedOut = res.err != nil && t.Timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) && p.runCtx.Err() == nil
-	return res, false, timedOut
+	return res, true, false, timedOut, false
 }
 
 func marshalResult(v any) (json.RawMessage, error) {

@@ -60,6 +60,11 @@ func (p *Pool) heartbeat() {
 			return
 		}
 		p.beaten(err)
+		if err == nil {
+			ctx, cancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
+			p.pollCancels(ctx)
+			cancel()
+		}
 		if err != nil {
 			wait = bo.next()
 			p.log.Warn("heartbeat failed; retrying", "error", err, "retry_in", wait.String())

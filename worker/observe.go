@@ -31,6 +31,14 @@ const (
 	// StatusStopped: the pool stopped before or while running it; the
 	// message went back to the queue.
 	StatusStopped = "stopped"
+	// StatusSnoozed: the handler asked to run again later (Snooze); the
+	// message went back to the queue for that long, its attempt given
+	// back.
+	StatusSnoozed = "snoozed"
+	// StatusCancelled: a cancel was requested (Pool.CancelRunning) before
+	// the handler returned success, or the handler cancelled its task
+	// (CancelTask); the message ended cancelled and is not retried.
+	StatusCancelled = "cancelled"
 )
 
 // Observer is told about every claimed message, for metrics: TaskStarted
@@ -89,8 +97,10 @@ func (c *completion) report(worker string) (broker.Report, bool) {
 		r.Status = broker.ReportError // unknown task
 	case c.status == StatusDone:
 		r.Status, r.Result = broker.ReportSuccess, c.result
-	case c.status == StatusStopped:
+	case c.status == StatusStopped, c.status == StatusCancelled:
 		r.Status = broker.ReportCancelled
+	case c.status == StatusSnoozed:
+		r.Status = broker.ReportSnoozed
 	case c.timedOut:
 		r.Status = broker.ReportTimeout
 	default:

@@ -184,7 +184,7 @@ const ackedEarlierTries = 5
 // retry does.
 func (o *completer) nack(c *completion) {
 	req := broker.NackRequest{Claim: c.claim, Requeue: c.requeue, Delay: c.delay, Error: c.errText, NotRun: c.notRan,
-		Suspect: c.suspect, WaitingSince: c.waitingSince}
+		Suspect: c.suspect, WaitingSince: c.waitingSince, Cancel: c.cancel}
 	if err := o.retry("nack", func(ctx context.Context) error { return o.b.Nack(ctx, req) }); err != nil {
 		o.lose(c, "nack", err)
 	}

@@ -69,6 +69,7 @@ type Pool struct {
 	dispatcherDone chan struct{}
 	heartbeatDone  chan struct{}
 	strayDone      chan struct{}
+	cancelsDone    chan struct{} // closed: watchCancels returned (or never ran)
 	workers        sync.WaitGroup
 
 	elsewhere elsewhereView // what other workers run (see RunsElsewhere)
@@ -76,9 +77,10 @@ type Pool struct {
 	startedAt  time.Time // when Start ran
 	startTasks []string  // the tasks Start registered the worker with
 
-	claims holdings  // claimed, outcome not yet written (see hold)
-	back   giveBacks // claims to requeue without running (see giveBack)
-	beat   beat      // the latest heartbeat
+	claims   holdings  // claimed, outcome not yet written (see hold)
+	attempts attempts  // the handlers running, for CancelRunning
+	back     giveBacks // claims to requeue without running (see giveBack)
+	beat     beat      // the latest heartbeat
 
 	inflight atomic.Int64 // claimed and not yet handed to the completer
 	running  atomic.Int64 // handlers running
@@ -188,12 +190,18 @@ func (p *Pool) Start(ctx context.Context) error {
 	p.dispatcherDone = make(chan struct{})
 	p.heartbeatDone = make(chan struct{})
 	p.strayDone = make(chan struct{})
+	p.cancelsDone = make(chan struct{})
 	p.startedAt = time.Now()
 	p.claims.init(2 * n)
 	p.out = newCompleter(p.b, p.log, p.opts.WorkerID, p.obs, p.opts.Reporter, &p.claims, n)
 
 	go p.heartbeat()
 	go p.checkStrays()
+	if cn, ok := p.b.(broker.CancelNotifier); ok {
+		go p.watchCancels(cn.CancelNotices())
+	} else {
+		close(p.cancelsDone)
+	}
 	p.out.start()
 	p.workers.Add(n)
 	for range n {
@@ -299,6 +307,7 @@ func (p *Pool) Stop(ctx context.Context) error {
 	p.stopHB()
 	<-p.heartbeatDone
 	<-p.strayDone
+	<-p.cancelsDone
 	p.cancelRun()
 
 	unregister := brokerCallTimeout

@@ -169,6 +169,18 @@ func (h *holdings) release(batch []*completion) {
 	h.mu.Unlock()
 }
 
+// holdsID reports whether the pool holds a claim of message id.
+func (h *holdings) holdsID(id int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for c := range h.held {
+		if c.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
 // ranAndLost records that c's task ran but its outcome could not be
 // written (see lose).
 func (h *holdings) ranAndLost(c broker.Claim) {

@@ -53,6 +53,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"Leases", testLeases},
 		{"Closed", testClosed},
 	})
+	runCases(t, newBroker, cancelCases)
 }
 
 // testCase is one case of a suite, run on a fresh S.

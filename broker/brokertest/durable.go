@@ -49,6 +49,7 @@ func RunDurable(t *testing.T, newStore func(t *testing.T) Store) {
 		{"LeaseOneLeader", testLeaseOneLeader},
 		{"ClosedOrphanMethods", testClosedOrphanMethods},
 	})
+	runCases(t, newStore, cancelDurableCases)
 }
 
 func register(t *testing.T, b broker.Broker, ids ...string) {

@@ -129,22 +129,25 @@ func ackEach(tx *txn, outcomes []broker.Outcome, errs []error, now time.Time) er
 }
 
 // heldTopic returns the topic of the message c holds (running under its
-// token), or broker.ErrClaimLost, and releases the locks held under c: the
-// caller is ending the claim.
-func heldTopic(tx *txn, c broker.Claim) (string, error) {
-	var topic string
-	err := tx.QueryRow(`SELECT topic FROM tw_messages WHERE id = ? AND state = 'running' AND token = ?`,
-		c.ID, c.Token).Scan(&topic)
+// token) and whether its cancel was requested, or broker.ErrClaimLost, and
+// releases the locks held under c: the caller is ending the claim.
+func heldTopic(tx *txn, c broker.Claim) (string, bool, error) {
+	var (
+		topic           string
+		cancelRequested bool
+	)
+	err := tx.QueryRow(`SELECT topic, cancel_requested_at IS NOT NULL FROM tw_messages WHERE id = ? AND state = 'running' AND token = ?`,
+		c.ID, c.Token).Scan(&topic, &cancelRequested)
 	if errors.Is(err, sql.ErrNoRows) {
-		return "", broker.ErrClaimLost
+		return "", false, broker.ErrClaimLost
 	}
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if _, err := tx.Exec(`DELETE FROM tw_locks WHERE message_id = ? AND token = ?`, c.ID, c.Token); err != nil {
-		return "", err
+		return "", false, err
 	}
-	return topic, nil
+	return topic, cancelRequested, nil
 }
 
 // Nack ends an attempt without success; see package broker's
@@ -155,9 +158,16 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	}
 	req.Error = broker.CleanText(req.Error)
 	return b.write(ctx, "nack", func(tx *txn, now time.Time) error {
-		topic, err := heldTopic(tx, req.Claim)
+		topic, cancelRequested, err := heldTopic(tx, req.Claim)
 		if err != nil {
 			return err
+		}
+		if req.Cancel || (req.Requeue && cancelRequested) {
+			reason := req.Error
+			if reason == "" {
+				reason = broker.CancelledError
+			}
+			return finish(tx, req.Claim.ID, broker.StateCancelled, reason, req.Suspect, now)
 		}
 		if req.Requeue {
 			_, err := tx.Exec(`UPDATE tw_messages
@@ -195,7 +205,7 @@ func finish(tx *txn, id int64, state, lastError string, suspect bool, now time.T
 func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
 	reason = broker.CleanText(reason)
 	return b.write(ctx, "dead letter", func(tx *txn, now time.Time) error {
-		if _, err := heldTopic(tx, c); err != nil {
+		if _, _, err := heldTopic(tx, c); err != nil {
 			return err
 		}
 		return finish(tx, c.ID, broker.StateDead, reason, false, now)

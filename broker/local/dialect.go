@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
@@ -175,6 +176,22 @@ var queries = sqlstore.Queries{
 
 	MessageCols: msgCols,
 	GetMessage:  `SELECT ` + msgCols + ` FROM tw_messages WHERE id = ?`,
+
+	CancelLock: `SELECT state FROM tw_messages WHERE id = ?`,
+	CancelQueuedOne: `UPDATE tw_messages
+			SET state = 'cancelled', finished_at = ?3, last_error = ?2, waiting_since = NULL
+			WHERE id = ?1`,
+	RequestCancel: `UPDATE tw_messages SET cancel_requested_at = coalesce(cancel_requested_at, ?2) WHERE id = ?1`,
+	// The filter's arguments come first in the text, so its plain
+	// placeholders number before the SET's.
+	CancelQueued: func(where string, n int) string {
+		return `WITH c AS (SELECT id FROM tw_messages WHERE state = 'queued' AND ` + where + `)
+			UPDATE tw_messages
+			SET state = 'cancelled', last_error = ?` + strconv.Itoa(n) + `, finished_at = ?` + strconv.Itoa(n+1) + `, waiting_since = NULL
+			WHERE id IN (SELECT id FROM c)`
+	},
+	CancelRequests: `SELECT id, token FROM tw_messages
+			WHERE state = 'running' AND claimed_by = ? AND cancel_requested_at IS NOT NULL ORDER BY id`,
 
 	ScheduleCols: schedCols,
 	PutSchedule: `INSERT INTO tw_schedules

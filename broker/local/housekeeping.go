@@ -67,7 +67,7 @@ func (b *Broker) trimFinished(ctx context.Context) error {
 			n = 0
 			var finished int64
 			if err := tx.QueryRow(`SELECT count(*) FROM tw_messages
-				WHERE state IN ('done', 'failed', 'dead')`).Scan(&finished); err != nil {
+				WHERE state IN ('done', 'failed', 'dead', 'cancelled')`).Scan(&finished); err != nil {
 				return err
 			}
 			excess := min(finished-int64(b.opts.Retain), retainChunk)
@@ -76,7 +76,7 @@ func (b *Broker) trimFinished(ctx context.Context) error {
 			}
 			r, err := tx.Exec(`DELETE FROM tw_messages WHERE id IN (
 				SELECT id FROM tw_messages INDEXED BY tw_messages_finished
-				WHERE state IN ('done', 'failed', 'dead')
+				WHERE state IN ('done', 'failed', 'dead', 'cancelled')
 				ORDER BY finished_at, id LIMIT ?)`, excess)
 			if err != nil {
 				return err

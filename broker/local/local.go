@@ -105,9 +105,9 @@ type Options struct {
 	// WorkerTTL is how long a worker's row is kept after its last
 	// heartbeat. Zero means DefaultWorkerTTL.
 	WorkerTTL time.Duration
-	// Retain caps the finished (done, failed, dead) messages kept for
-	// reading by id; housekeeping drops the oldest finished ones past it.
-	// Zero or less means DefaultRetain.
+	// Retain caps the finished (done, failed, dead, cancelled) messages
+	// kept for reading by id; housekeeping drops the oldest finished ones
+	// past it. Zero or less means DefaultRetain.
 	Retain int
 	// MaxPayload is the largest payload Submit accepts, in bytes. Zero
 	// means broker.MaxPayloadSize.

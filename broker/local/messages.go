@@ -11,7 +11,8 @@ import (
 // msgCols are the columns scanMessage reads, in its order.
 const msgCols = `id, topic, task, payload, headers, state, attempts, max_attempts,
 	claimed_by, claimed_at, token, available_at, created_at, finished_at, last_error, result,
-	suspect, waiting_since`
+	suspect, waiting_since,
+	cancel_requested_at`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -25,11 +26,13 @@ func scanMessage(s scanner, withToken bool) (broker.Message, error) {
 		result                    sql.NullString
 		claimedAt, finishedAt     sql.NullInt64
 		waitingSince              sql.NullInt64
+		cancelRequestedAt         sql.NullInt64
 		availableAt, createdAt    int64
 	)
 	err := s.Scan(&m.ID, &m.Topic, &m.Task, &payload, &headers, &m.State, &m.Attempts, &m.MaxAttempts,
 		&claimedBy, &claimedAt, &token, &availableAt, &createdAt, &finishedAt, &m.LastError, &result,
-		&m.Suspect, &waitingSince)
+		&m.Suspect, &waitingSince,
+		&cancelRequestedAt)
 	if err != nil {
 		return broker.Message{}, err
 	}
@@ -59,6 +62,10 @@ func scanMessage(s scanner, withToken bool) (broker.Message, error) {
 	if waitingSince.Valid {
 		t := fromNS(waitingSince.Int64)
 		m.WaitingSince = &t
+	}
+	if cancelRequestedAt.Valid {
+		t := fromNS(cancelRequestedAt.Int64)
+		m.CancelRequestedAt = &t
 	}
 	if result.Valid {
 		m.Result = json.RawMessage(result.String)

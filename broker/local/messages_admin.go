@@ -31,7 +31,7 @@ func (dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {
 	}
 	_, err = c.Exec(`UPDATE tw_messages
 		SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
-			finished_at = NULL, available_at = ?2
+			finished_at = NULL, available_at = ?2, cancel_requested_at = NULL
 		WHERE id = ?1`, id, sqlstore.Now)
 	return state, err == nil, err
 }

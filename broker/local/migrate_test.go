@@ -27,6 +27,7 @@ func TestMigrationUpgrade(t *testing.T) {
 	execSQL(t, b, `ALTER TABLE tw_workers DROP COLUMN tasks`)
 	execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN suspect`)
 	execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN waiting_since`)
+	execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN cancel_requested_at`)
 	execSQL(t, b, `DELETE FROM tw_schema_migrations WHERE version > 1`)
 	// Before columns of their own, a message's last error held its state.
 	orphan, waiter := mustSubmit(t, b, "u"), mustSubmit(t, b, "u")

@@ -32,9 +32,10 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 			orphaned int
 			by       string
 			token    string
+			cancel   bool // its cancel was requested
 		}
 		var orphans []orphan
-		rows, err := tx.Query(`SELECT id, attempts, orphaned, claimed_by, token FROM tw_messages
+		rows, err := tx.Query(`SELECT id, attempts, orphaned, claimed_by, token, cancel_requested_at IS NOT NULL FROM tw_messages
 			WHERE state = 'running' AND claimed_at <= ?
 				AND claimed_by NOT IN (SELECT value FROM json_each(?))
 			ORDER BY id`, cutoff, string(liveJSON))
@@ -43,7 +44,7 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 		}
 		for rows.Next() {
 			var o orphan
-			if err := rows.Scan(&o.id, &o.attempts, &o.orphaned, &o.by, &o.token); err != nil {
+			if err := rows.Scan(&o.id, &o.attempts, &o.orphaned, &o.by, &o.token, &o.cancel); err != nil {
 				rows.Close()
 				return err
 			}
@@ -69,7 +70,14 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 			if _, err := tx.Exec(`UPDATE tw_messages SET orphaned = orphaned + 1 WHERE id = ?`, o.id); err != nil {
 				return err
 			}
-			if req.MaxAttempts > 0 && o.orphaned+1 >= req.MaxAttempts {
+			if o.cancel {
+				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; cancelled by the reaper, as its cancel was requested",
+					o.by, o.attempts)
+				if err := finish(tx, o.id, broker.StateCancelled, reason, true, now); err != nil {
+					return err
+				}
+				res.Cancelled++
+			} else if req.MaxAttempts > 0 && o.orphaned+1 >= req.MaxAttempts {
 				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; its claim was orphaned %d times (orphan max %d); dead-lettered by the reaper",
 					o.by, o.attempts, o.orphaned+1, req.MaxAttempts)
 				if err := finish(tx, o.id, broker.StateDead, reason, true, now); err != nil {
@@ -119,8 +127,8 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 	if err != nil {
 		return broker.ReclaimResult{}, err
 	}
-	if res.Reclaimed+res.DeadLettered+res.LocksReleased > 0 {
-		d.b.log.Info("reclaimed orphans", "reclaimed", res.Reclaimed, "dead_lettered", res.DeadLettered,
+	if res.Reclaimed+res.DeadLettered+res.Cancelled+res.LocksReleased > 0 {
+		d.b.log.Info("reclaimed orphans", "reclaimed", res.Reclaimed, "dead_lettered", res.DeadLettered, "cancelled", res.Cancelled,
 			"locks_released", res.LocksReleased, "within_grace", res.WithinGrace, "ids", res.IDs)
 	}
 	return res, nil

@@ -34,9 +34,9 @@ type Broker struct {
 	// to count as live in Stats (Workers, Beats, Subscribers). Zero means
 	// DefaultLiveAfter.
 	LiveAfter time.Duration
-	// Retain caps the finished (done, failed, dead) messages kept for
-	// reading by id; past it the oldest finished ones are dropped. Zero
-	// or less means DefaultRetain.
+	// Retain caps the finished (done, failed, dead, cancelled) messages
+	// kept for reading by id; past it the oldest finished ones are
+	// dropped. Zero or less means DefaultRetain.
 	Retain int
 
 	mu     sync.Mutex

@@ -34,7 +34,7 @@ func checkBooks(t *testing.T, b *Broker) {
 			t.Errorf("message %d stored under %d", e.m.ID, id)
 		}
 		switch e.m.State {
-		case broker.StateDone, broker.StateFailed, broker.StateDead:
+		case broker.StateDone, broker.StateFailed, broker.StateDead, broker.StateCancelled:
 			finished++
 			if e.finSeq == 0 {
 				t.Errorf("finished message %d has no finSeq", id)

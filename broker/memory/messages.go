@@ -306,6 +306,13 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	b.release(e)
 	e.m.LastError = req.Error
 	e.m.Suspect, e.m.WaitingSince = req.Suspect, nil
+	if req.Cancel || (req.Requeue && e.m.CancelRequestedAt != nil) {
+		if e.m.LastError == "" {
+			e.m.LastError = broker.CancelledError
+		}
+		b.finish(e, broker.StateCancelled, now)
+		return nil
+	}
 	if req.Requeue {
 		if req.WaitingSince != nil {
 			t := *req.WaitingSince
@@ -333,6 +340,7 @@ func (b *Broker) requeue(e *entry, at time.Time) {
 	e.m.ClaimedAt = nil
 	e.m.Token = ""
 	e.m.FinishedAt = nil
+	e.m.CancelRequestedAt = nil
 	e.m.AvailableAt = at
 	b.enqueue(e)
 }

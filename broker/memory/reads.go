@@ -69,6 +69,9 @@ func (b *Broker) Requeue(ctx context.Context, id int64) error {
 	if e == nil {
 		return fmt.Errorf("message %d: %w", id, broker.ErrNotFound)
 	}
+	if e.m.State == broker.StateCancelled {
+		return broker.Invalid("message %d is cancelled: a cancelled task is not requeued; submit it again", id)
+	}
 	if e.m.State != broker.StateDead && e.m.State != broker.StateFailed {
 		return broker.Invalid("message %d is %s; only dead or failed messages can be requeued", id, e.m.State)
 	}
@@ -94,6 +97,10 @@ func copyMessage(m *broker.Message) broker.Message {
 	if m.WaitingSince != nil {
 		t := *m.WaitingSince
 		c.WaitingSince = &t
+	}
+	if m.CancelRequestedAt != nil {
+		t := *m.CancelRequestedAt
+		c.CancelRequestedAt = &t
 	}
 	return c
 }

@@ -186,10 +186,11 @@ func (b *Broker) announceFreed(freed map[string]bool) {
 }
 
 // endClaimTopic runs the claim-ending UPDATE sql (its $1 and $2 are the
-// claim's id and token, args the rest), which returns the message's topic,
-// read into topic, and releases the claim's locks, in one transaction;
-// broker.ErrClaimLost when the UPDATE matched nothing.
-func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, topic *string, sql string, args ...any) error {
+// claim's id and token, args the rest), which returns the message's topic
+// (and more columns, read into dest after topic), and releases the claim's
+// locks, in one transaction; broker.ErrClaimLost when the UPDATE matched
+// nothing.
+func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, dest []any, sql string, args ...any) error {
 	if c.Token == "" {
 		if b.closed.Load() {
 			return broker.ErrClosed
@@ -205,7 +206,7 @@ func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, t
 		batch.Queue(releaseLocksSQL, []int64{c.ID}, []string{c.Token})
 		br := conn.SendBatch(ctx, batch)
 		lost := false
-		err := br.QueryRow().Scan(topic)
+		err := br.QueryRow().Scan(dest...)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			lost = true
@@ -230,27 +231,49 @@ func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, t
 // Nack ends an attempt without success, recording req.Error as the last
 // error. With Requeue the message goes back to the queue, available after
 // Delay, its claim fields cleared and its attempts kept; without, it ends
-// dead when its topic dead-letters and failed otherwise.
+// dead when its topic dead-letters and failed otherwise. With Cancel, or
+// with Requeue when its cancel was requested, it ends cancelled.
 func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	if err := broker.CheckDelay(req.Delay); err != nil {
 		return err
 	}
 	req.Error = broker.CleanText(req.Error)
+	if req.Cancel {
+		return b.endClaimFreeing(ctx, "nack", req.Claim, `
+			UPDATE tw_messages
+			SET state = 'cancelled', finished_at = now(), token = NULL, last_error = $3, suspect = $4, waiting_since = NULL
+			WHERE id = $1 AND token::text = $2
+			RETURNING topic`,
+			cancelReason(req.Error), req.Suspect)
+	}
 	if req.Requeue {
 		// The requeued message is announced as a submit is, with its
 		// delay, so that the pools that wait for announcements claim it
-		// when it is due rather than at their fallback poll.
-		var topic string
-		err := b.endClaimTopic(ctx, "nack", req.Claim, &topic, `
+		// when it is due rather than at their fallback poll. A message
+		// whose cancel was requested ends cancelled instead, freeing its
+		// slot.
+		var topic, state string
+		err := b.endClaimTopic(ctx, "nack", req.Claim, []any{&topic, &state}, `
 			UPDATE tw_messages
-			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL, finished_at = NULL,
-				available_at = now() + $3::bigint * interval '1 microsecond', last_error = $4,
-				attempts = CASE WHEN $5 THEN greatest(attempts - 1, 0) ELSE attempts END,
-				suspect = $6, waiting_since = $7
+			SET state = CASE WHEN cancel_requested_at IS NULL THEN 'queued' ELSE 'cancelled' END,
+				claimed_by = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE claimed_by END,
+				claimed_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE claimed_at END,
+				token = NULL,
+				finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END,
+				available_at = CASE WHEN cancel_requested_at IS NULL
+					THEN now() + $3::bigint * interval '1 microsecond' ELSE available_at END,
+				last_error = CASE WHEN cancel_requested_at IS NULL THEN $4 ELSE $8 END,
+				attempts = CASE WHEN $5 AND cancel_requested_at IS NULL THEN greatest(attempts - 1, 0) ELSE attempts END,
+				suspect = $6,
+				waiting_since = CASE WHEN cancel_requested_at IS NULL THEN $7::timestamptz END
 			WHERE id = $1 AND token::text = $2
-			RETURNING topic`,
-			micros(req.Delay), req.Error, req.NotRun, req.Suspect, req.WaitingSince)
-		if err == nil {
+			RETURNING topic, state`,
+			micros(req.Delay), req.Error, req.NotRun, req.Suspect, req.WaitingSince, cancelReason(req.Error))
+		switch {
+		case err != nil:
+		case state == broker.StateCancelled:
+			b.announceFreed(map[string]bool{topic: true})
+		default:
 			b.announce.add([]broker.SubmitRequest{{Topic: topic, Delay: req.Delay}})
 		}
 		return err
@@ -266,12 +289,20 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		req.Error, req.Suspect)
 }
 
+// cancelReason is the last error of a cancelled attempt that said reason.
+func cancelReason(reason string) string {
+	if reason == "" {
+		return broker.CancelledError
+	}
+	return reason
+}
+
 // endClaimFreeing is endClaimTopic for a statement that ends the message
 // (it leaves the running state for good), announcing the slot it freed
 // (announceFreed).
 func (b *Broker) endClaimFreeing(ctx context.Context, op string, c broker.Claim, sql string, args ...any) error {
 	var topic string
-	err := b.endClaimTopic(ctx, op, c, &topic, sql, args...)
+	err := b.endClaimTopic(ctx, op, c, []any{&topic}, sql, args...)
 	if err == nil {
 		b.announceFreed(map[string]bool{topic: true})
 	}

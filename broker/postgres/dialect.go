@@ -143,6 +143,26 @@ var queries = sqlstore.Queries{
 	MessageCols: msgCols,
 	GetMessage:  `SELECT ` + msgCols + ` FROM tw_messages WHERE id = $1`,
 
+	// Cancel locks the row first: a claim (FOR UPDATE SKIP LOCKED) passes
+	// it by, an ack or nack waits and then sees the request.
+	CancelLock: `SELECT state FROM tw_messages WHERE id = $1 FOR NO KEY UPDATE`,
+	CancelQueuedOne: `UPDATE tw_messages
+			SET state = 'cancelled', finished_at = now(), last_error = $2, waiting_since = NULL
+			WHERE id = $1`,
+	RequestCancel: `UPDATE tw_messages SET cancel_requested_at = coalesce(cancel_requested_at, now()) WHERE id = $1`,
+	// The rows are locked in id order first, as the reaper and Ack lock
+	// theirs.
+	CancelQueued: func(where string, n int) string {
+		return `WITH c AS (
+				SELECT id FROM tw_messages WHERE state = 'queued' AND ` + where + `
+				ORDER BY id FOR NO KEY UPDATE)
+			UPDATE tw_messages
+			SET state = 'cancelled', finished_at = now(), last_error = $` + strconv.Itoa(n) + `, waiting_since = NULL
+			WHERE id = ANY (ARRAY (SELECT id FROM c)) AND state = 'queued'`
+	},
+	CancelRequests: `SELECT id, token::text FROM tw_messages
+			WHERE state = 'running' AND claimed_by = $1 AND cancel_requested_at IS NOT NULL ORDER BY id`,
+
 	ScheduleCols:   schedCols,
 	PutSchedule:    putScheduleSQL,
 	GetSchedule:    `SELECT ` + schedCols + ` FROM tw_schedules WHERE name = $1`,

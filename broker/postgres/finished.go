@@ -14,11 +14,12 @@ var _ broker.FinishedPurger = (*Broker)(nil)
 // no transaction holds many row locks or runs long.
 const purgeChunk = 5000
 
-// PurgeFinished deletes the done messages that finished before the cutoff,
-// oldest ids first, in transactions of at most purgeChunk, then the
-// schedule fires older than the cutoff (see broker.FinishedPurger). Done
-// messages are found walking the primary key from its start, where the
-// old ones are, so each chunk reads little more than it deletes.
+// PurgeFinished deletes the done and cancelled messages that finished
+// before the cutoff, oldest ids first, in transactions of at most
+// purgeChunk, then the schedule fires older than the cutoff (see
+// broker.FinishedPurger). They are found walking the primary key from its
+// start, where the old ones are, so each chunk reads little more than it
+// deletes.
 func (b *Broker) PurgeFinished(ctx context.Context, before time.Time) (int, error) {
 	total := 0
 	for {
@@ -27,7 +28,7 @@ func (b *Broker) PurgeFinished(ctx context.Context, before time.Time) (int, erro
 			tag, err := c.Exec(ctx, `
 				DELETE FROM tw_messages WHERE id = ANY (ARRAY (
 					SELECT id FROM tw_messages
-					WHERE state = 'done' AND finished_at < $1
+					WHERE state IN ('done', 'cancelled') AND finished_at < $1
 					ORDER BY id LIMIT $2))`, before, purgeChunk)
 			n = tag.RowsAffected()
 			return err

@@ -62,13 +62,18 @@ type listener struct {
 	pingAfter time.Duration // listenPingAfter; tests shorten it
 	pings     atomic.Int64  // pings that found the connection alive
 
-	mu      sync.Mutex
-	subs    map[*subscription]struct{}
-	started bool
-	closed  bool
-	ctx     context.Context
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// cancelChannel, when set, is listened to as well: its notices go to
+	// cancelSubs (cancel.go).
+	cancelChannel string
+
+	mu         sync.Mutex
+	subs       map[*subscription]struct{}
+	cancelSubs []chan int64
+	started    bool
+	closed     bool
+	ctx        context.Context
+	cancel     context.CancelFunc
+	done       chan struct{}
 }
 
 func newListener(cfg *pgx.ConnConfig, channel string, log hclog.Logger) *listener {
@@ -191,6 +196,11 @@ func (l *listener) session() error {
 	if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{l.channel}.Sanitize()); err != nil {
 		return err
 	}
+	if l.cancelChannel != "" {
+		if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{l.cancelChannel}.Sanitize()); err != nil {
+			return err
+		}
+	}
 	cancel()
 	l.pid.Store(conn.PgConn().PID())
 	l.listening.Store(true)
@@ -204,6 +214,10 @@ func (l *listener) session() error {
 			return err
 		}
 		if n == nil {
+			continue
+		}
+		if n.Channel == l.cancelChannel && l.cancelChannel != l.channel {
+			l.cancelNotice(n.Payload)
 			continue
 		}
 		var p notifyPayload

@@ -51,7 +51,7 @@ func (d dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {
 		WITH u AS (
 			UPDATE tw_messages
 			SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
-				finished_at = NULL, available_at = now()
+				finished_at = NULL, available_at = now(), cancel_requested_at = NULL
 			WHERE id = $1 AND state IN ('dead', 'failed')
 			RETURNING topic
 		)

@@ -10,8 +10,10 @@ import (
 )
 
 // reclaimSQL requeues (or, once the message has been orphaned $3 times
-// counting this one, when $3 > 0, dead-letters) the running messages claimed at least $2 µs ago by workers
-// not in $1, marking them suspect; $4 starts their last error. Rows are locked in id order first (as Ack does), so a
+// counting this one, when $3 > 0, dead-letters) the running messages
+// claimed at least $2 µs ago by workers not in $1, marking them suspect;
+// $4 starts their last error. A message whose cancel was requested ends
+// cancelled instead. Rows are locked in id order first (as Ack does), so a
 // concurrent ack either lands before (and the row is no longer running) or
 // waits and then finds its token gone.
 const reclaimSQL = `
@@ -24,20 +26,33 @@ const reclaimSQL = `
 		FOR UPDATE
 	)
 	UPDATE tw_messages m SET
-		state = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN 'dead' ELSE 'queued' END,
-		claimed_by = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN m.claimed_by END,
-		claimed_at = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN m.claimed_at END,
-		finished_at = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN now() END,
-		available_at = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int THEN m.available_at ELSE now() END,
+		state = CASE WHEN ` + reclaimCancels + ` THEN 'cancelled' WHEN ` + reclaimDeadLetters + ` THEN 'dead' ELSE 'queued' END,
+		claimed_by = CASE WHEN ` + reclaimEnds + ` THEN m.claimed_by END,
+		claimed_at = CASE WHEN ` + reclaimEnds + ` THEN m.claimed_at END,
+		finished_at = CASE WHEN ` + reclaimEnds + ` THEN now() END,
+		available_at = CASE WHEN ` + reclaimEnds + ` THEN m.available_at ELSE now() END,
 		token = NULL,
 		orphaned = m.orphaned + 1,
 		suspect = true,
-		last_error = CASE WHEN $3::int > 0 AND m.orphaned + 1 >= $3::int
+		last_error = CASE
+			WHEN ` + reclaimCancels + `
+			THEN format('%s worker %s stopped heartbeating; cancelled by the reaper, as its cancel was requested',
+				$4::text, m.claimed_by)
+			WHEN ` + reclaimDeadLetters + `
 			THEN format('%s worker %s stopped heartbeating; dead-lettered after its claim was orphaned %s times (orphan max %s)',
 				$4::text, m.claimed_by, m.orphaned + 1, $3::int)
 			ELSE format('%s worker %s stopped heartbeating; requeued by the reaper', $4::text, m.claimed_by) END
 	WHERE m.id = ANY (ARRAY (SELECT id FROM orphan))
 	RETURNING m.id, m.state, m.topic`
+
+// What reclaimSQL does with a row: it ends it cancelled when its cancel
+// was requested, dead when its orphan budget is used up, and requeues it
+// otherwise. The SET reads the row as it is once locked.
+const (
+	reclaimCancels     = `m.cancel_requested_at IS NOT NULL`
+	reclaimDeadLetters = `($3::int > 0 AND m.orphaned + 1 >= $3::int)`
+	reclaimEnds        = `(` + reclaimCancels + ` OR ` + reclaimDeadLetters + `)`
+)
 
 // reclaimLocksSQL deletes the locks whose holder is not in $1 and that were
 // acquired at least $2 µs ago, and the locks held under claims that no
@@ -66,9 +81,10 @@ const withinGraceSQL = `
 // ReclaimOrphans, in one transaction: running messages whose claimer is
 // not in req.Live and that were claimed at least req.Grace ago go back to
 // queued (claim fields and token cleared, available now) or, once their
-// attempts reached req.MaxAttempts (when positive), to dead; their last
-// error says why. Locks whose holder is not in req.Live, acquired at least
-// req.Grace ago, are deleted, and so are the locks held under the claims
+// attempts reached req.MaxAttempts (when positive), to dead, or to
+// cancelled when their cancel was requested; their last error says why.
+// Locks whose holder is not in req.Live, acquired at least req.Grace ago,
+// are deleted, and so are the locks held under the claims
 // just reclaimed. Times are database time. WithinGrace counts the
 // orphan candidates (messages and locks) the grace kept.
 //
@@ -107,9 +123,12 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 				}
 				res.IDs = append(res.IDs, id)
 				topics[topic] = true
-				if state == broker.StateDead {
+				switch state {
+				case broker.StateDead:
 					res.DeadLettered++
-				} else {
+				case broker.StateCancelled:
+					res.Cancelled++
+				default:
 					res.Reclaimed++
 				}
 			}
@@ -143,8 +162,8 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 		}
 		d.b.announce.add(reqs)
 	}
-	if res.Reclaimed+res.DeadLettered+res.LocksReleased > 0 {
-		d.b.log.Info("reclaimed orphans", "reclaimed", res.Reclaimed, "dead_lettered", res.DeadLettered,
+	if res.Reclaimed+res.DeadLettered+res.Cancelled+res.LocksReleased > 0 {
+		d.b.log.Info("reclaimed orphans", "reclaimed", res.Reclaimed, "dead_lettered", res.DeadLettered, "cancelled", res.Cancelled,
 			"locks_released", res.LocksReleased)
 	}
 	return res, nil

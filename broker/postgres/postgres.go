@@ -139,7 +139,7 @@ type Broker struct {
 	log        hclog.Logger
 
 	ins      *Inserter  // the insert statements (enqueue.go)
-	listen   *listener  // LISTEN for submits, started by the first Subscribe (listen.go)
+	listen   *listener  // LISTEN for submits and cancels, started by the first Subscribe or CancelNotices (listen.go)
 	announce *announcer // NOTIFY after submits (announce.go)
 	pool     *pool
 	closed   atomic.Bool
@@ -179,6 +179,7 @@ func New(ctx context.Context, opts Options) (*Broker, error) {
 		return nil, err
 	}
 	b.listen = newListener(cfg, b.ins.Channel(), b.log)
+	b.listen.cancelChannel = CancelChannel(schema)
 	b.announce = newAnnouncer(b)
 	maxConns := int(opts.MaxConns)
 	if maxConns <= 0 {

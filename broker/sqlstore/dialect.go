@@ -185,6 +185,20 @@ type Queries struct {
 	// ReleaseLease: name, holder, term, Now.
 	ReleaseLease string
 
+	// CancelLock: id; selects the message's state, locking its row for
+	// the rest of the transaction where the dialect locks.
+	// CancelQueuedOne: id, last error, Now; ends the (queued) message
+	// cancelled. RequestCancel: id, Now; sets cancel_requested_at unless
+	// set.
+	CancelLock, CancelQueuedOne, RequestCancel string
+	// CancelQueued returns the statement that ends cancelled the queued
+	// messages matching where (conditions from a Filter, whose arguments
+	// come first), with the last error as argument n and Now after it.
+	CancelQueued func(where string, n int) string
+	// CancelRequests: worker id; selects (id, token) by id of the
+	// messages running under it whose cancel was requested.
+	CancelRequests string
+
 	// ReportCols are the columns scanReport reads. GetReport: id.
 	ReportCols, GetReport string
 

@@ -39,6 +39,8 @@ func (s *Store) Requeue(ctx context.Context, id int64) error {
 			return nil
 		case state == "":
 			return fmt.Errorf("message %d: %w", id, broker.ErrNotFound)
+		case state == broker.StateCancelled:
+			return cancelledNotRequeued(id)
 		default:
 			return broker.Invalid("message %d is %s; only dead or failed messages can be requeued", id, state)
 		}

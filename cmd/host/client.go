@@ -36,7 +36,10 @@ type clientCommand struct {
 	name  string // "tasks submit"
 	args  string // its positional arguments, for the usage
 	nargs int    // how many positional arguments it takes
-	about string
+	// optArgs: the positional arguments may also be left out (the
+	// command's run checks what it was given).
+	optArgs bool
+	about   string
 	// setup defines the command's own flags on fs and returns its run.
 	setup func(fs *flag.FlagSet) func(ctx context.Context, e *env, args []string) error
 	// noTimeout: -timeout defaults to none (a long upload, a wait).
@@ -52,8 +55,9 @@ func (u usageError) Error() string { return u.msg }
 var clientCommands = []clientCommand{
 	{name: "tasks submit", about: "submit one task, or stream NDJSON of tasks with -file (one {\"task\", \"topic\", \"payload\", \"delay_seconds\", \"max_attempts\"} a line)", setup: tasksSubmit, noTimeout: true},
 	{name: "tasks get", args: "ID", nargs: 1, about: "show a task", setup: tasksGet},
-	{name: "tasks wait", args: "ID", nargs: 1, about: "wait until a task is done, failed or dead, and show it (exit 1 unless done)", setup: tasksWait, noTimeout: true},
+	{name: "tasks wait", args: "ID", nargs: 1, about: "wait until a task is done, failed, dead or cancelled, and show it (exit 1 unless done)", setup: tasksWait, noTimeout: true},
 	{name: "tasks list", about: "list tasks, newest first", setup: tasksList},
+	{name: "tasks cancel", args: "[ID]", nargs: 1, optArgs: true, about: "cancel a task (a running one is asked to stop), or with -topic and/or -task and no ID the queued tasks they select", setup: tasksCancel},
 	{name: "schedules list", about: "list the schedules", setup: schedulesList},
 	{name: "schedules get", args: "NAME", nargs: 1, about: "show a schedule", setup: schedulesGet},
 	{name: "schedules enable", args: "NAME", nargs: 1, about: "enable a schedule", setup: schedulesEnable(true)},
@@ -149,7 +153,7 @@ func (cl *cli) clientCmd(args []string) int {
 		cl.commandUsage(cl.stdout, cmd, fs, true)
 		return 0
 	}
-	if err == nil && len(pos) != cmd.nargs {
+	if err == nil && len(pos) != cmd.nargs && !(cmd.optArgs && len(pos) == 0) {
 		err = fmt.Errorf("takes %d argument(s) (%s), got %d: %q", cmd.nargs, orNone(cmd.args), len(pos), pos)
 	}
 	if err != nil {
@@ -259,6 +263,9 @@ func (e *env) printTask(t client.Task) error {
 	if t.ClaimedBy != nil {
 		row("claimed_by", *t.ClaimedBy)
 	}
+	if t.CancelRequestedAt != nil {
+		row("cancel_requested_at", t.CancelRequestedAt.Format(time.RFC3339Nano))
+	}
 	if t.FinishedAt != nil {
 		row("finished_at", t.FinishedAt.Format(time.RFC3339Nano))
 	}
@@ -293,7 +300,7 @@ func tasksWait(*flag.FlagSet) func(context.Context, *env, []string) error {
 
 func tasksList(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	var f client.Filter
-	fs.StringVar(&f.State, "state", "", "only tasks in `STATE`: queued, running, done, failed or dead")
+	fs.StringVar(&f.State, "state", "", "only tasks in `STATE`: queued, running, done, failed, dead or cancelled")
 	fs.StringVar(&f.Topic, "topic", "", "only tasks of `TOPIC`")
 	fs.StringVar(&f.Task, "task", "", "only tasks named `NAME`")
 	fs.IntVar(&f.Limit, "limit", 20, "`N` tasks, 1 to 1000")

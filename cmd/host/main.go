@@ -111,7 +111,7 @@ talking to a running host:
 	printFlags(w, fs, nil)
 	fmt.Fprint(w, `
 exit status: 0 done; 1 the command failed (the host refused, could not be reached, a batch
-stopped at a bad line, a waited task ended failed or dead); 2 a mistake in the command line.
+stopped at a bad line, a waited task ended failed, dead or cancelled); 2 a mistake in the command line.
 `)
 }
 

@@ -36,6 +36,8 @@ func (p *Plugin) routes() chi.Router {
 		r.Post("/tasks/batch", p.withRuntime(p.submitBatch))
 		r.Get("/tasks", p.withRuntime(listTasks))
 		r.Get("/tasks/{id}", p.withRuntime(getTask))
+		r.Post("/tasks/{id}/cancel", p.withRuntime(cancelTask))
+		r.Post("/tasks/cancel", p.withRuntime(cancelQueued))
 		r.Get("/topics", p.withRuntime(listTopics))
 		r.Put("/topics/{name}", p.withRuntime(setTopic))
 		r.Get("/workers", p.withRuntime(listWorkers))

@@ -64,6 +64,8 @@ type taskView struct {
 	FinishedAt  *time.Time      `json:"finished_at"`
 	Result      json.RawMessage `json:"result"`
 	Error       *string         `json:"error"`
+	// CancelRequestedAt: a cancel of the running task was requested then.
+	CancelRequestedAt *time.Time `json:"cancel_requested_at,omitempty"`
 }
 
 func viewOf(m broker.Message, svc *service.Service) taskView {
@@ -71,6 +73,7 @@ func viewOf(m broker.Message, svc *service.Service) taskView {
 		ID: strconv.FormatInt(m.ID, 10), Task: m.Task, Topic: m.Topic, State: m.State,
 		Attempts: m.Attempts, MaxAttempts: svc.MaxAttempts(m), CreatedAt: m.CreatedAt,
 		ClaimedAt: m.ClaimedAt, FinishedAt: m.FinishedAt, Result: m.Result,
+		CancelRequestedAt: m.CancelRequestedAt,
 	}
 	if m.ClaimedBy != "" {
 		v.ClaimedBy = &m.ClaimedBy

@@ -13,9 +13,9 @@
 // # Layout
 //
 // Every operation on the task system (submitting and placing a task,
-// schedules, topics, locks, requeue, purge, drain, the reclaim pass) is
-// one plain Go call of package service (plugins/tasksworker/service),
-// made by everything that does it:
+// schedules, topics, locks, requeue, cancel, purge, drain, the reclaim
+// pass) is one plain Go call of package service
+// (plugins/tasksworker/service), made by everything that does it:
 //
 //   - api*.go: the JSON API under /api. A handler decodes the request,
 //     calls the service and encodes its answer; api.go maps the

@@ -31,6 +31,8 @@ type telemetry struct {
 
 	submitted, completed, failed          prometheus.Counter
 	submittedPer, completedPer, failedPer *prometheus.CounterVec
+	cancelled                             prometheus.Counter
+	cancelledPer                          *prometheus.CounterVec
 	running                               prometheus.Gauge
 	duration                              *prometheus.HistogramVec
 	reportsDropped                        prometheus.Counter
@@ -38,6 +40,10 @@ type telemetry struct {
 }
 
 var _ worker.Observer = (*telemetry)(nil)
+
+// statusCancelled is the observer's status of an attempt that ended
+// cancelled (worker.StatusCancelled).
+const statusCancelled = broker.StateCancelled
 
 // durationBuckets run from 1ms to about 70 minutes, by factors of 4.
 var durationBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
@@ -69,6 +75,14 @@ func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), l
 			Name: "fastpluggy_tasks_failed_per_topic_total",
 			Help: "Failed task attempts run by this process, by topic.",
 		}, []string{"topic"}),
+		cancelled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fastpluggy_tasks_cancelled_total",
+			Help: "Tasks that ended cancelled through this process since it started: queued ones it cancelled, and running attempts it ran that ended cancelled.",
+		}),
+		cancelledPer: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fastpluggy_tasks_cancelled_per_topic_total",
+			Help: "Tasks that ended cancelled through this process, by topic.",
+		}, []string{"topic"}),
 		running: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fastpluggy_tasks_running",
 			Help: "Messages this process is handling now.",
@@ -90,6 +104,7 @@ func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), l
 	t.reg.MustRegister(
 		t.submitted, t.completed, t.failed,
 		t.submittedPer, t.completedPer, t.failedPer,
+		t.cancelled, t.cancelledPer,
 		t.running, t.duration, t.reportsDropped, t.straysRequeued,
 		&brokerCollector{stats: stats, log: log},
 		heartbeatCollector(lastBeat),
@@ -105,15 +120,29 @@ func (t *telemetry) Submitted(topic string) {
 	t.submittedPer.WithLabelValues(topic).Inc()
 }
 
+// Cancelled counts n tasks of topic that ended cancelled; an empty topic
+// (not known) counts in the total only.
+func (t *telemetry) Cancelled(topic string, n int) {
+	t.cancelled.Add(float64(n))
+	if topic != "" {
+		t.cancelledPer.WithLabelValues(topic).Add(float64(n))
+	}
+}
+
 // TaskStarted implements worker.Observer.
 func (t *telemetry) TaskStarted(string) { t.running.Inc() }
 
-// TaskFinished implements worker.Observer. Only done and failed attempts
-// are counted: a lost attempt's outcome belongs to whoever took the message
-// back, and skipped, deferred and stopped ones never ran to an end.
+// TaskFinished implements worker.Observer. Only done, failed and
+// cancelled attempts are counted: a lost attempt's outcome belongs to
+// whoever took the message back, and skipped, deferred and stopped ones
+// never ran to an end. A cancelled attempt counts in the cancelled
+// counters, not in the run-time histogram.
 func (t *telemetry) TaskFinished(topic, _, status string, d time.Duration) {
 	t.running.Dec()
 	switch status {
+	case statusCancelled:
+		t.Cancelled(topic, 1)
+		return
 	case worker.StatusDone:
 		t.completed.Inc()
 		t.completedPer.WithLabelValues(topic).Inc()

@@ -39,6 +39,7 @@ var goldenMetrics = map[string]dto.MetricType{
 	"fastpluggy_tasks_submitted_total":               dto.MetricType_COUNTER,
 	"fastpluggy_tasks_completed_total":               dto.MetricType_COUNTER,
 	"fastpluggy_tasks_failed_total":                  dto.MetricType_COUNTER,
+	"fastpluggy_tasks_cancelled_total":               dto.MetricType_COUNTER,
 	"fastpluggy_tasks_submitted_per_topic_total":     dto.MetricType_COUNTER,
 	"fastpluggy_tasks_completed_per_topic_total":     dto.MetricType_COUNTER,
 	"fastpluggy_tasks_failed_per_topic_total":        dto.MetricType_COUNTER,

@@ -58,6 +58,7 @@ func New(logger hclog.Logger) *Plugin {
 	p := &Plugin{log: logger}
 	p.metrics = newTelemetry(p.stats, p.lastHeartbeat, logger)
 	p.reaperMetrics = reaper.NewMetrics(p.metrics.reg)
+	p.reaperMetrics.Cancelled = p.metrics.cancelled // orphans whose cancel was requested
 	p.metrics.reg.MustRegister(&scheduler.HealthCollector{
 		Store: func() broker.ScheduleStore {
 			if rt := p.current(); rt != nil {

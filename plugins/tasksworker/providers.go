@@ -126,7 +126,7 @@ func providedTask(host capability.HostServices, plugin string, spec capability.T
 			case err == nil:
 				return json.RawMessage(res), nil
 			case errors.As(err, &te):
-				return nil, te
+				return nil, providedOutcome(te)
 			case errors.Is(err, capability.ErrUnavailable), errors.Is(err, capability.ErrNotFound):
 				// The host restarts a crashed plugin with a backoff of up
 				// to a minute: spacing the retries gives it that time
@@ -153,3 +153,20 @@ type taskEvents struct{ tc *worker.TaskContext }
 
 func (e taskEvents) Log(line string)    { e.tc.Logf("%s", line) }
 func (e taskEvents) Progress(f float64) { e.tc.SetProgress(f) }
+
+// providedOutcome is the error a provided task's handler returns for its
+// provider's TaskError: the outcome the task asked for (snooze, permanent
+// failure, cancel) as the worker's, or an ordinary failure, the outcome of
+// every plugin built before outcomes existed. The worker checks a
+// snooze's delay.
+func providedOutcome(te *capability.TaskError) error {
+	switch te.Outcome {
+	case capability.OutcomeSnooze:
+		return worker.Snooze(te.Snooze)
+	case capability.OutcomePermanent:
+		return worker.Permanent(te)
+	case capability.OutcomeCancel:
+		return worker.CancelTask(te.Msg)
+	}
+	return te
+}

@@ -154,12 +154,19 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 
 // newService is the task system's operations over one runtime's parts.
 func (p *Plugin) newService(cfg Config, b broker.Broker, reg *worker.Registry, pool *worker.Pool, rp *reaper.Reaper) *service.Service {
-	return service.New(service.Deps{
-		Broker: b, Tasks: reg, Pool: pool, Reaper: rp, Submitted: p.metrics.Submitted,
+	deps := service.Deps{
+		Broker: b, Tasks: reg, Pool: pool, Reaper: rp, Submitted: p.metrics.Submitted, Cancelled: p.metrics.Cancelled,
 		Settings: service.Settings{
 			MaxPayloadBytes: cfg.MaxPayloadBytes, Beat: cfg.Beat, HeartbeatInterval: cfg.HeartbeatInterval, Reaper: cfg.Reaper,
 		},
-	})
+	}
+	// A running task's cancel stops it at once when this process's pool
+	// runs it (the pool's CancelRunning); other processes' pools learn of
+	// it from the broker.
+	if c, ok := any(pool).(interface{ CancelRunning(id int64) bool }); ok && pool != nil {
+		deps.OnCancelRequested = func(id int64) { c.CancelRunning(id) }
+	}
+	return service.New(deps)
 }
 
 // applyConfigSchedules upserts the schedules the config declares.

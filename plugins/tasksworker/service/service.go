@@ -1,6 +1,6 @@
 // Package service is the task system's operations as plain Go functions:
 // submitting a task and placing it on its topic, schedules, topics,
-// locks, dead letters, requeue, purge, drain and the orphan reclaim. The
+// locks, dead letters, requeue, cancel, purge, drain and the orphan reclaim. The
 // tasks_worker JSON API, its web UI (package ui), the config's schedules,
 // the beat's schedule firing and the plugin's actions all go through one
 // Service, so they check and do exactly the same things.
@@ -31,7 +31,7 @@ import (
 const BodySlack = 64 << 10
 
 // MessageStates are the states a message may be in, as filters name them.
-var MessageStates = []string{broker.StateQueued, broker.StateRunning, broker.StateDone, broker.StateFailed, broker.StateDead}
+var MessageStates = []string{broker.StateQueued, broker.StateRunning, broker.StateDone, broker.StateFailed, broker.StateDead, broker.StateCancelled}
 
 // ReportStatuses are the statuses a task report may have.
 var ReportStatuses = broker.ReportStatuses
@@ -57,6 +57,14 @@ type Deps struct {
 	Settings Settings
 	// Submitted counts a message submitted to topic; may be nil.
 	Submitted func(topic string)
+	// Cancelled counts n queued messages of topic ("" when unknown) that
+	// a cancel ended; may be nil. (Running ones that end cancelled are
+	// counted by the pool's observer.)
+	Cancelled func(topic string, n int)
+	// OnCancelRequested is called after the cancel of running message id
+	// was requested, to stop it at once if this process runs it; may be
+	// nil.
+	OnCancelRequested func(id int64)
 }
 
 // Service is the task system of one running tasks_worker (one Configure):
@@ -70,11 +78,15 @@ type Service struct {
 	pending   PendingProviders // nil: none (SetPendingProviders)
 	settings  Settings
 	submitted func(topic string)
+
+	cancelledHook     func(topic string, n int)
+	onCancelRequested func(id int64)
 }
 
 // New returns the service over d.
 func New(d Deps) *Service {
-	s := &Service{b: d.Broker, reg: d.Tasks, pool: d.Pool, reaper: d.Reaper, settings: d.Settings, submitted: d.Submitted}
+	s := &Service{b: d.Broker, reg: d.Tasks, pool: d.Pool, reaper: d.Reaper, settings: d.Settings, submitted: d.Submitted,
+		cancelledHook: d.Cancelled, onCancelRequested: d.OnCancelRequested}
 	if s.submitted == nil {
 		s.submitted = func(string) {}
 	}

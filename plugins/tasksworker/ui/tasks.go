@@ -1,7 +1,7 @@
 package ui
 
 // The task pages: the lists (/ui/tasks, /ui/running, /ui/dead), one task
-// (/ui/tasks/{id}) and its requeue form.
+// (/ui/tasks/{id}) and its requeue and cancel forms.
 
 import (
 	"errors"
@@ -130,6 +130,7 @@ type uiTask struct {
 	ReportsErr  string
 	Final       bool
 	CanRequeue  bool
+	CanCancel   bool
 	Back        string
 	Lock        string
 }
@@ -165,8 +166,9 @@ func (u *UI) task(w http.ResponseWriter, r *http.Request, svc *service.Service) 
 			d.MaxAttempts = t.MaxAttempts
 		}
 	}
-	d.Final = m.State == broker.StateDone || m.State == broker.StateFailed || m.State == broker.StateDead
+	d.Final = broker.Finished(m.State)
 	d.CanRequeue = m.State == broker.StateFailed || m.State == broker.StateDead
+	d.CanCancel = m.State == broker.StateQueued || m.State == broker.StateRunning && m.CancelRequestedAt == nil
 	d.Reports, err = svc.Reports(r.Context(), broker.ReportFilter{MessageID: id, Limit: 100})
 	if err != nil {
 		d.ReportsErr = uiBrokerProblem("read the task's reports", err)
@@ -195,4 +197,24 @@ func (u *UI) requeue(w http.ResponseWriter, r *http.Request, svc *service.Servic
 		return
 	}
 	u.redirect(w, r, back, "ok", fmt.Sprintf("Task %d is queued again.", id), "")
+}
+
+func (u *UI) cancel(w http.ResponseWriter, r *http.Request, svc *service.Service) {
+	id, ok := u.taskID(w, r)
+	if !ok {
+		return
+	}
+	back := uiBack(r, fmt.Sprintf("/tasks/%d", id))
+	m, err := svc.Cancel(r.Context(), id)
+	u.audit(r, "cancel", "message_id", id, "state", m.State, "error", err)
+	switch {
+	case errors.Is(err, broker.ErrFinished):
+		u.redirect(w, r, back, "error", fmt.Sprintf("Task %d has already finished (%s): there is nothing to cancel.", id, m.State), "")
+	case err != nil:
+		u.redirect(w, r, back, "error", uiBrokerProblem(fmt.Sprintf("cancel task %d", id), err), "")
+	case m.State == broker.StateRunning:
+		u.redirect(w, r, back, "ok", fmt.Sprintf("Task %d is asked to stop: it ends cancelled when its worker stops it, unless it finishes first.", id), "")
+	default:
+		u.redirect(w, r, back, "ok", fmt.Sprintf("Task %d is cancelled.", id), "")
+	}
 }

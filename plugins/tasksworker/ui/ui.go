@@ -181,6 +181,7 @@ func (u *UI) Routes(r chi.Router) {
 	r.Get("/tasks", u.with(u.tasks))
 	r.Get("/tasks/{id}", u.with(u.task))
 	r.Post("/tasks/{id}/requeue", u.with(u.requeue))
+	r.Post("/tasks/{id}/cancel", u.with(u.cancel))
 	r.Get("/running", u.with(u.running))
 	r.Get("/dead", u.with(u.dead))
 	r.Get("/schedules", u.with(u.schedules))

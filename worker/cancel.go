@@ -1,0 +1,178 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// This file owns the cancellation of running attempts: the pool's record
+// of the attempts it runs (attempts), CancelRunning, which cancels one of
+// them, and how a cancel request that comes before its handler starts is
+// kept for it (early). The heartbeat asks the broker for the cancel
+// requests of this worker's messages (pollCancels), and a broker that
+// announces them (broker.CancelNotifier) makes the pool act at once
+// (watchCancels).
+
+// ErrCancelRequested is the cause (context.Cause) of a handler's context
+// cancelled because someone asked to cancel its task (Pool.CancelRunning):
+// a handler that must tell it from a stopping pool or a timeout checks
+// context.Cause(ctx) against it. Whatever the handler then returns, its
+// attempt ends cancelled, unless it returned success, which wins.
+var ErrCancelRequested = errors.New("task cancel requested")
+
+// earlyCancelKeep bounds how long a cancel request for a message the pool
+// holds but has not started is kept for its handler.
+const earlyCancelKeep = 2 * brokerCallTimeout
+
+// attempts are the attempts the pool runs, by message id.
+type attempts struct {
+	mu      sync.Mutex
+	running map[int64]*attempt
+	// early: cancel requests for messages held but not running yet (their
+	// handler is about to start), by when they came.
+	early map[int64]time.Time
+}
+
+// attempt is one running handler's cancellation.
+type attempt struct {
+	cancel    context.CancelCauseFunc
+	requested bool // guarded by attempts.mu
+}
+
+// start records that the handler of message id starts under a context
+// that cancel cancels; requested says a cancel request came for it
+// already (the handler must not run).
+func (as *attempts) start(id int64, cancel context.CancelCauseFunc) (a *attempt, requested bool) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if as.running == nil {
+		as.running = map[int64]*attempt{}
+	}
+	a = &attempt{cancel: cancel}
+	if _, ok := as.early[id]; ok {
+		delete(as.early, id)
+		a.requested = true
+	}
+	as.running[id] = a
+	return a, a.requested
+}
+
+// end forgets a's handler, which returned (or was abandoned), and says
+// whether a cancel was requested while it ran.
+func (as *attempts) end(id int64, a *attempt) (requested bool) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	if as.running[id] == a {
+		delete(as.running, id)
+	}
+	return a.requested
+}
+
+// cancel cancels the running attempt of message id; running is false
+// when none runs, first false when its cancel was requested already.
+func (as *attempts) cancel(id int64) (running, first bool) {
+	as.mu.Lock()
+	a := as.running[id]
+	if a != nil {
+		first = !a.requested
+		a.requested = true
+	}
+	as.mu.Unlock()
+	if a == nil {
+		return false, false
+	}
+	a.cancel(ErrCancelRequested)
+	return true, first
+}
+
+// keepEarly keeps a cancel request for message id, held by the pool but
+// not running yet, for its handler's start.
+func (as *attempts) keepEarly(id int64) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	now := time.Now()
+	if as.early == nil {
+		as.early = map[int64]time.Time{}
+	}
+	for k, at := range as.early {
+		if now.Sub(at) > earlyCancelKeep {
+			delete(as.early, k)
+		}
+	}
+	as.early[id] = now
+}
+
+// forgetEarly drops a kept cancel request for message id, whose outcome
+// is written.
+func (as *attempts) forgetEarly(id int64) {
+	as.mu.Lock()
+	delete(as.early, id)
+	as.mu.Unlock()
+}
+
+// CancelRunning cancels the attempt of message id that this pool runs:
+// its handler's context is cancelled with cause ErrCancelRequested
+// (across the plugin boundary, for a provider plugin's task), and the
+// attempt ends cancelled (StatusCancelled) — never retried — unless the
+// handler returns success first, in which case the ack wins. A message
+// the pool has claimed but whose handler has not started yet is cancelled
+// before it runs. It returns false when the pool holds no such message.
+//
+// The tasks_worker plugin calls it when a cancel is asked for through
+// this process; a cancel asked for elsewhere reaches the pool through the
+// broker (its cancel notices, or the heartbeat's Broker.CancelRequests).
+func (p *Pool) CancelRunning(id int64) bool {
+	if running, first := p.attempts.cancel(id); running {
+		if first {
+			p.log.Info("cancel requested: cancelling the running task", "message_id", id)
+		}
+		return true
+	}
+	if !p.claims.holdsID(id) {
+		return false
+	}
+	p.attempts.keepEarly(id)
+	// The handler may have started between the two looks.
+	if running, _ := p.attempts.cancel(id); running {
+		p.attempts.forgetEarly(id)
+	}
+	p.log.Debug("cancel requested for a task claimed and not running", "message_id", id)
+	return true
+}
+
+// pollCancels asks the broker which of the messages running under this
+// worker have a cancel request, and cancels those the pool holds. The
+// heartbeat calls it after each beat: it is how a cancel asked for in
+// another process reaches a pool whose broker announces none, or whose
+// announcement was missed.
+func (p *Pool) pollCancels(ctx context.Context) {
+	claims, err := p.b.CancelRequests(ctx, p.opts.WorkerID)
+	if err != nil {
+		if p.hbCtx.Err() == nil {
+			p.log.Warn("could not ask the broker for cancel requests; asking again at the next heartbeat", "error", err)
+		}
+		return
+	}
+	for _, c := range claims {
+		if held, _ := p.claims.holds(c); held {
+			p.CancelRunning(c.ID)
+		}
+	}
+}
+
+// watchCancels cancels, as they are announced, the attempts the pool runs
+// whose cancel is requested, until the heartbeat stops (hbCtx); the pool
+// starts it when its broker is a broker.CancelNotifier.
+func (p *Pool) watchCancels(notices <-chan int64) {
+	defer close(p.cancelsDone)
+	for {
+		select {
+		case <-p.hbCtx.Done():
+			return
+		case id := <-notices:
+			p.CancelRunning(id)
+		}
+	}
+}
