@@ -3,7 +3,6 @@ package capability
 import (
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/taskhost/taskhost/capability/internal/pb"
@@ -136,17 +135,7 @@ func taskErrorOf(ev *pb.RunTaskEvent) *TaskError {
 	switch ev.Outcome {
 	case pb.TaskOutcome_OUTCOME_SNOOZE:
 		te.Outcome = OutcomeSnooze
-		s := ev.SnoozeSeconds
-		switch {
-		case math.IsNaN(s):
-			te.Snooze = -1
-		case s*float64(time.Second) >= math.MaxInt64:
-			te.Snooze = math.MaxInt64
-		case s*float64(time.Second) <= math.MinInt64:
-			te.Snooze = math.MinInt64
-		default:
-			te.Snooze = time.Duration(s * float64(time.Second))
-		}
+		te.Snooze = secondsToDuration(ev.SnoozeSeconds)
 	case pb.TaskOutcome_OUTCOME_PERMANENT:
 		te.Outcome = OutcomePermanent
 	case pb.TaskOutcome_OUTCOME_CANCEL:
