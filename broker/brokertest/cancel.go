@@ -350,7 +350,7 @@ func testCancelQueuedFilter(t *testing.T, b broker.Broker) {
 // running with its cancel requested.
 func testCancelRacingClaim(t *testing.T, b broker.Broker) {
 	ctx := ctxOf(t)
-	const n = 40
+	const n = 16
 	ids := submitN(t, b, "race", n)
 	var (
 		wg      sync.WaitGroup
@@ -359,11 +359,11 @@ func testCancelRacingClaim(t *testing.T, b broker.Broker) {
 		results = make([]broker.Message, n)
 		errs    = make([]error, n)
 	)
-	for w := range 4 {
+	for w := range 2 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range n {
+			for range n / 2 {
 				ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"race"}, Max: 3})
 				if err != nil {
 					t.Errorf("Claim %d: %v", w, err)
@@ -426,7 +426,7 @@ func testCancelRacingClaim(t *testing.T, b broker.Broker) {
 // returns nil and decides the state, the other returns ErrClaimLost.
 func testCancelNackRacingAck(t *testing.T, b broker.Broker) {
 	ctx := ctxOf(t)
-	const n = 30
+	const n = 10
 	submitN(t, b, "na", n)
 	ms := claim(t, b, "w", n, "na")
 	if len(ms) != n {
