@@ -177,27 +177,50 @@ type SubmitRequest struct {
 	Delay time.Duration
 	// MaxAttempts bounds error retries (0: the task's default).
 	MaxAttempts int
+	// RunAt, when set, is when the message becomes available (at once
+	// when it is past, but never more than MaxRunAtPast before the
+	// submit); exclusive with Delay.
+	RunAt time.Time
+	// Priority orders a topic's claims: higher first (MinPriority to
+	// MaxPriority, 0 by default).
+	Priority int
+	// UniqueKey, when set, makes the submit a duplicate (ErrDuplicate,
+	// nothing stored) while another message with the same key holds it:
+	// that message is in one of its UniqueStates, or was created less
+	// than this request's UniqueFor ago, whatever its state. Keys are
+	// global, across topics and tasks.
+	UniqueKey string
+	// UniqueFor is the window of UniqueKey (0: none).
+	UniqueFor time.Duration
+	// UniqueStates are the states the message holds its key in
+	// (DefaultUniqueStates when empty); they must include queued and
+	// running.
+	UniqueStates []string
 }
 
 // Message is a stored message. Token is set only on a claimed message
 // returned by Claim.
 type Message struct {
-	ID          int64             `json:"id"`
-	Topic       string            `json:"topic"`
-	Task        string            `json:"task"`
-	Payload     json.RawMessage   `json:"payload"`
-	Headers     map[string]string `json:"headers,omitempty"`
-	State       string            `json:"state"`
-	Attempts    int               `json:"attempts"`
-	MaxAttempts int               `json:"max_attempts"`
-	ClaimedBy   string            `json:"claimed_by,omitempty"`
-	ClaimedAt   *time.Time        `json:"claimed_at,omitempty"`
-	Token       string            `json:"-"`
-	AvailableAt time.Time         `json:"available_at"`
-	CreatedAt   time.Time         `json:"created_at"`
-	FinishedAt  *time.Time        `json:"finished_at,omitempty"`
-	LastError   string            `json:"last_error,omitempty"`
-	Result      json.RawMessage   `json:"result,omitempty"`
+	ID      int64             `json:"id"`
+	Topic   string            `json:"topic"`
+	Task    string            `json:"task"`
+	Payload json.RawMessage   `json:"payload"`
+	Headers map[string]string `json:"headers,omitempty"`
+	State   string            `json:"state"`
+	// Priority: higher is claimed first (see SubmitRequest).
+	Priority int `json:"priority"`
+	// UniqueKey is the unique key the message was submitted with.
+	UniqueKey   string          `json:"unique_key,omitempty"`
+	Attempts    int             `json:"attempts"`
+	MaxAttempts int             `json:"max_attempts"`
+	ClaimedBy   string          `json:"claimed_by,omitempty"`
+	ClaimedAt   *time.Time      `json:"claimed_at,omitempty"`
+	Token       string          `json:"-"`
+	AvailableAt time.Time       `json:"available_at"`
+	CreatedAt   time.Time       `json:"created_at"`
+	FinishedAt  *time.Time      `json:"finished_at,omitempty"`
+	LastError   string          `json:"last_error,omitempty"`
+	Result      json.RawMessage `json:"result,omitempty"`
 	// Suspect says the message's last claim ended with its worker dead:
 	// the reaper requeued (or dead-lettered) it as an orphan, and no
 	// attempt has ended since, except requeues that did not run it
@@ -473,7 +496,7 @@ func ValidateSubmit(req SubmitRequest, maxPayload int) error {
 	if req.MaxAttempts > MaxAttempts {
 		return Invalid("max_attempts is %d, the limit is %d", req.MaxAttempts, MaxAttempts)
 	}
-	return nil
+	return validateIntake(req, time.Now())
 }
 
 // ValidatePatch checks a topic patch.

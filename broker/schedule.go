@@ -67,6 +67,9 @@ type FireResult struct {
 	Fired bool
 	// MessageID is the submitted message (0 when none was submitted).
 	MessageID int64
+	// Duplicate: the schedule's unique key was held, nothing was
+	// submitted, and MessageID is the message that holds it.
+	Duplicate bool
 	// Missing, from FireSchedules only: the schedule does not exist
 	// (deleted meanwhile); nothing changed for it.
 	Missing bool

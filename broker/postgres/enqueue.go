@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
@@ -47,6 +48,7 @@ type Inserter struct {
 	one     string
 	many    string
 	notify  string
+	keyed   keyedSQL
 }
 
 // NewInserter returns the insert statements for the broker's tables in
@@ -65,6 +67,7 @@ func NewInserter(schema string) (*Inserter, error) {
 		one:     insertMessageSQL(schema),
 		many:    submitManySQL(schema),
 		notify:  notifySQL(ch),
+		keyed:   newKeyedSQL(schema),
 	}, nil
 }
 
@@ -113,9 +116,10 @@ func notifySQL(channel string) string {
 // payloads returns the distinct payloads announcing reqs.
 func payloads(reqs []broker.SubmitRequest) []string {
 	seen := make(map[notifyPayload]bool, 1)
+	now := time.Now()
 	var out []string
 	for _, r := range reqs {
-		p := notifyPayload{Topic: r.Topic, DelayUS: micros(r.Delay)}
+		p := notifyPayload{Topic: r.Topic, DelayUS: micros(r.AvailableAt(now).Sub(now))}
 		if !seen[p] {
 			seen[p] = true
 			out = append(out, p.text())
@@ -133,24 +137,29 @@ func (in *Inserter) Notify(ctx context.Context, q Querier, reqs []broker.SubmitR
 	return q.QueryRow(ctx, in.notify, payloads(reqs)).Scan(&n)
 }
 
+// availableSQL is when a message becomes available: at run-at time $7
+// (now when that is past) or after delay $6 µs.
+const availableSQL = `CASE WHEN $7::timestamptz IS NULL THEN now() + $6::bigint * interval '1 microsecond'
+		ELSE greatest(now(), $7::timestamptz) END`
+
 // insertMessageSQL is Submit's statement: queue one message, creating its
 // topic's row when missing. $1 topic, $2 task, $3 payload text, $4
-// headers text or NULL, $5 max attempts, $6 delay µs.
+// headers text or NULL, $5 max attempts, $6 delay µs, $7 run-at time or
+// NULL, $8 priority.
 func insertMessageSQL(schema string) string {
 	s := pgx.Identifier{schema}.Sanitize()
 	return `
 	WITH topic AS (
 		INSERT INTO ` + s + `.tw_topics (name) VALUES ($1) ON CONFLICT (name) DO NOTHING
 	)
-	INSERT INTO ` + s + `.tw_messages (topic, task, payload, headers, max_attempts, available_at, created_at)
-	VALUES ($1, $2, $3::text::jsonb, $4::text::jsonb, $5,
-		now() + $6::bigint * interval '1 microsecond', now())
+	INSERT INTO ` + s + `.tw_messages (topic, task, payload, headers, max_attempts, available_at, created_at, priority)
+	VALUES ($1, $2, $3::text::jsonb, $4::text::jsonb, $5, ` + availableSQL + `, now(), $8)
 	RETURNING id`
 }
 
 // submitManySQL queues the rows of the arrays $1 topics, $2 tasks, $3
-// payload texts, $4 header texts (NULL for none), $5 max attempts and $6
-// delays in µs, creating missing topics (in name order, so concurrent
+// payload texts, $4 header texts (NULL for none), $5 max attempts, $6
+// delays in µs, $7 run-at times (NULL for none) and $8 priorities, creating missing topics (in name order, so concurrent
 // calls cannot deadlock on them). Each row draws its id from the sequence
 // in the CTE, next to its ordinal, so the answer pairs them without
 // relying on the order rows are inserted or returned in.
@@ -159,16 +168,17 @@ func submitManySQL(schema string) string {
 	return `
 	WITH u AS MATERIALIZED (
 		SELECT nextval('` + pgx.Identifier{schema, "tw_messages_id_seq"}.Sanitize() + `') AS id, x.*
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[])
-			WITH ORDINALITY AS x(topic, task, payload, headers, max_attempts, delay_us, ord)
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::timestamptz[], $8::int[])
+			WITH ORDINALITY AS x(topic, task, payload, headers, max_attempts, delay_us, run_at, priority, ord)
 	), topics AS (
 		INSERT INTO ` + s + `.tw_topics (name)
 		SELECT DISTINCT topic FROM u ORDER BY 1
 		ON CONFLICT (name) DO NOTHING
 	), ins AS (
-		INSERT INTO ` + s + `.tw_messages (id, topic, task, payload, headers, max_attempts, available_at, created_at)
+		INSERT INTO ` + s + `.tw_messages (id, topic, task, payload, headers, max_attempts, available_at, created_at, priority)
 		SELECT id, topic, task, payload::jsonb, headers::jsonb, max_attempts,
-			now() + delay_us * interval '1 microsecond', now()
+			CASE WHEN run_at IS NULL THEN now() + delay_us * interval '1 microsecond'
+				ELSE greatest(now(), run_at) END, now(), priority
 		FROM u
 		RETURNING 1
 	)
@@ -200,10 +210,19 @@ func submitFields(req broker.SubmitRequest) (string, *string, error) {
 // Insert validates req (broker.ValidateSubmit, with maxPayload; 0 means
 // broker.MaxPayloadSize) and queues it through q, in q's transaction when
 // q is one, creating its topic's row when missing. It returns the
-// message's id. It announces nothing: see Notify.
+// message's id. It announces nothing: see Notify. A request with a unique
+// key needs q to be a transaction; a duplicate returns the holder's id
+// and a *broker.DuplicateError.
 func (in *Inserter) Insert(ctx context.Context, q Querier, req broker.SubmitRequest, maxPayload int) (int64, error) {
 	if err := broker.ValidateSubmit(req, maxPayload); err != nil {
 		return 0, err
+	}
+	if req.UniqueKey != "" {
+		s, err := in.insertKeyed(ctx, q, req)
+		if err == nil && s.Duplicate {
+			err = &broker.DuplicateError{ID: s.ID, Key: req.UniqueKey}
+		}
+		return s.ID, err
 	}
 	return in.insert(ctx, q, req)
 }
@@ -216,17 +235,33 @@ func (in *Inserter) insert(ctx context.Context, q Querier, req broker.SubmitRequ
 	}
 	var id int64
 	err = q.QueryRow(ctx, in.one,
-		req.Topic, req.Task, payload, headers, req.MaxAttempts, micros(req.Delay)).Scan(&id)
+		req.Topic, req.Task, payload, headers, req.MaxAttempts, micros(req.Delay), runAt(req), req.Priority).Scan(&id)
 	return id, err
+}
+
+// runAt is req's run-at time for the statements: nil when it has none.
+func runAt(req broker.SubmitRequest) *time.Time {
+	if req.RunAt.IsZero() {
+		return nil
+	}
+	t := req.RunAt
+	return &t
 }
 
 // InsertMany validates every request (broker.ValidateSubmitMany) and
 // queues them all through q, in q's transaction when q is one (otherwise
 // in one implicit transaction per 5,000), as Insert queues one. It
 // returns their ids in the order of reqs.
+//
+// With unique keys (q must be a transaction then), a duplicate's id is its
+// holder's: InsertBatch says which they are.
 func (in *Inserter) InsertMany(ctx context.Context, q Querier, reqs []broker.SubmitRequest, maxPayload int) ([]int64, error) {
 	if err := broker.ValidateSubmitMany(reqs, maxPayload); err != nil {
 		return nil, err
+	}
+	if broker.HasUniqueKey(reqs) {
+		out, err := in.insertBatch(ctx, q, reqs)
+		return broker.IDs(out), err
 	}
 	rows, err := manyRows(reqs)
 	if err != nil {
@@ -241,6 +276,8 @@ type manyArgs struct {
 	headers                 []*string
 	attempts                []int32
 	delays                  []int64
+	runAts                  []*time.Time
+	priorities              []int32
 }
 
 func manyRows(reqs []broker.SubmitRequest) (*manyArgs, error) {
@@ -248,6 +285,7 @@ func manyRows(reqs []broker.SubmitRequest) (*manyArgs, error) {
 	a := &manyArgs{
 		topics: make([]string, n), tasks: make([]string, n), payloads: make([]string, n),
 		headers: make([]*string, n), attempts: make([]int32, n), delays: make([]int64, n),
+		runAts: make([]*time.Time, n), priorities: make([]int32, n),
 	}
 	for i, req := range reqs {
 		p, h, err := submitFields(req)
@@ -256,6 +294,7 @@ func manyRows(reqs []broker.SubmitRequest) (*manyArgs, error) {
 		}
 		a.topics[i], a.tasks[i], a.payloads[i], a.headers[i] = req.Topic, req.Task, p, h
 		a.attempts[i], a.delays[i] = int32(min(req.MaxAttempts, math.MaxInt32)), micros(req.Delay)
+		a.runAts[i], a.priorities[i] = runAt(req), int32(req.Priority) // checked: -100..100
 	}
 	return a, nil
 }
@@ -276,7 +315,7 @@ func (in *Inserter) insertMany(ctx context.Context, q Querier, a *manyArgs) ([]i
 	for from := 0; from < n; from += maxSubmitMany {
 		to := min(from+maxSubmitMany, n)
 		batch.Queue(in.many, a.topics[from:to], a.tasks[from:to], a.payloads[from:to],
-			a.headers[from:to], a.attempts[from:to], a.delays[from:to])
+			a.headers[from:to], a.attempts[from:to], a.delays[from:to], a.runAts[from:to], a.priorities[from:to])
 	}
 	br := q.SendBatch(ctx, batch)
 	for from := 0; from < n; from += maxSubmitMany {

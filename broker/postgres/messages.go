@@ -13,7 +13,7 @@ import (
 // token after them; nothing else ever reads it.
 const msgCols = `id, topic, task, payload::text, headers::text, state, attempts, max_attempts,
 	claimed_by, claimed_at, available_at, created_at, finished_at, last_error, result::text,
-	suspect, waiting_since`
+	suspect, waiting_since, priority, unique_key`
 
 // scanMessage reads one row of msgCols (and the token when tok is set),
 // then any extra columns into extra.
@@ -22,10 +22,11 @@ func scanMessage(row pgx.Row, tok bool, extra ...any) (broker.Message, error) {
 		m                       broker.Message
 		headers                 []byte
 		claimedBy, lastErr, tkn pgtype.Text
+		uniqueKey               pgtype.Text
 	)
 	dest := append(make([]any, 0, 20), &m.ID, &m.Topic, &m.Task, (*[]byte)(&m.Payload), &headers, &m.State, &m.Attempts, &m.MaxAttempts,
 		&claimedBy, &m.ClaimedAt, &m.AvailableAt, &m.CreatedAt, &m.FinishedAt, &lastErr, (*[]byte)(&m.Result),
-		&m.Suspect, &m.WaitingSince)
+		&m.Suspect, &m.WaitingSince, &m.Priority, &uniqueKey)
 	if tok {
 		dest = append(dest, &tkn)
 	}
@@ -42,5 +43,6 @@ func scanMessage(row pgx.Row, tok bool, extra ...any) (broker.Message, error) {
 		}
 	}
 	m.ClaimedBy, m.LastError, m.Token = claimedBy.String, lastErr.String, tkn.String
+	m.UniqueKey = uniqueKey.String
 	return m, nil
 }

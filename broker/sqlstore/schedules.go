@@ -221,7 +221,10 @@ func (s *Store) fire(c Conn, req broker.FireRequest, sub *broker.SubmitRequest) 
 		return res, nil
 	}
 	if res.MessageID, err = s.d.InsertMessage(c, *sub); err != nil {
-		return broker.FireResult{}, err
+		if _, dup := broker.DuplicateOf(err); !dup {
+			return broker.FireResult{}, err
+		}
+		res.Duplicate = true // MessageID is the holder of the key
 	}
 	_, err = c.Exec(s.q.FireMessage, req.Name, At(req.Slot), res.MessageID)
 	return res, err
