@@ -161,7 +161,7 @@ func TestMigrateFreshSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"tw_leases", "tw_locks", "tw_messages", "tw_reports", "tw_schedule_fires", "tw_schedules",
-		"tw_schema_migrations", "tw_topics", "tw_workers"}
+		"tw_schema_migrations", "tw_topics", "tw_unique_keys", "tw_workers"}
 	if !slices.Equal(tables, want) {
 		t.Fatalf("tables %v, want %v", tables, want)
 	}

@@ -105,9 +105,19 @@ func (d dialect) InsertMessage(c sqlstore.Conn, req broker.SubmitRequest) (int64
 	if !ok {
 		return 0, errNotQuerier
 	}
-	id, err := d.b.ins.Insert(cn.ctx, q, req, d.b.maxPayload)
+	var id int64
+	var err error
+	if req.UniqueKey != "" {
+		var s broker.Submitted
+		if s, err = d.b.ins.insertKeyed(cn.ctx, q, req); err == nil && s.Duplicate {
+			return s.ID, &broker.DuplicateError{ID: s.ID, Key: req.UniqueKey}
+		}
+		id = s.ID
+	} else {
+		id, err = d.b.ins.insert(cn.ctx, q, req)
+	}
 	if err != nil {
-		return id, err
+		return 0, err
 	}
 	return id, d.b.ins.Notify(cn.ctx, q, []broker.SubmitRequest{req})
 }
