@@ -305,7 +305,10 @@ func testInvalidIntake(t *testing.T, b broker.Broker) {
 		{"key too long", func(r *broker.SubmitRequest) { r.UniqueKey = string(long) }},
 		{"window without key", func(r *broker.SubmitRequest) { r.UniqueFor = time.Minute }},
 		{"states without key", func(r *broker.SubmitRequest) { r.UniqueStates = []string{"queued", "running"} }},
-		{"unknown state", func(r *broker.SubmitRequest) { r.UniqueKey = "k"; r.UniqueStates = []string{"queued", "running", "bogus"} }},
+		{"unknown state", func(r *broker.SubmitRequest) {
+			r.UniqueKey = "k"
+			r.UniqueStates = []string{"queued", "running", "bogus"}
+		}},
 		{"states without running", func(r *broker.SubmitRequest) { r.UniqueKey = "k"; r.UniqueStates = []string{"queued", "done"} }},
 		{"negative window", func(r *broker.SubmitRequest) { r.UniqueKey = "k"; r.UniqueFor = -time.Second }},
 		{"priority too high", func(r *broker.SubmitRequest) { r.Priority = broker.MaxPriority + 1 }},

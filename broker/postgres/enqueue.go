@@ -49,6 +49,10 @@ type Inserter struct {
 	many    string
 	notify  string
 	keyed   keyedSQL
+	// pre12: the tables are at a migration before 12 (no priorities or
+	// unique keys): see AtVersion.
+	pre12   bool
+	version int
 }
 
 // NewInserter returns the insert statements for the broker's tables in
@@ -64,11 +68,44 @@ func NewInserter(schema string) (*Inserter, error) {
 	return &Inserter{
 		schema:  schema,
 		channel: ch,
-		one:     insertMessageSQL(schema),
-		many:    submitManySQL(schema),
+		one:     insertMessageSQL(schema, true),
+		many:    submitManySQL(schema, true),
 		notify:  notifySQL(ch),
 		keyed:   newKeyedSQL(schema),
 	}, nil
+}
+
+// intakeVersion is the migration that brought priorities, unique keys and
+// run-at times.
+const intakeVersion = 12
+
+// AtVersion returns the statements for tables at migration version v: for
+// a version before 12 they write no priority and refuse requests with a
+// priority or a unique key (ErrInvalid saying to migrate), so an
+// application's newer package keeps writing to tables its hosts have not
+// migrated yet.
+func (in *Inserter) AtVersion(v int) *Inserter {
+	if v >= intakeVersion || v <= 0 {
+		return in
+	}
+	old := *in
+	old.pre12, old.version = true, v
+	old.one, old.many = insertMessageSQL(in.schema, false), submitManySQL(in.schema, false)
+	return &old
+}
+
+// checkVersion refuses what tables before migration 12 cannot store.
+func (in *Inserter) checkVersion(reqs []broker.SubmitRequest) error {
+	if !in.pre12 {
+		return nil
+	}
+	for i, r := range reqs {
+		if r.Priority != 0 || r.UniqueKey != "" {
+			return broker.Invalid("request %d: the tables in schema %s are at migration %d: a priority or a unique key needs migration %d (run `host migrate`, or upgrade the hosts)",
+				i, in.schema, in.version, intakeVersion)
+		}
+	}
+	return nil
 }
 
 // Schema is the schema the statements write to.
@@ -145,40 +182,49 @@ const availableSQL = `CASE WHEN $7::timestamptz IS NULL THEN now() + $6::bigint 
 // insertMessageSQL is Submit's statement: queue one message, creating its
 // topic's row when missing. $1 topic, $2 task, $3 payload text, $4
 // headers text or NULL, $5 max attempts, $6 delay µs, $7 run-at time or
-// NULL, $8 priority.
-func insertMessageSQL(schema string) string {
+// NULL, $8 priority (without prio, for tables before migration 12: no $8).
+func insertMessageSQL(schema string, prio bool) string {
 	s := pgx.Identifier{schema}.Sanitize()
+	col, val := ", priority", ", $8"
+	if !prio {
+		col, val = "", ""
+	}
 	return `
 	WITH topic AS (
 		INSERT INTO ` + s + `.tw_topics (name) VALUES ($1) ON CONFLICT (name) DO NOTHING
 	)
-	INSERT INTO ` + s + `.tw_messages (topic, task, payload, headers, max_attempts, available_at, created_at, priority)
-	VALUES ($1, $2, $3::text::jsonb, $4::text::jsonb, $5, ` + availableSQL + `, now(), $8)
+	INSERT INTO ` + s + `.tw_messages (topic, task, payload, headers, max_attempts, available_at, created_at` + col + `)
+	VALUES ($1, $2, $3::text::jsonb, $4::text::jsonb, $5, ` + availableSQL + `, now()` + val + `)
 	RETURNING id`
 }
 
 // submitManySQL queues the rows of the arrays $1 topics, $2 tasks, $3
 // payload texts, $4 header texts (NULL for none), $5 max attempts, $6
-// delays in µs, $7 run-at times (NULL for none) and $8 priorities, creating missing topics (in name order, so concurrent
+// delays in µs, $7 run-at times (NULL for none) and $8 priorities (without
+// prio, for tables before migration 12: no $8), creating missing topics (in name order, so concurrent
 // calls cannot deadlock on them). Each row draws its id from the sequence
 // in the CTE, next to its ordinal, so the answer pairs them without
 // relying on the order rows are inserted or returned in.
-func submitManySQL(schema string) string {
+func submitManySQL(schema string, prio bool) string {
 	s := pgx.Identifier{schema}.Sanitize()
+	arr, name, col, val := ", $8::int[]", ", priority", ", priority", ", priority"
+	if !prio {
+		arr, name, col, val = "", "", "", ""
+	}
 	return `
 	WITH u AS MATERIALIZED (
 		SELECT nextval('` + pgx.Identifier{schema, "tw_messages_id_seq"}.Sanitize() + `') AS id, x.*
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::timestamptz[], $8::int[])
-			WITH ORDINALITY AS x(topic, task, payload, headers, max_attempts, delay_us, run_at, priority, ord)
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::timestamptz[]` + arr + `)
+			WITH ORDINALITY AS x(topic, task, payload, headers, max_attempts, delay_us, run_at` + name + `, ord)
 	), topics AS (
 		INSERT INTO ` + s + `.tw_topics (name)
 		SELECT DISTINCT topic FROM u ORDER BY 1
 		ON CONFLICT (name) DO NOTHING
 	), ins AS (
-		INSERT INTO ` + s + `.tw_messages (id, topic, task, payload, headers, max_attempts, available_at, created_at, priority)
+		INSERT INTO ` + s + `.tw_messages (id, topic, task, payload, headers, max_attempts, available_at, created_at` + col + `)
 		SELECT id, topic, task, payload::jsonb, headers::jsonb, max_attempts,
 			CASE WHEN run_at IS NULL THEN now() + delay_us * interval '1 microsecond'
-				ELSE greatest(now(), run_at) END, now(), priority
+				ELSE greatest(now(), run_at) END, now()` + val + `
 		FROM u
 		RETURNING 1
 	)
@@ -233,9 +279,15 @@ func (in *Inserter) insert(ctx context.Context, q Querier, req broker.SubmitRequ
 	if err != nil {
 		return 0, err
 	}
+	if err := in.checkVersion([]broker.SubmitRequest{req}); err != nil {
+		return 0, err
+	}
+	args := []any{req.Topic, req.Task, payload, headers, req.MaxAttempts, micros(req.Delay), runAt(req), req.Priority}
+	if in.pre12 {
+		args = args[:7]
+	}
 	var id int64
-	err = q.QueryRow(ctx, in.one,
-		req.Topic, req.Task, payload, headers, req.MaxAttempts, micros(req.Delay), runAt(req), req.Priority).Scan(&id)
+	err = q.QueryRow(ctx, in.one, args...).Scan(&id)
 	return id, err
 }
 
@@ -257,6 +309,9 @@ func runAt(req broker.SubmitRequest) *time.Time {
 // holder's: InsertBatch says which they are.
 func (in *Inserter) InsertMany(ctx context.Context, q Querier, reqs []broker.SubmitRequest, maxPayload int) ([]int64, error) {
 	if err := broker.ValidateSubmitMany(reqs, maxPayload); err != nil {
+		return nil, err
+	}
+	if err := in.checkVersion(reqs); err != nil {
 		return nil, err
 	}
 	if broker.HasUniqueKey(reqs) {
@@ -314,8 +369,12 @@ func (in *Inserter) insertMany(ctx context.Context, q Querier, a *manyArgs) ([]i
 	batch := &pgx.Batch{}
 	for from := 0; from < n; from += maxSubmitMany {
 		to := min(from+maxSubmitMany, n)
-		batch.Queue(in.many, a.topics[from:to], a.tasks[from:to], a.payloads[from:to],
-			a.headers[from:to], a.attempts[from:to], a.delays[from:to], a.runAts[from:to], a.priorities[from:to])
+		args := []any{a.topics[from:to], a.tasks[from:to], a.payloads[from:to],
+			a.headers[from:to], a.attempts[from:to], a.delays[from:to], a.runAts[from:to], a.priorities[from:to]}
+		if in.pre12 {
+			args = args[:7]
+		}
+		batch.Queue(in.many, args...)
 	}
 	br := q.SendBatch(ctx, batch)
 	for from := 0; from < n; from += maxSubmitMany {

@@ -70,6 +70,9 @@ const keyedTries = 10
 // insertKeyed queues the validated req, which has a unique key, through q,
 // which must be in a transaction, or returns the holder of its key.
 func (in *Inserter) insertKeyed(ctx context.Context, q Querier, req broker.SubmitRequest) (broker.Submitted, error) {
+	if err := in.checkVersion([]broker.SubmitRequest{req}); err != nil {
+		return broker.Submitted{}, err
+	}
 	payload, headers, err := submitFields(req)
 	if err != nil {
 		return broker.Submitted{}, err
@@ -171,6 +174,9 @@ func stored(reqs []broker.SubmitRequest, out []broker.Submitted) []broker.Submit
 // broker.BatchSubmitter.SubmitBatch).
 func (in *Inserter) InsertBatch(ctx context.Context, q Querier, reqs []broker.SubmitRequest, maxPayload int) ([]broker.Submitted, error) {
 	if err := broker.ValidateSubmitMany(reqs, maxPayload); err != nil {
+		return nil, err
+	}
+	if err := in.checkVersion(reqs); err != nil {
 		return nil, err
 	}
 	return in.insertBatch(ctx, q, reqs)
