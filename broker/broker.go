@@ -496,7 +496,7 @@ func ValidateSubmit(req SubmitRequest, maxPayload int) error {
 	if req.MaxAttempts > MaxAttempts {
 		return Invalid("max_attempts is %d, the limit is %d", req.MaxAttempts, MaxAttempts)
 	}
-	return validateIntake(req, time.Now())
+	return ValidateIntake(req, time.Now())
 }
 
 // ValidatePatch checks a topic patch.

@@ -107,9 +107,9 @@ func (req SubmitRequest) AvailableAt(now time.Time) time.Time {
 	return now.Add(req.Delay)
 }
 
-// validateIntake checks the unique key, priority and run-at fields of req
-// at now.
-func validateIntake(req SubmitRequest, now time.Time) error {
+// ValidateIntake checks the unique key, priority and run-at fields of req
+// at now, as ValidateSubmit does.
+func ValidateIntake(req SubmitRequest, now time.Time) error {
 	if req.Priority < MinPriority || req.Priority > MaxPriority {
 		return Invalid("priority is %d, it must be between %d and %d (higher runs first)", req.Priority, MinPriority, MaxPriority)
 	}
