@@ -67,7 +67,8 @@
 //
 //   - PutSchedule validates with NormalizeSchedule (ErrInvalid
 //     saying what is wrong, nothing stored): a name of 1 to 200
-//     characters, a task, a valid topic, a JSON payload ({} when empty),
+//     characters, a task, a valid topic, a JSON payload ({} when empty), a
+//     unique key of at most MaxUniqueKeyLen bytes (none when empty),
 //     exactly one of IntervalSeconds > 0 and Cron, a known missed policy
 //     (skip when empty), source "api" when empty.
 //   - PutSchedule upserts by name and returns the stored schedule: the run
@@ -82,9 +83,11 @@
 //     fires exactly one reports Fired and submits; the others report
 //     Fired false and change nothing. A fire stamps LastAttempt (broker
 //     time) and ExpectedNextRun = Next, and submits Submit (if not nil)
-//     with header "schedule" = name, returning its id. With a Fence whose
-//     lease is not held at that term nothing changes and the error is
-//     ErrNotLeader; a missing schedule is ErrNotFound.
+//     with header "schedule" = name, returning its id; when Submit's
+//     unique key is held, it stores no message, sets Duplicate and
+//     returns the holder's id. With a Fence whose lease is not held at
+//     that term nothing changes and the error is ErrNotLeader; a missing
+//     schedule is ErrNotFound.
 //   - NextFireAt, the due index, is never after a schedule's due slot:
 //     ExpectedNextRun once it has fired (a fire sets both to Next), else
 //     the start of the second of UpdatedAt. DueSchedules returns the

@@ -27,6 +27,10 @@ type Schedule struct {
 	MissedPolicy    string          `json:"missed_policy"`
 	// Source is "api" or "config" (config ones are upserted at start).
 	Source string `json:"source"`
+	// UniqueKey, when set, is the unique key of the tasks the schedule
+	// submits: a fire while the task of an earlier one still holds it
+	// submits nothing (see SubmitRequest.UniqueKey).
+	UniqueKey string `json:"unique_key,omitempty"`
 	// LastAttempt is stamped when the beat fires the schedule, before the
 	// task is looked up and submitted (so it says "the beat tried").
 	LastAttempt *time.Time `json:"last_attempt,omitempty"`

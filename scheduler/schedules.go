@@ -232,7 +232,7 @@ func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule
 		if len(payload) == 0 {
 			payload = json.RawMessage("{}")
 		}
-		req.Submit = &broker.SubmitRequest{Topic: topic, Task: s.Task, Payload: payload}
+		req.Submit = &broker.SubmitRequest{Topic: topic, Task: s.Task, Payload: payload, UniqueKey: s.UniqueKey}
 	}
 	return req, true, nil
 }

@@ -59,6 +59,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"PriorityOrder", testPriorityOrder},
 		{"RunAt", testRunAt},
 		{"InvalidIntake", testInvalidIntake},
+		{"UniqueScheduleFire", testUniqueScheduleFire},
 	})
 }
 

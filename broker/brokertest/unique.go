@@ -368,3 +368,36 @@ func topicsOf(t *testing.T, b broker.Broker) []string {
 	}
 	return out
 }
+
+// testUniqueScheduleFire: a schedule keeps its unique key; a fire whose
+// key is held submits nothing and names the holder, and the slot counts as
+// fired.
+func testUniqueScheduleFire(t *testing.T, b broker.Broker) {
+	long := strings.Repeat("k", broker.MaxUniqueKeyLen+1)
+	_, err := b.PutSchedule(ctxOf(t), broker.Schedule{Name: "bad-key", Task: "k", Topic: "usf", IntervalSeconds: 60, UniqueKey: long})
+	wantErr(t, "PutSchedule with a long unique key", err, broker.ErrInvalid)
+	s := putSchedule(t, b, broker.Schedule{Name: "keyed", Task: "k", Topic: "usf", IntervalSeconds: 60, Enabled: true, UniqueKey: "nightly"})
+	if s.UniqueKey != "nightly" {
+		t.Fatalf("stored schedule's unique key = %q, want nightly", s.UniqueKey)
+	}
+	if got, err := b.GetSchedule(ctxOf(t), "keyed"); err != nil || got.UniqueKey != "nightly" {
+		t.Fatalf("GetSchedule = %+v, %v; want unique key nightly", got, err)
+	}
+	base := time.Now().UTC().Truncate(time.Minute)
+	sub := &broker.SubmitRequest{Topic: "usf", Task: "k", UniqueKey: s.UniqueKey}
+	first := fire(t, b, broker.FireRequest{Name: "keyed", Slot: base, Next: base.Add(time.Minute), Submit: sub})
+	if !first.Fired || first.Duplicate || first.MessageID == 0 {
+		t.Fatalf("first fire = %+v, want a new message", first)
+	}
+	second := fire(t, b, broker.FireRequest{Name: "keyed", Slot: base.Add(time.Minute), Next: base.Add(2 * time.Minute), Submit: sub})
+	if !second.Fired || !second.Duplicate || second.MessageID != first.MessageID {
+		t.Fatalf("second fire while the first task is queued = %+v, want a duplicate of %d", second, first.MessageID)
+	}
+	if c := countTopic(t, b, "usf"); c != 1 {
+		t.Fatalf("%d messages, want 1", c)
+	}
+	again := fire(t, b, broker.FireRequest{Name: "keyed", Slot: base.Add(time.Minute), Next: base.Add(2 * time.Minute), Submit: sub})
+	if again.Fired {
+		t.Fatalf("the slot of the duplicate fired again: %+v", again)
+	}
+}

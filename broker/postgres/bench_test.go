@@ -205,7 +205,9 @@ func BenchmarkClaimWithQueued1M(b *testing.B) { benchClaimWithQueued(b, 1_000_00
 // BenchmarkClaimWithQueued1MPriorities: a million queued over 10
 // priorities; compare with BenchmarkClaimWithQueued1k (the claim stays an
 // index scan: within 1.5 times).
-func BenchmarkClaimWithQueued1MPriorities(b *testing.B) { benchClaimWithQueuedPriorities(b, 1_000_000, 10) }
+func BenchmarkClaimWithQueued1MPriorities(b *testing.B) {
+	benchClaimWithQueuedPriorities(b, 1_000_000, 10)
+}
 
 // BenchmarkStatsWithQueued1M: Stats over a topic with a million queued.
 func BenchmarkStatsWithQueued1M(b *testing.B) {

@@ -136,3 +136,22 @@ func TestIntakeBadInput(t *testing.T) {
 		t.Fatalf("bad requests stored %d tasks", n)
 	}
 }
+
+// A schedule takes a unique key through the API, and keeps it.
+func TestScheduleUniqueKeyAPI(t *testing.T) {
+	p := startPaused(t, testLogger(t), batchStores["local"](t))
+	rec := serve(p, "POST", "/api/schedules", "application/json",
+		strings.NewReader(`{"name": "keyed", "task": "demo.echo", "interval_seconds": 3600, "unique_key": "hourly"}`))
+	if rec.Code != http.StatusCreated {
+		t.Fatalf("create: %d %s", rec.Code, rec.Body)
+	}
+	rec = serve(p, "GET", "/api/schedules/keyed", "", nil)
+	if !strings.Contains(rec.Body.String(), `"unique_key":"hourly"`) {
+		t.Fatalf("GET schedule = %s, want its unique key", rec.Body)
+	}
+	rec = serve(p, "POST", "/api/schedules", "application/json",
+		strings.NewReader(`{"name": "long", "task": "demo.echo", "interval_seconds": 3600, "unique_key": "`+strings.Repeat("k", 201)+`"}`))
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "unique_key is 201 bytes long") {
+		t.Fatalf("a long key: %d %s, want 400 naming unique_key", rec.Code, rec.Body)
+	}
+}

@@ -25,3 +25,6 @@ CREATE TABLE tw_unique_keys (
 
 DROP INDEX tw_messages_claim;
 CREATE INDEX tw_messages_claim ON tw_messages (topic, priority DESC, available_at, id) WHERE state = 'queued';
+
+-- A schedule's unique key: its fires submit with it.
+ALTER TABLE tw_schedules ADD COLUMN unique_key TEXT;

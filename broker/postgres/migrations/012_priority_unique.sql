@@ -33,3 +33,6 @@ CREATE TABLE IF NOT EXISTS tw_unique_keys (
 -- The claim's index, by priority first.
 DROP INDEX IF EXISTS tw_messages_queued;
 CREATE INDEX tw_messages_queued ON tw_messages (topic, (-priority), available_at, id) WHERE state = 'queued';
+
+-- A schedule's unique key: its fires submit with it.
+ALTER TABLE tw_schedules ADD COLUMN IF NOT EXISTS unique_key text;
