@@ -276,6 +276,11 @@ func (t *Ticker) fired(req broker.FireRequest, res broker.FireResult) {
 	if !res.Fired || res.MessageID == 0 || req.Submit == nil {
 		return
 	}
+	if res.Duplicate {
+		// The schedule's unique key is held: nothing was submitted.
+		t.add("duplicate", req.Name+" (key "+req.Submit.UniqueKey+")", 1, nil)
+		return
+	}
 	if l := t.Logger; l != nil {
 		l.Debug("schedule fired", "schedule", req.Name, "slot", req.Slot, "message_id", res.MessageID)
 	}
@@ -318,6 +323,7 @@ var summaries = map[string]struct {
 	"unknown":   {hclog.Error, "no live worker runs the scheduled task; nothing submitted"},
 	"invalid":   {hclog.Error, "schedules have an invalid timing; they do not fire"},
 	"failed":    {hclog.Error, "schedules could not fire"},
+	"duplicate": {hclog.Info, "schedules fired while the task of an earlier fire still held their unique key; nothing submitted"},
 }
 
 // summarize writes the summary line of every kind that has events and
