@@ -116,9 +116,10 @@ const fullScanEvery = time.Second
 // older now(), a row another claimer held and let go) is found by the
 // next walk from the start, which comes when a claim from the floor
 // returns short, and at least every fullScanEvery. Order stays by key but
-// for those stragglers, which wait at most that long; a message submitted
-// with a higher priority than the floor's while the claims keep finding
-// work is one of them.
+// for those stragglers, which wait at most that long. A message submitted
+// with a higher priority than the floor's is announced with it (its
+// notification names the priority), and the floor is dropped (raised):
+// with the listener up, such a message waits for no full scan.
 type claimFloors struct {
 	mu sync.Mutex
 	m  map[string]claimFloor
@@ -144,6 +145,18 @@ func (f *claimFloors) get(topic string, now time.Time) (fl claimFloor, ok, limit
 		return claimFloor{}, false, fl.limited
 	}
 	return fl, true, fl.limited
+}
+
+// raised hears of messages of topic submitted with priority: when the
+// topic's floor is at a lower priority, the messages are behind it, and
+// the next claim walks from the start.
+func (f *claimFloors) raised(topic string, priority int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl, ok := f.m[topic]; ok && fl.id != 0 && priority > fl.prio {
+		fl.prio, fl.at, fl.id = 0, time.Time{}, 0
+		f.m[topic] = fl
+	}
 }
 
 // isLimited reports whether the last claim of topic by this process found

@@ -119,7 +119,7 @@ func (in *Inserter) Channel() string { return in.channel }
 // would pass PostgreSQL's 63-byte limit on names, the schema's first 45
 // bytes followed by "_" and a hash of the whole name. The payload of each
 // notification is a JSON object: {"topic": <topic>, "delay_us": <the
-// messages' delay in µs>}.
+// messages' delay in µs>, "priority": <their priority, absent when 0>}.
 func NotifyChannel(schema string) string {
 	if schema == "" {
 		schema = DefaultSchema
@@ -137,6 +137,10 @@ func NotifyChannel(schema string) string {
 type notifyPayload struct {
 	Topic   string `json:"topic"`
 	DelayUS int64  `json:"delay_us"`
+	// Priority is the messages' priority (absent: 0): claimers whose
+	// claim starts past where such messages sort go back to the head of
+	// the queue (claim.go).
+	Priority int `json:"priority,omitempty"`
 }
 
 func (p notifyPayload) text() string {
@@ -156,7 +160,7 @@ func payloads(reqs []broker.SubmitRequest) []string {
 	now := time.Now()
 	var out []string
 	for _, r := range reqs {
-		p := notifyPayload{Topic: r.Topic, DelayUS: micros(r.AvailableAt(now).Sub(now))}
+		p := notifyPayload{Topic: r.Topic, DelayUS: micros(r.AvailableAt(now).Sub(now)), Priority: r.Priority}
 		if !seen[p] {
 			seen[p] = true
 			out = append(out, p.text())

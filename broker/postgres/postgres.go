@@ -179,6 +179,7 @@ func New(ctx context.Context, opts Options) (*Broker, error) {
 		return nil, err
 	}
 	b.listen = newListener(cfg, b.ins.Channel(), b.log)
+	b.listen.prioritized = b.floors.raised
 	b.announce = newAnnouncer(b)
 	maxConns := int(opts.MaxConns)
 	if maxConns <= 0 {
