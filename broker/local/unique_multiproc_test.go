@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/brokertest"
 )
 
@@ -77,5 +78,32 @@ func TestHelperUniqueSubmitter(t *testing.T) {
 	time.Sleep(time.Until(time.Unix(0, start)))
 	if err := brokertest.SubmitUniqueRounds(ctx, b, os.Stdout); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Housekeeping deletes the unique keys last used longer ago than any
+// window, and keeps the others.
+func TestHousekeepingPurgesOldUniqueKeys(t *testing.T) {
+	b := openTest(t, Options{})
+	old := time.Now().Add(-broker.MaxDelay - time.Hour).UnixNano()
+	execSQL(t, b, `INSERT INTO tw_unique_keys (key, message_id, created_at) VALUES ('old', 1, ?), ('new', 2, ?)`, old, time.Now().UnixNano())
+	if err := b.housekeep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	rows, err := b.reader.Query(`SELECT key FROM tw_unique_keys`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) != 1 || keys[0] != "new" {
+		t.Fatalf("keys after housekeeping: %v, want [new]", keys)
 	}
 }
