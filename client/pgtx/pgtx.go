@@ -39,7 +39,10 @@ type Task struct {
 	// task holds the key (see broker.SubmitRequest.UniqueKey): Submit
 	// then returns the holder's id and an error wrapping
 	// broker.ErrDuplicate (a *broker.DuplicateError), stores nothing, and
-	// leaves the transaction usable.
+	// leaves the transaction usable. A submit of a key another open
+	// transaction just submitted waits for that transaction to end; two
+	// transactions that submit the same keys in opposite orders can
+	// deadlock, and PostgreSQL then aborts one of them (retry it).
 	UniqueKey string
 	// UniqueFor: a task with the key created less than this long ago
 	// holds it whatever its state.
