@@ -120,6 +120,9 @@ func (b *Broker) keyHolder(req broker.SubmitRequest, now time.Time) (int64, bool
 	if req.UniqueFor > 0 && now.Sub(ks.lastAt) < req.UniqueFor {
 		return ks.lastID, true
 	}
+	if len(ks.ids) == 0 && now.Sub(ks.lastAt) > broker.MaxDelay {
+		delete(b.keys, req.UniqueKey) // no message and past any window
+	}
 	return 0, false
 }
 
