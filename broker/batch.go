@@ -15,6 +15,23 @@ type BatchSubmitter interface {
 	// the whole call with ErrInvalid and nothing is stored; so does any
 	// other error, and so do more than MaxSubmitBatch requests.
 	SubmitMany(ctx context.Context, reqs []SubmitRequest) ([]int64, error)
+	// SubmitBatch is SubmitMany saying, for each request, whether it was
+	// a duplicate of the message whose id it returns (see
+	// SubmitRequest.UniqueKey). Within one batch, a request whose unique
+	// key an earlier request carries is a duplicate of that one.
+	SubmitBatch(ctx context.Context, reqs []SubmitRequest) ([]Submitted, error)
+}
+
+// IDs returns the ids of a SubmitBatch answer.
+func IDs(s []Submitted) []int64 {
+	if s == nil {
+		return nil
+	}
+	ids := make([]int64, len(s))
+	for i, x := range s {
+		ids[i] = x.ID
+	}
+	return ids
 }
 
 // MaxSubmitBatch bounds one SubmitMany call: one transaction holds the

@@ -90,7 +90,8 @@
 //
 //   - PutSchedule validates with NormalizeSchedule (ErrInvalid
 //     saying what is wrong, nothing stored): a name of 1 to 200
-//     characters, a task, a valid topic, a JSON payload ({} when empty),
+//     characters, a task, a valid topic, a JSON payload ({} when empty), a
+//     unique key of at most MaxUniqueKeyLen bytes (none when empty),
 //     exactly one of IntervalSeconds > 0 and Cron, a known missed policy
 //     (skip when empty), source "api" when empty.
 //   - PutSchedule upserts by name and returns the stored schedule: the run
@@ -105,9 +106,11 @@
 //     fires exactly one reports Fired and submits; the others report
 //     Fired false and change nothing. A fire stamps LastAttempt (broker
 //     time) and ExpectedNextRun = Next, and submits Submit (if not nil)
-//     with header "schedule" = name, returning its id. With a Fence whose
-//     lease is not held at that term nothing changes and the error is
-//     ErrNotLeader; a missing schedule is ErrNotFound.
+//     with header "schedule" = name, returning its id; when Submit's
+//     unique key is held, it stores no message, sets Duplicate and
+//     returns the holder's id. With a Fence whose lease is not held at
+//     that term nothing changes and the error is ErrNotLeader; a missing
+//     schedule is ErrNotFound.
 //   - NextFireAt, the due index, is never after a schedule's due slot:
 //     ExpectedNextRun once it has fired (a fire sets both to Next), else
 //     the start of the second of UpdatedAt. DueSchedules returns the
@@ -204,27 +207,50 @@ type SubmitRequest struct {
 	Delay time.Duration
 	// MaxAttempts bounds error retries (0: the task's default).
 	MaxAttempts int
+	// RunAt, when set, is when the message becomes available (at once
+	// when it is past, but never more than MaxRunAtPast before the
+	// submit); exclusive with Delay.
+	RunAt time.Time
+	// Priority orders a topic's claims: higher first (MinPriority to
+	// MaxPriority, 0 by default).
+	Priority int
+	// UniqueKey, when set, makes the submit a duplicate (ErrDuplicate,
+	// nothing stored) while another message with the same key holds it:
+	// that message is in one of its UniqueStates, or was created less
+	// than this request's UniqueFor ago, whatever its state. Keys are
+	// global, across topics and tasks.
+	UniqueKey string
+	// UniqueFor is the window of UniqueKey (0: none).
+	UniqueFor time.Duration
+	// UniqueStates are the states the message holds its key in
+	// (DefaultUniqueStates when empty); they must include queued and
+	// running.
+	UniqueStates []string
 }
 
 // Message is a stored message. Token is set only on a claimed message
 // returned by Claim.
 type Message struct {
-	ID          int64             `json:"id"`
-	Topic       string            `json:"topic"`
-	Task        string            `json:"task"`
-	Payload     json.RawMessage   `json:"payload"`
-	Headers     map[string]string `json:"headers,omitempty"`
-	State       string            `json:"state"`
-	Attempts    int               `json:"attempts"`
-	MaxAttempts int               `json:"max_attempts"`
-	ClaimedBy   string            `json:"claimed_by,omitempty"`
-	ClaimedAt   *time.Time        `json:"claimed_at,omitempty"`
-	Token       string            `json:"-"`
-	AvailableAt time.Time         `json:"available_at"`
-	CreatedAt   time.Time         `json:"created_at"`
-	FinishedAt  *time.Time        `json:"finished_at,omitempty"`
-	LastError   string            `json:"last_error,omitempty"`
-	Result      json.RawMessage   `json:"result,omitempty"`
+	ID      int64             `json:"id"`
+	Topic   string            `json:"topic"`
+	Task    string            `json:"task"`
+	Payload json.RawMessage   `json:"payload"`
+	Headers map[string]string `json:"headers,omitempty"`
+	State   string            `json:"state"`
+	// Priority: higher is claimed first (see SubmitRequest).
+	Priority int `json:"priority"`
+	// UniqueKey is the unique key the message was submitted with.
+	UniqueKey   string          `json:"unique_key,omitempty"`
+	Attempts    int             `json:"attempts"`
+	MaxAttempts int             `json:"max_attempts"`
+	ClaimedBy   string          `json:"claimed_by,omitempty"`
+	ClaimedAt   *time.Time      `json:"claimed_at,omitempty"`
+	Token       string          `json:"-"`
+	AvailableAt time.Time       `json:"available_at"`
+	CreatedAt   time.Time       `json:"created_at"`
+	FinishedAt  *time.Time      `json:"finished_at,omitempty"`
+	LastError   string          `json:"last_error,omitempty"`
+	Result      json.RawMessage `json:"result,omitempty"`
 	// Suspect says the message's last claim ended with its worker dead:
 	// the reaper requeued (or dead-lettered) it as an orphan, and no
 	// attempt has ended since, except requeues that did not run it
@@ -512,7 +538,7 @@ func ValidateSubmit(req SubmitRequest, maxPayload int) error {
 	if req.MaxAttempts > MaxAttempts {
 		return Invalid("max_attempts is %d, the limit is %d", req.MaxAttempts, MaxAttempts)
 	}
-	return nil
+	return ValidateIntake(req, time.Now())
 }
 
 // ValidatePatch checks a topic patch.

@@ -27,6 +27,10 @@ type Schedule struct {
 	MissedPolicy    string          `json:"missed_policy"`
 	// Source is "api" or "config" (config ones are upserted at start).
 	Source string `json:"source"`
+	// UniqueKey, when set, is the unique key of the tasks the schedule
+	// submits: a fire while the task of an earlier one still holds it
+	// submits nothing (see SubmitRequest.UniqueKey).
+	UniqueKey string `json:"unique_key,omitempty"`
 	// LastAttempt is stamped when the beat fires the schedule, before the
 	// message is submitted (so it says "the beat tried"); a schedule whose
 	// task no live worker runs is not fired (it waits for one).
@@ -68,6 +72,9 @@ type FireResult struct {
 	Fired bool
 	// MessageID is the submitted message (0 when none was submitted).
 	MessageID int64
+	// Duplicate: the schedule's unique key was held, nothing was
+	// submitted, and MessageID is the message that holds it.
+	Duplicate bool
 	// Missing, from FireSchedules only: the schedule does not exist
 	// (deleted meanwhile); nothing changed for it.
 	Missing bool

@@ -64,6 +64,9 @@ func NormalizeSchedule(s Schedule) (Schedule, error) {
 		}
 		s.Payload = slices.Clone(s.Payload)
 	}
+	if len(s.UniqueKey) > MaxUniqueKeyLen {
+		return Schedule{}, Invalid("schedule %q: unique_key is %d bytes long, the limit is %d", s.Name, len(s.UniqueKey), MaxUniqueKeyLen)
+	}
 	s.Cron = strings.TrimSpace(s.Cron)
 	switch {
 	case s.IntervalSeconds < 0:

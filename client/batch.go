@@ -16,11 +16,14 @@ import (
 
 // Chunk is one committed chunk of a batch upload, as the host reports it:
 // lines FirstLine to LastLine (from 1) are stored, with these ids (one per
-// non-blank line, in order).
+// non-blank line, in order). Duplicates are the indexes into IDs of the
+// lines that were duplicates (see Task.UniqueKey): nothing was stored for
+// them and their id is the task that holds their key.
 type Chunk struct {
-	FirstLine int      `json:"first_line"`
-	LastLine  int      `json:"last_line"`
-	IDs       []string `json:"ids"`
+	FirstLine  int      `json:"first_line"`
+	LastLine   int      `json:"last_line"`
+	IDs        []string `json:"ids"`
+	Duplicates []int    `json:"duplicates,omitempty"`
 }
 
 // BatchResult is what a batch upload stored.
@@ -33,6 +36,9 @@ type BatchResult struct {
 	// them (the others leave them to the progress callback, so that a
 	// batch of millions is never held in memory).
 	IDs []string
+	// Duplicates are the indexes into IDs of the duplicates (only
+	// SubmitTasks fills them); Stored counts them too.
+	Duplicates []int
 }
 
 // BatchOption changes a batch upload.
@@ -210,6 +216,9 @@ func (c *Client) submitStream(ctx context.Context, body io.Reader, opts []BatchO
 		}
 		res.Stored += len(l.IDs)
 		if cfg.keepIDs {
+			for _, d := range l.Duplicates {
+				res.Duplicates = append(res.Duplicates, len(res.IDs)+d)
+			}
 			res.IDs = append(res.IDs, l.IDs...)
 		}
 		if cfg.progress != nil {

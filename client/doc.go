@@ -29,12 +29,14 @@
 // could be made (the request never left). A call that ends with
 // ErrOutcomeUnknown is never retried, nor is any other answer.
 //
-// Duplicates: tasks have no unique key yet, so a task submitted twice is
-// stored twice. Submit is the one call whose automatic retry can store a
-// task twice: when the plugin stored it, then its broker failed to
-// confirm the commit and it answered 503. SubmitBatch, SubmitTasks and
-// SubmitNDJSON are never retried (a stream cannot be sent again), and
-// Action (Reclaim) is never retried. Retrying any of them by hand after
-// ErrOutcomeUnknown, or after a *BatchError without starting from its
-// Line, may store tasks twice.
+// Duplicates: a task without a unique key submitted twice is stored
+// twice. Submit is the one call whose automatic retry can store a task
+// twice: when the plugin stored it, then its broker failed to confirm the
+// commit and it answered 503. A task with a UniqueKey cannot be: the
+// retry finds the first one and answers its id as a duplicate
+// (SubmitUnique says so). SubmitBatch, SubmitTasks and SubmitNDJSON are
+// never retried (a stream cannot be sent again), and Action (Reclaim) is
+// never retried. Retrying any of them by hand after ErrOutcomeUnknown, or
+// after a *BatchError without starting from its Line, may store tasks
+// without a unique key twice.
 package client

@@ -23,6 +23,8 @@ type Schedule struct {
 	MissedPolicy string `json:"missed_policy"`
 	// Source is "api" or "config" (declared in the host's config).
 	Source string `json:"source"`
+	// UniqueKey is the unique key of the tasks it submits.
+	UniqueKey string `json:"unique_key,omitempty"`
 	// LastAttempt is when the beat last fired it, LastSuccess the end of
 	// the last run that succeeded.
 	LastAttempt     *time.Time `json:"last_attempt,omitempty"`
@@ -63,6 +65,10 @@ type ScheduleSpec struct {
 	Enabled *bool `json:"enabled,omitempty"`
 	// MissedPolicy is "skip" (the default) or "fire_once".
 	MissedPolicy string `json:"missed_policy,omitempty"`
+	// UniqueKey, when set, is the unique key of the tasks it submits
+	// (see Task.UniqueKey): a fire while the task of an earlier fire is
+	// queued or running submits nothing.
+	UniqueKey string `json:"unique_key,omitempty"`
 }
 
 // scheduleView is the answer of GET, POST and PUT of one schedule.

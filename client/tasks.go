@@ -39,6 +39,25 @@ type Task struct {
 	// MaxAttempts bounds its tries (submit: 0 is the task's default; read:
 	// the one that applies).
 	MaxAttempts int `json:"max_attempts,omitempty"`
+	// RunAt: it may run no sooner than this time (submit only; exclusive
+	// with DelaySeconds; at most 24 hours in the past).
+	RunAt *time.Time `json:"run_at,omitempty"`
+	// Priority: a higher one runs first within its topic (submit and
+	// read; -100 to 100, default 0).
+	Priority int `json:"priority,omitempty"`
+	// UniqueKey (submit and read): while another task with this key is
+	// queued or running (or in UniqueStates), or was created less than
+	// UniqueForSeconds ago, the submit stores nothing and answers that
+	// task's id as a duplicate (see SubmitUnique). 1 to 200 bytes; keys
+	// are global across topics and tasks.
+	UniqueKey string `json:"unique_key,omitempty"`
+	// UniqueForSeconds (submit only): the window of UniqueKey.
+	UniqueForSeconds float64 `json:"unique_for_seconds,omitempty"`
+	// UniqueStates (submit only): the states in which the task holds its
+	// key (default queued and running; must include both).
+	UniqueStates []string `json:"unique_states,omitempty"`
+	// AvailableAt is when it may run next (read only).
+	AvailableAt *time.Time `json:"available_at,omitempty"`
 
 	// State is one of the State constants.
 	State string `json:"state,omitempty"`
@@ -66,29 +85,45 @@ func (t Task) Finished() bool {
 
 // submitItem is what Submit and the batch calls send of a Task.
 type submitItem struct {
-	Task         string          `json:"task"`
-	Topic        string          `json:"topic,omitempty"`
-	Payload      json.RawMessage `json:"payload,omitempty"`
-	DelaySeconds float64         `json:"delay_seconds,omitempty"`
-	MaxAttempts  int             `json:"max_attempts,omitempty"`
+	Task             string          `json:"task"`
+	Topic            string          `json:"topic,omitempty"`
+	Payload          json.RawMessage `json:"payload,omitempty"`
+	DelaySeconds     float64         `json:"delay_seconds,omitempty"`
+	MaxAttempts      int             `json:"max_attempts,omitempty"`
+	RunAt            *time.Time      `json:"run_at,omitempty"`
+	Priority         int             `json:"priority,omitempty"`
+	UniqueKey        string          `json:"unique_key,omitempty"`
+	UniqueForSeconds float64         `json:"unique_for_seconds,omitempty"`
+	UniqueStates     []string        `json:"unique_states,omitempty"`
 }
 
 func itemOf(t Task) submitItem {
-	return submitItem{Task: t.Task, Topic: t.Topic, Payload: t.Payload, DelaySeconds: t.DelaySeconds, MaxAttempts: t.MaxAttempts}
+	return submitItem{Task: t.Task, Topic: t.Topic, Payload: t.Payload, DelaySeconds: t.DelaySeconds, MaxAttempts: t.MaxAttempts,
+		RunAt: t.RunAt, Priority: t.Priority, UniqueKey: t.UniqueKey, UniqueForSeconds: t.UniqueForSeconds, UniqueStates: t.UniqueStates}
 }
 
-// Submit stores one task and returns its id. A 503 (the plugin is
-// restarting) or a connection that could not be made is retried per the
-// policy; see the package doc on duplicates.
+// Submit stores one task and returns its id: for a duplicate (see
+// Task.UniqueKey), the id of the task that holds the key (SubmitUnique
+// tells them apart). A 503 (the plugin is restarting) or a connection that
+// could not be made is retried per the policy; see the package doc on
+// duplicates.
 func (c *Client) Submit(ctx context.Context, t Task) (string, error) {
+	id, _, err := c.SubmitUnique(ctx, t)
+	return id, err
+}
+
+// SubmitUnique is Submit saying whether the task was a duplicate: then
+// nothing was stored and id is the task that holds t.UniqueKey.
+func (c *Client) SubmitUnique(ctx context.Context, t Task) (id string, duplicate bool, err error) {
 	var out struct {
-		ID string `json:"id"`
+		ID        string `json:"id"`
+		Duplicate bool   `json:"duplicate"`
 	}
-	err := c.call(ctx, request{method: http.MethodPost, path: apiPrefix + "/tasks", body: itemOf(t), retry: true}, &out)
+	err = c.call(ctx, request{method: http.MethodPost, path: apiPrefix + "/tasks", body: itemOf(t), retry: true}, &out)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	return out.ID, nil
+	return out.ID, out.Duplicate, nil
 }
 
 // Get reads one task; IsNotFound(err) when there is no such task.

@@ -244,7 +244,7 @@ func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule
 		if len(payload) == 0 {
 			payload = json.RawMessage("{}")
 		}
-		req.Submit = &broker.SubmitRequest{Topic: topic, Task: s.Task, Payload: payload}
+		req.Submit = &broker.SubmitRequest{Topic: topic, Task: s.Task, Payload: payload, UniqueKey: s.UniqueKey}
 	}
 	return req, true, nil
 }
@@ -286,6 +286,11 @@ func (t *Ticker) fireAll(ctx context.Context, reqs []broker.FireRequest) error {
 // fired tells of a fire's submitted message.
 func (t *Ticker) fired(req broker.FireRequest, res broker.FireResult) {
 	if !res.Fired || res.MessageID == 0 || req.Submit == nil {
+		return
+	}
+	if res.Duplicate {
+		// The schedule's unique key is held: nothing was submitted.
+		t.add("duplicate", req.Name+" (key "+req.Submit.UniqueKey+")", 1, nil)
 		return
 	}
 	if l := t.Logger; l != nil {
@@ -330,6 +335,7 @@ var summaries = map[string]struct {
 	"waiting":   {hclog.Warn, "schedules wait for a live worker that runs their task; their due slot fires once one is (see the schedule's waiting status)"},
 	"invalid":   {hclog.Error, "schedules have an invalid timing; they do not fire"},
 	"failed":    {hclog.Error, "schedules could not fire"},
+	"duplicate": {hclog.Info, "schedules fired while the task of an earlier fire still held their unique key; nothing submitted"},
 }
 
 // summarize writes the summary line of every kind that has events and

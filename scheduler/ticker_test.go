@@ -150,3 +150,31 @@ func TestPassReadsInBatches(t *testing.T) {
 		t.Fatalf("%d schedules fired, want 250", len(store.submitted))
 	}
 }
+
+// A schedule's unique key goes with its fires: while the task of one fire
+// is still queued, the next fire submits nothing.
+func TestUniqueKeyHoldsNextFire(t *testing.T) {
+	b := memory.New()
+	ctx := context.Background()
+	s, err := b.PutSchedule(ctx, broker.Schedule{Name: "k", Task: "t", Topic: "q", IntervalSeconds: 1, Enabled: true, UniqueKey: "only-one"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk, _, clock, fence := clockTicker(t, b)
+	first := s.UpdatedAt.UTC().Truncate(time.Second)
+	for i := range 3 {
+		*clock = first.Add(time.Duration(i)*time.Second + 500*time.Millisecond)
+		tick(t, tk, fence)
+	}
+	msgs, err := b.ListMessages(ctx, broker.MessageFilter{Topic: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 1 || msgs[0].UniqueKey != "only-one" {
+		t.Fatalf("%d messages (%+v), want the first fire's alone, with the key", len(msgs), msgs)
+	}
+	got, _ := b.GetSchedule(ctx, "k")
+	if want := first.Add(3 * time.Second); got.ExpectedNextRun == nil || !got.ExpectedNextRun.Equal(want) {
+		t.Fatalf("next run %v, want %s: the refused fires still count as fired", got.ExpectedNextRun, want)
+	}
+}

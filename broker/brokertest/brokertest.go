@@ -52,6 +52,14 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"ListMessages", testListMessages},
 		{"Leases", testLeases},
 		{"Closed", testClosed},
+		{"UniqueConcurrentSubmits", testUniqueConcurrent},
+		{"UniqueStates", testUniqueStates},
+		{"UniqueWindow", testUniqueWindow},
+		{"UniqueBatch", testUniqueBatch},
+		{"PriorityOrder", testPriorityOrder},
+		{"RunAt", testRunAt},
+		{"InvalidIntake", testInvalidIntake},
+		{"UniqueScheduleFire", testUniqueScheduleFire},
 	})
 	runCases(t, newBroker, cancelCases)
 }

@@ -143,7 +143,7 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 }
 
 // claimable returns the ids of up to want available queued messages of
-// topic, oldest first, that its concurrency limit admits now. Paused and
+// topic, the highest priority first and then the oldest, that its concurrency limit admits now. Paused and
 // unknown topics admit none.
 func claimable(tx *txn, topic string, want int, now time.Time) ([]int64, error) {
 	var limit int
@@ -168,7 +168,7 @@ func claimable(tx *txn, topic string, want int, now time.Time) ([]int64, error) 
 	}
 	rows, err := tx.Query(`SELECT id FROM tw_messages
 		WHERE topic = ? AND state = 'queued' AND available_at <= ?
-		ORDER BY available_at, id LIMIT ?`, topic, ns(now), want)
+		ORDER BY priority DESC, available_at, id LIMIT ?`, topic, ns(now), want)
 	if err != nil {
 		return nil, err
 	}

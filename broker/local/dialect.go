@@ -195,12 +195,13 @@ var queries = sqlstore.Queries{
 
 	ScheduleCols: schedCols,
 	PutSchedule: `INSERT INTO tw_schedules
-			(name, task, topic, payload, interval_seconds, cron, enabled, missed_policy, source, created_at, updated_at, next_fire_at)
-			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?10 / 1000000000 * 1000000000)
+			(name, task, topic, payload, interval_seconds, cron, enabled, missed_policy, source, unique_key, created_at, updated_at, next_fire_at)
+			VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?11, ?11 / 1000000000 * 1000000000)
 			ON CONFLICT (name) DO UPDATE SET
 				task = excluded.task, topic = excluded.topic, payload = excluded.payload,
 				interval_seconds = excluded.interval_seconds, cron = excluded.cron,
 				enabled = excluded.enabled, missed_policy = excluded.missed_policy, source = excluded.source,
+				unique_key = excluded.unique_key,
 				expected_next_run = CASE
 					WHEN tw_schedules.interval_seconds IS excluded.interval_seconds AND tw_schedules.cron IS excluded.cron
 					THEN tw_schedules.expected_next_run END,
@@ -239,7 +240,7 @@ var queries = sqlstore.Queries{
 
 // schedCols are the schedule columns sqlstore reads, in its order.
 const schedCols = `name, task, topic, payload, interval_seconds, cron, enabled, missed_policy, source,
-	last_attempt, last_success, expected_next_run, created_at, updated_at, next_fire_at`
+	last_attempt, last_success, expected_next_run, created_at, updated_at, next_fire_at, unique_key`
 
 // reportCols are the report columns sqlstore reads, in its order.
 const reportCols = `id, message_id, task, topic, schedule, attempt, worker, status, started_at, ended_at,

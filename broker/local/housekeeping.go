@@ -3,6 +3,8 @@ package local
 import (
 	"context"
 	"time"
+
+	"github.com/taskhost/taskhost/broker"
 )
 
 // retainChunk bounds the rows one housekeeping transaction deletes, so the
@@ -28,13 +30,38 @@ func (b *Broker) housekeeping(ctx context.Context) {
 	}
 }
 
-// housekeep deletes workers silent for longer than WorkerTTL and the
-// oldest finished messages past Retain.
+// housekeep deletes workers silent for longer than WorkerTTL, the unique
+// keys last used longer ago than any window, and the oldest finished
+// messages past Retain.
 func (b *Broker) housekeep(ctx context.Context) error {
 	if err := b.purgeWorkers(ctx); err != nil {
 		return err
 	}
+	if err := b.purgeUniqueKeys(ctx); err != nil {
+		return err
+	}
 	return b.trimFinished(ctx)
+}
+
+// purgeUniqueKeys deletes the rows of tw_unique_keys older than
+// broker.MaxDelay, the longest window (unique_for_seconds) they serve, a
+// chunk per transaction.
+func (b *Broker) purgeUniqueKeys(ctx context.Context) error {
+	for {
+		var n int64
+		err := b.write(ctx, "housekeeping", func(tx *txn, now time.Time) error {
+			r, err := tx.Exec(`DELETE FROM tw_unique_keys WHERE key IN (
+				SELECT key FROM tw_unique_keys WHERE created_at < ? LIMIT ?)`, addNS(now, -broker.MaxDelay), retainChunk)
+			if err != nil {
+				return err
+			}
+			n, err = r.RowsAffected()
+			return err
+		})
+		if err != nil || n < retainChunk {
+			return err
+		}
+	}
 }
 
 // purgeWorkers deletes the workers silent for longer than WorkerTTL.

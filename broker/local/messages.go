@@ -12,7 +12,7 @@ import (
 const msgCols = `id, topic, task, payload, headers, state, attempts, max_attempts,
 	claimed_by, claimed_at, token, available_at, created_at, finished_at, last_error, result,
 	suspect, waiting_since,
-	cancel_requested_at`
+	cancel_requested_at, priority, unique_key`
 
 type scanner interface{ Scan(dest ...any) error }
 
@@ -27,12 +27,13 @@ func scanMessage(s scanner, withToken bool) (broker.Message, error) {
 		claimedAt, finishedAt     sql.NullInt64
 		waitingSince              sql.NullInt64
 		cancelRequestedAt         sql.NullInt64
+		uniqueKey                 sql.NullString
 		availableAt, createdAt    int64
 	)
 	err := s.Scan(&m.ID, &m.Topic, &m.Task, &payload, &headers, &m.State, &m.Attempts, &m.MaxAttempts,
 		&claimedBy, &claimedAt, &token, &availableAt, &createdAt, &finishedAt, &m.LastError, &result,
 		&m.Suspect, &waitingSince,
-		&cancelRequestedAt)
+		&cancelRequestedAt, &m.Priority, &uniqueKey)
 	if err != nil {
 		return broker.Message{}, err
 	}
@@ -45,7 +46,7 @@ func scanMessage(s scanner, withToken bool) (broker.Message, error) {
 			m.Headers = nil
 		}
 	}
-	m.ClaimedBy = claimedBy.String
+	m.ClaimedBy, m.UniqueKey = claimedBy.String, uniqueKey.String
 	if claimedAt.Valid {
 		t := fromNS(claimedAt.Int64)
 		m.ClaimedAt = &t

@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/sqlstore"
@@ -33,6 +34,9 @@ func (dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {
 		SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
 			finished_at = NULL, available_at = ?2, cancel_requested_at = NULL
 		WHERE id = ?1`, id, sqlstore.Now)
+	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed: tw_messages.unique_key") {
+		return "", false, broker.Invalid("message %d is not requeued: another task holds its unique key now", id)
+	}
 	return state, err == nil, err
 }
 
@@ -58,8 +62,12 @@ func (d dialect) Purge(ctx context.Context, topic string, deadLetters bool) (bro
 func deleted(n int64, err error) (int, error) { return int(n), err }
 
 // InsertMessage queues the validated req in c's transaction, as Submit
-// does.
+// does (a duplicate returns the holder's id and a *broker.DuplicateError).
 func (dialect) InsertMessage(c sqlstore.Conn, req broker.SubmitRequest) (int64, error) {
 	cn := c.(*conn)
-	return insertMessage(cn.tx, req, cn.now)
+	s, err := insertMessage(cn.tx, req, cn.now)
+	if err == nil && s.Duplicate {
+		err = &broker.DuplicateError{ID: s.ID, Key: req.UniqueKey}
+	}
+	return s.ID, err
 }

@@ -35,6 +35,15 @@ func TestMigrationUpgrade(t *testing.T) {
 		`orphaned: worker "w" stopped heartbeating during attempt 1; requeued by the reaper`, orphan)
 	execSQL(t, b, `UPDATE tw_messages SET last_error = ? WHERE id = ?`,
 		`task "t" is not registered in worker w yet; requeued; before that, no live worker runs task "t" on topic "u since x" since 2026-11-30T10:20:30Z; requeued to wait up to 10m0s for one`, waiter)
+	// 0009: priorities and unique keys (after the submits, which write
+	// those columns).
+	execSQL(t, b, `DROP INDEX tw_messages_unique`)
+	execSQL(t, b, `DROP INDEX tw_messages_claim`)
+	execSQL(t, b, `CREATE INDEX tw_messages_claim ON tw_messages (topic, available_at, id) WHERE state = 'queued'`)
+	execSQL(t, b, `DROP TABLE tw_unique_keys`)
+	for _, col := range []string{"priority", "unique_key", "unique_states"} {
+		execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN `+col)
+	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,7 @@ type Broker struct {
 	ids     []int64
 	deleted int
 
-	queues  map[string][]*entry // queued messages per topic by (available_at, id)
+	queues  map[string][]*entry // queued messages per topic by (priority desc, available_at, id)
 	running map[int64]*entry    // running messages
 	// runningBy counts running messages per topic: the concurrency gate.
 	runningBy map[string]int
@@ -70,11 +70,24 @@ type Broker struct {
 	locks   map[string]*lockEntry
 
 	sched *schedState // schedules, fires and reports (schedule.go)
+
+	// keys are the unique keys submitted (messages.go).
+	keys map[string]*keyState
 }
 
 type entry struct {
 	m      broker.Message
 	finSeq uint64 // non-zero while finished: its place in finQ
+	// states are the states the message holds its unique key in.
+	states []string
+}
+
+// keyState is what the broker knows of a unique key: the messages that
+// carry it and the latest one created.
+type keyState struct {
+	ids    []int64
+	lastID int64
+	lastAt time.Time
 }
 
 type finRef struct {

@@ -21,13 +21,24 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 		return 0, err
 	}
 	defer b.mu.Unlock()
-	return b.submitLocked(req), nil
+	id, dup := b.submitLocked(req)
+	if dup {
+		return id, &broker.DuplicateError{ID: id, Key: req.UniqueKey}
+	}
+	return id, nil
 }
 
 var _ broker.BatchSubmitter = (*Broker)(nil)
 
 // SubmitMany queues reqs at once, or none of them when one is invalid.
 func (b *Broker) SubmitMany(ctx context.Context, reqs []broker.SubmitRequest) ([]int64, error) {
+	out, err := b.SubmitBatch(ctx, reqs)
+	return broker.IDs(out), err
+}
+
+// SubmitBatch queues reqs at once, or none of them when one is invalid,
+// and says which were duplicates.
+func (b *Broker) SubmitBatch(ctx context.Context, reqs []broker.SubmitRequest) ([]broker.Submitted, error) {
 	if err := broker.ValidateSubmitMany(reqs, 0); err != nil {
 		return nil, err
 	}
@@ -35,16 +46,26 @@ func (b *Broker) SubmitMany(ctx context.Context, reqs []broker.SubmitRequest) ([
 		return nil, err
 	}
 	defer b.mu.Unlock()
-	ids := make([]int64, len(reqs))
+	out := make([]broker.Submitted, len(reqs))
+	first := broker.FirstOfKey(reqs)
 	for i, req := range reqs {
-		ids[i] = b.submitLocked(req)
+		if first[i] >= 0 {
+			out[i] = broker.Submitted{ID: out[first[i]].ID, Duplicate: true}
+			continue
+		}
+		id, dup := b.submitLocked(req)
+		out[i] = broker.Submitted{ID: id, Duplicate: dup}
 	}
-	return ids, nil
+	return out, nil
 }
 
-// submitLocked queues the valid req; b.mu is held.
-func (b *Broker) submitLocked(req broker.SubmitRequest) int64 {
+// submitLocked queues the valid req, or returns the id of the message
+// holding its unique key and true; b.mu is held.
+func (b *Broker) submitLocked(req broker.SubmitRequest) (int64, bool) {
 	now := b.now()
+	if id, held := b.keyHolder(req, now); held {
+		return id, true
+	}
 	b.topic(req.Topic)
 	b.nextID++
 	payload := json.RawMessage(`{}`)
@@ -58,14 +79,63 @@ func (b *Broker) submitLocked(req broker.SubmitRequest) int64 {
 		Payload:     payload,
 		Headers:     cloneHeaders(req.Headers),
 		State:       broker.StateQueued,
+		Priority:    req.Priority,
+		UniqueKey:   req.UniqueKey,
 		MaxAttempts: req.MaxAttempts,
-		AvailableAt: now.Add(req.Delay),
+		AvailableAt: req.AvailableAt(now),
 		CreatedAt:   now,
-	}}
+	}, states: broker.UniqueStates(req)}
 	b.msgs[e.m.ID] = e
 	b.ids = append(b.ids, e.m.ID)
 	b.enqueue(e)
-	return e.m.ID
+	if req.UniqueKey != "" {
+		if b.keys == nil {
+			b.keys = make(map[string]*keyState)
+		}
+		ks := b.keys[req.UniqueKey]
+		if ks == nil {
+			ks = &keyState{}
+			b.keys[req.UniqueKey] = ks
+		}
+		ks.lastID, ks.lastAt = e.m.ID, now
+		ks.ids = append(ks.ids, e.m.ID)
+	}
+	return e.m.ID, false
+}
+
+// keyHolder returns the message that holds req's unique key at now, if
+// any: one in its unique states, or, with req.UniqueFor, the latest
+// created less than that long ago. Messages deleted since are forgotten.
+func (b *Broker) keyHolder(req broker.SubmitRequest, now time.Time) (int64, bool) {
+	if req.UniqueKey == "" {
+		return 0, false
+	}
+	ks := b.keys[req.UniqueKey]
+	if ks == nil {
+		return 0, false
+	}
+	if id, ok := b.stateHolder(ks, 0); ok {
+		return id, true
+	}
+	if req.UniqueFor > 0 && now.Sub(ks.lastAt) < req.UniqueFor {
+		return ks.lastID, true
+	}
+	if len(ks.ids) == 0 && now.Sub(ks.lastAt) > broker.MaxDelay {
+		delete(b.keys, req.UniqueKey) // no message and past any window
+	}
+	return 0, false
+}
+
+// stateHolder returns the message of ks, other than except, that is in
+// one of its unique states, dropping the deleted ones from ks.
+func (b *Broker) stateHolder(ks *keyState, except int64) (int64, bool) {
+	ks.ids = slices.DeleteFunc(ks.ids, func(id int64) bool { return b.msgs[id] == nil })
+	for _, id := range ks.ids {
+		if e := b.msgs[id]; id != except && broker.HoldsKey(e.m.State, e.states) {
+			return id, true
+		}
+	}
+	return 0, false
 }
 
 // topic returns name's config, creating it with the defaults.
@@ -85,8 +155,12 @@ func (b *Broker) enqueue(e *entry) {
 	b.queues[e.m.Topic] = slices.Insert(q, i, e)
 }
 
-// before orders queued messages by (available_at, id).
+// before orders queued messages by (priority descending, available_at,
+// id).
 func before(a, c *entry) bool {
+	if a.m.Priority != c.m.Priority {
+		return a.m.Priority > c.m.Priority
+	}
 	if !a.m.AvailableAt.Equal(c.m.AvailableAt) {
 		return a.m.AvailableAt.Before(c.m.AvailableAt)
 	}
@@ -131,12 +205,17 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 				continue
 			}
 			q := b.queues[t]
-			if len(q) == 0 || q[0].m.AvailableAt.After(now) {
+			at := slices.IndexFunc(q, func(e *entry) bool { return !e.m.AvailableAt.After(now) })
+			if at < 0 {
 				continue
 			}
-			e := q[0]
-			q[0] = nil
-			b.queues[t] = q[1:]
+			e := q[at]
+			if at == 0 {
+				q[0] = nil
+				b.queues[t] = q[1:]
+			} else {
+				b.queues[t] = slices.Delete(q, at, at+1)
+			}
 
 			claimedAt := now
 			e.m.State = broker.StateRunning

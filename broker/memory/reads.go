@@ -75,6 +75,11 @@ func (b *Broker) Requeue(ctx context.Context, id int64) error {
 	if e.m.State != broker.StateDead && e.m.State != broker.StateFailed {
 		return broker.Invalid("message %d is %s; only dead or failed messages can be requeued", id, e.m.State)
 	}
+	if ks := b.keys[e.m.UniqueKey]; ks != nil && e.m.UniqueKey != "" {
+		if holder, ok := b.stateHolder(ks, id); ok {
+			return broker.Invalid("message %d is not requeued: task %d holds its unique key %q now", id, holder, e.m.UniqueKey)
+		}
+	}
 	b.requeue(e, b.now())
 	return nil
 }

@@ -340,9 +340,12 @@ func (b *Broker) fireLocked(req broker.FireRequest) broker.FireResult {
 		fired = make(map[int64]int64)
 		st.fires[req.Name] = fired
 	}
-	var id int64
+	var (
+		id  int64
+		dup bool
+	)
 	if req.Submit != nil {
-		id = b.submitLocked(broker.FireSubmit(req))
+		id, dup = b.submitLocked(broker.FireSubmit(req))
 	}
 	fired[slot] = id
 	attempt := now
@@ -354,7 +357,7 @@ func (b *Broker) fireLocked(req broker.FireRequest) broker.FireResult {
 	}
 	s.NextFireAt = s.ExpectedNextRun
 	st.due.set(s)
-	return broker.FireResult{Fired: true, MessageID: id}
+	return broker.FireResult{Fired: true, MessageID: id, Duplicate: dup}
 }
 
 // AddReport validates r (broker.ValidateReport) and stores it under a new

@@ -29,9 +29,10 @@ const (
 // The claim statements claim up to $2 of topic $1's oldest available
 // queued messages for worker $3: none when the topic is paused or unknown,
 // at most limit - running when it is limited. The inner SELECT walks the
-// partial queued index in (available_at, id) order; the outer UPDATE finds
-// the rows by primary key. The From variants start the walk at the key
-// ($4 available_at, $5 id) (see claimFloors).
+// partial queued index in (-priority, available_at, id) order (the highest
+// priority first); the outer UPDATE finds the rows by primary key. The
+// From variants start the walk at the key ($6 -priority, $4 available_at,
+// $5 id) (see claimFloors).
 //
 // claimSQL and claimFromSQL lock the rows they pick FOR UPDATE SKIP
 // LOCKED, so claimers of an unlimited topic, which run side by side, pass
@@ -61,7 +62,7 @@ var (
 	serialClaimFromSQL = claimStatement(claimFrom, "")
 )
 
-const claimFrom = "AND (q.available_at, q.id) >= ($4::timestamptz, $5::bigint)"
+const claimFrom = "AND (-q.priority, q.available_at, q.id) >= ($6::int, $4::timestamptz, $5::bigint)"
 
 func claimStatement(from, lock string) string {
 	return `
@@ -83,7 +84,7 @@ func claimStatement(from, lock string) string {
 		WHERE m.id = ANY (ARRAY (
 				SELECT q.id FROM tw_messages q
 				WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now() ` + from + `
-				ORDER BY q.available_at, q.id
+				ORDER BY -q.priority, q.available_at, q.id
 				LIMIT (SELECT n FROM gate)
 				` + lock + `))
 			AND m.state = 'queued'
@@ -114,15 +115,19 @@ const fullScanEvery = time.Second
 // became available behind it (a transaction that committed late with an
 // older now(), a row another claimer held and let go) is found by the
 // next walk from the start, which comes when a claim from the floor
-// returns short, and at least every fullScanEvery. Order stays
-// oldest-first but for those stragglers, which wait at most that long.
+// returns short, and at least every fullScanEvery. Order stays by key but
+// for those stragglers, which wait at most that long. A message submitted
+// with a higher priority than the floor's is announced with it (its
+// notification names the priority), and the floor is dropped (raised):
+// with the listener up, such a message waits for no full scan.
 type claimFloors struct {
 	mu sync.Mutex
 	m  map[string]claimFloor
 }
 
 type claimFloor struct {
-	at       time.Time // available_at of the first message the last claim took
+	prio     int       // priority of the first message the last claim took
+	at       time.Time // and its available_at
 	id       int64     // and its id; 0 when there is no floor (ids start at 1)
 	fullScan time.Time // when the last walk from the start ran
 	limited  bool      // the last claim found the topic limited
@@ -132,14 +137,26 @@ type claimFloor struct {
 // walks from the start (no floor yet, or the last walk is too old), and
 // whether the last claim found the topic limited (then the next one
 // serialises on the topic lock and locks no rows: see claimStatement).
-func (f *claimFloors) get(topic string, now time.Time) (at time.Time, id int64, ok, limited bool) {
+func (f *claimFloors) get(topic string, now time.Time) (fl claimFloor, ok, limited bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fl, found := f.m[topic]
 	if !found || fl.id == 0 || now.Sub(fl.fullScan) >= fullScanEvery {
-		return time.Time{}, 0, false, fl.limited
+		return claimFloor{}, false, fl.limited
 	}
-	return fl.at, fl.id, true, fl.limited
+	return fl, true, fl.limited
+}
+
+// raised hears of messages of topic submitted with priority: when the
+// topic's floor is at a lower priority, the messages are behind it, and
+// the next claim walks from the start.
+func (f *claimFloors) raised(topic string, priority int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl, ok := f.m[topic]; ok && fl.id != 0 && priority > fl.prio {
+		fl.prio, fl.at, fl.id = 0, time.Time{}, 0
+		f.m[topic] = fl
+	}
 }
 
 // isLimited reports whether the last claim of topic by this process found
@@ -168,9 +185,9 @@ func (f *claimFloors) claimed(topic string, full bool, now time.Time, allowed in
 	}
 	switch {
 	case len(msgs) < allowed:
-		fl.at, fl.id = time.Time{}, 0
+		fl.prio, fl.at, fl.id = 0, time.Time{}, 0
 	case len(msgs) > 0:
-		fl.at, fl.id = msgs[0].AvailableAt, msgs[0].ID
+		fl.prio, fl.at, fl.id = msgs[0].Priority, msgs[0].AvailableAt, msgs[0].ID
 	}
 	if fl.id == 0 && fl.fullScan.IsZero() && !fl.limited {
 		delete(f.m, topic)
@@ -185,8 +202,8 @@ func (f *claimFloors) claimed(topic string, full bool, now time.Time, allowed in
 // topics of the rotation get the remainder) and a topic that yields less
 // than its share drops out, its share going to the others on the next
 // pass. Each topic's share is claimed in its own transaction; see
-// claimLockSQL and claimSQL. Within a topic the messages come oldest
-// (available_at, id) first.
+// claimLockSQL and claimSQL. Within a topic the messages come by
+// (priority descending, available_at, id).
 //
 // When a later topic fails after earlier ones were claimed, Claim returns
 // what it claimed and no error (the claims are running and must reach the
@@ -320,8 +337,8 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 // while the queue looks empty.
 func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch) ([]broker.Message, []error, error) {
 	started := time.Now()
-	at, id, hinted, serial := b.floors.get(topic, started)
-	out, allowed, limited, errs, err := b.claimFrom(ctx, topic, n, worker, a, serial, hinted, at, id)
+	floor, hinted, serial := b.floors.get(topic, started)
+	out, allowed, limited, errs, err := b.claimFrom(ctx, topic, n, worker, a, serial, hinted, floor)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -329,7 +346,7 @@ func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker str
 	if !hinted || len(out) >= allowed {
 		return out, errs, nil
 	}
-	more, allowed, limited, _, err := b.claimFrom(ctx, topic, n-len(out), worker, nil, limited, false, time.Time{}, 0)
+	more, allowed, limited, _, err := b.claimFrom(ctx, topic, n-len(out), worker, nil, limited, false, claimFloor{})
 	if err != nil {
 		// The first claims are running and must reach the caller; the
 		// error shows again on the next claim.
@@ -342,9 +359,13 @@ func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker str
 	return out, errs, nil
 }
 
-// sortByKey sorts msgs oldest (available_at, id) first.
+// sortByKey sorts msgs by the claim's order: (priority descending,
+// available_at, id).
 func sortByKey(msgs []broker.Message) {
 	sort.Slice(msgs, func(i, j int) bool {
+		if msgs[i].Priority != msgs[j].Priority {
+			return msgs[i].Priority > msgs[j].Priority
+		}
 		if !msgs[i].AvailableAt.Equal(msgs[j].AvailableAt) {
 			return msgs[i].AvailableAt.Before(msgs[j].AvailableAt)
 		}
@@ -352,12 +373,12 @@ func sortByKey(msgs []broker.Message) {
 	})
 }
 
-// claimFrom is one claim transaction of claimTopic, from the key (at, id)
+// claimFrom is one claim transaction of claimTopic, from the key of floor
 // when hinted, serialised on the topic lock without locking rows when
 // serial is set (see claimStatement). It returns the messages claimed, how
 // many the gate allowed and whether the topic is limited.
 func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker string, a *ackBatch,
-	serial, hinted bool, floorAt time.Time, floorID int64) ([]broker.Message, int, bool, []error, error) {
+	serial, hinted bool, floor claimFloor) ([]broker.Message, int, bool, []error, error) {
 	var (
 		errs    []error
 		allowed int32
@@ -376,7 +397,7 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		}
 		batch.Queue(lockSQL, topic)
 		if hinted {
-			batch.Queue(fromSQL, topic, n, worker, floorAt, floorID)
+			batch.Queue(fromSQL, topic, n, worker, floor.at, floor.id, -floor.prio)
 		} else {
 			batch.Queue(fullSQL, topic, n, worker)
 		}

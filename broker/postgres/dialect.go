@@ -200,7 +200,7 @@ var queries = sqlstore.Queries{
 
 // schedCols are the schedule columns sqlstore reads, in its order.
 const schedCols = `name, task, topic, payload::text, interval_seconds, cron, enabled, missed_policy, source,
-	last_attempt, last_success, expected_next_run, created_at, updated_at, next_fire_at`
+	last_attempt, last_success, expected_next_run, created_at, updated_at, next_fire_at, unique_key`
 
 // putScheduleSQL upserts a schedule: a replaced one keeps created_at and
 // its run state, except expected_next_run when the timing changed.
@@ -208,12 +208,13 @@ const schedCols = `name, task, topic, payload::text, interval_seconds, cron, ena
 // of now (the first slot of an interval, a lower bound of a cron's).
 const putScheduleSQL = `
 	INSERT INTO tw_schedules AS s
-		(name, task, topic, payload, interval_seconds, cron, enabled, missed_policy, source, created_at, updated_at, next_fire_at)
-	VALUES ($1, $2, $3, $4::text::jsonb, $5::int, $6::text, $7, $8, $9, now(), now(), date_trunc('second', now()))
+		(name, task, topic, payload, interval_seconds, cron, enabled, missed_policy, source, unique_key, created_at, updated_at, next_fire_at)
+	VALUES ($1, $2, $3, $4::text::jsonb, $5::int, $6::text, $7, $8, $9, $10::text, now(), now(), date_trunc('second', now()))
 	ON CONFLICT (name) DO UPDATE SET
 		task = excluded.task, topic = excluded.topic, payload = excluded.payload,
 		interval_seconds = excluded.interval_seconds, cron = excluded.cron,
 		enabled = excluded.enabled, missed_policy = excluded.missed_policy, source = excluded.source,
+		unique_key = excluded.unique_key,
 		expected_next_run = CASE
 			WHEN s.interval_seconds IS NOT DISTINCT FROM excluded.interval_seconds
 				AND s.cron IS NOT DISTINCT FROM excluded.cron

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
@@ -47,6 +48,11 @@ type Inserter struct {
 	one     string
 	many    string
 	notify  string
+	keyed   keyedSQL
+	// pre12: the tables are at a migration before 12 (no priorities or
+	// unique keys): see AtVersion.
+	pre12   bool
+	version int
 }
 
 // NewInserter returns the insert statements for the broker's tables in
@@ -62,10 +68,44 @@ func NewInserter(schema string) (*Inserter, error) {
 	return &Inserter{
 		schema:  schema,
 		channel: ch,
-		one:     insertMessageSQL(schema),
-		many:    submitManySQL(schema),
+		one:     insertMessageSQL(schema, true),
+		many:    submitManySQL(schema, true),
 		notify:  notifySQL(ch),
+		keyed:   newKeyedSQL(schema),
 	}, nil
+}
+
+// intakeVersion is the migration that brought priorities, unique keys and
+// run-at times.
+const intakeVersion = 12
+
+// AtVersion returns the statements for tables at migration version v: for
+// a version before 12 they write no priority and refuse requests with a
+// priority or a unique key (ErrInvalid saying to migrate), so an
+// application's newer package keeps writing to tables its hosts have not
+// migrated yet.
+func (in *Inserter) AtVersion(v int) *Inserter {
+	if v >= intakeVersion || v <= 0 {
+		return in
+	}
+	old := *in
+	old.pre12, old.version = true, v
+	old.one, old.many = insertMessageSQL(in.schema, false), submitManySQL(in.schema, false)
+	return &old
+}
+
+// checkVersion refuses what tables before migration 12 cannot store.
+func (in *Inserter) checkVersion(reqs []broker.SubmitRequest) error {
+	if !in.pre12 {
+		return nil
+	}
+	for i, r := range reqs {
+		if r.Priority != 0 || r.UniqueKey != "" {
+			return broker.Invalid("request %d: the tables in schema %s are at migration %d: a priority or a unique key needs migration %d (run `host migrate`, or upgrade the hosts)",
+				i, in.schema, in.version, intakeVersion)
+		}
+	}
+	return nil
 }
 
 // Schema is the schema the statements write to.
@@ -79,7 +119,7 @@ func (in *Inserter) Channel() string { return in.channel }
 // would pass PostgreSQL's 63-byte limit on names, the schema's first 45
 // bytes followed by "_" and a hash of the whole name. The payload of each
 // notification is a JSON object: {"topic": <topic>, "delay_us": <the
-// messages' delay in µs>}.
+// messages' delay in µs>, "priority": <their priority, absent when 0>}.
 func NotifyChannel(schema string) string {
 	if schema == "" {
 		schema = DefaultSchema
@@ -97,6 +137,10 @@ func NotifyChannel(schema string) string {
 type notifyPayload struct {
 	Topic   string `json:"topic"`
 	DelayUS int64  `json:"delay_us"`
+	// Priority is the messages' priority (absent: 0): claimers whose
+	// claim starts past where such messages sort go back to the head of
+	// the queue (claim.go).
+	Priority int `json:"priority,omitempty"`
 }
 
 func (p notifyPayload) text() string {
@@ -113,9 +157,10 @@ func notifySQL(channel string) string {
 // payloads returns the distinct payloads announcing reqs.
 func payloads(reqs []broker.SubmitRequest) []string {
 	seen := make(map[notifyPayload]bool, 1)
+	now := time.Now()
 	var out []string
 	for _, r := range reqs {
-		p := notifyPayload{Topic: r.Topic, DelayUS: micros(r.Delay)}
+		p := notifyPayload{Topic: r.Topic, DelayUS: micros(r.AvailableAt(now).Sub(now)), Priority: r.Priority}
 		if !seen[p] {
 			seen[p] = true
 			out = append(out, p.text())
@@ -133,42 +178,57 @@ func (in *Inserter) Notify(ctx context.Context, q Querier, reqs []broker.SubmitR
 	return q.QueryRow(ctx, in.notify, payloads(reqs)).Scan(&n)
 }
 
+// availableSQL is when a message becomes available: at run-at time $7
+// (now when that is past) or after delay $6 µs.
+const availableSQL = `CASE WHEN $7::timestamptz IS NULL THEN now() + $6::bigint * interval '1 microsecond'
+		ELSE greatest(now(), $7::timestamptz) END`
+
 // insertMessageSQL is Submit's statement: queue one message, creating its
 // topic's row when missing. $1 topic, $2 task, $3 payload text, $4
-// headers text or NULL, $5 max attempts, $6 delay µs.
-func insertMessageSQL(schema string) string {
+// headers text or NULL, $5 max attempts, $6 delay µs, $7 run-at time or
+// NULL, $8 priority (without prio, for tables before migration 12: no $8).
+func insertMessageSQL(schema string, prio bool) string {
 	s := pgx.Identifier{schema}.Sanitize()
+	col, val := ", priority", ", $8"
+	if !prio {
+		col, val = "", ""
+	}
 	return `
 	WITH topic AS (
 		INSERT INTO ` + s + `.tw_topics (name) VALUES ($1) ON CONFLICT (name) DO NOTHING
 	)
-	INSERT INTO ` + s + `.tw_messages (topic, task, payload, headers, max_attempts, available_at, created_at)
-	VALUES ($1, $2, $3::text::jsonb, $4::text::jsonb, $5,
-		now() + $6::bigint * interval '1 microsecond', now())
+	INSERT INTO ` + s + `.tw_messages (topic, task, payload, headers, max_attempts, available_at, created_at` + col + `)
+	VALUES ($1, $2, $3::text::jsonb, $4::text::jsonb, $5, ` + availableSQL + `, now()` + val + `)
 	RETURNING id`
 }
 
 // submitManySQL queues the rows of the arrays $1 topics, $2 tasks, $3
-// payload texts, $4 header texts (NULL for none), $5 max attempts and $6
-// delays in µs, creating missing topics (in name order, so concurrent
+// payload texts, $4 header texts (NULL for none), $5 max attempts, $6
+// delays in µs, $7 run-at times (NULL for none) and $8 priorities (without
+// prio, for tables before migration 12: no $8), creating missing topics (in name order, so concurrent
 // calls cannot deadlock on them). Each row draws its id from the sequence
 // in the CTE, next to its ordinal, so the answer pairs them without
 // relying on the order rows are inserted or returned in.
-func submitManySQL(schema string) string {
+func submitManySQL(schema string, prio bool) string {
 	s := pgx.Identifier{schema}.Sanitize()
+	arr, name, col, val := ", $8::int[]", ", priority", ", priority", ", priority"
+	if !prio {
+		arr, name, col, val = "", "", "", ""
+	}
 	return `
 	WITH u AS MATERIALIZED (
 		SELECT nextval('` + pgx.Identifier{schema, "tw_messages_id_seq"}.Sanitize() + `') AS id, x.*
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[])
-			WITH ORDINALITY AS x(topic, task, payload, headers, max_attempts, delay_us, ord)
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::bigint[], $7::timestamptz[]` + arr + `)
+			WITH ORDINALITY AS x(topic, task, payload, headers, max_attempts, delay_us, run_at` + name + `, ord)
 	), topics AS (
 		INSERT INTO ` + s + `.tw_topics (name)
 		SELECT DISTINCT topic FROM u ORDER BY 1
 		ON CONFLICT (name) DO NOTHING
 	), ins AS (
-		INSERT INTO ` + s + `.tw_messages (id, topic, task, payload, headers, max_attempts, available_at, created_at)
+		INSERT INTO ` + s + `.tw_messages (id, topic, task, payload, headers, max_attempts, available_at, created_at` + col + `)
 		SELECT id, topic, task, payload::jsonb, headers::jsonb, max_attempts,
-			now() + delay_us * interval '1 microsecond', now()
+			CASE WHEN run_at IS NULL THEN now() + delay_us * interval '1 microsecond'
+				ELSE greatest(now(), run_at) END, now()` + val + `
 		FROM u
 		RETURNING 1
 	)
@@ -200,10 +260,19 @@ func submitFields(req broker.SubmitRequest) (string, *string, error) {
 // Insert validates req (broker.ValidateSubmit, with maxPayload; 0 means
 // broker.MaxPayloadSize) and queues it through q, in q's transaction when
 // q is one, creating its topic's row when missing. It returns the
-// message's id. It announces nothing: see Notify.
+// message's id. It announces nothing: see Notify. A request with a unique
+// key needs q to be a transaction; a duplicate returns the holder's id
+// and a *broker.DuplicateError.
 func (in *Inserter) Insert(ctx context.Context, q Querier, req broker.SubmitRequest, maxPayload int) (int64, error) {
 	if err := broker.ValidateSubmit(req, maxPayload); err != nil {
 		return 0, err
+	}
+	if req.UniqueKey != "" {
+		s, err := in.insertKeyed(ctx, q, req)
+		if err == nil && s.Duplicate {
+			err = &broker.DuplicateError{ID: s.ID, Key: req.UniqueKey}
+		}
+		return s.ID, err
 	}
 	return in.insert(ctx, q, req)
 }
@@ -214,19 +283,44 @@ func (in *Inserter) insert(ctx context.Context, q Querier, req broker.SubmitRequ
 	if err != nil {
 		return 0, err
 	}
+	if err := in.checkVersion([]broker.SubmitRequest{req}); err != nil {
+		return 0, err
+	}
+	args := []any{req.Topic, req.Task, payload, headers, req.MaxAttempts, micros(req.Delay), runAt(req), req.Priority}
+	if in.pre12 {
+		args = args[:7]
+	}
 	var id int64
-	err = q.QueryRow(ctx, in.one,
-		req.Topic, req.Task, payload, headers, req.MaxAttempts, micros(req.Delay)).Scan(&id)
+	err = q.QueryRow(ctx, in.one, args...).Scan(&id)
 	return id, err
+}
+
+// runAt is req's run-at time for the statements: nil when it has none.
+func runAt(req broker.SubmitRequest) *time.Time {
+	if req.RunAt.IsZero() {
+		return nil
+	}
+	t := req.RunAt
+	return &t
 }
 
 // InsertMany validates every request (broker.ValidateSubmitMany) and
 // queues them all through q, in q's transaction when q is one (otherwise
 // in one implicit transaction per 5,000), as Insert queues one. It
 // returns their ids in the order of reqs.
+//
+// With unique keys (q must be a transaction then), a duplicate's id is its
+// holder's: InsertBatch says which they are.
 func (in *Inserter) InsertMany(ctx context.Context, q Querier, reqs []broker.SubmitRequest, maxPayload int) ([]int64, error) {
 	if err := broker.ValidateSubmitMany(reqs, maxPayload); err != nil {
 		return nil, err
+	}
+	if err := in.checkVersion(reqs); err != nil {
+		return nil, err
+	}
+	if broker.HasUniqueKey(reqs) {
+		out, err := in.insertBatch(ctx, q, reqs)
+		return broker.IDs(out), err
 	}
 	rows, err := manyRows(reqs)
 	if err != nil {
@@ -241,6 +335,8 @@ type manyArgs struct {
 	headers                 []*string
 	attempts                []int32
 	delays                  []int64
+	runAts                  []*time.Time
+	priorities              []int32
 }
 
 func manyRows(reqs []broker.SubmitRequest) (*manyArgs, error) {
@@ -248,6 +344,7 @@ func manyRows(reqs []broker.SubmitRequest) (*manyArgs, error) {
 	a := &manyArgs{
 		topics: make([]string, n), tasks: make([]string, n), payloads: make([]string, n),
 		headers: make([]*string, n), attempts: make([]int32, n), delays: make([]int64, n),
+		runAts: make([]*time.Time, n), priorities: make([]int32, n),
 	}
 	for i, req := range reqs {
 		p, h, err := submitFields(req)
@@ -256,6 +353,7 @@ func manyRows(reqs []broker.SubmitRequest) (*manyArgs, error) {
 		}
 		a.topics[i], a.tasks[i], a.payloads[i], a.headers[i] = req.Topic, req.Task, p, h
 		a.attempts[i], a.delays[i] = int32(min(req.MaxAttempts, math.MaxInt32)), micros(req.Delay)
+		a.runAts[i], a.priorities[i] = runAt(req), int32(req.Priority) // checked: -100..100
 	}
 	return a, nil
 }
@@ -275,8 +373,12 @@ func (in *Inserter) insertMany(ctx context.Context, q Querier, a *manyArgs) ([]i
 	batch := &pgx.Batch{}
 	for from := 0; from < n; from += maxSubmitMany {
 		to := min(from+maxSubmitMany, n)
-		batch.Queue(in.many, a.topics[from:to], a.tasks[from:to], a.payloads[from:to],
-			a.headers[from:to], a.attempts[from:to], a.delays[from:to])
+		args := []any{a.topics[from:to], a.tasks[from:to], a.payloads[from:to],
+			a.headers[from:to], a.attempts[from:to], a.delays[from:to], a.runAts[from:to], a.priorities[from:to]}
+		if in.pre12 {
+			args = args[:7]
+		}
+		batch.Queue(in.many, args...)
 	}
 	br := q.SendBatch(ctx, batch)
 	for from := 0; from < n; from += maxSubmitMany {

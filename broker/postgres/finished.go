@@ -17,7 +17,8 @@ const purgeChunk = 5000
 // PurgeFinished deletes the done and cancelled messages that finished
 // before the cutoff, oldest ids first, in transactions of at most
 // purgeChunk, then the schedule fires older than the cutoff (see
-// broker.FinishedPurger). They are found walking the primary key from its
+// broker.FinishedPurger), and the unique keys last used longer ago than
+// any window. The messages are found walking the primary key from its
 // start, where the old ones are, so each chunk reads little more than it
 // deletes.
 func (b *Broker) PurgeFinished(ctx context.Context, before time.Time) (int, error) {
@@ -43,6 +44,16 @@ func (b *Broker) PurgeFinished(ctx context.Context, before time.Time) (int, erro
 	}
 	err := b.run(ctx, "purge schedule fires", func(c *pgx.Conn) error {
 		_, err := c.Exec(ctx, `DELETE FROM tw_schedule_fires WHERE fired_at < $1`, before)
+		return err
+	})
+	if err != nil {
+		return total, err
+	}
+	// A unique key's row matters to windows (unique_for_seconds) of at
+	// most broker.MaxDelay: older ones go.
+	err = b.run(ctx, "purge unique keys", func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `DELETE FROM tw_unique_keys WHERE created_at < now() - $1::bigint * interval '1 microsecond'`,
+			micros(broker.MaxDelay))
 		return err
 	})
 	return total, err

@@ -21,7 +21,7 @@ func TestClaimFindsMessagesBehindTheFloor(t *testing.T) {
 	if err != nil || len(first) != 2 {
 		t.Fatalf("first claim: %d messages, %v", len(first), err)
 	}
-	if _, _, ok, _ := b.floors.get("t", time.Now()); !ok {
+	if _, ok, _ := b.floors.get("t", time.Now()); !ok {
 		t.Fatal("no floor after a claim that got all it asked for: the test would not test the floor")
 	}
 
@@ -73,7 +73,8 @@ func TestClaimKeepsTheFloorWhenTheLimitBinds(t *testing.T) {
 	if err != nil || len(first) != 2 {
 		t.Fatalf("first claim: %d messages, %v; want the limit's 2", len(first), err)
 	}
-	at, id, ok, serial := b.floors.get("t", time.Now())
+	fl, ok, serial := b.floors.get("t", time.Now())
+	at, id := fl.at, fl.id
 	if !ok || id != first[0].ID || !at.Equal(first[0].AvailableAt) {
 		t.Fatalf("floor after a claim the limit cut short: %v %d %v, want the first message claimed (%d)", at, id, ok, first[0].ID)
 	}
@@ -84,7 +85,7 @@ func TestClaimKeepsTheFloorWhenTheLimitBinds(t *testing.T) {
 	if err != nil || len(none) != 0 {
 		t.Fatalf("claim at the limit: %d messages, %v", len(none), err)
 	}
-	if _, _, ok, _ := b.floors.get("t", time.Now()); !ok {
+	if _, ok, _ := b.floors.get("t", time.Now()); !ok {
 		t.Fatal("a claim the limit allowed nothing cleared the floor")
 	}
 	outcomes := []broker.Outcome{{Claim: first[0].ClaimOf()}, {Claim: first[1].ClaimOf()}}
@@ -105,4 +106,46 @@ func submitN(t *testing.T, b *Broker, topic string, n int) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// A message submitted with a higher priority than the floor's is behind
+// the floor; its announcement drops the floor, so the next claim takes it
+// first without waiting for a walk from the start.
+func TestHigherPriorityDropsTheFloor(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := context.Background()
+	s := b.Subscribe()
+	defer s.Close()
+	waitFor(t, "listening", s.Listening)
+	submitN(t, b, "t", 6)
+	req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 2}
+	if first, err := b.Claim(ctx, req); err != nil || len(first) != 2 {
+		t.Fatalf("first claim: %d messages, %v", len(first), err)
+	}
+	if _, ok, _ := b.floors.get("t", time.Now()); !ok {
+		t.Fatal("no floor after a claim that got all it asked for: the test would not test the floor")
+	}
+	urgent, err := b.Submit(ctx, broker.SubmitRequest{Topic: "t", Task: "x", Priority: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (get also says no floor once a walk from the start is due: read the
+	// floor itself.)
+	waitFor(t, "the announcement to drop the floor", func() bool {
+		b.floors.mu.Lock()
+		defer b.floors.mu.Unlock()
+		return b.floors.m["t"].id == 0
+	})
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 1})
+	if err != nil || len(msgs) != 1 || msgs[0].ID != urgent {
+		t.Fatalf("claim after the urgent submit = %v, %v; want message %d", ids(msgs), err, urgent)
+	}
+}
+
+func ids(msgs []broker.Message) []int64 {
+	out := make([]int64, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.ID
+	}
+	return out
 }

@@ -61,6 +61,9 @@ type listener struct {
 	pid       atomic.Uint32 // backend pid of the listening connection, 0 when down
 	pingAfter time.Duration // listenPingAfter; tests shorten it
 	pings     atomic.Int64  // pings that found the connection alive
+	// prioritized, when set, hears of the priority of each announcement
+	// (the broker drops a claim floor the messages are behind: claim.go).
+	prioritized func(topic string, priority int)
 
 	// cancelChannel, when set, is listened to as well: its notices go to
 	// cancelSubs (cancel.go).
@@ -224,6 +227,9 @@ func (l *listener) session() error {
 		if json.Unmarshal([]byte(n.Payload), &p) != nil || p.Topic == "" {
 			l.broadcast(broker.Notice{}) // not ours to read: claim everything
 			continue
+		}
+		if l.prioritized != nil {
+			l.prioritized(p.Topic, p.Priority)
 		}
 		l.broadcast(broker.Notice{Topic: p.Topic, Delay: time.Duration(max(p.DelayUS, 0)) * time.Microsecond})
 	}

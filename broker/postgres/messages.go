@@ -14,7 +14,7 @@ import (
 const msgCols = `id, topic, task, payload::text, headers::text, state, attempts, max_attempts,
 	claimed_by, claimed_at, available_at, created_at, finished_at, last_error, result::text,
 	suspect, waiting_since,
-	cancel_requested_at`
+	cancel_requested_at, priority, unique_key`
 
 // scanMessage reads one row of msgCols (and the token when tok is set),
 // then any extra columns into extra.
@@ -23,11 +23,12 @@ func scanMessage(row pgx.Row, tok bool, extra ...any) (broker.Message, error) {
 		m                       broker.Message
 		headers                 []byte
 		claimedBy, lastErr, tkn pgtype.Text
+		uniqueKey               pgtype.Text
 	)
 	dest := append(make([]any, 0, 20), &m.ID, &m.Topic, &m.Task, (*[]byte)(&m.Payload), &headers, &m.State, &m.Attempts, &m.MaxAttempts,
 		&claimedBy, &m.ClaimedAt, &m.AvailableAt, &m.CreatedAt, &m.FinishedAt, &lastErr, (*[]byte)(&m.Result),
 		&m.Suspect, &m.WaitingSince,
-		&m.CancelRequestedAt)
+		&m.CancelRequestedAt, &m.Priority, &uniqueKey)
 	if tok {
 		dest = append(dest, &tkn)
 	}
@@ -44,5 +45,6 @@ func scanMessage(row pgx.Row, tok bool, extra ...any) (broker.Message, error) {
 		}
 	}
 	m.ClaimedBy, m.LastError, m.Token = claimedBy.String, lastErr.String, tkn.String
+	m.UniqueKey = uniqueKey.String
 	return m, nil
 }

@@ -57,6 +57,9 @@ func (d dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {
 		)
 		SELECT (SELECT state FROM tw_messages WHERE id = $1), EXISTS (SELECT 1 FROM u), (SELECT topic FROM u)`,
 		id).Scan(&state, &updated, &topic)
+	if isUniqueViolation(err) {
+		return "", false, broker.Invalid("message %d is not requeued: another task holds its unique key now", id)
+	}
 	if err != nil || state == nil {
 		return "", false, err
 	}

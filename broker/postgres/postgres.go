@@ -180,6 +180,7 @@ func New(ctx context.Context, opts Options) (*Broker, error) {
 	}
 	b.listen = newListener(cfg, b.ins.Channel(), b.log)
 	b.listen.cancelChannel = CancelChannel(schema)
+	b.listen.prioritized = b.floors.raised
 	b.announce = newAnnouncer(b)
 	maxConns := int(opts.MaxConns)
 	if maxConns <= 0 {

@@ -65,3 +65,31 @@ func TestPurgeFinished(t *testing.T) {
 		t.Fatalf("PurgeFinished again = %d, %v; want 0", n, err)
 	}
 }
+
+// PurgeFinished also deletes the unique keys last used longer ago than
+// any window (broker.MaxDelay), and keeps the others.
+func TestPurgeFinishedDeletesOldUniqueKeys(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := context.Background()
+	c := schemaConn(t, b)
+	execAll(t, c, `INSERT INTO tw_unique_keys (key, message_id, created_at) VALUES
+		('old', 1, now() - interval '366 days'), ('new', 2, now() - interval '300 days')`)
+	if _, err := b.PurgeFinished(ctx, time.Now().Add(-7*24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	rows, err := c.Query(ctx, `SELECT key FROM tw_unique_keys ORDER BY key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, k)
+	}
+	if !slices.Equal(keys, []string{"new"}) {
+		t.Fatalf("keys after PurgeFinished: %v, want [new]", keys)
+	}
+}

@@ -19,10 +19,11 @@ func (s *Store) scanSchedule(r Row) (broker.Schedule, error) {
 		payload  string
 		interval *int64
 		cron     *string
+		key      *string
 	)
 	err := r.Scan(&sc.Name, &sc.Task, &sc.Topic, &payload, &interval, &cron, &sc.Enabled, &sc.MissedPolicy, &sc.Source,
 		s.d.NullTime(&sc.LastAttempt), s.d.NullTime(&sc.LastSuccess), s.d.NullTime(&sc.ExpectedNextRun),
-		s.d.Time(&sc.CreatedAt), s.d.Time(&sc.UpdatedAt), s.d.NullTime(&sc.NextFireAt))
+		s.d.Time(&sc.CreatedAt), s.d.Time(&sc.UpdatedAt), s.d.NullTime(&sc.NextFireAt), &key)
 	if err != nil {
 		return broker.Schedule{}, err
 	}
@@ -32,6 +33,9 @@ func (s *Store) scanSchedule(r Row) (broker.Schedule, error) {
 	}
 	if cron != nil {
 		sc.Cron = *cron
+	}
+	if key != nil {
+		sc.UniqueKey = *key
 	}
 	return sc, nil
 }
@@ -61,11 +65,15 @@ func (s *Store) PutSchedule(ctx context.Context, sc broker.Schedule) (broker.Sch
 	if sc.Cron != "" {
 		cron = &sc.Cron
 	}
+	var uniqueKey *string
+	if sc.UniqueKey != "" {
+		uniqueKey = &sc.UniqueKey
+	}
 	var out broker.Schedule
 	err = s.d.Write(ctx, "put schedule", func(c Conn) error {
 		var err error
 		out, err = s.scanSchedule(c.QueryRow(s.q.PutSchedule,
-			sc.Name, sc.Task, sc.Topic, string(sc.Payload), interval, cron, sc.Enabled, sc.MissedPolicy, sc.Source, Now))
+			sc.Name, sc.Task, sc.Topic, string(sc.Payload), interval, cron, sc.Enabled, sc.MissedPolicy, sc.Source, uniqueKey, Now))
 		return err
 	})
 	if err != nil {
@@ -221,7 +229,10 @@ func (s *Store) fire(c Conn, req broker.FireRequest, sub *broker.SubmitRequest) 
 		return res, nil
 	}
 	if res.MessageID, err = s.d.InsertMessage(c, *sub); err != nil {
-		return broker.FireResult{}, err
+		if _, dup := broker.DuplicateOf(err); !dup {
+			return broker.FireResult{}, err
+		}
+		res.Duplicate = true // MessageID is the holder of the key
 	}
 	_, err = c.Exec(s.q.FireMessage, req.Name, At(req.Slot), res.MessageID)
 	return res, err

@@ -30,6 +30,26 @@ type Task struct {
 	Delay time.Duration
 	// MaxAttempts bounds error retries; 0 means the task's default.
 	MaxAttempts int
+	// RunAt, when set, is when the task becomes available (exclusive with
+	// Delay; at once when past, but not more than 24 hours past).
+	RunAt time.Time
+	// Priority: a higher one is claimed first (-100 to 100, default 0).
+	Priority int
+	// UniqueKey, when set, makes the submit a duplicate while another
+	// task holds the key (see broker.SubmitRequest.UniqueKey): Submit
+	// then returns the holder's id and an error wrapping
+	// broker.ErrDuplicate (a *broker.DuplicateError), stores nothing, and
+	// leaves the transaction usable. A submit of a key another open
+	// transaction just submitted waits for that transaction to end; two
+	// transactions that submit the same keys in opposite orders can
+	// deadlock, and PostgreSQL then aborts one of them (retry it).
+	UniqueKey string
+	// UniqueFor: a task with the key created less than this long ago
+	// holds it whatever its state.
+	UniqueFor time.Duration
+	// UniqueStates: the states the task holds its key in (default
+	// queued and running; must include both).
+	UniqueStates []string
 }
 
 // MinVersion and MaxVersion bound the migration versions of the broker's
@@ -87,7 +107,8 @@ func (e *VersionError) Error() string {
 
 // Submit queues t in tx and returns its id. The task exists once tx
 // commits, and never if it rolls back. See the package documentation for
-// what is checked and what is not.
+// what is checked and what is not. A duplicate (see Task.UniqueKey)
+// returns the holder's id and an error wrapping broker.ErrDuplicate.
 func Submit(ctx context.Context, tx pgx.Tx, t Task, opts ...Option) (int64, error) {
 	cfg := configure(opts)
 	req := t.request()
@@ -99,10 +120,13 @@ func Submit(ctx context.Context, tx pgx.Tx, t Task, opts ...Option) (int64, erro
 		return 0, err
 	}
 	id, err := in.Insert(ctx, tx, req, cfg.maxPayload)
+	if holder, dup := broker.DuplicateOf(err); dup {
+		return holder, fmt.Errorf("pgtx: submit: %w", err)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("pgtx: submit: %w", err)
 	}
-	if !cfg.quiet {
+	if !cfg.quiet && err == nil {
 		if err := in.Notify(ctx, tx, []broker.SubmitRequest{req}); err != nil {
 			return 0, fmt.Errorf("pgtx: submit: announcing the task: %w", err)
 		}
@@ -111,10 +135,19 @@ func Submit(ctx context.Context, tx pgx.Tx, t Task, opts ...Option) (int64, erro
 }
 
 // SubmitMany queues every task in tx, as Submit queues one, and returns
-// their ids in the order of tasks. Nothing is sent when any task is
-// refused; the error names the first one refused. At most
-// broker.MaxSubmitBatch tasks per call.
+// their ids in the order of tasks (a duplicate's is its holder's:
+// SubmitBatch says which). Nothing is sent when any task is refused; the
+// error names the first one refused. At most broker.MaxSubmitBatch tasks
+// per call.
 func SubmitMany(ctx context.Context, tx pgx.Tx, tasks []Task, opts ...Option) ([]int64, error) {
+	out, err := SubmitBatch(ctx, tx, tasks, opts...)
+	return broker.IDs(out), err
+}
+
+// SubmitBatch is SubmitMany saying, for each task, whether it was a
+// duplicate of the task whose id it returns (tasks with one unique key
+// within the call collapse to the first).
+func SubmitBatch(ctx context.Context, tx pgx.Tx, tasks []Task, opts ...Option) ([]broker.Submitted, error) {
 	cfg := configure(opts)
 	reqs := make([]broker.SubmitRequest, len(tasks))
 	for i, t := range tasks {
@@ -129,22 +162,28 @@ func SubmitMany(ctx context.Context, tx pgx.Tx, tasks []Task, opts ...Option) ([
 		}
 	}
 	if len(reqs) == 0 {
-		return []int64{}, nil
+		return []broker.Submitted{}, nil
 	}
 	in, err := prepare(ctx, tx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	ids, err := in.InsertMany(ctx, tx, reqs, cfg.maxPayload)
+	out, err := in.InsertBatch(ctx, tx, reqs, cfg.maxPayload)
 	if err != nil {
 		return nil, fmt.Errorf("pgtx: submit many: %w", err)
 	}
-	if !cfg.quiet {
-		if err := in.Notify(ctx, tx, reqs); err != nil {
+	var sent []broker.SubmitRequest
+	for i, r := range reqs {
+		if !out[i].Duplicate {
+			sent = append(sent, r)
+		}
+	}
+	if !cfg.quiet && len(sent) > 0 {
+		if err := in.Notify(ctx, tx, sent); err != nil {
 			return nil, fmt.Errorf("pgtx: submit many: announcing the tasks: %w", err)
 		}
 	}
-	return ids, nil
+	return out, nil
 }
 
 func configure(opts []Option) config {
@@ -164,7 +203,8 @@ func (t Task) request() broker.SubmitRequest {
 		payload = nil
 	}
 	return broker.SubmitRequest{Topic: t.Topic, Task: t.Name, Payload: payload, Headers: t.Headers,
-		Delay: t.Delay, MaxAttempts: t.MaxAttempts}
+		Delay: t.Delay, MaxAttempts: t.MaxAttempts, RunAt: t.RunAt, Priority: t.Priority,
+		UniqueKey: t.UniqueKey, UniqueFor: t.UniqueFor, UniqueStates: t.UniqueStates}
 }
 
 // check applies the HTTP API's checks to req, with an answer for the
@@ -182,9 +222,14 @@ func check(req broker.SubmitRequest, cfg config) error {
 	return nil
 }
 
-// checked caches the accepted versions: key (database and schema) to the
-// time the version was read.
+// checked caches the accepted versions: key (database and schema) to
+// when and what the version was read (a checkedVersion).
 var checked sync.Map
+
+type checkedVersion struct {
+	at      time.Time
+	version int
+}
 
 // inserters caches the statements by schema.
 var inserters sync.Map
@@ -197,8 +242,8 @@ func prepare(ctx context.Context, tx pgx.Tx, cfg config) (*postgres.Inserter, er
 	}
 	cc := tx.Conn().Config()
 	key := fmt.Sprintf("%s\x00%d\x00%s\x00%s", cc.Host, cc.Port, cc.Database, in.Schema())
-	if at, ok := checked.Load(key); ok && time.Since(at.(time.Time)) < RecheckAfter {
-		return in, nil
+	if c, ok := checked.Load(key); ok && time.Since(c.(checkedVersion).at) < RecheckAfter {
+		return in.AtVersion(c.(checkedVersion).version), nil
 	}
 	v, err := postgres.SchemaVersion(ctx, tx, in.Schema())
 	if err != nil {
@@ -208,8 +253,8 @@ func prepare(ctx context.Context, tx pgx.Tx, cfg config) (*postgres.Inserter, er
 		checked.Delete(key)
 		return nil, &VersionError{Schema: in.Schema(), Found: v, Known: MaxVersion}
 	}
-	checked.Store(key, time.Now())
-	return in, nil
+	checked.Store(key, checkedVersion{at: time.Now(), version: v})
+	return in.AtVersion(v), nil
 }
 
 func inserter(schema string) (*postgres.Inserter, error) {

@@ -62,6 +62,24 @@ func fakeHost(t *testing.T) string {
 		w.WriteHeader(404)
 		_, _ = io.WriteString(w, `{"error":"no task with id 18"}`)
 	})
+	// POST tasks answers an id that spells the intake fields it got, or,
+	// for the unique key "held", a duplicate of task 7.
+	mux.HandleFunc("POST /plugin-pkg/tasks_worker/api/tasks", func(w http.ResponseWriter, r *http.Request) {
+		var item struct {
+			Priority         int      `json:"priority"`
+			RunAt            string   `json:"run_at"`
+			UniqueKey        string   `json:"unique_key"`
+			UniqueForSeconds float64  `json:"unique_for_seconds"`
+			UniqueStates     []string `json:"unique_states"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&item)
+		if item.UniqueKey == "held" {
+			_, _ = io.WriteString(w, `{"id":"7","duplicate":true}`)
+			return
+		}
+		w.WriteHeader(201)
+		_ = json.NewEncoder(w).Encode(map[string]string{"id": fmt.Sprintf("%d|%s|%s|%v|%v", item.Priority, item.RunAt, item.UniqueKey, item.UniqueForSeconds, item.UniqueStates)})
+	})
 	mux.HandleFunc("POST /plugin-pkg/tasks_worker/api/tasks/batch", func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Content-Type") != "application/x-ndjson" {
 			http.Error(w, "not ndjson", 400)
@@ -138,6 +156,18 @@ func TestClientCommands(t *testing.T) {
 			code: 2, stderr: []string{"-task and -file do not go together"}},
 		{name: "submit without -task or -file", args: []string{"tasks", "submit"},
 			code: 2, stderr: []string{"-task NAME or -file FILE is required"}},
+		{name: "submit sends priority, run-at and the unique key's fields",
+			args: []string{"tasks", "submit", "-addr", addr, "-task", "demo.echo", "-priority", "5", "-run-at", "2030-01-02T03:04:05Z",
+				"-unique-key", "k", "-unique-for", "60", "-unique-states", "queued,running,done"},
+			stdout: []string{"5|2030-01-02T03:04:05Z|k|60|[queued running done]\n"}},
+		{name: "a duplicate prints the holder and says so", args: []string{"tasks", "submit", "-addr", addr, "-task", "demo.echo", "-unique-key", "held"},
+			stdout: []string{"7\n"}, stderr: []string{`duplicate: task 7 holds unique key "held"; nothing was stored`}},
+		{name: "a duplicate in JSON", args: []string{"tasks", "submit", "-addr", addr, "-task", "demo.echo", "-unique-key", "held", "-json"},
+			stdout: []string{`"duplicate": true`, `"id": "7"`}},
+		{name: "a run-at that is no time", args: []string{"tasks", "submit", "-addr", addr, "-task", "demo.echo", "-run-at", "tomorrow"},
+			code: 2, stderr: []string{`-run-at "tomorrow" is not an RFC 3339 time`}},
+		{name: "-file and -priority do not go together", args: []string{"tasks", "submit", "-file", "-", "-priority", "3"},
+			code: 2, stderr: []string{"-priority and -file do not go together"}},
 		{name: "get without an id", args: []string{"tasks", "get"}, code: 2, stderr: []string{"takes 1 argument(s) (ID), got 0"}},
 		{name: "an unknown flag", args: []string{"tasks", "list", "-bogus"}, code: 2, stderr: []string{"flag provided but not defined: -bogus"}},
 		{name: "an unknown tasks command", args: []string{"tasks", "frobnicate"}, code: 2, stderr: []string{`unknown command "frobnicate"`, "host tasks submit"}},

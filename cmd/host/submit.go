@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/taskhost/taskhost/client"
@@ -23,13 +24,18 @@ func tasksSubmit(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	payload := fs.String("payload", "{}", "payload, a `JSON` value")
 	delay := fs.Float64("delay", 0, "`SECONDS` before it may run")
 	maxAttempts := fs.Int("max-attempts", 0, "`N` tries at most (0: the task's default)")
+	priority := fs.Int("priority", 0, "`N` from -100 to 100: a higher priority runs first (default 0)")
+	runAt := fs.String("run-at", "", "`TIME` (RFC 3339, such as 2026-12-24T18:00:00Z) before which it may not run; not with -delay")
+	uniqueKey := fs.String("unique-key", "", "`KEY`: store nothing, and print the id of the task that holds it, while another task with this key is queued or running (or in -unique-states, or created within -unique-for)")
+	uniqueFor := fs.Float64("unique-for", 0, "`SECONDS`: with -unique-key, a task with the key created less than this long ago holds it whatever its state")
+	uniqueStates := fs.String("unique-states", "", "`STATES`, comma-separated: with -unique-key, the states in which a task holds its key (default queued,running; both are required)")
 	file := fs.String("file", "", "`FILE` of NDJSON to stream, one task a line; - for standard input")
 	ids := fs.Bool("ids", false, "with -file: print the ids of the stored tasks, one a line")
 	return func(ctx context.Context, e *env, _ []string) error {
 		if *file != "" {
 			set := map[string]bool{}
 			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-			for _, name := range []string{"task", "topic", "payload", "delay", "max-attempts"} {
+			for _, name := range []string{"task", "topic", "payload", "delay", "max-attempts", "priority", "run-at", "unique-key", "unique-for", "unique-states"} {
 				if set[name] {
 					return usageError{fmt.Sprintf("-%s and -file do not go together: with -file each line gives its task's fields", name)}
 				}
@@ -42,14 +48,32 @@ func tasksSubmit(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if !json.Valid([]byte(*payload)) {
 			return usageError{fmt.Sprintf("-payload is not valid JSON: %s", *payload)}
 		}
-		id, err := e.c.Submit(ctx, client.Task{Task: *task, Topic: *topic, Payload: json.RawMessage(*payload), DelaySeconds: *delay, MaxAttempts: *maxAttempts})
+		t := client.Task{Task: *task, Topic: *topic, Payload: json.RawMessage(*payload), DelaySeconds: *delay, MaxAttempts: *maxAttempts,
+			Priority: *priority, UniqueKey: *uniqueKey, UniqueForSeconds: *uniqueFor}
+		if *runAt != "" {
+			at, err := time.Parse(time.RFC3339Nano, *runAt)
+			if err != nil {
+				return usageError{fmt.Sprintf("-run-at %q is not an RFC 3339 time such as 2026-12-24T18:00:00Z", *runAt)}
+			}
+			t.RunAt = &at
+		}
+		if *uniqueStates != "" {
+			t.UniqueStates = strings.Split(*uniqueStates, ",")
+		}
+		id, dup, err := e.c.SubmitUnique(ctx, t)
 		if err != nil {
 			return err
 		}
 		if e.json {
+			if dup {
+				return e.printJSON(map[string]any{"id": id, "duplicate": true})
+			}
 			return e.printJSON(map[string]string{"id": id})
 		}
 		fmt.Fprintln(e.stdout, id)
+		if dup {
+			fmt.Fprintf(e.stderr, "duplicate: task %s holds unique key %q; nothing was stored\n", id, *uniqueKey)
+		}
 		return nil
 	}
 }

@@ -72,7 +72,7 @@ func decodeItem(data []byte, limit int, what string) (service.SubmitRequest, err
 	if err := decodeJSON(data, &req, submitExample, what); err != nil {
 		return service.SubmitRequest{}, err
 	}
-	return req.service(), nil
+	return req.service()
 }
 
 // submitJSONBatch stores a JSON array of tasks all or nothing.
@@ -112,7 +112,7 @@ func submitJSONBatch(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		writeError(w, http.StatusBadRequest, "the request body holds more than one JSON value; send one array, such as [%s]", submitExample)
 		return
 	}
-	ids, err := rt.svc.SubmitMany(r.Context(), reqs)
+	out, err := rt.svc.SubmitMany(r.Context(), reqs)
 	var item *service.ItemError
 	switch {
 	case errors.As(err, &item):
@@ -124,7 +124,11 @@ func submitJSONBatch(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	case err != nil:
 		writeServiceError(w, "submit batch", err)
 	default:
-		writeJSON(w, http.StatusCreated, map[string][]string{"ids": idStrings(ids)})
+		answer := map[string]any{"ids": idStrings(out)}
+		if dups := duplicates(out); len(dups) > 0 {
+			answer["duplicates"] = dups
+		}
+		writeJSON(w, http.StatusCreated, answer)
 	}
 }
 
@@ -132,10 +136,22 @@ func writeItemError(w http.ResponseWriter, status, index int, err error) {
 	writeJSON(w, status, map[string]any{"error": fmt.Sprintf("item %d: %v", index, err), "index": index})
 }
 
-func idStrings(ids []int64) []string {
-	out := make([]string, len(ids))
-	for i, id := range ids {
-		out[i] = strconv.FormatInt(id, 10)
+func idStrings(s []broker.Submitted) []string {
+	out := make([]string, len(s))
+	for i, x := range s {
+		out[i] = strconv.FormatInt(x.ID, 10)
+	}
+	return out
+}
+
+// duplicates returns the indexes of the duplicates in s: their id is the
+// task that holds their unique key, and nothing was stored for them.
+func duplicates(s []broker.Submitted) []int {
+	var out []int
+	for i, x := range s {
+		if x.Duplicate {
+			out = append(out, i)
+		}
 	}
 	return out
 }
@@ -273,9 +289,9 @@ func (c *committer) run(chunks <-chan ndChunk) {
 		}
 		if len(ids) > 0 {
 			if c.stored == 0 {
-				c.firstID = ids[0]
+				c.firstID = ids[0].ID
 			}
-			c.lastID = ids[len(ids)-1]
+			c.lastID = ids[len(ids)-1].ID
 		}
 		c.stored += len(ids)
 		c.lastLine = ch.last
@@ -283,7 +299,7 @@ func (c *committer) run(chunks <-chan ndChunk) {
 	}
 }
 
-func (c *committer) writeChunk(ch ndChunk, ids []int64) {
+func (c *committer) writeChunk(ch ndChunk, ids []broker.Submitted) {
 	if !c.wrote {
 		c.wrote = true
 		c.w.Header().Set("Content-Type", contentNDJSON)
@@ -301,10 +317,21 @@ func (c *committer) writeChunk(ch ndChunk, ids []int64) {
 			b = append(b, ',')
 		}
 		b = append(b, '"')
-		b = strconv.AppendInt(b, id, 10)
+		b = strconv.AppendInt(b, id.ID, 10)
 		b = append(b, '"')
 	}
-	b = append(b, "]}\n"...)
+	b = append(b, ']')
+	if dups := duplicates(ids); len(dups) > 0 {
+		b = append(b, `,"duplicates":[`...)
+		for i, d := range dups {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(d), 10)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, "}\n"...)
 	// A write error means the client is gone; the upload stops when its
 	// body ends.
 	_, _ = c.w.Write(b)

@@ -7,6 +7,7 @@ package tasksworker
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -26,13 +27,35 @@ type submitRequest struct {
 	Payload      json.RawMessage `json:"payload"`
 	DelaySeconds float64         `json:"delay_seconds"`
 	MaxAttempts  int             `json:"max_attempts"`
+	// RunAt is an RFC 3339 time (exclusive with delay_seconds).
+	RunAt            *string  `json:"run_at"`
+	Priority         int      `json:"priority"`
+	UniqueKey        *string  `json:"unique_key"`
+	UniqueForSeconds float64  `json:"unique_for_seconds"`
+	UniqueStates     []string `json:"unique_states"`
 }
 
-// service is the request as the service takes it.
-func (req submitRequest) service() service.SubmitRequest {
-	return service.SubmitRequest{
+// service is the request as the service takes it; a run_at that is not an
+// RFC 3339 time is refused.
+func (req submitRequest) service() (service.SubmitRequest, error) {
+	out := service.SubmitRequest{
 		Task: req.Task, Topic: req.Topic, Payload: req.Payload, DelaySeconds: req.DelaySeconds, MaxAttempts: req.MaxAttempts,
+		Priority: req.Priority, UniqueForSeconds: req.UniqueForSeconds, UniqueStates: req.UniqueStates,
 	}
+	if req.UniqueKey != nil {
+		out.UniqueKey, out.UniqueKeySet = *req.UniqueKey, true
+	}
+	if req.RunAt != nil {
+		at, err := time.Parse(time.RFC3339Nano, *req.RunAt)
+		if err != nil {
+			return out, fmt.Errorf("run_at %q is not an RFC 3339 time such as \"2026-12-24T18:00:00Z\" or \"2026-12-24T19:00:00+01:00\"", *req.RunAt)
+		}
+		if at.IsZero() {
+			return out, fmt.Errorf("run_at %q is the zero time", *req.RunAt)
+		}
+		out.RunAt = at
+	}
+	return out, nil
 }
 
 const submitExample = `{"task": "demo.echo", "topic": "default", "payload": {}, "delay_seconds": 0, "max_attempts": 0}`
@@ -42,7 +65,16 @@ func submitTask(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	if !decodeBody(w, r, int64(rt.cfg.MaxPayloadBytes)+service.BodySlack, &req, submitExample) {
 		return
 	}
-	id, _, err := rt.svc.Submit(r.Context(), req.service())
+	sreq, err := req.service()
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	id, _, err := rt.svc.Submit(r.Context(), sreq)
+	if holder, dup := broker.DuplicateOf(err); dup {
+		writeJSON(w, http.StatusOK, map[string]any{"id": strconv.FormatInt(holder, 10), "duplicate": true})
+		return
+	}
 	if err != nil {
 		writeServiceError(w, "submit", err)
 		return
@@ -66,6 +98,11 @@ type taskView struct {
 	Error       *string         `json:"error"`
 	// CancelRequestedAt: a cancel of the running task was requested then.
 	CancelRequestedAt *time.Time `json:"cancel_requested_at,omitempty"`
+	// Priority: higher runs first. AvailableAt: when the task may run
+	// (after delay_seconds, at run_at, or after a retry's delay).
+	Priority    int       `json:"priority"`
+	UniqueKey   string    `json:"unique_key,omitempty"`
+	AvailableAt time.Time `json:"available_at"`
 }
 
 func viewOf(m broker.Message, svc *service.Service) taskView {
@@ -74,6 +111,7 @@ func viewOf(m broker.Message, svc *service.Service) taskView {
 		Attempts: m.Attempts, MaxAttempts: svc.MaxAttempts(m), CreatedAt: m.CreatedAt,
 		ClaimedAt: m.ClaimedAt, FinishedAt: m.FinishedAt, Result: m.Result,
 		CancelRequestedAt: m.CancelRequestedAt,
+		Priority:          m.Priority, UniqueKey: m.UniqueKey, AvailableAt: m.AvailableAt,
 	}
 	if m.ClaimedBy != "" {
 		v.ClaimedBy = &m.ClaimedBy

@@ -124,6 +124,8 @@ type ndChunkLine struct {
 	FirstLine int      `json:"first_line"`
 	LastLine  int      `json:"last_line"`
 	IDs       []string `json:"ids"`
+	// Duplicates: indexes into IDs of the lines that were duplicates.
+	Duplicates []int `json:"duplicates"`
 }
 
 func parseNDAnswer(t *testing.T, body []byte) ndAnswer {
@@ -202,7 +204,7 @@ func TestBatchJSON(t *testing.T) {
 				{"unknown task", `[{"task": "demo.echo"}, {"task": "demo.echo"}, {"task": "no.such"}, {"task": "demo.echo"}]`, `item 2: unknown task "no.such"`, 2},
 				{"bad payload", `[{"task": "demo.echo", "payload": {"s": "a\u0000"}}]`, `item 0: payload: it holds \u0000`, 0},
 				{"duplicate key", `[{"task": "demo.echo"}, {"task": "demo.echo", "task": "demo.fail"}]`, `item 1: key "task" appears twice in the item`, 1},
-				{"unknown field", `[{"task": "demo.echo", "priority": 1}]`, `item 0: unknown field "priority" in the item`, 0},
+				{"unknown field", `[{"task": "demo.echo", "colour": 1}]`, `item 0: unknown field "colour" in the item`, 0},
 				{"not an object", `[{"task": "demo.echo"}, 7]`, `item 1: the item must be a JSON object`, 1},
 				{"bad JSON in an item", `[{"task": "demo.echo"}, {"task": nope}]`, `item 1: the item is not valid JSON`, 1},
 				{"too deep", `[{"task": "demo.echo", "payload": ` + strings.Repeat("[", 200) + strings.Repeat("]", 200) + `}]`, `item 0: field "payload" nests arrays`, 0},

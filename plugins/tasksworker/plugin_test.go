@@ -94,7 +94,7 @@ func TestBadRequestsAre400AndStoreNothing(t *testing.T) {
 		{"empty body", "POST", "/api/tasks", ``, "empty"},
 		{"unknown task", "POST", "/api/tasks", `{"task": "no.such.task"}`, `unknown task "no.such.task"`},
 		{"missing task", "POST", "/api/tasks", `{"payload": {}}`, "task is required"},
-		{"unknown field", "POST", "/api/tasks", `{"task": "demo.echo", "priority": 9}`, `unknown field "priority"`},
+		{"unknown field", "POST", "/api/tasks", `{"task": "demo.echo", "colour": 9}`, `unknown field "colour"`},
 		{"wrong type", "POST", "/api/tasks", `{"task": "demo.echo", "delay_seconds": "soon"}`, `"delay_seconds" must be a JSON number`},
 		{"fraction for a whole number", "POST", "/api/tasks", `{"task": "demo.echo", "max_attempts": 0.5}`, `"max_attempts" must be a JSON whole number (within range), got number 0.5`},
 		{"whole number out of range", "POST", "/api/tasks", `{"task": "demo.echo", "max_attempts": 1e20}`, `"max_attempts" must be a JSON whole number (within range)`},

@@ -27,6 +27,9 @@ type ScheduleSpec struct {
 	Cron            string          `json:"cron"`
 	Enabled         *bool           `json:"enabled"`
 	MissedPolicy    string          `json:"missed_policy"`
+	// UniqueKey: the unique key of the tasks it submits (a fire while an
+	// earlier fire's task still holds it submits nothing).
+	UniqueKey string `json:"unique_key,omitempty"`
 }
 
 // ScheduleExample is a good schedule, for messages.
@@ -60,6 +63,9 @@ func (b ScheduleSpec) Check() (json.RawMessage, error) {
 	case "", broker.MissedSkip, broker.MissedFireOnce:
 	default:
 		return nil, invalid("missed_policy %q: use %q or %q", b.MissedPolicy, broker.MissedSkip, broker.MissedFireOnce)
+	}
+	if len(b.UniqueKey) > broker.MaxUniqueKeyLen {
+		return nil, invalid("unique_key is %d bytes long, the limit is %d", len(b.UniqueKey), broker.MaxUniqueKeyLen)
 	}
 	payload := bytes.TrimSpace(b.Payload)
 	if len(payload) == 0 || string(payload) == "null" {
@@ -99,7 +105,7 @@ func (s *Service) ScheduleOf(b ScheduleSpec, source string) (broker.Schedule, er
 	return broker.Schedule{
 		Name: b.Name, Task: b.Task, Topic: topic, Payload: payload,
 		IntervalSeconds: b.IntervalSeconds, Cron: strings.TrimSpace(b.Cron),
-		Enabled: enabled, MissedPolicy: b.MissedPolicy, Source: source,
+		Enabled: enabled, MissedPolicy: b.MissedPolicy, Source: source, UniqueKey: b.UniqueKey,
 	}, nil
 }
 
@@ -107,7 +113,7 @@ func (s *Service) ScheduleOf(b ScheduleSpec, source string) (broker.Schedule, er
 func SpecOf(s broker.Schedule) ScheduleSpec {
 	enabled := s.Enabled
 	return ScheduleSpec{Name: s.Name, Task: s.Task, Topic: s.Topic, Payload: s.Payload, IntervalSeconds: s.IntervalSeconds,
-		Cron: s.Cron, Enabled: &enabled, MissedPolicy: s.MissedPolicy}
+		Cron: s.Cron, Enabled: &enabled, MissedPolicy: s.MissedPolicy, UniqueKey: s.UniqueKey}
 }
 
 // Schedules lists the stored schedules.

@@ -157,10 +157,10 @@ func TestSubmitManyChecksEachAndStoresAllOrNothing(t *testing.T) {
 	s.submitted = func(topic string) { counted[topic]++ }
 
 	bad := []SubmitRequest{{Task: "t.echo"}, {Task: "t.echo"}, {Task: "t.echo", Topic: "other"}, {Task: "nope"}}
-	ids, err := s.SubmitMany(ctx, bad)
+	out, err := s.SubmitMany(ctx, bad)
 	var item *ItemError
 	if !errors.As(err, &item) || item.Index != 2 || !errors.Is(err, ErrInvalid) || !strings.HasPrefix(err.Error(), `item 2: topic "other" is not served`) {
-		t.Fatalf("SubmitMany with item 2 refused = %v, %v; want an ItemError naming item 2", ids, err)
+		t.Fatalf("SubmitMany with item 2 refused = %v, %v; want an ItemError naming item 2", out, err)
 	}
 	if msgs, _ := s.Messages(ctx, broker.MessageFilter{}); len(msgs) != 0 || len(counted) != 0 {
 		t.Fatalf("a refused batch stored %d messages, counted %v", len(msgs), counted)
@@ -169,10 +169,11 @@ func TestSubmitManyChecksEachAndStoresAllOrNothing(t *testing.T) {
 		t.Fatalf("over the limit: %v", err)
 	}
 
-	ids, err = s.SubmitMany(ctx, []SubmitRequest{
+	out, err = s.SubmitMany(ctx, []SubmitRequest{
 		{Task: "t.echo", Payload: json.RawMessage(` {"n": 1} `)},
 		{Task: "t.echo", Topic: "default", MaxAttempts: 5, DelaySeconds: 60},
 	})
+	ids := broker.IDs(out)
 	if err != nil || len(ids) != 2 || ids[0] >= ids[1] {
 		t.Fatalf("SubmitMany = %v, %v", ids, err)
 	}

@@ -102,16 +102,35 @@ type SubmitRequest struct {
 	DelaySeconds float64
 	// MaxAttempts is from 0 (the task's default) to broker.MaxAttempts.
 	MaxAttempts int
+	// RunAt, when set, is when the first attempt may start (exclusive
+	// with DelaySeconds; see broker.SubmitRequest.RunAt).
+	RunAt time.Time
+	// Priority is from broker.MinPriority to broker.MaxPriority; higher
+	// runs first.
+	Priority int
+	// UniqueKey, UniqueForSeconds and UniqueStates make a duplicate
+	// submit answer the task that holds the key (see
+	// broker.SubmitRequest.UniqueKey). UniqueKeySet says the client named
+	// a key, so that an empty one is refused.
+	UniqueKey        string
+	UniqueKeySet     bool
+	UniqueForSeconds float64
+	UniqueStates     []string
 }
 
 // Submit checks req, places it (Place) and stores the message; it returns
-// the message's id and its topic.
+// the message's id and its topic. A duplicate (see
+// SubmitRequest.UniqueKey) stores nothing and returns the id of the task
+// that holds the key with a *broker.DuplicateError (broker.DuplicateOf).
 func (s *Service) Submit(ctx context.Context, req SubmitRequest) (int64, string, error) {
 	m, err := s.prepare(ctx, req, nil)
 	if err != nil {
 		return 0, "", err
 	}
 	id, err := s.b.Submit(ctx, m)
+	if _, dup := broker.DuplicateOf(err); dup {
+		return id, m.Topic, err
+	}
 	if err != nil {
 		return 0, "", err
 	}
@@ -156,27 +175,34 @@ func (s *Service) Check(ctx context.Context, reqs []SubmitRequest) (Batch, error
 	return b, nil
 }
 
-// Store stores a checked batch in one transaction (SubmitMany) and returns
-// the ids in its order. Over broker.MaxSubmitBatch messages are refused.
-func (s *Service) Store(ctx context.Context, b Batch) ([]int64, error) {
-	ids, err := s.b.SubmitMany(ctx, b.msgs)
+// Store stores a checked batch in one transaction (SubmitBatch) and
+// returns the ids in its order, saying which were duplicates (their id is
+// the holder's; a unique key repeated within the batch collapses to its
+// first request). Over broker.MaxSubmitBatch messages are refused.
+func (s *Service) Store(ctx context.Context, b Batch) ([]broker.Submitted, error) {
+	out, err := s.b.SubmitBatch(ctx, b.msgs)
 	if err != nil {
 		return nil, err
 	}
-	for _, m := range b.msgs {
-		s.submitted(m.Topic)
+	stored := false
+	for i, m := range b.msgs {
+		if !out[i].Duplicate {
+			s.submitted(m.Topic)
+			stored = true
+		}
 	}
-	if len(b.msgs) > 0 {
+	if stored {
 		s.pool.Wake()
 	}
-	return ids, nil
+	return out, nil
 }
 
 // SubmitMany is Submit for many requests, all or nothing in one
-// transaction: it returns the ids in the order of reqs. A refused request
-// is an *ItemError naming it and nothing is stored; so are more than
-// broker.MaxSubmitBatch requests (a *Problem).
-func (s *Service) SubmitMany(ctx context.Context, reqs []SubmitRequest) ([]int64, error) {
+// transaction: it returns the ids in the order of reqs, saying which were
+// duplicates (see Store). A refused request is an *ItemError naming it and
+// nothing is stored; so are more than broker.MaxSubmitBatch requests (a
+// *Problem).
+func (s *Service) SubmitMany(ctx context.Context, reqs []SubmitRequest) ([]broker.Submitted, error) {
 	if len(reqs) > broker.MaxSubmitBatch {
 		return nil, invalid("%d tasks in one batch, the limit is %d: send several batches", len(reqs), broker.MaxSubmitBatch)
 	}
@@ -242,13 +268,37 @@ func (s *Service) prepare(ctx context.Context, req SubmitRequest, placed placeme
 	if maxAttempts == 0 {
 		maxAttempts = task.MaxAttempts
 	}
-	return broker.SubmitRequest{
-		Topic:       p.topic,
-		Task:        req.Task,
-		Payload:     payload,
-		Delay:       time.Duration(req.DelaySeconds * float64(time.Second)),
-		MaxAttempts: maxAttempts,
-	}, nil
+	m := broker.SubmitRequest{
+		Topic:        p.topic,
+		Task:         req.Task,
+		Payload:      payload,
+		Delay:        time.Duration(req.DelaySeconds * float64(time.Second)),
+		MaxAttempts:  maxAttempts,
+		RunAt:        req.RunAt,
+		Priority:     req.Priority,
+		UniqueKey:    req.UniqueKey,
+		UniqueStates: req.UniqueStates,
+	}
+	if err := checkIntake(req, &m); err != nil {
+		return broker.SubmitRequest{}, err
+	}
+	return m, nil
+}
+
+// checkIntake checks req's unique key, priority and run-at time, filling
+// in m's window; the messages name the API's fields.
+func checkIntake(req SubmitRequest, m *broker.SubmitRequest) error {
+	if req.UniqueKeySet && req.UniqueKey == "" {
+		return invalid("unique_key is empty: give a key of 1 to %d bytes, or leave the field out", broker.MaxUniqueKeyLen)
+	}
+	if f := req.UniqueForSeconds; f < 0 || f > broker.MaxDelay.Seconds() {
+		return invalid("unique_for_seconds must be from 0 to %.0f, got %v", broker.MaxDelay.Seconds(), f)
+	}
+	m.UniqueFor = time.Duration(req.UniqueForSeconds * float64(time.Second))
+	if err := broker.ValidateIntake(*m, time.Now()); err != nil {
+		return invalid("%s", strings.TrimPrefix(err.Error(), broker.ErrInvalid.Error()+": "))
+	}
+	return nil
 }
 
 // PayloadLock is the lock key a demo task's payload names ("lock"), if

@@ -10,13 +10,16 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 	"github.com/taskhost/taskhost/worker"
 )
 
 type uiRunForm struct {
 	Task, Topic, Payload, Delay, MaxAttempts string
+	RunAt, Priority, UniqueKey               string
 }
 
 type uiRun struct {
@@ -47,7 +50,8 @@ func (u *UI) runForm(w http.ResponseWriter, r *http.Request, svc *service.Servic
 func (u *UI) run(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	pf := r.PostForm
 	f := uiRunForm{Task: pf.Get("task"), Topic: strings.TrimSpace(pf.Get("topic")), Payload: pf.Get("payload"),
-		Delay: strings.TrimSpace(pf.Get("delay_seconds")), MaxAttempts: strings.TrimSpace(pf.Get("max_attempts"))}
+		Delay: strings.TrimSpace(pf.Get("delay_seconds")), MaxAttempts: strings.TrimSpace(pf.Get("max_attempts")),
+		RunAt: strings.TrimSpace(pf.Get("run_at")), Priority: strings.TrimSpace(pf.Get("priority")), UniqueKey: pf.Get("unique_key")}
 	fail := func(status int, msg string) {
 		u.runPage(w, r, svc, status, f, &uiFlash{Kind: "error", Message: msg})
 	}
@@ -76,9 +80,32 @@ func (u *UI) run(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 		}
 		req.MaxAttempts = n
 	}
+	if f.RunAt != "" {
+		at, err := time.Parse(time.RFC3339Nano, f.RunAt)
+		if err != nil {
+			fail(http.StatusBadRequest, fmt.Sprintf("Run at must be an RFC 3339 time, such as 2026-12-24T18:00:00Z; %q is not.", f.RunAt))
+			return
+		}
+		req.RunAt = at
+	}
+	if f.Priority != "" {
+		n, err := strconv.Atoi(f.Priority)
+		if err != nil {
+			fail(http.StatusBadRequest, fmt.Sprintf("The priority must be a whole number from -100 to 100; %q is not.", f.Priority))
+			return
+		}
+		req.Priority = n
+	}
+	if f.UniqueKey != "" {
+		req.UniqueKey, req.UniqueKeySet = f.UniqueKey, true
+	}
 	// The service checks and submits, so the UI accepts exactly what
 	// POST /api/tasks accepts, and counts it the same way.
 	id, _, err := svc.Submit(r.Context(), req)
+	if holder, dup := broker.DuplicateOf(err); dup {
+		u.redirect(w, r, fmt.Sprintf("/tasks/%d", holder), "ok", fmt.Sprintf("Nothing submitted: task %d holds the unique key %q.", holder, f.UniqueKey), "")
+		return
+	}
 	if err != nil {
 		status, msg := uiFailure("submit the task", err)
 		if _, ok := service.IsProblem(err); ok {
