@@ -2,7 +2,6 @@ package host
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -113,22 +112,9 @@ func TestABadLogLineDoesNotEndTheHost(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, BinaryPrefix+"noisy"), []byte(script.String()), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := ParseConfig("test.yaml", []byte(fmt.Sprintf("plugins_dir: %s\nplugins:\n  noisy:\n    enabled: true\n", dir)))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs lockedBuffer
-	h := New(cfg, hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug}), "test")
-	if err := h.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		if err := h.Stop(ctx); err != nil {
-			t.Errorf("stop: %v", err)
-		}
-	})
+	h := startTestHostLogging(t, fmt.Sprintf("plugins_dir: %s\nplugins:\n  noisy:\n    enabled: true\n", dir),
+		hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug}))
 	s, _ := h.Plugin("noisy")
 	eventually(t, 60*time.Second, "noisy is running or failed", func() bool {
 		st := s.Status().State

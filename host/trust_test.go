@@ -79,13 +79,19 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 // stops it when the test ends.
 func startTestHost(t *testing.T, yaml string) *Host {
 	t.Helper()
+	lw := &testLogWriter{t: t}
+	t.Cleanup(func() { lw.mu.Lock(); lw.done = true; lw.mu.Unlock() })
+	return startTestHostLogging(t, yaml, hclog.New(&hclog.LoggerOptions{Output: lw, Level: hclog.Info}))
+}
+
+// startTestHostLogging is startTestHost with the host logging to log.
+func startTestHostLogging(t *testing.T, yaml string, log hclog.Logger) *Host {
+	t.Helper()
 	cfg, err := ParseConfig("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lw := &testLogWriter{t: t}
-	t.Cleanup(func() { lw.mu.Lock(); lw.done = true; lw.mu.Unlock() })
-	h := New(cfg, hclog.New(&hclog.LoggerOptions{Output: lw, Level: hclog.Info}), "test")
+	h := New(cfg, log, "test")
 	if err := h.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -1,8 +1,6 @@
 package postgres
 
 import (
-	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 
@@ -28,18 +26,7 @@ var (
 // schema's name, shortened with a hash to PostgreSQL's 63 bytes. (Should
 // it ever equal another schema's NotifyChannel, each reader ignores the
 // other's payloads.)
-func CancelChannel(schema string) string {
-	if schema == "" {
-		schema = DefaultSchema
-	}
-	const prefix = "taskhost_cancel_"
-	if len(prefix)+len(schema) <= 63 {
-		return prefix + schema
-	}
-	h := fnv.New32a()
-	h.Write([]byte(schema))
-	return fmt.Sprintf("%s%s_%08x", prefix, schema[:38], h.Sum32())
-}
+func CancelChannel(schema string) string { return channelName("taskhost_cancel_", schema) }
 
 // AnnounceCancel notifies the cancel channel of id within the transaction
 // that requested the cancel: the notice goes out when it commits.

@@ -120,17 +120,21 @@ func (in *Inserter) Channel() string { return in.channel }
 // bytes followed by "_" and a hash of the whole name. The payload of each
 // notification is a JSON object: {"topic": <topic>, "delay_us": <the
 // messages' delay in µs>, "priority": <their priority, absent when 0>}.
-func NotifyChannel(schema string) string {
+func NotifyChannel(schema string) string { return channelName("taskhost_", schema) }
+
+// channelName is prefix followed by schema's name ("" is DefaultSchema),
+// or, past PostgreSQL's 63 bytes, by as much of it as leaves room for "_"
+// and a hash of the whole name.
+func channelName(prefix, schema string) string {
 	if schema == "" {
 		schema = DefaultSchema
 	}
-	const prefix = "taskhost_"
 	if len(prefix)+len(schema) <= 63 {
 		return prefix + schema
 	}
 	h := fnv.New32a()
 	h.Write([]byte(schema))
-	return fmt.Sprintf("%s%s_%08x", prefix, schema[:45], h.Sum32())
+	return fmt.Sprintf("%s%s_%08x", prefix, schema[:63-len(prefix)-9], h.Sum32())
 }
 
 // notifyPayload is a notification's payload (see NotifyChannel).
