@@ -73,6 +73,10 @@ func TestCancel(t *testing.T) {
 	}
 
 	// CancelQueued: the queued ones of the task, not the running one.
+	// First those an earlier run of this test left on the shared host.
+	if _, err := c.CancelQueued(ctx, client.CancelFilter{Topic: tk.Topic, Task: "demo.sleep"}); err != nil {
+		t.Fatal(err)
+	}
 	var queued []string
 	for range 3 {
 		id, err := c.Submit(ctx, client.Task{Task: "demo.sleep", Payload: json.RawMessage(`{"seconds": 1}`), DelaySeconds: 3600})
