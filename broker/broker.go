@@ -143,10 +143,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 )
 
 // Message states.
@@ -167,17 +164,6 @@ const (
 	RoleWorker = "worker"
 	RoleBeat   = "beat"
 )
-
-// CheckDelay refuses a delay that is negative or over MaxDelay.
-func CheckDelay(d time.Duration) error {
-	if d < 0 {
-		return Invalid("delay is negative")
-	}
-	if d > MaxDelay {
-		return Invalid("delay is %s, the limit is %s (%s)", d, MaxDelay, maxDelayText)
-	}
-	return nil
-}
 
 // Errors. Test with errors.Is.
 var (
@@ -473,78 +459,4 @@ type Broker interface {
 	ScheduleStore
 
 	Close() error
-}
-
-// ValidateTopicName checks a topic name.
-func ValidateTopicName(topic string) error {
-	if topic == "" {
-		return Invalid("topic is empty")
-	}
-	if len(topic) > MaxTopicLen {
-		return Invalid("topic is %d bytes long, the limit is %d", len(topic), MaxTopicLen)
-	}
-	return nil
-}
-
-// ValidateNewTopicName checks a topic name a client gives for something
-// new (a submit, a schedule, a topic's first settings) more strictly than
-// ValidateTopicName, which names that earlier versions stored must keep
-// passing: valid UTF-8, no control characters, no white space at either
-// end.
-func ValidateNewTopicName(topic string) error {
-	if err := ValidateTopicName(topic); err != nil {
-		return err
-	}
-	if !utf8.ValidString(topic) {
-		return Invalid("topic %q is not valid UTF-8", topic)
-	}
-	if strings.ContainsFunc(topic, unicode.IsControl) {
-		return Invalid("topic %q holds a control character", topic)
-	}
-	if strings.TrimSpace(topic) != topic {
-		return Invalid("topic %q starts or ends with white space", topic)
-	}
-	return nil
-}
-
-// ValidateSubmit checks a submit request; maxPayload 0 means MaxPayloadSize.
-func ValidateSubmit(req SubmitRequest, maxPayload int) error {
-	if maxPayload <= 0 {
-		maxPayload = MaxPayloadSize
-	}
-	if err := ValidateTopicName(req.Topic); err != nil {
-		return err
-	}
-	if req.Task == "" {
-		return Invalid("task is empty")
-	}
-	if len(req.Task) > MaxTaskLen {
-		return Invalid("task name is %d bytes long, the limit is %d", len(req.Task), MaxTaskLen)
-	}
-	if len(req.Payload) > maxPayload {
-		return Invalid("payload is %d bytes, the limit is %d", len(req.Payload), maxPayload)
-	}
-	if len(req.Payload) > 0 {
-		if err := CheckJSON(req.Payload); err != nil {
-			return Invalid("payload: %v", err)
-		}
-	}
-	if err := CheckDelay(req.Delay); err != nil {
-		return err
-	}
-	if req.MaxAttempts < 0 {
-		return Invalid("max_attempts is negative")
-	}
-	if req.MaxAttempts > MaxAttempts {
-		return Invalid("max_attempts is %d, the limit is %d", req.MaxAttempts, MaxAttempts)
-	}
-	return ValidateIntake(req, time.Now())
-}
-
-// ValidatePatch checks a topic patch.
-func ValidatePatch(p TopicPatch) error {
-	if p.ConcurrencyLimit != nil && *p.ConcurrencyLimit < 0 {
-		return Invalid("concurrency_limit is negative (%d); use 0 for unlimited", *p.ConcurrencyLimit)
-	}
-	return nil
 }
