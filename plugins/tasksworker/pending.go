@@ -63,15 +63,19 @@ func (ps *providerSet) unlisted(pending []string, plugin string) []string {
 // plugins that may provide tasks (the host lists those whose capabilities
 // are not known yet too) and whose tasks were never listed, while they
 // are starting or waiting to be restarted (not failed for good), after
-// a discovery at most pendingRefresh old (so a provider that is running
-// has its tasks registered before the caller looks again); none after the
+// a discovery made now when some plugin was pending at the last one, or
+// at most pendingRefresh old otherwise (so a provider that is running has
+// its tasks registered before the caller looks again); none after the
 // grace, or without a host.
 func (ps *providerSet) Pending(ctx context.Context) []string {
 	if ps == nil || ps.host == nil || !time.Now().Before(ps.until) {
 		return nil
 	}
 	ps.mu.Lock()
-	stale := time.Since(ps.at) >= pendingRefresh
+	// While some plugin was pending, look again at once: it may be running
+	// now (tasks_worker's own first discovery sees the plugins that start
+	// beside it, itself among them, as starting).
+	stale := len(ps.pending) > 0 || time.Since(ps.at) >= pendingRefresh
 	ps.mu.Unlock()
 	if stale {
 		ps.discover(ctx)
