@@ -31,9 +31,25 @@ func TestTaskRunByAnotherWorkerWaitsForIt(t *testing.T) {
 
 	noop := func(context.Context, *TaskContext) (any, error) { return "ran", nil }
 	regA, regB := NewRegistry(), NewRegistry()
-	regA.MustRegister(Task{Name: "x", Handler: noop})
-	regB.MustRegister(Task{Name: "other", Handler: noop})
 	recA, recB := newRecorder(), newRecorder()
+	// A's runs of x wait until B has deferred one, so that B claims some
+	// of them however the two pools are scheduled.
+	bDeferred := make(chan struct{})
+	go func() {
+		defer close(bDeferred)
+		deadline := time.Now().Add(60 * time.Second)
+		for recB.count(StatusDeferred) == 0 && time.Now().Before(deadline) && t.Context().Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	regA.MustRegister(Task{Name: "x", Handler: func(ctx context.Context, _ *TaskContext) (any, error) {
+		select {
+		case <-bDeferred:
+		case <-ctx.Done():
+		}
+		return "ran", nil
+	}})
+	regB.MustRegister(Task{Name: "other", Handler: noop})
 	startPool(t, a, regA, Options{Concurrency: 2, Observer: recA, HeartbeatInterval: 100 * time.Millisecond})
 	pb := startPool(t, b, regB, Options{Concurrency: 2, Observer: recB, HeartbeatInterval: 100 * time.Millisecond})
 
