@@ -174,10 +174,10 @@ func promtool(t *testing.T, args ...string) string {
 // ruleCount is how many alert rules the rules file holds: the five the
 // specification names, FastpluggyTaskReportsDropped,
 // FastpluggyTopicUnserved, FastpluggyWorkerHeartbeatFailing,
-// FastpluggyTopicPausedWithQueue, and the two informational ones of the
-// orphan-recovery specification's watch list, FastpluggyOrphansReclaimed
-// and FastpluggyOrphansDeadLettered.
-const ruleCount = 11
+// FastpluggyTopicPausedWithQueue, FastpluggyScheduleWaitingForWorker, and
+// the two informational ones of the orphan-recovery specification's watch
+// list, FastpluggyOrphansReclaimed and FastpluggyOrphansDeadLettered.
+const ruleCount = 12
 
 func TestAlertRules(t *testing.T) {
 	out := promtool(t, "check", "rules", rulesFile)
