@@ -74,7 +74,10 @@ func (s *Store) ListReports(ctx context.Context, f broker.ReportFilter) ([]broke
 		w.Add("task = ?", f.Task)
 	}
 	if f.Status != "" {
-		w.Add("status = ?", f.Status)
+		// A literal (the status is one of broker.ReportStatuses): an
+		// index that holds some statuses only is usable only when the
+		// plan knows which status it is.
+		w.AddLiteral("status = '" + f.Status + "'")
 	}
 	if f.Schedule != "" {
 		w.Add("schedule = ?", f.Schedule)

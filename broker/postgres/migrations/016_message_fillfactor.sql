@@ -1,0 +1,18 @@
+-- 016: room on each page of tw_messages for the claim's and the ack's
+-- new row versions.
+--
+-- Every claim and every ack writes a new version of the message row (none
+-- is a HOT update: the state is indexed). With the pages filled by the
+-- submits, the new version went to another page, and PostgreSQL first
+-- marks the old one locked in a WAL record of its own before it can let go
+-- of the page: four records per row per state change, two heap pages
+-- dirtied. With half of each page left free at insert, the claim's
+-- version, then the ack's once the page is pruned of the dead queued one,
+-- stay on the message's page: that lock record goes, and about one in six
+-- of the WAL records of a claim and an ack with it. A queue of queued
+-- messages takes up to twice the pages; claims read it through the queued
+-- index, whatever its size.
+--
+-- Pages written from now on follow it; existing ones keep theirs until
+-- they are rewritten.
+ALTER TABLE tw_messages SET (fillfactor = 50);
