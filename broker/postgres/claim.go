@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/taskhost/taskhost/broker"
 )
 
@@ -52,9 +53,10 @@ const (
 // reaper's grace and the oldest-claim gauge.
 //
 // Each row is a claimed message (msgCols and its token) followed by the
-// number the gate allowed and whether the topic is limited; when nothing
-// was claimed one row of NULLs carries those alone. (A LIMIT of 0 reads
-// nothing.)
+// number the gate allowed, whether the topic is limited and, when it is,
+// its room (its limit less its running messages before this claim); when
+// nothing was claimed one row of NULLs carries those alone. (A LIMIT of 0
+// reads nothing.)
 var (
 	claimSQL           = claimStatement("", "FOR UPDATE SKIP LOCKED")
 	claimFromSQL       = claimStatement(claimFrom, "FOR UPDATE SKIP LOCKED")
@@ -67,16 +69,17 @@ const claimFrom = "AND (-q.priority, q.available_at, q.id) >= ($6::int, $4::time
 func claimStatement(from, lock string) string {
 	return `
 	WITH gate AS MATERIALIZED (
-		SELECT greatest(coalesce(t.n, 0), 0) AS n, coalesce(t.limited, false) AS limited
+		SELECT greatest(coalesce(t.n, 0), 0) AS n, coalesce(t.limited, false) AS limited, t.room
 		FROM (SELECT 1) one LEFT JOIN LATERAL (
 			SELECT CASE
 				WHEN t.paused THEN 0
-				WHEN t.concurrency_limit = 0 THEN $2::int
-				ELSE least($2::int, t.concurrency_limit - (
-					SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running')::int)
-			END AS n, t.concurrency_limit > 0 AS limited
-			FROM tw_topics t
-			WHERE t.name = $1) t ON true
+				WHEN t.room IS NULL THEN $2::int
+				ELSE least($2::int, t.room)
+			END AS n, t.room IS NOT NULL AS limited, t.room
+			FROM (SELECT t.paused, CASE WHEN t.concurrency_limit > 0 THEN t.concurrency_limit - (
+					SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running')::int END AS room
+				FROM tw_topics t
+				WHERE t.name = $1) t) t ON true
 	), claimed AS (
 		UPDATE tw_messages m
 		SET state = 'running', claimed_by = $3, claimed_at = statement_timestamp(), attempts = m.attempts + 1,
@@ -90,7 +93,7 @@ func claimStatement(from, lock string) string {
 			AND m.state = 'queued'
 		RETURNING ` + msgCols + `, token::text
 	)
-	SELECT c.*, gate.n, gate.limited FROM gate LEFT JOIN claimed c ON true`
+	SELECT c.*, gate.n, gate.limited, gate.room FROM gate LEFT JOIN claimed c ON true`
 }
 
 // fullScanEvery is how often Claim walks a topic's queued index from its
@@ -296,7 +299,8 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 				next = append(next, topic)
 				continue
 			}
-			msgs, errs, err := b.claimTopic(ctx, topic, share, req.WorkerID, a)
+			got, err := b.claimTopic(ctx, topic, share, req.WorkerID, a)
+			msgs := got.msgs
 			if err != nil {
 				// Once something was written (claims, or acks that went
 				// with an earlier topic), it must reach the caller.
@@ -308,8 +312,8 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 			}
 			if a != nil {
 				// The acks committed with this topic's claim.
-				b.announceFreed(a.topics)
-				ackErrs, a = errs, nil
+				b.announceFreed(stillFree(a.topics, topic, got))
+				ackErrs, a = got.errs, nil
 			}
 			if out == nil {
 				out = msgs
@@ -326,37 +330,57 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 	return out, ackErrs, nil
 }
 
+// stillFree is the topics among freed whose slots an AckAndClaim's acks
+// freed and that still have one once its claim of topic (got) took what it
+// could: topic is left out when the claim left it full (claimTx.full),
+// since no pool could take a slot of it. In one busy process, whose pool
+// takes at once what its own acks free, that spares an announcement per
+// claim that would only wake its own listener.
+func stillFree(freed map[string]bool, topic string, got claimTx) map[string]bool {
+	if !freed[topic] || !got.full() {
+		return freed
+	}
+	out := make(map[string]bool, len(freed))
+	for t := range freed {
+		if t != topic {
+			out[t] = true
+		}
+	}
+	return out
+}
+
 // claimTopic claims up to n messages of topic in one transaction: the
 // topic lock and the claim go as one batch (one round trip), which pgx runs
 // as one implicit transaction. With a, the acks go first in the same
-// batch, and their errors come back.
+// batch, and their errors come back (in the first transaction's claimTx,
+// whose msgs are all the messages claimed).
 //
 // The claim starts at the topic's floor when it has one (claimFloors);
 // when that comes back short, a second transaction claims the rest walking
 // from the start, so a message behind the floor is never left waiting
 // while the queue looks empty.
-func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch) ([]broker.Message, []error, error) {
+func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch) (claimTx, error) {
 	started := time.Now()
 	floor, hinted, serial := b.floors.get(topic, started)
-	out, allowed, limited, errs, err := b.claimFrom(ctx, topic, n, worker, a, serial, hinted, floor)
+	first, err := b.claimFrom(ctx, topic, n, worker, a, serial, hinted, floor)
 	if err != nil {
-		return nil, nil, err
+		return claimTx{}, err
 	}
-	b.floors.claimed(topic, !hinted, started, allowed, limited, out)
-	if !hinted || len(out) >= allowed {
-		return out, errs, nil
+	b.floors.claimed(topic, !hinted, started, first.allowed, first.limited, first.msgs)
+	if !hinted || len(first.msgs) >= first.allowed {
+		return first, nil
 	}
-	more, allowed, limited, _, err := b.claimFrom(ctx, topic, n-len(out), worker, nil, limited, false, claimFloor{})
+	more, err := b.claimFrom(ctx, topic, n-len(first.msgs), worker, nil, first.limited, false, claimFloor{})
 	if err != nil {
 		// The first claims are running and must reach the caller; the
 		// error shows again on the next claim.
 		b.log.Warn("claim: walking the queue from its start failed", "topic", topic, "error", err)
-		return out, errs, nil
+		return first, nil
 	}
-	b.floors.claimed(topic, true, started, allowed, limited, more)
-	out = append(out, more...)
-	sortByKey(out)
-	return out, errs, nil
+	b.floors.claimed(topic, true, started, more.allowed, more.limited, more.msgs)
+	first.msgs = append(first.msgs, more.msgs...)
+	sortByKey(first.msgs)
+	return first, nil
 }
 
 // sortByKey sorts msgs by the claim's order: (priority descending,
@@ -373,16 +397,32 @@ func sortByKey(msgs []broker.Message) {
 	})
 }
 
+// claimTx is what one claim transaction (claimFrom) got.
+type claimTx struct {
+	msgs    []broker.Message // sorted by key
+	allowed int              // how many the gate allowed
+	limited bool             // the topic has a concurrency limit
+	// room is, when limited, the topic's limit less its running messages
+	// as the gate counted them (after the acks that went first, before the
+	// claim).
+	room int
+	errs []error // the acks' errors, when acks went first
+}
+
+// full reports whether t left its topic with no free slot: it is limited
+// and the claim took all the room there was.
+func (t claimTx) full() bool { return t.limited && t.room <= len(t.msgs) }
+
 // claimFrom is one claim transaction of claimTopic, from the key of floor
 // when hinted, serialised on the topic lock without locking rows when
-// serial is set (see claimStatement). It returns the messages claimed, how
-// many the gate allowed and whether the topic is limited.
+// serial is set (see claimStatement).
 func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker string, a *ackBatch,
-	serial, hinted bool, floor claimFloor) ([]broker.Message, int, bool, []error, error) {
+	serial, hinted bool, floor claimFloor) (claimTx, error) {
 	var (
 		errs    []error
 		allowed int32
 		limited bool
+		room    pgtype.Int4
 	)
 	lockSQL, fullSQL, fromSQL := claimLockSQL, claimSQL, claimFromSQL
 	if serial {
@@ -420,14 +460,14 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		}
 		for rows.Next() {
 			if rows.RawValues()[0] == nil { // nothing claimed: the gate alone
-				if err := rows.Scan(gateOnly(len(rows.FieldDescriptions()), &allowed, &limited)...); err != nil {
+				if err := rows.Scan(gateOnly(len(rows.FieldDescriptions()), &allowed, &limited, &room)...); err != nil {
 					rows.Close()
 					br.Close()
 					return err
 				}
 				continue
 			}
-			m, err := scanMessage(rows, true, &allowed, &limited)
+			m, err := scanMessage(rows, true, &allowed, &limited, &room)
 			if err != nil {
 				rows.Close()
 				br.Close()
@@ -443,16 +483,17 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		return br.Close()
 	})
 	if err != nil {
-		return nil, 0, false, nil, err
+		return claimTx{}, err
 	}
 	sortByKey(out)
-	return out, int(allowed), limited, errs, nil
+	return claimTx{msgs: out, allowed: int(allowed), limited: limited, room: int(room.Int32), errs: errs}, nil
 }
 
 // gateOnly is the scan destinations of a claim row that claimed nothing:
-// the last two of its n columns into gate and limited, the others skipped.
-func gateOnly(n int, gate *int32, limited *bool) []any {
+// the last three of its n columns into gate, limited and room, the others
+// skipped.
+func gateOnly(n int, gate *int32, limited *bool, room *pgtype.Int4) []any {
 	dest := make([]any, n)
-	dest[n-2], dest[n-1] = gate, limited
+	dest[n-3], dest[n-2], dest[n-1] = gate, limited, room
 	return dest
 }
