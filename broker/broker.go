@@ -478,3 +478,19 @@ type Broker interface {
 
 	Close() error
 }
+
+// CheckOutcomeReport checks the report r given with an outcome of claim c
+// (Outcome.Report, NackRequest.Report, DeadLetter's report): none, or a
+// valid report (ValidateReport) of c's message; ErrInvalid otherwise.
+func CheckOutcomeReport(c Claim, r *Report) error {
+	if r == nil {
+		return nil
+	}
+	if r.MessageID != c.ID {
+		return Invalid("the report of the outcome of message %d names message %d", c.ID, r.MessageID)
+	}
+	if err := ValidateReport(*r); err != nil {
+		return fmt.Errorf("the report of the outcome of message %d: %w", c.ID, err)
+	}
+	return nil
+}
