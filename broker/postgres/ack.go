@@ -39,9 +39,10 @@ const ackSQL = `
 var ackReportsSQL = `WITH a AS (` + ackSQL + `), ` + reportCTEs(5, "x.ref IN (SELECT ord FROM a)") + `
 	SELECT ord, topic FROM a`
 
-// withReport wraps the claim-ending statement sql, which has params
-// parameters and returns cols, so that it also stores the report given as
-// the arrays of reportCTEs after them when it applies.
+// withReport wraps the claim-ending UPDATE sql, which takes params
+// parameters, so that the same statement also stores the report given as
+// the arrays of reportCTEs that follow them, only when the UPDATE matched
+// (applied); it returns what sql returns.
 func withReport(sql string, params int) string {
 	return `WITH a AS (` + sql + `), ` + reportCTEs(params+1, "EXISTS (SELECT 1 FROM a)") + `
 	SELECT * FROM a`
@@ -176,9 +177,9 @@ func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 
 // Ack marks the outcomes' messages done, storing their results and the
 // reports of those it applied, in one statement, and releases the locks
-// held under those claims in the same transaction. It returns one error per outcome: nil, or broker.ErrClaimLost
-// when the claim no longer holds its message (a repeated claim in the batch
-// loses after its first). A result that is not JSON fails the whole call
+// held under those claims in the same transaction. It returns one error
+// per outcome: nil, or broker.ErrClaimLost when the claim no longer holds
+// its message (a repeated claim in the batch loses after its first). A result that is not JSON fails the whole call
 // with broker.ErrInvalid before anything changes.
 func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
 	a, err := newAckBatch(outcomes)
