@@ -49,7 +49,10 @@
 // until it returns or the process exits.
 //
 // Options.Reporter gets one report per attempt once its outcome is written.
-// ReportWriter is the one the tasks_worker plugin uses: it stores reports in
-// the broker's ScheduleStore off the workers' path, many per transaction,
-// and counts what it cannot store rather than slow the tasks down.
+// ReportWriter is the one the tasks_worker plugin uses: a StoringReporter
+// into the pool's broker, so each report rides on its attempt's outcome and
+// the broker stores both in one transaction; the writer itself stores only
+// the reports of lost attempts, off the workers' path, many per
+// transaction, and counts what it cannot store rather than slow the tasks
+// down.
 package worker

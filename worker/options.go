@@ -64,7 +64,9 @@ type Options struct {
 	Logger hclog.Logger
 	// Observer is told about every attempt; may be nil.
 	Observer Observer
-	// Reporter, if set, gets one report per attempt (task reports).
+	// Reporter, if set, gets one report per attempt (task reports); a
+	// StoringReporter into this broker gets only those of lost attempts,
+	// the others being stored with their outcomes.
 	Reporter Reporter
 	// StrayCheckInterval is how often the pool looks for strays: messages
 	// running in the broker under its worker id that it does not hold,

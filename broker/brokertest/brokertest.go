@@ -62,6 +62,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"UniqueScheduleFire", testUniqueScheduleFire},
 	})
 	runCases(t, newBroker, cancelCases)
+	runCases(t, newBroker, outcomeReportCases)
 }
 
 // testCase is one case of a suite, run on a fresh S.

@@ -94,7 +94,7 @@ func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), l
 		}, []string{"topic"}),
 		reportsDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fastpluggy_tasks_reports_dropped_total",
-			Help: "Task reports this process did not store (its writer's queue was full, or the database refused them after retries), since it started. Schedule health reads reports: any increase can make a healthy schedule look late.",
+			Help: "Reports of lost attempts this process did not store (its report writer's queue was full, or the database refused them after retries), since it started. Every other report is written with its attempt's outcome, in one transaction, and is never dropped.",
 		}),
 		straysRequeued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "fastpluggy_tasks_strays_requeued_total",
