@@ -141,3 +141,55 @@ func TestClaimedAtIsWhenTheClaimRan(t *testing.T) {
 			at.Format(time.RFC3339Nano), released.Sub(*at), released.Format(time.RFC3339Nano))
 	}
 }
+
+// TestClaimRoomAndStillFree: the claim's gate reports a limited topic's
+// room (its limit less its running messages before the claim), and an
+// AckAndClaim whose claim left the topic full announces no freed slot of
+// it, while the other topics its acks freed are still announced.
+func TestClaimRoomAndStillFree(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	if _, err := b.SetTopic(ctx, "room", broker.TopicPatch{ConcurrencyLimit: ptr(3)}); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "room", Task: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "open", Task: "t"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	freed := map[string]bool{"room": true, "other": true}
+
+	got, err := b.claimFrom(ctx, "room", 1, "w", nil, false, false, claimFloor{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.limited || got.room != 3 || len(got.msgs) != 1 || got.full() {
+		t.Fatalf("first claim: limited %v room %d got %d full %v, want limited, room 3, 1, not full",
+			got.limited, got.room, len(got.msgs), got.full())
+	}
+	if s := stillFree(freed, "room", got); !s["room"] || !s["other"] {
+		t.Fatalf("a claim that left room announces %v, want room and other", s)
+	}
+
+	got, err = b.claimFrom(ctx, "room", 5, "w", nil, false, false, claimFloor{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.room != 2 || len(got.msgs) != 2 || !got.full() {
+		t.Fatalf("second claim: room %d got %d full %v, want room 2, 2, full", got.room, len(got.msgs), got.full())
+	}
+	if s := stillFree(freed, "room", got); s["room"] || !s["other"] || !freed["room"] {
+		t.Fatalf("a claim that left the topic full announces %v (freed now %v), want other alone and freed unchanged", s, freed)
+	}
+
+	got, err = b.claimFrom(ctx, "open", 2, "w", nil, false, false, claimFloor{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.limited || len(got.msgs) != 2 || got.full() {
+		t.Fatalf("unlimited topic: limited %v got %d full %v, want unlimited, 2, not full", got.limited, len(got.msgs), got.full())
+	}
+}
