@@ -32,6 +32,9 @@ type Options struct {
 	ConfigPath string
 	// Config is the configuration after "listen" and "plugins_dir".
 	Config string
+	// Env is added to the host's environment (its plugins get what the
+	// configuration's env lists of it).
+	Env []string
 	// Output gets the host's standard output and error.
 	Output io.Writer
 	// Health is the path polled until it answers 200 (default
@@ -71,6 +74,9 @@ func Start(ctx context.Context, o Options) (*Process, error) {
 	}
 	cmd := exec.Command(o.Host, "-config", o.ConfigPath)
 	cmd.Stdout, cmd.Stderr = o.Output, o.Output
+	if len(o.Env) > 0 {
+		cmd.Env = append(os.Environ(), o.Env...)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}

@@ -126,7 +126,8 @@ func (bn *bench) newPool(topic string, obs worker.Observer) *worker.Pool {
 	}
 	bn.reports = nil
 	bn.dropped.Store(0)
-	if bn.cfg.reports {
+	if !bn.cfg.poolOnly {
+		// As the tasks_worker plugin stores them (runtime.go).
 		bn.reports = worker.NewReportWriter(bn.b, bn.log.Named("reports"), func(n int) { bn.dropped.Add(int64(n)) })
 		opts.Reporter = bn.reports
 	}
