@@ -74,7 +74,7 @@ func Main(args []string) int {
 	fs.IntVar(&c.claimSamples, "claim-samples", 1000, "claims timed per run of the claim-latency phase")
 	fs.IntVar(&c.submitters, "submitters", 8, "goroutines submitting in the bulk submit phase")
 	fs.BoolVar(&c.poolOnly, "pool-only", false, "measure the pool alone, without the task report the tasks_worker plugin stores per attempt (by default the bench stores them as the plugin does, and the burn-down ends when the last report is stored)")
-	fs.Bool("reports", true, "deprecated and changes nothing: reports are stored by default now (-pool-only turns them off)")
+	fs.Bool("reports", false, "deprecated and changes nothing: reports are stored by default now (-pool-only turns them off)")
 	fs.IntVar(&c.submitBatch, "submit-batch", 1000, "messages per SubmitMany call (0 or 1: Submit one by one)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up on a phase after this long")
 	fs.BoolVar(&c.verbose, "v", false, "log the pool's and broker's warnings to stderr")
@@ -82,7 +82,7 @@ func Main(args []string) int {
 	fs.IntVar(&c.idlePools, "idle-pools", 0, "postgres: instead of the main phases, run this many idle brokers+pools and count the database's transactions/s (polling, then listening); give -dsn a database of its own")
 	fs.DurationVar(&c.idleFor, "idle-for", 30*time.Second, "how long -idle-pools counts")
 	fs.BoolVar(&c.realHost, "real-host", false, "postgres: instead of the main phases, start the real host and tasks_worker plugin processes on the bench's schema, submit -jobs tasks through POST tasks/batch (NDJSON) and time them from the first submit until the database has them all done, with their reports")
-	fs.StringVar(&c.hostBin, "host-bin", "", "-real-host: the host binary, with the tasks_worker plugin in plugins/ beside it (default: the build this bench runs from, as `make build` lays it out: bin/host and bin/plugins)")
+	fs.StringVar(&c.hostBin, "host-bin", "", "-real-host: the `path` of the host binary, with the tasks_worker plugin in plugins/ beside it (default: the build this bench runs from, laid out as make build does: bin/host and bin/plugins)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: host bench [flags]\n\nMeasures the broker and the worker pool with their default settings.\n\n")
