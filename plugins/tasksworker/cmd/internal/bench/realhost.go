@@ -112,6 +112,11 @@ func runRealHost(ctx context.Context, bn *bench, out io.Writer, summary map[stri
 		hostBin, pluginsDir, bn.schema, cfg.workers, cfg.limit)
 	fmt.Fprintf(out, "  each run: %d %s tasks through POST tasks/batch (NDJSON, one stream), timed from the first submit until the database holds them all done with their success reports\n",
 		cfg.jobs, realHostTask)
+	if pg, ok := summary["postgres"].(map[string]string); ok && pg["autovacuum"] == "off" {
+		// Nothing analyzes the table then: the plans of the run's claims
+		// are made without statistics of what it holds.
+		fmt.Fprintln(out, "  note: autovacuum is off on this server, so nothing gathers statistics of tw_messages while a run fills it (the main burn-down analyzes it after its seed)")
+	}
 	p, err := hostproc.Start(ctx, hostproc.Options{
 		Host:       hostBin,
 		PluginsDir: pluginsDir,
