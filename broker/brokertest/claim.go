@@ -146,7 +146,7 @@ func testConcurrencyLimit(t *testing.T, b broker.Broker) {
 		finished atomic.Int64
 		stop     = make(chan struct{})
 	)
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(3 * time.Minute)
 
 	// The broker's own view, sampled while the workers run.
 	var pollWG sync.WaitGroup
