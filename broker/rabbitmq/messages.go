@@ -335,13 +335,13 @@ func (b *Broker) publishMessage(ctx context.Context, id int64, topic string) {
 	b.publishNow(ctx, topic, []int64{id})
 }
 
-// DeadLetter ends the attempt dead in the state store, then acks its
-// delivery.
-func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+// DeadLetter ends the attempt dead in the state store (with its report,
+// when given), then acks its delivery.
+func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string, report *broker.Report) error {
 	if err := b.enter(ctx); err != nil {
 		return err
 	}
-	if err := b.state.DeadLetter(ctx, c, reason); err != nil {
+	if err := b.state.DeadLetter(ctx, c, reason, report); err != nil {
 		return err
 	}
 	b.held.ack(c.Token)
