@@ -105,7 +105,7 @@ func (b *Broker) deadLoop() {
 // readDead moves every message of the known topics' dead queues into the
 // state store.
 func (b *Broker) readDead(ctx context.Context, s *session) error {
-	topics := s.known()
+	topics := b.knownTopics()
 	if len(topics) == 0 {
 		return nil
 	}

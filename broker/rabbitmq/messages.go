@@ -422,3 +422,22 @@ func (b *Broker) remember(queues ...string) {
 	}
 	b.queueMu.Unlock()
 }
+
+// rememberTopic records a topic whose queues this broker declared: its
+// dead queue is read from then on (see deadLoop).
+func (b *Broker) rememberTopic(topic string) {
+	b.queueMu.Lock()
+	b.topics[topic] = true
+	b.queueMu.Unlock()
+}
+
+// knownTopics returns the topics whose queues this broker declared.
+func (b *Broker) knownTopics() []string {
+	b.queueMu.Lock()
+	defer b.queueMu.Unlock()
+	out := make([]string, 0, len(b.topics))
+	for t := range b.topics {
+		out = append(out, t)
+	}
+	return out
+}
