@@ -300,3 +300,32 @@ func (b *Broker) reconnectLoop(s *session) {
 
 // Exchanges returns the names of the exchanges this broker declares.
 func (b *Broker) Exchanges() []string { return []string{b.names.deadExchange()} }
+
+var (
+	_ broker.FinishedPurger = (*Broker)(nil)
+	_ broker.CancelNotifier = (*Broker)(nil)
+)
+
+// PurgeFinished deletes finished messages through the state store when it
+// keeps them until told (postgres); a store that keeps a fixed number
+// (local) has nothing to purge.
+func (b *Broker) PurgeFinished(ctx context.Context, before time.Time) (int, error) {
+	if err := b.enter(ctx); err != nil {
+		return 0, err
+	}
+	if fp, ok := b.state.(broker.FinishedPurger); ok {
+		return fp.PurgeFinished(ctx, before)
+	}
+	return 0, nil
+}
+
+// CancelNotices passes on the state store's announcements of cancel
+// requests (postgres); with a store that has none (local) the channel
+// never receives, and workers learn of requests at their CancelRequests
+// poll.
+func (b *Broker) CancelNotices() <-chan int64 {
+	if cn, ok := b.state.(broker.CancelNotifier); ok {
+		return cn.CancelNotices()
+	}
+	return make(chan int64)
+}
