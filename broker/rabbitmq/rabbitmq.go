@@ -93,7 +93,8 @@ type Broker struct {
 	topics  map[string]bool // every topic whose queues it declared
 
 	probeMu sync.Mutex
-	probed  map[string]time.Time // see probeDue
+	probed  map[string]time.Time   // see probeDue
+	limited map[string]*sync.Mutex // see Claim
 }
 
 var (
@@ -133,6 +134,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		queues:    make(map[string]bool),
 		topics:    make(map[string]bool),
 		probed:    make(map[string]time.Time),
+		limited:   make(map[string]*sync.Mutex),
 	}
 	b.held.m = make(map[string]delivery)
 	b.done.kick = make(chan struct{}, 1)
