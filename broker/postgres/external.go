@@ -64,11 +64,12 @@ func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration
 }
 
 // OutboxAddQueued: see sqlstore.External.
-func (b *Broker) OutboxAddQueued(ctx context.Context, topic string) (int, error) {
+func (b *Broker) OutboxAddQueued(ctx context.Context, topic string, age time.Duration) (int, error) {
 	var n int64
 	err := b.run(ctx, "outbox add queued", func(c *pgx.Conn) error {
 		tag, err := c.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
-			SELECT id, greatest(available_at, now()) FROM tw_messages WHERE topic = $1 AND state = 'queued'`+outboxUpsert, topic)
+			SELECT id, greatest(available_at, now()) FROM tw_messages
+			WHERE topic = $1 AND state = 'queued' AND created_at <= now() - $2 * interval '1 microsecond'`+outboxUpsert, topic, micros(age))
 		n = tag.RowsAffected()
 		return err
 	})
@@ -125,74 +126,96 @@ func (b *Broker) OutboxDone(ctx context.Context, ids []int64) error {
 	})
 }
 
-// TakeMessage: see sqlstore.External and sqlstore.Take.
-func (b *Broker) TakeMessage(ctx context.Context, id int64, worker string, redelivered bool) (broker.Message, sqlstore.Verdict, error) {
+// TakeMessages: see sqlstore.External and sqlstore.Take.
+func (b *Broker) TakeMessages(ctx context.Context, worker string, ds []sqlstore.Delivery) ([]sqlstore.Taken, error) {
 	if worker == "" {
-		return broker.Message{}, sqlstore.TakeDrop, broker.Invalid("worker id is empty")
+		return nil, broker.Invalid("worker id is empty")
 	}
+	var out []sqlstore.Taken
+	err := b.tx(ctx, "take messages", func(tx pgx.Tx) error {
+		out = make([]sqlstore.Taken, 0, len(ds))
+		topics := make(map[string]*sqlstore.TopicFacts)
+		for _, d := range ds {
+			t, err := takeOne(ctx, tx, worker, d, topics)
+			if err != nil {
+				return err
+			}
+			out = append(out, t)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// takeOne decides one delivery in tx; topics caches the facts of the
+// topics met so far in the transaction. A limited topic's row is locked
+// (and read again) at its first take: the takes of a limited topic count
+// its running rows one after the other. Unlimited topics take without it.
+func takeOne(ctx context.Context, tx pgx.Tx, worker string, d sqlstore.Delivery, topics map[string]*sqlstore.TopicFacts) (sqlstore.Taken, error) {
+	f := sqlstore.TakeFacts{Found: true, Redelivered: d.Redelivered}
 	var (
-		m       broker.Message
-		verdict sqlstore.Verdict
+		topic, by string
+		attempts  int
 	)
-	err := b.tx(ctx, "take message", func(tx pgx.Tx) error {
-		f := sqlstore.TakeFacts{Found: true, Redelivered: redelivered}
-		var (
-			topic, by string
-			attempts  int
-		)
-		err := tx.QueryRow(ctx, `SELECT state, available_at <= now(), topic, coalesce(claimed_by, ''), attempts
-			FROM tw_messages WHERE id = $1 FOR UPDATE`, id).Scan(&f.State, &f.Available, &topic, &by, &attempts)
-		if errors.Is(err, pgx.ErrNoRows) {
-			verdict = sqlstore.Take(sqlstore.TakeFacts{})
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if f.State == broker.StateQueued {
-			err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1`, topic).
-				Scan(&f.Paused, &f.Limit)
+	err := tx.QueryRow(ctx, `SELECT state, available_at <= now(), topic, coalesce(claimed_by, ''), attempts
+		FROM tw_messages WHERE id = $1 FOR UPDATE`, d.ID).Scan(&f.State, &f.Available, &topic, &by, &attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return sqlstore.Taken{Verdict: sqlstore.Take(sqlstore.TakeFacts{})}, nil
+	}
+	if err != nil {
+		return sqlstore.Taken{}, err
+	}
+	var tf *sqlstore.TopicFacts
+	if f.State == broker.StateQueued {
+		if tf = topics[topic]; tf == nil {
+			tf = new(sqlstore.TopicFacts)
+			err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1`, topic).Scan(&tf.Paused, &tf.Limit)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return err
+				return sqlstore.Taken{}, err
 			}
-			if f.Limit > 0 {
-				// The topic's row is locked (and read again): the takes of
-				// a limited topic count its running rows one after the
-				// other. Unlimited topics take without it.
+			if tf.Limit > 0 {
 				if err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1 FOR UPDATE`, topic).
-					Scan(&f.Paused, &f.Limit); err != nil {
-					return err
+					Scan(&tf.Paused, &tf.Limit); err != nil {
+					return sqlstore.Taken{}, err
 				}
+				// A statement of its own, after the lock: its snapshot sees
+				// the takes committed while this one waited.
 				if err := tx.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, topic).
-					Scan(&f.Running); err != nil {
-					return err
+					Scan(&tf.Running); err != nil {
+					return sqlstore.Taken{}, err
 				}
 			}
+			topics[topic] = tf
 		}
-		verdict = sqlstore.Take(f)
-		if verdict != sqlstore.TakeOK {
-			return nil
+		f.Paused, f.Limit, f.Running = tf.Paused, tf.Limit, tf.Running
+	}
+	v := sqlstore.Take(f)
+	if v != sqlstore.TakeOK {
+		return sqlstore.Taken{Verdict: v}, nil
+	}
+	var m broker.Message
+	if f.State == broker.StateRunning {
+		if _, err := tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, d.ID); err != nil {
+			return sqlstore.Taken{}, err
 		}
-		if f.State == broker.StateRunning {
-			if _, err := tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, id); err != nil {
-				return err
-			}
-			m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
-				SET claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1, token = gen_random_uuid(),
-					orphaned = orphaned + 1, suspect = true, last_error = $3
-				WHERE id = $1 RETURNING `+msgCols+`, token::text`, id, worker, sqlstore.RetakenError(by, attempts)), true)
-			return err
-		}
+		m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
+			SET claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1, token = gen_random_uuid(),
+				orphaned = orphaned + 1, suspect = true, last_error = $3
+			WHERE id = $1 RETURNING `+msgCols+`, token::text`, d.ID, worker, sqlstore.RetakenError(by, attempts)), true)
+	} else {
+		tf.Running++
 		m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
 			SET state = 'running', claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1,
 				token = gen_random_uuid()
-			WHERE id = $1 RETURNING `+msgCols+`, token::text`, id, worker), true)
-		return err
-	})
-	if err != nil {
-		return broker.Message{}, sqlstore.TakeDrop, err
+			WHERE id = $1 RETURNING `+msgCols+`, token::text`, d.ID, worker), true)
 	}
-	return m, verdict, nil
+	if err != nil {
+		return sqlstore.Taken{}, err
+	}
+	return sqlstore.Taken{Message: m, Verdict: v}, nil
 }
 
 // EndUndeliverable: see sqlstore.External.
