@@ -262,3 +262,39 @@ func (b *Broker) Admits(ctx context.Context, topics []string) (map[string]int, e
 	})
 	return out, err
 }
+
+// outboxTriggerSQL gives every message inserted into the schema from
+// outside the rabbitmq broker (client/pgtx, a schedule's fire) an outbox
+// entry, so that it is published too: due a few seconds after it is
+// available, which leaves the broker's own submits (which write their
+// entry in the same transaction and publish at once) the time to publish
+// their own. The names are qualified: the inserting session's search_path
+// may be anything.
+func outboxTriggerSQL(schema string) []string {
+	s := pgx.Identifier{schema}.Sanitize()
+	return []string{`CREATE OR REPLACE FUNCTION ` + s + `.tw_amqp_outbox_add() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		INSERT INTO ` + s + `.tw_amqp_outbox (message_id, due_at)
+		SELECT id, greatest(available_at, now()) + interval '5 seconds' FROM new_rows WHERE state = 'queued'
+		ON CONFLICT (message_id) DO NOTHING;
+		RETURN NULL;
+	END $$`,
+		`CREATE OR REPLACE TRIGGER tw_amqp_outbox_add AFTER INSERT ON ` + s + `.tw_messages
+		REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION ` + s + `.tw_amqp_outbox_add()`}
+}
+
+// EnableOutbox makes the schema the state store of a rabbitmq broker: a
+// message inserted by anything else than the broker's Submit (the
+// transactional enqueue of client/pgtx, above all) gets an outbox entry
+// and is published, where it would otherwise wait in the table forever.
+// The plain postgres broker never calls it, and pays nothing for it.
+func (b *Broker) EnableOutbox(ctx context.Context) error {
+	return b.tx(ctx, "enable outbox", func(tx pgx.Tx) error {
+		for _, q := range outboxTriggerSQL(b.schema) {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

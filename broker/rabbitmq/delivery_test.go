@@ -12,6 +12,9 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/local"
+	"github.com/taskhost/taskhost/broker/postgres"
+	"github.com/taskhost/taskhost/client/pgtx"
+	"github.com/taskhost/taskhost/internal/testdb"
 	"github.com/taskhost/taskhost/internal/testrabbit"
 )
 
@@ -335,5 +338,28 @@ func TestOtherDeliveryLimitKeepsTheQueue(t *testing.T) {
 	claimWithin(t, b, "w", "dl")
 	if m := claimWithin(t, b, "w", "dl"); m.ID != id {
 		t.Fatalf("claimed %d, want %d", m.ID, id)
+	}
+}
+
+// TestTransactionalEnqueueIsPublished: a task queued by client/pgtx in an
+// application's transaction, straight into the tables of a postgres state
+// store, is published and claimed like a submitted one.
+func TestTransactionalEnqueueIsPublished(t *testing.T) {
+	b := openTest(t, onPostgres, Options{})
+	schema := b.state.(*postgres.Broker).Schema()
+	c := testdb.Connect(t, "")
+	tx, err := c.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := pgtx.Submit(t.Context(), tx, pgtx.Task{Topic: "app", Name: "mail"}, pgtx.WithSchema(schema))
+	if err != nil {
+		t.Fatalf("pgtx.Submit: %v", err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if m := claimWithin(t, b, "w", "app"); m.ID != id {
+		t.Fatalf("claimed %d, want the task queued in the transaction (%d)", m.ID, id)
 	}
 }
