@@ -205,6 +205,9 @@ func takeOne(tx *txn, now time.Time, worker string, d sqlstore.Delivery, topics 
 		if _, err := tx.Exec(`DELETE FROM tw_locks WHERE message_id = ?`, d.ID); err != nil {
 			return sqlstore.Taken{}, err
 		}
+		if _, err := tx.Exec(`INSERT INTO tw_amqp_orphans (message_id, kind) VALUES (?, 'reclaimed')`, d.ID); err != nil {
+			return sqlstore.Taken{}, err
+		}
 		q = `UPDATE tw_messages SET claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?,
 			orphaned = orphaned + 1, suspect = 1, last_error = ?
 			WHERE id = ? RETURNING ` + msgCols
@@ -234,10 +237,41 @@ func (b *Broker) EndUndeliverable(ctx context.Context, id int64, reason string) 
 			return err
 		}
 		ended = true
+		if _, err := tx.Exec(`INSERT INTO tw_amqp_orphans (message_id, kind) VALUES (?, 'dead_lettered')`, id); err != nil {
+			return err
+		}
 		_, err = tx.Exec(`DELETE FROM tw_locks WHERE message_id = ?`, id)
 		return err
 	})
 	return ended, err
+}
+
+// TakeOrphanLog: see sqlstore.External.
+func (b *Broker) TakeOrphanLog(ctx context.Context) (reclaimed, deadLettered []int64, err error) {
+	err = b.write(ctx, "take orphan log", func(tx *txn, _ time.Time) error {
+		reclaimed, deadLettered = nil, nil
+		rows, err := tx.Query(`DELETE FROM tw_amqp_orphans RETURNING message_id, kind`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				id   int64
+				kind string
+			)
+			if err := rows.Scan(&id, &kind); err != nil {
+				return err
+			}
+			if kind == "reclaimed" {
+				reclaimed = append(reclaimed, id)
+			} else {
+				deadLettered = append(deadLettered, id)
+			}
+		}
+		return rows.Err()
+	})
+	return reclaimed, deadLettered, err
 }
 
 // Admits: see sqlstore.External.

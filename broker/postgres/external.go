@@ -201,6 +201,9 @@ func takeOne(ctx context.Context, tx pgx.Tx, worker string, d sqlstore.Delivery,
 		if _, err := tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, d.ID); err != nil {
 			return sqlstore.Taken{}, err
 		}
+		if _, err := tx.Exec(ctx, `INSERT INTO tw_amqp_orphans (message_id, kind) VALUES ($1, 'reclaimed')`, d.ID); err != nil {
+			return sqlstore.Taken{}, err
+		}
 		m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
 			SET claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1, token = gen_random_uuid(),
 				orphaned = orphaned + 1, suspect = true, last_error = $3
@@ -229,10 +232,41 @@ func (b *Broker) EndUndeliverable(ctx context.Context, id int64, reason string) 
 			return err
 		}
 		ended = true
+		if _, err := tx.Exec(ctx, `INSERT INTO tw_amqp_orphans (message_id, kind) VALUES ($1, 'dead_lettered')`, id); err != nil {
+			return err
+		}
 		_, err = tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, id)
 		return err
 	})
 	return ended, err
+}
+
+// TakeOrphanLog: see sqlstore.External.
+func (b *Broker) TakeOrphanLog(ctx context.Context) (reclaimed, deadLettered []int64, err error) {
+	err = b.run(ctx, "take orphan log", func(c *pgx.Conn) error {
+		reclaimed, deadLettered = nil, nil
+		rows, err := c.Query(ctx, `DELETE FROM tw_amqp_orphans RETURNING message_id, kind`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				id   int64
+				kind string
+			)
+			if err := rows.Scan(&id, &kind); err != nil {
+				return err
+			}
+			if kind == "reclaimed" {
+				reclaimed = append(reclaimed, id)
+			} else {
+				deadLettered = append(deadLettered, id)
+			}
+		}
+		return rows.Err()
+	})
+	return reclaimed, deadLettered, err
 }
 
 // Admits: see sqlstore.External.

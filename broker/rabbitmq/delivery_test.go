@@ -363,3 +363,34 @@ func TestTransactionalEnqueueIsPublished(t *testing.T) {
 		t.Fatalf("claimed %d, want the task queued in the transaction (%d)", m.ID, id)
 	}
 }
+
+// TestReaperPassReportsRedeliveries: a reaper pass on this broker reclaims
+// nothing RabbitMQ brought back, but reports the redeliveries taken from
+// dead holders and the messages dead-lettered at the delivery limit
+// since the last pass, once.
+func TestReaperPassReportsRedeliveries(t *testing.T) {
+	b := openTest(t, onLocal, Options{DeliveryLimit: 2})
+	redelivered := mustSubmit(t, b, "r")
+	claimWithin(t, b, "w", "r")
+	dropConnection(t, b)
+	m := claimWithin(t, b, "w2", "r")
+	if m.ID != redelivered {
+		t.Fatalf("claimed %d, want %d", m.ID, redelivered)
+	}
+	dropConnection(t, b) // its second delivery: dead-lettered
+	eventually(t, 30*time.Second, "the row ends dead", func() bool {
+		m, err := b.GetMessage(t.Context(), redelivered)
+		return err == nil && m.State == broker.StateDead
+	})
+	req := broker.ReclaimRequest{Live: []string{"w3"}, Grace: time.Second, MaxAttempts: 5}
+	res, err := b.ReclaimOrphans(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reclaimed != 1 || res.DeadLettered != 1 || len(res.IDs) != 2 {
+		t.Fatalf("pass = %+v, want 1 reclaimed (the redelivery taken again) and 1 dead-lettered", res)
+	}
+	if res, err := b.ReclaimOrphans(t.Context(), req); err != nil || res.Reclaimed+res.DeadLettered != 0 {
+		t.Fatalf("second pass = %+v, %v; want nothing", res, err)
+	}
+}

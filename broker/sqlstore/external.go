@@ -44,15 +44,21 @@ type External interface {
 	// transaction (see Take; the takes before a delivery count toward its
 	// topic's limit): with TakeOK the message is running under a fresh
 	// token, claimed by worker, one attempt more, and returned with its
-	// token. It returns one Taken per delivery.
+	// token. It returns one Taken per delivery. A running row taken again
+	// is logged (see TakeOrphanLog).
 	TakeMessages(ctx context.Context, worker string, ds []Delivery) ([]Taken, error)
+	// TakeOrphanLog returns and forgets what happened to dead workers'
+	// messages outside the store since it was last called: the ids of
+	// messages taken again from a redelivery (TakeMessages of a running
+	// row) and of those EndUndeliverable ended.
+	TakeOrphanLog(ctx context.Context) (reclaimed, deadLettered []int64, err error)
 	// Admits returns how many more messages each of topics admits now
 	// (see Admits). Unknown topics are left out (they admit none).
 	Admits(ctx context.Context, topics []string) (map[string]int, error)
 	// EndUndeliverable ends message id dead with reason when it is queued
 	// or running (its deliveries ran out outside: a worker died holding it
-	// each time), releasing the locks of its claim; it reports whether it
-	// did.
+	// each time), releasing the locks of its claim, and logs it (see
+	// TakeOrphanLog); it reports whether it did.
 	EndUndeliverable(ctx context.Context, id int64, reason string) (bool, error)
 }
 
