@@ -37,6 +37,44 @@ func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, 
 	})
 }
 
+// EnableOutbox makes the store the state store of a rabbitmq broker:
+// every message that becomes queued (inserted, by a schedule's fire
+// too, or put back by a requeue or the reaper's reclaim) gets an outbox
+// entry in the transaction that makes it queued, due a lease ahead, so a
+// crash right after that commit loses no message: the broker publishes it
+// at once and deletes the entry, or the publisher loop publishes it. The
+// plain local broker never calls it, and pays nothing for it.
+func (b *Broker) EnableOutbox(ctx context.Context) error {
+	return b.write(ctx, "enable outbox", func(tx *txn, _ time.Time) error {
+		for _, q := range outboxTriggersSQL {
+			if _, err := tx.Exec(q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// outboxTriggersSQL are EnableOutbox's triggers. Times are unix
+// nanoseconds; SQLite's own clock stands for now.
+var outboxTriggersSQL = []string{
+	`CREATE TRIGGER IF NOT EXISTS tw_amqp_outbox_add AFTER INSERT ON tw_messages
+	WHEN NEW.state = 'queued'
+	BEGIN
+		INSERT OR IGNORE INTO tw_amqp_outbox (message_id, due_at)
+		VALUES (NEW.id, max(NEW.available_at, ` + sqliteNowNS + `) + 5000000000);
+	END`,
+	`CREATE TRIGGER IF NOT EXISTS tw_amqp_outbox_requeued AFTER UPDATE OF state ON tw_messages
+	WHEN NEW.state = 'queued' AND OLD.state <> 'queued'
+	BEGIN
+		INSERT OR IGNORE INTO tw_amqp_outbox (message_id, due_at)
+		VALUES (NEW.id, max(NEW.available_at, ` + sqliteNowNS + `) + 15000000000);
+	END`,
+}
+
+// sqliteNowNS is SQLite's current time in unix nanoseconds.
+const sqliteNowNS = `CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)`
+
 // OutboxAdd: see sqlstore.External.
 func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration) error {
 	if len(ids) == 0 {

@@ -314,13 +314,33 @@ func outboxTriggerSQL(schema string) []string {
 		RETURN NULL;
 	END $$`,
 		`CREATE OR REPLACE TRIGGER tw_amqp_outbox_add AFTER INSERT ON ` + s + `.tw_messages
-		REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION ` + s + `.tw_amqp_outbox_add()`}
+		REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION ` + s + `.tw_amqp_outbox_add()`,
+		// A row that goes back to queued (a requeue, the reaper's reclaim)
+		// gets its entry in the transaction that requeues it, due a
+		// lease ahead: the broker publishes it at once and deletes the
+		// entry, and if it dies first, the publisher loop publishes it.
+		`CREATE OR REPLACE FUNCTION ` + s + `.tw_amqp_outbox_requeued() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		INSERT INTO ` + s + `.tw_amqp_outbox (message_id, due_at)
+		SELECT n.id, greatest(n.available_at, now()) + interval '15 seconds'
+		FROM new_rows n JOIN old_rows o ON o.id = n.id
+		WHERE n.state = 'queued' AND o.state <> 'queued'
+		ON CONFLICT (message_id) DO NOTHING;
+		RETURN NULL;
+	END $$`,
+		`CREATE OR REPLACE TRIGGER tw_amqp_outbox_requeued AFTER UPDATE ON ` + s + `.tw_messages
+		REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION ` + s + `.tw_amqp_outbox_requeued()`}
 }
+
+// outboxTriggers is how many triggers outboxTriggerSQL makes.
+const outboxTriggers = 2
 
 // EnableOutbox makes the schema the state store of a rabbitmq broker: a
 // message inserted by anything else than the broker's Submit (the
 // transactional enqueue of client/pgtx, above all) gets an outbox entry
-// and is published, where it would otherwise wait in the table forever.
+// and is published, where it would otherwise wait in the table forever;
+// so does a message that goes back to queued, in the transaction that
+// requeues it (a crash after that commit loses no message).
 // The plain postgres broker never calls it, and pays nothing for it.
 func (b *Broker) EnableOutbox(ctx context.Context) error {
 	return b.tx(ctx, "enable outbox", func(tx pgx.Tx) error {
@@ -332,10 +352,11 @@ func (b *Broker) EnableOutbox(ctx context.Context) error {
 		var n int
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
 			JOIN pg_namespace s ON s.oid = c.relnamespace
-			WHERE s.nspname = $1 AND c.relname = 'tw_messages' AND t.tgname = 'tw_amqp_outbox_add'`, b.schema).Scan(&n); err != nil {
+			WHERE s.nspname = $1 AND c.relname = 'tw_messages'
+				AND t.tgname IN ('tw_amqp_outbox_add', 'tw_amqp_outbox_requeued')`, b.schema).Scan(&n); err != nil {
 			return err
 		}
-		if n > 0 {
+		if n == outboxTriggers {
 			return nil
 		}
 		for _, q := range outboxTriggerSQL(b.schema) {
