@@ -1,0 +1,369 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
+)
+
+// The hooks of a broker whose messages travel outside the store
+// (broker/rabbitmq); see sqlstore.External. A take locks its message's
+// row, and its topic's row when the topic has a concurrency limit, so that
+// takes from every process count running rows race-free, as Claim does.
+
+var _ sqlstore.External = (*Broker)(nil)
+
+// outboxUpsert ends the statements that put messages in the outbox: an
+// entry already there keeps the earlier time.
+const outboxUpsert = ` ON CONFLICT (message_id) DO UPDATE SET due_at = least(tw_amqp_outbox.due_at, excluded.due_at)`
+
+// tx runs fn in one transaction on a pooled connection.
+func (b *Broker) tx(ctx context.Context, op string, fn func(tx pgx.Tx) error) error {
+	return b.run(ctx, op, func(c *pgx.Conn) error { return pgx.BeginFunc(ctx, c, fn) })
+}
+
+// SubmitOutbox: see sqlstore.External.
+func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, lease time.Duration) ([]broker.Submitted, error) {
+	var out []broker.Submitted
+	err := b.tx(ctx, "submit outbox", func(tx pgx.Tx) error {
+		var err error
+		if out, err = b.ins.InsertBatch(ctx, tx, reqs, b.maxPayload); err != nil {
+			return err
+		}
+		ids := make([]int64, 0, len(out))
+		for _, s := range out {
+			if !s.Duplicate {
+				ids = append(ids, s.ID)
+			}
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
+			SELECT id, CASE WHEN available_at > now() THEN available_at ELSE now() + $2 * interval '1 microsecond' END
+			FROM tw_messages WHERE id = ANY ($1)`+outboxUpsert, ids, micros(lease))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// OutboxAdd: see sqlstore.External.
+func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	return b.run(ctx, "outbox add", func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
+			SELECT id, now() + $2 * interval '1 microsecond' FROM unnest($1::bigint[]) AS id`+outboxUpsert, ids, micros(delay))
+		return err
+	})
+}
+
+// OutboxAddQueued: see sqlstore.External.
+func (b *Broker) OutboxAddQueued(ctx context.Context, topic string, age time.Duration) (int, error) {
+	var n int64
+	err := b.run(ctx, "outbox add queued", func(c *pgx.Conn) error {
+		tag, err := c.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
+			SELECT id, greatest(available_at, now()) FROM tw_messages
+			WHERE topic = $1 AND state = 'queued' AND created_at <= now() - $2 * interval '1 microsecond'`+outboxUpsert, topic, micros(age))
+		n = tag.RowsAffected()
+		return err
+	})
+	return int(n), err
+}
+
+// outboxDueSQL takes the due entries ($1 at most) that no other process
+// is taking: entries of ended or missing messages are deleted, those of
+// queued messages not available yet move to when they are, the others
+// move a lease ($2 microseconds) ahead; the available queued ones are
+// returned.
+const outboxDueSQL = `
+	WITH due AS (
+		SELECT o.message_id FROM tw_amqp_outbox o WHERE o.due_at <= now()
+		ORDER BY o.due_at, o.message_id LIMIT $1 FOR UPDATE SKIP LOCKED
+	), gone AS (
+		DELETE FROM tw_amqp_outbox o USING due LEFT JOIN tw_messages m ON m.id = due.message_id
+		WHERE o.message_id = due.message_id AND (m.id IS NULL OR m.state NOT IN ('queued', 'running'))
+	), moved AS (
+		UPDATE tw_amqp_outbox o SET due_at = CASE WHEN m.state = 'queued' AND m.available_at > now()
+				THEN m.available_at ELSE now() + $2 * interval '1 microsecond' END
+		FROM due JOIN tw_messages m ON m.id = due.message_id
+		WHERE o.message_id = due.message_id AND m.state IN ('queued', 'running')
+		RETURNING o.message_id, m.state = 'queued' AND m.available_at <= now() AS ready, m.topic
+	)
+	SELECT message_id, topic FROM moved WHERE ready ORDER BY message_id`
+
+// OutboxDue: see sqlstore.External.
+func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int) ([]sqlstore.OutboxEntry, error) {
+	var out []sqlstore.OutboxEntry
+	err := b.run(ctx, "outbox due", func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, outboxDueSQL, limit, micros(lease))
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (sqlstore.OutboxEntry, error) {
+			var e sqlstore.OutboxEntry
+			err := r.Scan(&e.ID, &e.Topic)
+			return e, err
+		})
+		return err
+	})
+	return out, err
+}
+
+// OutboxDone: see sqlstore.External.
+func (b *Broker) OutboxDone(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	return b.run(ctx, "outbox done", func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `DELETE FROM tw_amqp_outbox WHERE message_id = ANY ($1)`, ids)
+		return err
+	})
+}
+
+// TakeMessages: see sqlstore.External and sqlstore.Take.
+func (b *Broker) TakeMessages(ctx context.Context, worker string, ds []sqlstore.Delivery) ([]sqlstore.Taken, error) {
+	if worker == "" {
+		return nil, broker.Invalid("worker id is empty")
+	}
+	var out []sqlstore.Taken
+	err := b.tx(ctx, "take messages", func(tx pgx.Tx) error {
+		out = make([]sqlstore.Taken, 0, len(ds))
+		topics := make(map[string]*sqlstore.TopicFacts)
+		for _, d := range ds {
+			t, err := takeOne(ctx, tx, worker, d, topics)
+			if err != nil {
+				return err
+			}
+			out = append(out, t)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// takeOne decides one delivery in tx; topics caches the facts of the
+// topics met so far in the transaction. A limited topic's row is locked
+// (and read again) at its first take: the takes of a limited topic count
+// its running rows one after the other. Unlimited topics take without it.
+func takeOne(ctx context.Context, tx pgx.Tx, worker string, d sqlstore.Delivery, topics map[string]*sqlstore.TopicFacts) (sqlstore.Taken, error) {
+	f := sqlstore.TakeFacts{Found: true, Redelivered: d.Redelivered}
+	var (
+		topic, by string
+		attempts  int
+	)
+	err := tx.QueryRow(ctx, `SELECT state, available_at <= now(), topic, coalesce(claimed_by, ''), attempts
+		FROM tw_messages WHERE id = $1 FOR UPDATE`, d.ID).Scan(&f.State, &f.Available, &topic, &by, &attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return sqlstore.Taken{Verdict: sqlstore.Take(sqlstore.TakeFacts{})}, nil
+	}
+	if err != nil {
+		return sqlstore.Taken{}, err
+	}
+	var tf *sqlstore.TopicFacts
+	if f.State == broker.StateQueued {
+		if tf = topics[topic]; tf == nil {
+			tf = new(sqlstore.TopicFacts)
+			err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1`, topic).Scan(&tf.Paused, &tf.Limit)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return sqlstore.Taken{}, err
+			}
+			if tf.Limit > 0 {
+				if err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1 FOR UPDATE`, topic).
+					Scan(&tf.Paused, &tf.Limit); err != nil {
+					return sqlstore.Taken{}, err
+				}
+				// A statement of its own, after the lock: its snapshot sees
+				// the takes committed while this one waited.
+				if err := tx.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, topic).
+					Scan(&tf.Running); err != nil {
+					return sqlstore.Taken{}, err
+				}
+			}
+			topics[topic] = tf
+		}
+		f.Paused, f.Limit, f.Running = tf.Paused, tf.Limit, tf.Running
+	}
+	v := sqlstore.Take(f)
+	if v != sqlstore.TakeOK {
+		return sqlstore.Taken{Verdict: v}, nil
+	}
+	var m broker.Message
+	if f.State == broker.StateRunning {
+		if _, err := tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, d.ID); err != nil {
+			return sqlstore.Taken{}, err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO tw_amqp_orphans (message_id, kind) VALUES ($1, 'reclaimed')`, d.ID); err != nil {
+			return sqlstore.Taken{}, err
+		}
+		m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
+			SET claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1, token = gen_random_uuid(),
+				orphaned = orphaned + 1, suspect = true, last_error = $3
+			WHERE id = $1 RETURNING `+msgCols+`, token::text`, d.ID, worker, sqlstore.RetakenError(by, attempts)), true)
+	} else {
+		tf.Running++
+		m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
+			SET state = 'running', claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1,
+				token = gen_random_uuid()
+			WHERE id = $1 RETURNING `+msgCols+`, token::text`, d.ID, worker), true)
+	}
+	if err != nil {
+		return sqlstore.Taken{}, err
+	}
+	return sqlstore.Taken{Message: m, Verdict: v}, nil
+}
+
+// EndUndeliverable: see sqlstore.External.
+func (b *Broker) EndUndeliverable(ctx context.Context, id int64, reason string) (bool, error) {
+	var ended bool
+	err := b.tx(ctx, "end undeliverable", func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE tw_messages
+			SET state = 'dead', token = NULL, finished_at = now(), last_error = $2, suspect = true, waiting_since = NULL
+			WHERE id = $1 AND state IN ('queued', 'running')`, id, broker.CleanText(reason))
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		ended = true
+		if _, err := tx.Exec(ctx, `INSERT INTO tw_amqp_orphans (message_id, kind) VALUES ($1, 'dead_lettered')`, id); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, id)
+		return err
+	})
+	return ended, err
+}
+
+// TakeOrphanLog: see sqlstore.External.
+func (b *Broker) TakeOrphanLog(ctx context.Context) (reclaimed, deadLettered []int64, err error) {
+	err = b.run(ctx, "take orphan log", func(c *pgx.Conn) error {
+		reclaimed, deadLettered = nil, nil
+		rows, err := c.Query(ctx, `DELETE FROM tw_amqp_orphans RETURNING message_id, kind`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				id   int64
+				kind string
+			)
+			if err := rows.Scan(&id, &kind); err != nil {
+				return err
+			}
+			if kind == "reclaimed" {
+				reclaimed = append(reclaimed, id)
+			} else {
+				deadLettered = append(deadLettered, id)
+			}
+		}
+		return rows.Err()
+	})
+	return reclaimed, deadLettered, err
+}
+
+// Admits: see sqlstore.External.
+func (b *Broker) Admits(ctx context.Context, topics []string) (map[string]int, error) {
+	out := make(map[string]int, len(topics))
+	err := b.run(ctx, "admits", func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, `SELECT t.name, t.paused, t.concurrency_limit,
+				CASE WHEN t.concurrency_limit > 0 THEN
+					(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'running') ELSE 0 END
+			FROM tw_topics t WHERE t.name = ANY ($1)`, topics)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				name           string
+				paused         bool
+				limit, running int
+			)
+			if err := rows.Scan(&name, &paused, &limit, &running); err != nil {
+				return err
+			}
+			out[name] = sqlstore.Admits(paused, limit, running)
+		}
+		return rows.Err()
+	})
+	return out, err
+}
+
+// outboxTriggerSQL gives every message inserted into the schema from
+// outside the rabbitmq broker (client/pgtx, a schedule's fire) an outbox
+// entry, so that it is published too: due a few seconds after it is
+// available, which leaves the broker's own submits (which write their
+// entry in the same transaction and publish at once) the time to publish
+// their own. The names are qualified: the inserting session's search_path
+// may be anything.
+func outboxTriggerSQL(schema string) []string {
+	s := pgx.Identifier{schema}.Sanitize()
+	return []string{`CREATE OR REPLACE FUNCTION ` + s + `.tw_amqp_outbox_add() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		INSERT INTO ` + s + `.tw_amqp_outbox (message_id, due_at)
+		SELECT id, greatest(available_at, now()) + interval '5 seconds' FROM new_rows WHERE state = 'queued'
+		ON CONFLICT (message_id) DO NOTHING;
+		RETURN NULL;
+	END $$`,
+		`CREATE OR REPLACE TRIGGER tw_amqp_outbox_add AFTER INSERT ON ` + s + `.tw_messages
+		REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION ` + s + `.tw_amqp_outbox_add()`,
+		// A row that goes back to queued (a requeue, the reaper's reclaim)
+		// gets its entry in the transaction that requeues it, due a
+		// lease ahead: the broker publishes it at once and deletes the
+		// entry, and if it dies first, the publisher loop publishes it.
+		`CREATE OR REPLACE FUNCTION ` + s + `.tw_amqp_outbox_requeued() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		INSERT INTO ` + s + `.tw_amqp_outbox (message_id, due_at)
+		SELECT n.id, greatest(n.available_at, now()) + interval '15 seconds'
+		FROM new_rows n JOIN old_rows o ON o.id = n.id
+		WHERE n.state = 'queued' AND o.state <> 'queued'
+		ON CONFLICT (message_id) DO NOTHING;
+		RETURN NULL;
+	END $$`,
+		`CREATE OR REPLACE TRIGGER tw_amqp_outbox_requeued AFTER UPDATE ON ` + s + `.tw_messages
+		REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION ` + s + `.tw_amqp_outbox_requeued()`}
+}
+
+// outboxTriggers is how many triggers outboxTriggerSQL makes.
+const outboxTriggers = 2
+
+// EnableOutbox makes the schema the state store of a rabbitmq broker: a
+// message inserted by anything else than the broker's Submit (the
+// transactional enqueue of client/pgtx, above all) gets an outbox entry
+// and is published, where it would otherwise wait in the table forever;
+// so does a message that goes back to queued, in the transaction that
+// requeues it (a crash after that commit loses no message).
+// The plain postgres broker never calls it, and pays nothing for it.
+func (b *Broker) EnableOutbox(ctx context.Context) error {
+	return b.tx(ctx, "enable outbox", func(tx pgx.Tx) error {
+		// Brokers opening at once take turns (concurrent CREATE OR
+		// REPLACE fails), and the first one's trigger serves the others.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('taskhost amqp outbox ' || $1))`, b.schema); err != nil {
+			return err
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+			JOIN pg_namespace s ON s.oid = c.relnamespace
+			WHERE s.nspname = $1 AND c.relname = 'tw_messages'
+				AND t.tgname IN ('tw_amqp_outbox_add', 'tw_amqp_outbox_requeued')`, b.schema).Scan(&n); err != nil {
+			return err
+		}
+		if n == outboxTriggers {
+			return nil
+		}
+		for _, q := range outboxTriggerSQL(b.schema) {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
