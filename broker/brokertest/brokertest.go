@@ -23,8 +23,12 @@ import (
 // subtest and should register its cleanup (Close, dropping the database)
 // with t.Cleanup; it is called from parallel subtests. A broker the suite
 // closed itself may be closed again by that cleanup.
-func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
-	runCases(t, newBroker, []testCase[broker.Broker]{
+//
+// Options, at most one, name the cases that cannot apply to the broker.
+func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker, opts ...Options) {
+	o := optionsOf(t, opts)
+	defer o.checkNames(t)
+	runCases(t, newBroker, o, []testCase[broker.Broker]{
 		{"SubmitThenClaim", testSubmitThenClaim},
 		{"SubmitDefaults", testSubmitDefaults},
 		{"InvalidSubmitStoresNothing", testInvalidSubmit},
@@ -61,7 +65,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
 		{"InvalidIntake", testInvalidIntake},
 		{"UniqueScheduleFire", testUniqueScheduleFire},
 	})
-	runCases(t, newBroker, cancelCases)
+	runCases(t, newBroker, o, cancelCases)
 }
 
 // testCase is one case of a suite, run on a fresh S.
@@ -70,10 +74,53 @@ type testCase[S any] struct {
 	fn   func(t *testing.T, s S)
 }
 
-// runCases runs each case as a parallel subtest on a fresh S from newS.
-func runCases[S any](t *testing.T, newS func(t *testing.T) S, cases []testCase[S]) {
+// Options adjust a run of a suite to a broker.
+type Options struct {
+	// NotApplicable names the cases that cannot apply to the broker, each
+	// with the reason. Such a case still runs as a subtest of its name: it
+	// logs that it does not apply and why, and passes; it is never
+	// skipped silently. A name that is no case of the suite fails the run.
+	NotApplicable map[string]string
+}
+
+// suiteOptions are the Options of one run, with the cases it met.
+type suiteOptions struct {
+	Options
+	seen map[string]bool
+}
+
+func optionsOf(t *testing.T, opts []Options) *suiteOptions {
+	t.Helper()
+	if len(opts) > 1 {
+		t.Fatalf("brokertest: %d Options given, want at most one", len(opts))
+	}
+	o := &suiteOptions{seen: make(map[string]bool)}
+	if len(opts) == 1 {
+		o.Options = opts[0]
+	}
+	return o
+}
+
+// checkNames fails t for a not-applicable name that is no case of the
+// suite (a typo, or a case renamed).
+func (o *suiteOptions) checkNames(t *testing.T) {
+	for name := range o.NotApplicable {
+		if !o.seen[name] {
+			t.Errorf("brokertest: NotApplicable names %q, which is no case of this suite", name)
+		}
+	}
+}
+
+// runCases runs each case as a parallel subtest on a fresh S from newS;
+// a case o names as not applicable logs its reason and passes.
+func runCases[S any](t *testing.T, newS func(t *testing.T) S, o *suiteOptions, cases []testCase[S]) {
 	for _, tc := range cases {
+		o.seen[tc.name] = true
 		t.Run(tc.name, func(t *testing.T) {
+			if why, ok := o.NotApplicable[tc.name]; ok {
+				t.Logf("not applicable to this broker: %s", why)
+				return
+			}
 			t.Parallel()
 			tc.fn(t, newS(t))
 		})

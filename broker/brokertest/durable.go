@@ -40,8 +40,12 @@ type Store struct {
 // budget, fenced passes and leader election across brokers sharing a
 // store. newStore returns a fresh, empty store for one subtest and
 // registers its cleanup; it is called from parallel subtests.
-func RunDurable(t *testing.T, newStore func(t *testing.T) Store) {
-	runCases(t, newStore, []testCase[Store]{
+//
+// Options, at most one, name the cases that cannot apply to the store.
+func RunDurable(t *testing.T, newStore func(t *testing.T) Store, opts ...Options) {
+	o := optionsOf(t, opts)
+	defer o.checkNames(t)
+	runCases(t, newStore, o, []testCase[Store]{
 		{"ReclaimOrphans", testReclaimOrphans},
 		{"ErrorRetriesDoNotUseTheOrphanBudget", testOrphanBudget},
 		{"ExpireWorkerAndLiveWorkers", testExpireWorker},
@@ -49,7 +53,7 @@ func RunDurable(t *testing.T, newStore func(t *testing.T) Store) {
 		{"LeaseOneLeader", testLeaseOneLeader},
 		{"ClosedOrphanMethods", testClosedOrphanMethods},
 	})
-	runCases(t, newStore, cancelDurableCases)
+	runCases(t, newStore, o, cancelDurableCases)
 }
 
 func register(t *testing.T, b broker.Broker, ids ...string) {

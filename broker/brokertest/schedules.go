@@ -13,8 +13,12 @@ import (
 // RunSchedules runs the conformance suite of broker.ScheduleStore; newBroker
 // is as for Run. The rules it checks are those of package broker's
 // documentation (Schedules and reports).
-func RunSchedules(t *testing.T, newBroker func(t *testing.T) broker.Broker) {
-	runCases(t, newBroker, []testCase[broker.Broker]{
+//
+// Options, at most one, name the cases that cannot apply to the broker.
+func RunSchedules(t *testing.T, newBroker func(t *testing.T) broker.Broker, opts ...Options) {
+	o := optionsOf(t, opts)
+	defer o.checkNames(t)
+	runCases(t, newBroker, o, []testCase[broker.Broker]{
 		{"PutGetListDelete", testSchedulePutGetListDelete},
 		{"Validation", testScheduleValidation},
 		{"RunStateKeptAcrossPut", testScheduleRunState},

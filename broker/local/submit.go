@@ -44,6 +44,12 @@ func (b *Broker) SubmitMany(ctx context.Context, reqs []broker.SubmitRequest) ([
 
 // SubmitBatch is SubmitMany saying which requests were duplicates.
 func (b *Broker) SubmitBatch(ctx context.Context, reqs []broker.SubmitRequest) ([]broker.Submitted, error) {
+	return b.submitBatch(ctx, reqs, nil)
+}
+
+// submitBatch is SubmitBatch; then, when not nil, runs in its transaction
+// once the messages are stored (SubmitOutbox).
+func (b *Broker) submitBatch(ctx context.Context, reqs []broker.SubmitRequest, then func(tx *txn, now time.Time, out []broker.Submitted) error) ([]broker.Submitted, error) {
 	if err := broker.ValidateSubmitMany(reqs, b.opts.MaxPayload); err != nil {
 		return nil, err
 	}
@@ -68,6 +74,9 @@ func (b *Broker) SubmitBatch(ctx context.Context, reqs []broker.SubmitRequest) (
 				return err
 			}
 			out[i] = s
+		}
+		if then != nil {
+			return then(tx, now, out)
 		}
 		return nil
 	})

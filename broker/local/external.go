@@ -1,0 +1,250 @@
+package local
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
+)
+
+// The hooks of a broker whose messages travel outside the store
+// (broker/rabbitmq); see sqlstore.External. Each is one IMMEDIATE
+// transaction, so a take is race-free across processes as Claim is.
+
+var _ sqlstore.External = (*Broker)(nil)
+
+// SubmitOutbox: see sqlstore.External.
+func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, lease time.Duration) ([]broker.Submitted, error) {
+	return b.submitBatch(ctx, reqs, func(tx *txn, now time.Time, out []broker.Submitted) error {
+		for i, s := range out {
+			if s.Duplicate {
+				continue
+			}
+			due := reqs[i].AvailableAt(now)
+			if !due.After(now) {
+				due = now.Add(lease)
+			}
+			if _, err := tx.Exec(`INSERT INTO tw_amqp_outbox (message_id, due_at) VALUES (?, ?)
+				ON CONFLICT (message_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)`, s.ID, ns(due)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// OutboxAdd: see sqlstore.External.
+func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	js, err := json.Marshal(ids)
+	if err != nil {
+		return err
+	}
+	return b.write(ctx, "outbox add", func(tx *txn, now time.Time) error {
+		_, err := tx.Exec(`INSERT INTO tw_amqp_outbox (message_id, due_at) SELECT value, ? FROM json_each(?) WHERE true
+			ON CONFLICT (message_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)`, addNS(now, delay), string(js))
+		return err
+	})
+}
+
+// OutboxAddQueued: see sqlstore.External.
+func (b *Broker) OutboxAddQueued(ctx context.Context, topic string) (int, error) {
+	var n int64
+	err := b.write(ctx, "outbox add queued", func(tx *txn, now time.Time) error {
+		r, err := tx.Exec(`INSERT INTO tw_amqp_outbox (message_id, due_at)
+			SELECT id, max(available_at, ?) FROM tw_messages WHERE topic = ? AND state = 'queued'
+			ON CONFLICT (message_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)`, ns(now), topic)
+		if err != nil {
+			return err
+		}
+		n, err = r.RowsAffected()
+		return err
+	})
+	return int(n), err
+}
+
+// OutboxDue: see sqlstore.External.
+func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int) ([]sqlstore.OutboxEntry, error) {
+	var out []sqlstore.OutboxEntry
+	err := b.write(ctx, "outbox due", func(tx *txn, now time.Time) error {
+		out = nil
+		rows, err := tx.Query(`SELECT o.message_id, m.state, m.topic, m.available_at FROM tw_amqp_outbox o
+			LEFT JOIN tw_messages m ON m.id = o.message_id
+			WHERE o.due_at <= ? ORDER BY o.due_at, o.message_id LIMIT ?`, ns(now), limit)
+		if err != nil {
+			return err
+		}
+		type entry struct {
+			id           int64
+			state, topic sql.NullString
+			available    sql.NullInt64
+		}
+		var es []entry
+		for rows.Next() {
+			var e entry
+			if err := rows.Scan(&e.id, &e.state, &e.topic, &e.available); err != nil {
+				rows.Close()
+				return err
+			}
+			es = append(es, e)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		for _, e := range es {
+			switch e.state.String {
+			case broker.StateQueued, broker.StateRunning:
+				// A queued message not available yet is due when it is.
+				ready := e.state.String == broker.StateQueued && e.available.Int64 <= ns(now)
+				due := addNS(now, lease)
+				if e.state.String == broker.StateQueued && !ready {
+					due = e.available.Int64
+				}
+				if _, err := tx.Exec(`UPDATE tw_amqp_outbox SET due_at = ? WHERE message_id = ?`, due, e.id); err != nil {
+					return err
+				}
+				if ready {
+					out = append(out, sqlstore.OutboxEntry{ID: e.id, Topic: e.topic.String})
+				}
+			default:
+				if _, err := tx.Exec(`DELETE FROM tw_amqp_outbox WHERE message_id = ?`, e.id); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// OutboxDone: see sqlstore.External.
+func (b *Broker) OutboxDone(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	js, err := json.Marshal(ids)
+	if err != nil {
+		return err
+	}
+	return b.write(ctx, "outbox done", func(tx *txn, _ time.Time) error {
+		_, err := tx.Exec(`DELETE FROM tw_amqp_outbox WHERE message_id IN (SELECT value FROM json_each(?))`, string(js))
+		return err
+	})
+}
+
+// TakeMessage: see sqlstore.External and sqlstore.Take.
+func (b *Broker) TakeMessage(ctx context.Context, id int64, worker string, redelivered bool) (broker.Message, sqlstore.Verdict, error) {
+	if worker == "" {
+		return broker.Message{}, sqlstore.TakeDrop, broker.Invalid("worker id is empty")
+	}
+	var (
+		m       broker.Message
+		verdict sqlstore.Verdict
+	)
+	err := b.write(ctx, "take message", func(tx *txn, now time.Time) error {
+		f := sqlstore.TakeFacts{Found: true, Redelivered: redelivered}
+		var (
+			topic, by string
+			attempts  int
+			paused    sql.NullBool
+			limit     sql.NullInt64
+		)
+		err := tx.QueryRow(`SELECT m.state, m.available_at <= ?, m.topic, coalesce(m.claimed_by, ''), m.attempts,
+				t.paused, t.concurrency_limit
+			FROM tw_messages m LEFT JOIN tw_topics t ON t.name = m.topic WHERE m.id = ?`, ns(now), id).
+			Scan(&f.State, &f.Available, &topic, &by, &attempts, &paused, &limit)
+		if errors.Is(err, sql.ErrNoRows) {
+			f.Found = false
+		} else if err != nil {
+			return err
+		}
+		f.Paused, f.Limit = paused.Bool, int(limit.Int64)
+		if f.Found && f.State == broker.StateQueued && f.Limit > 0 {
+			if err := tx.QueryRow(`SELECT count(*) FROM tw_messages WHERE topic = ? AND state = 'running'`, topic).Scan(&f.Running); err != nil {
+				return err
+			}
+		}
+		verdict = sqlstore.Take(f)
+		if verdict != sqlstore.TakeOK {
+			return nil
+		}
+		q := `UPDATE tw_messages SET state = 'running', claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?
+			WHERE id = ? RETURNING ` + msgCols
+		args := []any{worker, ns(now), newToken(), id}
+		if f.State == broker.StateRunning {
+			if _, err := tx.Exec(`DELETE FROM tw_locks WHERE message_id = ?`, id); err != nil {
+				return err
+			}
+			q = `UPDATE tw_messages SET claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?,
+				orphaned = orphaned + 1, suspect = 1, last_error = ?
+				WHERE id = ? RETURNING ` + msgCols
+			args = []any{worker, ns(now), newToken(), sqlstore.RetakenError(by, attempts), id}
+		}
+		m, err = scanMessage(tx.QueryRow(q, args...), true)
+		return err
+	})
+	if err != nil {
+		return broker.Message{}, sqlstore.TakeDrop, err
+	}
+	return m, verdict, nil
+}
+
+// EndUndeliverable: see sqlstore.External.
+func (b *Broker) EndUndeliverable(ctx context.Context, id int64, reason string) (bool, error) {
+	var ended bool
+	err := b.write(ctx, "end undeliverable", func(tx *txn, now time.Time) error {
+		r, err := tx.Exec(`UPDATE tw_messages
+			SET state = 'dead', token = NULL, finished_at = ?, last_error = ?, suspect = 1, waiting_since = NULL
+			WHERE id = ? AND state IN ('queued', 'running')`, ns(now), broker.CleanText(reason), id)
+		if err != nil {
+			return err
+		}
+		n, err := r.RowsAffected()
+		if err != nil || n == 0 {
+			return err
+		}
+		ended = true
+		_, err = tx.Exec(`DELETE FROM tw_locks WHERE message_id = ?`, id)
+		return err
+	})
+	return ended, err
+}
+
+// Admits: see sqlstore.External.
+func (b *Broker) Admits(ctx context.Context, topics []string) (map[string]int, error) {
+	js, err := json.Marshal(topics)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(topics))
+	err = b.read(ctx, "admits", func(tx *txn, _ time.Time) error {
+		rows, err := tx.Query(`SELECT t.name, t.paused, t.concurrency_limit,
+				CASE WHEN t.concurrency_limit > 0 THEN
+					(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'running') ELSE 0 END
+			FROM tw_topics t WHERE t.name IN (SELECT value FROM json_each(?))`, string(js))
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				name           string
+				paused         bool
+				limit, running int
+			)
+			if err := rows.Scan(&name, &paused, &limit, &running); err != nil {
+				return err
+			}
+			out[name] = sqlstore.Admits(paused, limit, running)
+		}
+		return rows.Err()
+	})
+	return out, err
+}

@@ -1,0 +1,232 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
+)
+
+// The hooks of a broker whose messages travel outside the store
+// (broker/rabbitmq); see sqlstore.External. A take locks its message's
+// row, and its topic's row when the topic has a concurrency limit, so that
+// takes from every process count running rows race-free, as Claim does.
+
+var _ sqlstore.External = (*Broker)(nil)
+
+// outboxUpsert ends the statements that put messages in the outbox: an
+// entry already there keeps the earlier time.
+const outboxUpsert = ` ON CONFLICT (message_id) DO UPDATE SET due_at = least(tw_amqp_outbox.due_at, excluded.due_at)`
+
+// tx runs fn in one transaction on a pooled connection.
+func (b *Broker) tx(ctx context.Context, op string, fn func(tx pgx.Tx) error) error {
+	return b.run(ctx, op, func(c *pgx.Conn) error { return pgx.BeginFunc(ctx, c, fn) })
+}
+
+// SubmitOutbox: see sqlstore.External.
+func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, lease time.Duration) ([]broker.Submitted, error) {
+	var out []broker.Submitted
+	err := b.tx(ctx, "submit outbox", func(tx pgx.Tx) error {
+		var err error
+		if out, err = b.ins.InsertBatch(ctx, tx, reqs, b.maxPayload); err != nil {
+			return err
+		}
+		ids := make([]int64, 0, len(out))
+		for _, s := range out {
+			if !s.Duplicate {
+				ids = append(ids, s.ID)
+			}
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
+			SELECT id, CASE WHEN available_at > now() THEN available_at ELSE now() + $2 * interval '1 microsecond' END
+			FROM tw_messages WHERE id = ANY ($1)`+outboxUpsert, ids, micros(lease))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// OutboxAdd: see sqlstore.External.
+func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	return b.run(ctx, "outbox add", func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
+			SELECT id, now() + $2 * interval '1 microsecond' FROM unnest($1::bigint[]) AS id`+outboxUpsert, ids, micros(delay))
+		return err
+	})
+}
+
+// OutboxAddQueued: see sqlstore.External.
+func (b *Broker) OutboxAddQueued(ctx context.Context, topic string) (int, error) {
+	var n int64
+	err := b.run(ctx, "outbox add queued", func(c *pgx.Conn) error {
+		tag, err := c.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
+			SELECT id, greatest(available_at, now()) FROM tw_messages WHERE topic = $1 AND state = 'queued'`+outboxUpsert, topic)
+		n = tag.RowsAffected()
+		return err
+	})
+	return int(n), err
+}
+
+// outboxDueSQL takes the due entries ($1 at most) that no other process
+// is taking: entries of ended or missing messages are deleted, those of
+// queued messages not available yet move to when they are, the others
+// move a lease ($2 microseconds) ahead; the available queued ones are
+// returned.
+const outboxDueSQL = `
+	WITH due AS (
+		SELECT o.message_id FROM tw_amqp_outbox o WHERE o.due_at <= now()
+		ORDER BY o.due_at, o.message_id LIMIT $1 FOR UPDATE SKIP LOCKED
+	), gone AS (
+		DELETE FROM tw_amqp_outbox o USING due LEFT JOIN tw_messages m ON m.id = due.message_id
+		WHERE o.message_id = due.message_id AND (m.id IS NULL OR m.state NOT IN ('queued', 'running'))
+	), moved AS (
+		UPDATE tw_amqp_outbox o SET due_at = CASE WHEN m.state = 'queued' AND m.available_at > now()
+				THEN m.available_at ELSE now() + $2 * interval '1 microsecond' END
+		FROM due JOIN tw_messages m ON m.id = due.message_id
+		WHERE o.message_id = due.message_id AND m.state IN ('queued', 'running')
+		RETURNING o.message_id, m.state = 'queued' AND m.available_at <= now() AS ready, m.topic
+	)
+	SELECT message_id, topic FROM moved WHERE ready ORDER BY message_id`
+
+// OutboxDue: see sqlstore.External.
+func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int) ([]sqlstore.OutboxEntry, error) {
+	var out []sqlstore.OutboxEntry
+	err := b.run(ctx, "outbox due", func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, outboxDueSQL, limit, micros(lease))
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (sqlstore.OutboxEntry, error) {
+			var e sqlstore.OutboxEntry
+			return e, r.Scan(&e.ID, &e.Topic)
+		})
+		return err
+	})
+	return out, err
+}
+
+// OutboxDone: see sqlstore.External.
+func (b *Broker) OutboxDone(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	return b.run(ctx, "outbox done", func(c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `DELETE FROM tw_amqp_outbox WHERE message_id = ANY ($1)`, ids)
+		return err
+	})
+}
+
+// TakeMessage: see sqlstore.External and sqlstore.Take.
+func (b *Broker) TakeMessage(ctx context.Context, id int64, worker string, redelivered bool) (broker.Message, sqlstore.Verdict, error) {
+	if worker == "" {
+		return broker.Message{}, sqlstore.TakeDrop, broker.Invalid("worker id is empty")
+	}
+	var (
+		m       broker.Message
+		verdict sqlstore.Verdict
+	)
+	err := b.tx(ctx, "take message", func(tx pgx.Tx) error {
+		f := sqlstore.TakeFacts{Found: true, Redelivered: redelivered}
+		var (
+			topic, by string
+			attempts  int
+		)
+		err := tx.QueryRow(ctx, `SELECT state, available_at <= now(), topic, coalesce(claimed_by, ''), attempts
+			FROM tw_messages WHERE id = $1 FOR UPDATE`, id).Scan(&f.State, &f.Available, &topic, &by, &attempts)
+		if errors.Is(err, pgx.ErrNoRows) {
+			verdict = sqlstore.Take(sqlstore.TakeFacts{})
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if f.State == broker.StateQueued {
+			// The topic's row is locked: the takes of a limited topic count
+			// its running rows one after the other.
+			err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1 FOR UPDATE`, topic).
+				Scan(&f.Paused, &f.Limit)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			if f.Limit > 0 {
+				if err := tx.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, topic).
+					Scan(&f.Running); err != nil {
+					return err
+				}
+			}
+		}
+		verdict = sqlstore.Take(f)
+		if verdict != sqlstore.TakeOK {
+			return nil
+		}
+		if f.State == broker.StateRunning {
+			if _, err := tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, id); err != nil {
+				return err
+			}
+			m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
+				SET claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1, token = gen_random_uuid(),
+					orphaned = orphaned + 1, suspect = true, last_error = $3
+				WHERE id = $1 RETURNING `+msgCols+`, token::text`, id, worker, sqlstore.RetakenError(by, attempts)), true)
+			return err
+		}
+		m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
+			SET state = 'running', claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1,
+				token = gen_random_uuid()
+			WHERE id = $1 RETURNING `+msgCols+`, token::text`, id, worker), true)
+		return err
+	})
+	if err != nil {
+		return broker.Message{}, sqlstore.TakeDrop, err
+	}
+	return m, verdict, nil
+}
+
+// EndUndeliverable: see sqlstore.External.
+func (b *Broker) EndUndeliverable(ctx context.Context, id int64, reason string) (bool, error) {
+	var ended bool
+	err := b.tx(ctx, "end undeliverable", func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE tw_messages
+			SET state = 'dead', token = NULL, finished_at = now(), last_error = $2, suspect = true, waiting_since = NULL
+			WHERE id = $1 AND state IN ('queued', 'running')`, id, broker.CleanText(reason))
+		if err != nil || tag.RowsAffected() == 0 {
+			return err
+		}
+		ended = true
+		_, err = tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, id)
+		return err
+	})
+	return ended, err
+}
+
+// Admits: see sqlstore.External.
+func (b *Broker) Admits(ctx context.Context, topics []string) (map[string]int, error) {
+	out := make(map[string]int, len(topics))
+	err := b.run(ctx, "admits", func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, `SELECT t.name, t.paused, t.concurrency_limit,
+				CASE WHEN t.concurrency_limit > 0 THEN
+					(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'running') ELSE 0 END
+			FROM tw_topics t WHERE t.name = ANY ($1)`, topics)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				name           string
+				paused         bool
+				limit, running int
+			)
+			if err := rows.Scan(&name, &paused, &limit, &running); err != nil {
+				return err
+			}
+			out[name] = sqlstore.Admits(paused, limit, running)
+		}
+		return rows.Err()
+	})
+	return out, err
+}

@@ -1,0 +1,91 @@
+// Package rabbitmq is the rabbitmq broker: messages travel through
+// RabbitMQ, and the state RabbitMQ cannot hold lives in a state store (a
+// local or postgres broker, Options.State).
+//
+// # Where things live
+//
+// Each topic has a durable quorum queue, <prefix>.t.<topic>, whose
+// x-delivery-limit is Options.DeliveryLimit (orphan_max_attempts) and
+// whose dead letters go through the exchange <prefix>.dead into
+// <prefix>.t.<topic>.dead. A message in RabbitMQ is a pointer: persistent,
+// AMQP type "taskhost.message", its message id the id of its row in the
+// state store. The row holds everything else (payload, state, attempts,
+// claim token, unique key), so GET tasks/{id}, listings, unique keys,
+// cancellation, requeue, reports, workers and their heartbeats, topic
+// settings, schedules, locks and leases are the state store's, shared by
+// every process that uses it.
+//
+// # The row is the fence
+//
+// Submit stores the row and its outbox entry in one transaction of the
+// state store, then publishes and waits for RabbitMQ's publisher confirm.
+// The outbox entry is due a lease ahead: when the process dies before the
+// confirm, or RabbitMQ is down, the publisher loop of any process
+// publishes the message once the lease has passed (a delayed message's
+// entry is due when it becomes available). A duplicate in RabbitMQ is
+// harmless, because a delivery runs only once its row is taken.
+//
+// Claim takes deliveries (basic.get, manual ack) round-robin over the
+// topics asked for, and makes each delivery's row running with a fresh
+// token in the state store (sqlstore.Take states the rule): a queued row
+// is taken when its topic is neither paused nor at its limit; a running
+// row only by a redelivery, that is after its holder's channel closed;
+// a delivery whose row ended, is gone or is held is acked and dropped.
+// The delivery stays unacked while its message runs. Ack, Nack and
+// DeadLetter write the outcome through the state store's own
+// token-checked methods first, then ack the delivery: a frozen worker's
+// late ack, after its delivery came back and was taken again, fails the
+// token check and is broker.ErrClaimLost.
+//
+// A requeue (Nack with Requeue, Requeue, a reclaim) publishes the message
+// again as a new one (its outbox entry written before the state changes);
+// RabbitMQ's own requeue is never used for messages, so only deliveries
+// lost with a dead worker count toward the delivery limit.
+//
+// # Dead workers
+//
+// A dead or frozen worker's deliveries come back by RabbitMQ's own
+// means: its connection closes, or misses its AMQP heartbeats
+// (Options.Heartbeat). The next take of each makes its row running under
+// a new claim, marked Suspect with an "orphaned:" last error, and
+// releases the locks of the old claim. After DeliveryLimit deliveries
+// RabbitMQ dead-letters the message, and the broker ends its row dead
+// (the dead queue is read every second). ReclaimOrphans, the reaper's
+// pass, does not reclaim what RabbitMQ brings back: see its
+// documentation.
+//
+// # Concurrency limits
+//
+// A topic's limit is the count of its running rows, as the broker
+// contract says, checked in the transaction of the take (race-free across
+// processes: the state store serialises the takes of a limited topic).
+// A dead worker's slot passes to the claim that takes its redelivered
+// message, or frees when RabbitMQ dead-letters it. Changing the limit
+// takes effect at the next take and never lets more run than the new
+// limit admits: there are no tokens to re-seed. A limited topic's claims
+// ask RabbitMQ for no more deliveries than the limit admits; a take that
+// loses a race for the last slot publishes the message again at the end
+// of the queue (as a new message, so waiting costs no delivery).
+//
+// # Not ours
+//
+// A delivery on a topic queue that is not one of the broker's messages
+// (another type, no message id) is moved to <prefix>.t.<topic>.rejected
+// with the reason in the header x-taskhost-reason; it never runs.
+//
+// # Faults
+//
+// Health is nil while connected. After a connection loss the broker
+// reconnects with backoff (channels and declarations are made again on
+// first use) and Health says what is wrong meanwhile; claims fail, and
+// submits are stored and published once RabbitMQ is back. A topic queue
+// deleted by an operator is declared again at the next claim or publish
+// that meets its absence, and the topic's queued messages are published
+// again.
+//
+// # Priorities
+//
+// Quorum queues in RabbitMQ 3.10 have no priorities: a topic's messages
+// are delivered in the order they were published. The priority of a
+// submit is stored and listed, but does not order claims.
+package rabbitmq

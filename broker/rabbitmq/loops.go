@@ -1,0 +1,246 @@
+package rabbitmq
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// Intervals of the loops.
+const (
+	publishEvery = 100 * time.Millisecond
+	deadEvery    = time.Second
+	outboxBatch  = 500
+)
+
+// kickPublisher wakes the publisher loop.
+func (b *Broker) kickPublisher() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// publishLoop publishes the outbox entries that are due: delayed
+// messages once available, messages whose publisher died or failed, lost
+// queues' messages.
+func (b *Broker) publishLoop() {
+	defer b.wg.Done()
+	t := time.NewTicker(publishEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-t.C:
+		case <-b.kick:
+		}
+		if err := b.publishDue(b.ctx); err != nil && b.ctx.Err() == nil {
+			b.log.Debug("outbox: publishing due messages failed; retrying", "error", err)
+		}
+	}
+}
+
+// publishDue publishes the due outbox entries, in batches.
+func (b *Broker) publishDue(ctx context.Context) error {
+	s, err := b.current()
+	if err != nil {
+		return err
+	}
+	for {
+		es, err := b.state.OutboxDue(ctx, publishLease, outboxBatch)
+		if err != nil {
+			return err
+		}
+		byTopic := make(map[string][]int64)
+		var topics []string
+		for _, e := range es {
+			if _, ok := byTopic[e.Topic]; !ok {
+				topics = append(topics, e.Topic)
+			}
+			byTopic[e.Topic] = append(byTopic[e.Topic], e.ID)
+		}
+		for _, t := range topics {
+			if err := s.publish(ctx, t, byTopic[t]); err != nil {
+				return fmt.Errorf("publish to topic %s: %w", t, err)
+			}
+			if err := b.state.OutboxDone(ctx, byTopic[t]); err != nil {
+				return err
+			}
+		}
+		if len(es) < outboxBatch {
+			return nil
+		}
+	}
+}
+
+// deadLoop reads the dead queues of the topics this process uses: a
+// message RabbitMQ dead-lettered (it reached the delivery limit: a worker
+// died holding it each time) ends dead in the state store, where it is
+// listed and can be requeued; the state store's row is the dead letter.
+func (b *Broker) deadLoop() {
+	defer b.wg.Done()
+	t := time.NewTicker(deadEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s, err := b.current()
+		if err != nil {
+			continue
+		}
+		if err := b.readDead(b.ctx, s); err != nil && b.ctx.Err() == nil {
+			b.log.Warn("reading dead letters failed; retrying", "error", err)
+		}
+	}
+}
+
+// readDead moves every message of the known topics' dead queues into the
+// state store.
+func (b *Broker) readDead(ctx context.Context, s *session) error {
+	topics := s.known()
+	if len(topics) == 0 {
+		return nil
+	}
+	ch, err := s.conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }()
+	for _, topic := range topics {
+		for {
+			d, ok, err := ch.Get(b.names.dead(topic), false)
+			if err != nil {
+				s.forget(topic)
+				return err
+			}
+			if !ok {
+				break
+			}
+			id, err := idOf(d)
+			if err != nil {
+				b.reject(ctx, s, topic, d, err.Error())
+				continue
+			}
+			reason := deathReason(d, b.opts.DeliveryLimit)
+			ended, err := b.state.EndUndeliverable(ctx, id, reason)
+			if err != nil {
+				_ = d.Nack(false, true)
+				return err
+			}
+			if ended {
+				b.log.Warn("RabbitMQ dead-lettered a message", "id", id, "topic", topic, "reason", reason)
+			}
+			_ = d.Ack(false)
+		}
+	}
+	return nil
+}
+
+// deathReason is the last error of a message RabbitMQ dead-lettered.
+func deathReason(d amqp.Delivery, limit int) string {
+	why, _ := d.Headers["x-first-death-reason"].(string)
+	if why == "delivery_limit" {
+		return fmt.Sprintf(broker.OrphanedErrorPrefix+" RabbitMQ dead-lettered it after %d deliveries (delivery limit, orphan_max_attempts): a worker died holding it each time", limit)
+	}
+	if why == "" {
+		why = "unknown"
+	}
+	return fmt.Sprintf("RabbitMQ dead-lettered it (reason %s)", why)
+}
+
+// RejectReasonHeader is the header that says why a delivery was moved to
+// its topic's rejected queue (<prefix>.t.<topic>.rejected).
+const RejectReasonHeader = "x-taskhost-reason"
+
+// reject moves a delivery that is not one of the broker's messages (no
+// message id of ours) to its topic's rejected queue, with the reason in
+// RejectReasonHeader, for an operator to look at; it never runs.
+func (b *Broker) reject(ctx context.Context, s *session, topic string, d amqp.Delivery, reason string) {
+	queue := b.names.rejected(topic)
+	err := func() error {
+		ch, err := s.conn.Channel()
+		if err != nil {
+			return err
+		}
+		defer func() { _ = ch.Close() }()
+		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+			return err
+		}
+		b.remember(queue)
+		headers := amqp.Table{}
+		for k, v := range d.Headers {
+			headers[k] = v
+		}
+		headers[RejectReasonHeader] = reason
+		if err := ch.Confirm(false); err != nil {
+			return err
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, amqp.Publishing{
+			Headers: headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
+			DeliveryMode: amqp.Persistent, MessageId: d.MessageId, Type: d.Type, Timestamp: d.Timestamp,
+			AppId: d.AppId, Body: d.Body,
+		})
+		if err != nil {
+			return err
+		}
+		if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+			return fmt.Errorf("publish to %s not confirmed: %v", queue, err)
+		}
+		return nil
+	}()
+	if err != nil {
+		b.log.Error("could not move a foreign message to the rejected queue; it goes back to its queue", "queue", queue, "error", err)
+		_ = d.Reject(true)
+		return
+	}
+	b.log.Warn("moved a message that is not a task to the rejected queue", "topic", topic, "queue", queue, "reason", reason)
+	_ = d.Ack(false)
+}
+
+// RedeliveryWindow is how long RabbitMQ may take to bring back the
+// deliveries of a process that died or froze: it closes a connection
+// after about two missed heartbeats; the rest is margin.
+func (b *Broker) RedeliveryWindow() time.Duration {
+	return 3*b.opts.Heartbeat + 5*time.Second
+}
+
+// ReclaimOrphans is the reaper's pass on this broker. A dead or frozen
+// worker's messages come back by RabbitMQ's own means: its connection
+// closes (or misses its heartbeats), RabbitMQ redelivers its deliveries,
+// and the next take makes each row running under a new claim (its old
+// claim ends, its locks are released, and its late outcome is
+// broker.ErrClaimLost). The pass does not reclaim those again: it leaves
+// every claim younger than RedeliveryWindow (its grace is raised to at
+// least that), and so it counts only the running messages RabbitMQ did
+// not bring back in that time (their queue was deleted or purged, or
+// RabbitMQ lost them), which it reclaims as the state store does, with
+// the same guards (empty live set, fence, grace, orphan budget), and
+// publishes again. Locks of non-live holders are released as on the
+// state store.
+func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
+	if err := b.enter(ctx); err != nil {
+		return broker.ReclaimResult{}, err
+	}
+	if w := b.RedeliveryWindow(); req.Grace >= 0 && req.Grace < w {
+		req.Grace = w
+	}
+	res, err := b.state.ReclaimOrphans(ctx, req)
+	if err != nil {
+		return res, err
+	}
+	if len(res.IDs) > 0 {
+		if err := b.state.OutboxAdd(ctx, res.IDs, 0); err != nil {
+			return res, fmt.Errorf("reclaimed %d messages, but could not mark them for publishing: %w", len(res.IDs), err)
+		}
+		b.kickPublisher()
+	}
+	return res, nil
+}

@@ -1,0 +1,161 @@
+package sqlstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// External is what a SQL store offers a broker whose messages travel
+// outside it (broker/rabbitmq), for which the store keeps each message's
+// row (its state, its claim and token, its unique key), the outbox of
+// messages still to be published, and everything else a Broker keeps.
+//
+// The row is the fence: a delivery from outside runs only once TakeMessage
+// has made its row running with a fresh token, and an outcome lands only
+// through the store's own token-checked Ack, Nack and DeadLetter.
+type External interface {
+	// SubmitOutbox stores reqs as SubmitBatch does (the same validation,
+	// unique keys and answers) and, in the same transaction, puts each
+	// stored message in the outbox: due at lease from now when it is
+	// available at once (its submitter publishes it and calls OutboxDone),
+	// else when it becomes available.
+	SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, lease time.Duration) ([]broker.Submitted, error)
+	// OutboxAdd puts messages ids in the outbox, due after delay (an
+	// entry already there takes the earlier time).
+	OutboxAdd(ctx context.Context, ids []int64, delay time.Duration) error
+	// OutboxAddQueued puts every queued message of topic in the outbox,
+	// due when it is available (at once when it is already), and counts
+	// them: for a topic whose messages outside were lost.
+	OutboxAddQueued(ctx context.Context, topic string) (int, error)
+	// OutboxDue takes up to limit outbox entries that are due: entries of
+	// available queued messages move lease ahead (so that no other
+	// process takes them meanwhile) and are returned, to publish; entries
+	// of queued messages not available yet move to when they are; entries
+	// of running messages move lease ahead; entries of messages that
+	// ended or are gone are deleted.
+	OutboxDue(ctx context.Context, lease time.Duration, limit int) ([]OutboxEntry, error)
+	// OutboxDone deletes the outbox entries of ids (published).
+	OutboxDone(ctx context.Context, ids []int64) error
+	// TakeMessage decides a delivery of message id to worker (see Take):
+	// with TakeOK the message is running under a fresh token, claimed by
+	// worker, one attempt more, and returned with its token.
+	TakeMessage(ctx context.Context, id int64, worker string, redelivered bool) (broker.Message, Verdict, error)
+	// Admits returns how many more messages each of topics admits now:
+	// see Admits. Unknown topics are left out (they admit none).
+	Admits(ctx context.Context, topics []string) (map[string]int, error)
+	// EndUndeliverable ends message id dead with reason when it is queued
+	// or running (its deliveries ran out outside: a worker died holding it
+	// each time), releasing the locks of its claim; it reports whether it
+	// did.
+	EndUndeliverable(ctx context.Context, id int64, reason string) (bool, error)
+}
+
+// OutboxEntry is a message to publish.
+type OutboxEntry struct {
+	ID    int64
+	Topic string
+}
+
+// Verdict is what TakeMessage did with a delivery.
+type Verdict int
+
+const (
+	// TakeOK: the message is running under the new claim.
+	TakeOK Verdict = iota
+	// TakeDrop: the delivery is stale (its message ended, is gone, is
+	// held by a live claim, or waits for a later time with its own outbox
+	// entry): it is to be dropped.
+	TakeDrop
+	// TakeWait: the message is queued but not available yet (requeued
+	// with a delay, or published early): the delivery is to be dropped
+	// once the message has an outbox entry, which publishes it when due.
+	TakeWait
+	// TakeLater: the message is queued but its topic takes nothing now
+	// (paused, or at its concurrency limit): the delivery is to go back
+	// to the end of the queue.
+	TakeLater
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case TakeOK:
+		return "taken"
+	case TakeDrop:
+		return "dropped"
+	case TakeWait:
+		return "wait"
+	case TakeLater:
+		return "later"
+	}
+	return fmt.Sprintf("verdict(%d)", int(v))
+}
+
+// TakeFacts are what a store reads, in the transaction of a take, about
+// the message and its topic.
+type TakeFacts struct {
+	Found       bool // the message exists
+	State       string
+	Available   bool // its available_at is not after now
+	Paused      bool
+	Limit       int // its topic's concurrency limit (0: none)
+	Running     int // its topic's running messages (read when Limit > 0)
+	Redelivered bool
+}
+
+// Take is the rule of TakeMessage, written once for every store:
+//
+//   - a queued message that is available is taken, unless its topic is
+//     paused or at its limit (TakeLater);
+//   - a queued message that is not available yet waits (TakeWait): its
+//     outbox entry publishes it again when it is due;
+//   - a running message is taken again only by a redelivery (its holder's
+//     channel closed, so RabbitMQ brought the delivery back): the old
+//     claim ends, and its holder's late outcome is refused with
+//     broker.ErrClaimLost. The slot of the topic passes from the old
+//     claim to the new one, so the limit is not checked. A running
+//     message met by a first delivery is a duplicate and is dropped;
+//   - a finished or missing message is dropped.
+func Take(f TakeFacts) Verdict {
+	switch {
+	case !f.Found:
+		return TakeDrop
+	case f.State == broker.StateRunning:
+		if f.Redelivered {
+			return TakeOK
+		}
+		return TakeDrop
+	case f.State != broker.StateQueued:
+		return TakeDrop
+	case !f.Available:
+		return TakeWait
+	case f.Paused || f.Limit > 0 && f.Running >= f.Limit:
+		return TakeLater
+	}
+	return TakeOK
+}
+
+// RetakenError is the last error of a running message taken again from a
+// worker whose delivery came back: it starts with
+// broker.OrphanedErrorPrefix, as the reaper's reclaims do.
+func RetakenError(worker string, attempt int) string {
+	return fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q lost its delivery during attempt %d (its connection closed); taken again from the redelivery", worker, attempt)
+}
+
+// Unlimited is what Admits says of a topic without a concurrency limit.
+const Unlimited = -1
+
+// Admits is how many more messages a topic admits now: none while it is
+// paused, Unlimited without a limit, else its limit less its running
+// messages (never below 0).
+func Admits(paused bool, limit, running int) int {
+	switch {
+	case paused:
+		return 0
+	case limit <= 0:
+		return Unlimited
+	}
+	return max(limit-running, 0)
+}
