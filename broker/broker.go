@@ -34,6 +34,12 @@
 //     id is invalid. Each claimed message gets a fresh random 128-bit token
 //     and one more attempt.
 //   - Only Claim returns a token; GetMessage and ListMessages never do.
+//   - A report given with an outcome (Outcome.Report, NackRequest.Report,
+//     DeadLetter's report) is stored in the transaction that applies the
+//     outcome, and only when it applies: with a stale claim neither the
+//     outcome nor the report is stored. It is stored as AddReports stores
+//     it (its key, its schedule's LastSuccess) and must name the claim's
+//     message (ErrInvalid otherwise, nothing changed).
 //   - Ack, Nack, DeadLetter, AcquireLock and ReleaseLock act only when the
 //     message is running under the claim they name; otherwise (wrong token,
 //     already ended, unknown id) they change nothing and return
@@ -276,6 +282,12 @@ type ClaimRequest struct {
 type Outcome struct {
 	Claim  Claim
 	Result json.RawMessage
+	// Report, when set, is the attempt's report: the broker stores it in
+	// the transaction that applies the outcome, and only when the outcome
+	// applies (a stale claim stores no report). It must name the claim's
+	// message; an invalid report fails the call with ErrInvalid, as an
+	// invalid result does, before anything changes.
+	Report *Report
 }
 
 // NackRequest ends an attempt without success.
@@ -301,6 +313,9 @@ type NackRequest struct {
 	// whatever Requeue says (Error, or "cancelled" when empty, is its last
 	// error).
 	Cancel bool
+	// Report, when set, is the attempt's report, stored as
+	// Outcome.Report is: in the nack's transaction, only when it applies.
+	Report *Report
 }
 
 // WorkerInfo describes a worker process.
@@ -407,7 +422,10 @@ type Broker interface {
 	// ErrClaimLost), in order.
 	Ack(ctx context.Context, outcomes []Outcome) ([]error, error)
 	Nack(ctx context.Context, req NackRequest) error
-	DeadLetter(ctx context.Context, c Claim, reason string) error
+	// DeadLetter ends the attempt and its message dead with reason as its
+	// last error, whatever its topic's dead-letter setting; report, when
+	// not nil, is stored as Outcome.Report is.
+	DeadLetter(ctx context.Context, c Claim, reason string, report *Report) error
 
 	// RegisterWorker records w, replacing a worker with the same id; a
 	// registration again from the same host and pid (a worker whose tasks
@@ -459,4 +477,20 @@ type Broker interface {
 	ScheduleStore
 
 	Close() error
+}
+
+// CheckOutcomeReport checks the report r given with an outcome of claim c
+// (Outcome.Report, NackRequest.Report, DeadLetter's report): none, or a
+// valid report (ValidateReport) of c's message; ErrInvalid otherwise.
+func CheckOutcomeReport(c Claim, r *Report) error {
+	if r == nil {
+		return nil
+	}
+	if r.MessageID != c.ID {
+		return Invalid("the report of the outcome of message %d names message %d", c.ID, r.MessageID)
+	}
+	if err := ValidateReport(*r); err != nil {
+		return fmt.Errorf("the report of the outcome of message %d: %w", c.ID, err)
+	}
+	return nil
 }

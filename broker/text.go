@@ -123,6 +123,9 @@ func CleanText(s string) string {
 // before anything changes.
 func CheckOutcomes(outcomes []Outcome) error {
 	for i, o := range outcomes {
+		if err := CheckOutcomeReport(o.Claim, o.Report); err != nil {
+			return fmt.Errorf("outcome %d: %w", i, err)
+		}
 		if len(o.Result) == 0 {
 			continue
 		}

@@ -48,7 +48,10 @@ type completer struct {
 	obs      Observer
 	mobs     MessageObserver // obs, when it implements MessageObserver
 	reporter Reporter        // may be nil
-	claims   *holdings       // released once written; ran-and-lost marked
+	// carry: reports ride on their outcomes (storesInto); reporter gets
+	// those of lost attempts only.
+	carry  bool
+	claims *holdings // released once written; ran-and-lost marked
 
 	in        chan *completion // outcomes handed over by the workers
 	acks      ackQueue
@@ -69,6 +72,7 @@ func newCompleter(b broker.Broker, log hclog.Logger, workerID string, obs Observ
 	mobs, _ := obs.(MessageObserver)
 	o := &completer{
 		b: b, log: log, workerID: workerID, obs: obs, mobs: mobs, reporter: reporter, claims: claims,
+		carry:     storesInto(reporter, b),
 		in:        make(chan *completion, 2*n),
 		acks:      ackQueue{open: true},
 		acksReady: make(chan struct{}, 1),
@@ -139,7 +143,9 @@ func (o *completer) flush(batch []*completion) {
 	}
 }
 
-// finish reports attempts whose outcomes were written (or given up on).
+// finish reports attempts whose outcomes were written (or given up on):
+// to the observers, and to the reporter the reports that did not ride on
+// their outcomes.
 // signal tells the dispatcher: a write it did not see returned.
 func (o *completer) finish(batch []*completion, signal bool) {
 	o.claims.release(batch)
@@ -155,7 +161,9 @@ func (o *completer) finish(batch []*completion, signal bool) {
 		if o.mobs != nil {
 			o.mobs.MessageFinished(c.claim.ID, c.topic, c.task, c.status)
 		}
-		if o.reporter != nil {
+		// A report that rode on its outcome is stored with it: only a
+		// lost attempt's is left to the reporter then.
+		if o.reporter != nil && (!o.carry || c.status == StatusLost) {
 			if r, ok := c.report(o.workerID); ok {
 				o.reporter.Report(r)
 			}

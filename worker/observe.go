@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
@@ -63,8 +64,41 @@ type MessageObserver interface {
 // Reporter receives one report per attempt whose handler ran (or whose
 // claim was lost), after the attempt's outcome was written. Report is
 // called from the pool's goroutines and must not block.
+//
+// A Reporter that is a StoringReporter storing into the pool's broker
+// gets only the reports that have no outcome to ride on: the others are
+// stored by the broker with their outcomes.
 type Reporter interface {
 	Report(broker.Report)
+}
+
+// StoringReporter is an optional extension of Reporter, for a Reporter
+// that stores reports in a broker.ScheduleStore (ReportWriter is one).
+// When ReportStore is the pool's own broker, the pool gives each attempt's
+// report to the broker with the attempt's outcome (broker.Outcome.Report,
+// broker.NackRequest.Report), and the broker stores it in the transaction
+// that writes the outcome, only when the outcome applies: no kill, crash
+// or full queue can separate the two. Report then gets only the reports
+// that have no outcome to ride on, those of StatusLost: a claim that was
+// lost before the task ran or when its outcome was written (the outcome
+// did not apply), or an outcome that could not be written at all.
+type StoringReporter interface {
+	Reporter
+	ReportStore() broker.ScheduleStore
+}
+
+// storesInto reports whether r stores its reports in b (see
+// StoringReporter).
+func storesInto(r Reporter, b broker.Broker) bool {
+	sr, ok := r.(StoringReporter)
+	if !ok {
+		return false
+	}
+	store := sr.ReportStore()
+	if store == nil || !reflect.TypeOf(store).Comparable() || !reflect.TypeOf(b).Comparable() {
+		return false
+	}
+	return any(store) == any(b)
 }
 
 type nopObserver struct{}
@@ -81,6 +115,10 @@ func (c *completion) report(worker string) (broker.Report, bool) {
 		Attempt: max(c.msg.Attempts, 1), Worker: worker,
 		StartedAt: c.started, EndedAt: c.started.Add(c.dur), Duration: c.dur.Seconds(),
 		Error: c.errText,
+		// The attempt's claim token: unique to it, so the report stored
+		// with its outcome and one stored again for the same attempt
+		// (its outcome's answer was lost) are one.
+		Key: c.claim.Token,
 	}
 	switch {
 	case c.status == StatusLost:

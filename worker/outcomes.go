@@ -26,7 +26,7 @@ func (o *completer) exchange(parent context.Context, acks []*completion, req bro
 	if len(acks) == 0 {
 		return o.b.Claim(ctx, req)
 	}
-	outcomes := outcomesOf(acks)
+	outcomes := o.outcomesOf(acks)
 	var (
 		errs []error
 		msgs []broker.Message
@@ -72,13 +72,27 @@ func (o *completer) exchange(parent context.Context, acks []*completion, req bro
 	return o.b.Claim(ctx, req)
 }
 
-// outcomesOf is what the broker is told of acks.
-func outcomesOf(acks []*completion) []broker.Outcome {
+// outcomesOf is what the broker is told of acks, with their reports when
+// they ride on them.
+func (o *completer) outcomesOf(acks []*completion) []broker.Outcome {
 	outcomes := make([]broker.Outcome, len(acks))
 	for i, c := range acks {
-		outcomes[i] = broker.Outcome{Claim: c.claim, Result: c.result}
+		outcomes[i] = broker.Outcome{Claim: c.claim, Result: c.result, Report: o.carried(c)}
 	}
 	return outcomes
+}
+
+// carried is the report that rides on c's outcome: nil when reports do
+// not ride on outcomes (completer.carry) or c has none.
+func (o *completer) carried(c *completion) *broker.Report {
+	if !o.carry {
+		return nil
+	}
+	r, ok := c.report(o.workerID)
+	if !ok {
+		return nil
+	}
+	return &r
 }
 
 // markResent notes that acks are about to be written again after a call
@@ -96,7 +110,7 @@ func (o *completer) ackAll(acks []*completion) {
 
 // ackAllUntil is ackAll, giving up when stop is done too.
 func (o *completer) ackAllUntil(stop context.Context, acks []*completion) {
-	outcomes := outcomesOf(acks)
+	outcomes := o.outcomesOf(acks)
 	var errs []error
 	tries := 0
 	err := o.retryUntil(stop, "ack", func(ctx context.Context) error {
@@ -184,7 +198,7 @@ const ackedEarlierTries = 5
 // retry does.
 func (o *completer) nack(c *completion) {
 	req := broker.NackRequest{Claim: c.claim, Requeue: c.requeue, Delay: c.delay, Error: c.errText, NotRun: c.notRan,
-		Suspect: c.suspect, WaitingSince: c.waitingSince, Cancel: c.cancel}
+		Suspect: c.suspect, WaitingSince: c.waitingSince, Cancel: c.cancel, Report: o.carried(c)}
 	if err := o.retry("nack", func(ctx context.Context) error { return o.b.Nack(ctx, req) }); err != nil {
 		o.lose(c, "nack", err)
 	}

@@ -17,10 +17,15 @@ import (
 // ReportWriter is a Reporter that stores task reports in a
 // broker.ScheduleStore off the workers' path: the pool hands reports over
 // without blocking, and one goroutine writes them, everything
-// queued at once (up to ReportBatch) in one AddReports call, so the writer
-// keeps up with workers that finish thousands of tasks a second. When the
-// database falls far behind anyway, reports are dropped and counted rather
-// than slowing the tasks down.
+// queued at once (up to ReportBatch) in one AddReports call. When the
+// database falls far behind, reports are dropped and counted rather than
+// slowing the tasks down.
+//
+// It is a StoringReporter: a pool whose broker is the writer's store
+// stores every report that has an outcome with that outcome, in one
+// transaction, and the writer gets only the reports of lost attempts
+// (StatusLost), which have no outcome to ride on. Only those can be
+// dropped then. A pool on another broker hands it every report.
 //
 // Each report gets a key (broker.Report.Key) before its first write, so a
 // batch retried after an error whose write committed anyway (a connection
@@ -77,6 +82,11 @@ func NewReportWriter(store broker.ScheduleStore, log hclog.Logger, dropped func(
 	go w.run()
 	return w
 }
+
+// ReportStore implements StoringReporter: a pool on the same broker
+// stores the reports of its attempts with their outcomes, and hands this
+// writer only those of lost attempts (see StoringReporter).
+func (w *ReportWriter) ReportStore() broker.ScheduleStore { return w.store }
 
 // Report implements Reporter.
 func (w *ReportWriter) Report(r broker.Report) {

@@ -66,6 +66,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker, opts ...Optio
 		{"UniqueScheduleFire", testUniqueScheduleFire},
 	})
 	runCases(t, newBroker, o, cancelCases)
+	runCases(t, newBroker, o, outcomeReportCases)
 }
 
 // testCase is one case of a suite, run on a fresh S.

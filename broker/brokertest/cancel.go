@@ -269,7 +269,7 @@ func testCancelFinished(t *testing.T, b broker.Broker) {
 	done := claimOne(t, b, "w", "fin")
 	ack(t, b, done.ClaimOf(), "")
 	dead := claimOne(t, b, "w", "fin")
-	if err := b.DeadLetter(ctx, dead.ClaimOf(), "poison"); err != nil {
+	if err := b.DeadLetter(ctx, dead.ClaimOf(), "poison", nil); err != nil {
 		t.Fatal(err)
 	}
 	failed := claimOne(t, b, "w", "nf")

@@ -139,7 +139,7 @@ func testLocksAutoRelease(t *testing.T, b broker.Broker) {
 	if got := lockNames(); !slices.Equal(got, []string{"lock-2"}) {
 		t.Fatalf("after nack, locks %v, want [lock-2]", got)
 	}
-	if err := b.DeadLetter(ctxOf(t), msgs[2].ClaimOf(), "x"); err != nil {
+	if err := b.DeadLetter(ctxOf(t), msgs[2].ClaimOf(), "x", nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := lockNames(); len(got) != 0 {

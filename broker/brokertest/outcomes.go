@@ -48,7 +48,7 @@ func testUnstorableOutcomes(t *testing.T, b broker.Broker) {
 	if got := get(t, b, ms[0].ID); got.LastError != "bad \uFFFD byte \uFFFD" {
 		t.Fatalf("last error %q, want the NUL and the stray byte replaced", got.LastError)
 	}
-	if err := b.DeadLetter(ctx, ms[1].ClaimOf(), "dead \x00"); err != nil {
+	if err := b.DeadLetter(ctx, ms[1].ClaimOf(), "dead \x00", nil); err != nil {
 		t.Fatalf("DeadLetter with a NUL in its reason: %v", err)
 	}
 	if got := get(t, b, ms[1].ID); got.State != broker.StateDead || got.LastError != "dead \uFFFD" {
@@ -122,7 +122,7 @@ func testStaleToken(t *testing.T, b broker.Broker) {
 	wantErr(t, "Ack of an unknown id", ackErr(t, b, broker.Claim{ID: id + 1000, Token: m.Token}), broker.ErrClaimLost)
 	wantErr(t, "Nack with a wrong token", b.Nack(ctxOf(t), broker.NackRequest{Claim: bad, Requeue: true}), broker.ErrClaimLost)
 	wantErr(t, "Nack with a wrong token", b.Nack(ctxOf(t), broker.NackRequest{Claim: bad}), broker.ErrClaimLost)
-	wantErr(t, "DeadLetter with a wrong token", b.DeadLetter(ctxOf(t), bad, "no"), broker.ErrClaimLost)
+	wantErr(t, "DeadLetter with a wrong token", b.DeadLetter(ctxOf(t), bad, "no", nil), broker.ErrClaimLost)
 	if _, err := b.AcquireLock(ctxOf(t), "L", "w", bad); !errors.Is(err, broker.ErrClaimLost) {
 		t.Fatalf("AcquireLock with a wrong token: %v, want ErrClaimLost", err)
 	}
@@ -148,7 +148,7 @@ func testStaleToken(t *testing.T, b broker.Broker) {
 	}
 	wantErr(t, "second Ack", ackErr(t, b, m.ClaimOf()), broker.ErrClaimLost)
 	wantErr(t, "Nack after Ack", b.Nack(ctxOf(t), broker.NackRequest{Claim: m.ClaimOf(), Requeue: true}), broker.ErrClaimLost)
-	wantErr(t, "DeadLetter after Ack", b.DeadLetter(ctxOf(t), m.ClaimOf(), "late"), broker.ErrClaimLost)
+	wantErr(t, "DeadLetter after Ack", b.DeadLetter(ctxOf(t), m.ClaimOf(), "late", nil), broker.ErrClaimLost)
 	wantState(t, b, id, broker.StateDone)
 }
 
@@ -220,7 +220,7 @@ func testDeadLetterRequeue(t *testing.T, b broker.Broker) {
 	id := submitN(t, b, "r", 1)[0]
 	m := claimOne(t, b, "w", "r")
 	wantErr(t, "Requeue of a running message", b.Requeue(ctxOf(t), id), broker.ErrInvalid)
-	if err := b.DeadLetter(ctxOf(t), m.ClaimOf(), "poison"); err != nil {
+	if err := b.DeadLetter(ctxOf(t), m.ClaimOf(), "poison", nil); err != nil {
 		t.Fatalf("DeadLetter: %v", err)
 	}
 	d := wantState(t, b, id, broker.StateDead)

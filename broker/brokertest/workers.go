@@ -112,7 +112,7 @@ func testWorkersStats(t *testing.T, b broker.Broker) {
 	c1 := claimOne(t, b, "w1", "a")
 	claimOne(t, b, "w2", "b")
 	dl := claimOne(t, b, "w2", "b")
-	if err := b.DeadLetter(ctx, dl.ClaimOf(), "x"); err != nil {
+	if err := b.DeadLetter(ctx, dl.ClaimOf(), "x", nil); err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := b.AcquireLock(ctx, "lk", "w1", c1.ClaimOf()); err != nil || !ok {

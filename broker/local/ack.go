@@ -12,7 +12,8 @@ import (
 
 // Ack marks the outcomes' messages done in one transaction, each only if
 // it is still running under its token (broker.ErrClaimLost in its slot
-// otherwise), releasing the locks held under those claims. A result that
+// otherwise), releasing the locks held under those claims and storing the
+// reports of the outcomes it applied. A result that
 // is not JSON makes the whole call fail with broker.ErrInvalid before
 // anything changes.
 func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
@@ -57,7 +58,10 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 		if oneByOne {
 			// Of outcomes naming one message, the first that holds it
 			// wins, as one at a time.
-			return ackEach(tx, outcomes, errs, now)
+			if err := ackEach(tx, outcomes, errs, now); err != nil {
+				return err
+			}
+			return addOutcomeReports(tx, outcomes, errs, now)
 		}
 		// One statement acks them all; the claims go in as a JSON array.
 		rows, err := tx.Query(`UPDATE tw_messages
@@ -90,7 +94,10 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 		// acked holds no locks: they went when it ended.
 		_, err = tx.Exec(`DELETE FROM tw_locks WHERE (message_id, token) IN (
 			SELECT c.value ->> 'i', c.value ->> 't' FROM json_each(?1) AS c)`, string(js))
-		return err
+		if err != nil {
+			return err
+		}
+		return addOutcomeReports(tx, outcomes, errs, now)
 	})
 	if err != nil {
 		return nil, err
@@ -156,10 +163,16 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	if err := broker.CheckDelay(req.Delay); err != nil {
 		return err
 	}
+	if err := broker.CheckOutcomeReport(req.Claim, req.Report); err != nil {
+		return err
+	}
 	req.Error = broker.CleanText(req.Error)
 	return b.write(ctx, "nack", func(tx *txn, now time.Time) error {
 		topic, cancelRequested, err := heldTopic(tx, req.Claim)
 		if err != nil {
+			return err
+		}
+		if err := addOutcomeReport(tx, req.Report, now); err != nil {
 			return err
 		}
 		if req.Cancel || (req.Requeue && cancelRequested) {
@@ -201,11 +214,17 @@ func finish(tx *txn, id int64, state, lastError string, suspect bool, now time.T
 }
 
 // DeadLetter ends an attempt dead with reason as its last error, whatever
-// the topic's dead-letter setting.
-func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+// the topic's dead-letter setting, storing report with it.
+func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string, report *broker.Report) error {
+	if err := broker.CheckOutcomeReport(c, report); err != nil {
+		return err
+	}
 	reason = broker.CleanText(reason)
 	return b.write(ctx, "dead letter", func(tx *txn, now time.Time) error {
 		if _, _, err := heldTopic(tx, c); err != nil {
+			return err
+		}
+		if err := addOutcomeReport(tx, report, now); err != nil {
 			return err
 		}
 		return finish(tx, c.ID, broker.StateDead, reason, false, now)

@@ -208,7 +208,7 @@ func TestRetain(t *testing.T) {
 	}
 	// The first one ends dead and is requeued, so it finishes last.
 	msgs, _ := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"r"}})
-	if err := b.DeadLetter(ctx, msgs[0].ClaimOf(), "x"); err != nil {
+	if err := b.DeadLetter(ctx, msgs[0].ClaimOf(), "x", nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Requeue(ctx, ids[0]); err != nil {
@@ -266,7 +266,7 @@ func TestRetainCompaction(t *testing.T) {
 		}
 		msgs, _ := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"r"}})
 		if i%2 == 0 {
-			_ = b.DeadLetter(ctx, msgs[0].ClaimOf(), "x")
+			_ = b.DeadLetter(ctx, msgs[0].ClaimOf(), "x", nil)
 			_ = b.Requeue(ctx, id)
 			msgs, _ = b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"r"}})
 		}
@@ -288,7 +288,7 @@ func TestRetainCompaction(t *testing.T) {
 			t.Fatal(err)
 		}
 		msgs, _ := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"d"}})
-		_ = b.DeadLetter(ctx, msgs[0].ClaimOf(), "x")
+		_ = b.DeadLetter(ctx, msgs[0].ClaimOf(), "x", nil)
 	}
 	checkBooks(t, b)
 	st, _ := b.Stats(ctx)

@@ -362,6 +362,7 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 			e.m.Result = slices.Clone(o.Result)
 		}
 		b.finish(e, broker.StateDone, now)
+		b.reportOutcome(o.Report)
 	}
 	return errs, nil
 }
@@ -369,6 +370,9 @@ func (b *Broker) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, e
 // Nack ends an attempt without success; see the package documentation.
 func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	if err := broker.CheckDelay(req.Delay); err != nil {
+		return err
+	}
+	if err := broker.CheckOutcomeReport(req.Claim, req.Report); err != nil {
 		return err
 	}
 	req.Error = broker.CleanText(req.Error)
@@ -381,6 +385,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	if e == nil {
 		return broker.ErrClaimLost
 	}
+	b.reportOutcome(req.Report)
 	now := b.now()
 	b.release(e)
 	e.m.LastError = req.Error
@@ -411,6 +416,14 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	return nil
 }
 
+// reportOutcome stores the report of an outcome being applied, if any, as
+// AddReports does; b.mu is held, so the two are one change.
+func (b *Broker) reportOutcome(r *broker.Report) {
+	if r != nil {
+		b.addReports([]broker.Report{*r})
+	}
+}
+
 // requeue queues e (not running) again, available at at.
 func (b *Broker) requeue(e *entry, at time.Time) {
 	b.unfinish(e)
@@ -426,7 +439,10 @@ func (b *Broker) requeue(e *entry, at time.Time) {
 
 // DeadLetter ends an attempt dead with reason as its last error, whatever
 // the topic's dead-letter setting.
-func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string, report *broker.Report) error {
+	if err := broker.CheckOutcomeReport(c, report); err != nil {
+		return err
+	}
 	reason = broker.CleanText(reason)
 	if err := b.begin(ctx); err != nil {
 		return err
@@ -438,6 +454,7 @@ func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) 
 		return broker.ErrClaimLost
 	}
 	b.release(e)
+	b.reportOutcome(report)
 	e.m.LastError = reason
 	e.m.Suspect, e.m.WaitingSince = false, nil
 	b.finish(e, broker.StateDead, b.now())

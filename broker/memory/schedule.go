@@ -381,7 +381,11 @@ func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 		return nil, err
 	}
 	defer b.mu.Unlock()
+	return b.addReports(rs), nil
+}
 
+// addReports stores validated reports as AddReports does; b.mu is held.
+func (b *Broker) addReports(rs []broker.Report) []int64 {
 	st := b.st()
 	ids := make([]int64, len(rs))
 	for i, r := range rs {
@@ -424,7 +428,7 @@ func (b *Broker) AddReports(ctx context.Context, rs []broker.Report) ([]int64, e
 		clear(st.reports[:n])
 		st.reports = st.reports[n:]
 	}
-	return ids, nil
+	return ids
 }
 
 // ListReports returns the reports matching f, newest (highest id) first:

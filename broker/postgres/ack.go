@@ -32,6 +32,21 @@ const ackSQL = `
 	WHERE m.id = ANY ($1::bigint[]) AND m.id = u.id AND m.token::text = u.tok
 	RETURNING u.ord, m.topic`
 
+// ackReportsSQL is ackSQL storing, in the same statement, the reports
+// given as the arrays of reportCTEs from $5 of the outcomes it applied
+// (their ref is the outcome's ordinal): a report rides on its outcome, and
+// is stored only when the outcome is.
+var ackReportsSQL = `WITH a AS (` + ackSQL + `), ` + reportCTEs(5, "x.ref IN (SELECT ord FROM a)") + `
+	SELECT ord, topic FROM a`
+
+// withReport wraps the claim-ending statement sql, which has params
+// parameters and returns cols, so that it also stores the report given as
+// the arrays of reportCTEs after them when it applies.
+func withReport(sql string, params int) string {
+	return `WITH a AS (` + sql + `), ` + reportCTEs(params+1, "EXISTS (SELECT 1 FROM a)") + `
+	SELECT * FROM a`
+}
+
 // ackBatch is an Ack call's outcomes as its statements take them: the
 // distinct claims with a token, sorted by id.
 type ackBatch struct {
@@ -40,12 +55,16 @@ type ackBatch struct {
 	toks    []string
 	results []*string
 	ords    []int32
+	// reports of the claims sent, if any, with their outcomes' ordinals.
+	reports reportArgs
+	withRep bool
 	// topics the applied outcomes freed a slot of, read by read.
 	topics map[string]bool
 }
 
-// newAckBatch checks outcomes (a result that is not JSON is
-// broker.ErrInvalid) and arranges them for ackSQL.
+// newAckBatch checks outcomes (a result that is not JSON, or an invalid
+// report, is broker.ErrInvalid) and arranges them for ackSQL, or
+// ackReportsSQL when some carry a report.
 func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 	if err := broker.CheckOutcomes(outcomes); err != nil {
 		return nil, err
@@ -55,6 +74,7 @@ func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 		id  int64
 		tok string
 		res *string
+		rep *broker.Report
 	}
 	var send []entry
 	seen := make(map[broker.Claim]bool, len(outcomes))
@@ -68,7 +88,7 @@ func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 			s := string(o.Result)
 			res = &s
 		}
-		send = append(send, entry{ord: int32(i), id: o.Claim.ID, tok: o.Claim.Token, res: res})
+		send = append(send, entry{ord: int32(i), id: o.Claim.ID, tok: o.Claim.Token, res: res, rep: o.Report})
 	}
 	// Lock the rows in id order, as the reaper does, so the two never
 	// deadlock.
@@ -80,8 +100,22 @@ func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 		results: make([]*string, len(send)),
 		ords:    make([]int32, len(send)),
 	}
+	var (
+		reps []broker.Report
+		refs []int32
+	)
 	for i, e := range send {
 		a.ids[i], a.toks[i], a.results[i], a.ords[i] = e.id, e.tok, e.res, e.ord
+		if e.rep != nil {
+			reps, refs = append(reps, *e.rep), append(refs, e.ord)
+		}
+	}
+	if len(reps) > 0 {
+		var err error
+		if a.reports, err = newReportArgs(reps, refs); err != nil {
+			return nil, err
+		}
+		a.withRep = true
 	}
 	return a, nil
 }
@@ -95,15 +129,26 @@ func (a *ackBatch) lostAll() []error {
 	return errs
 }
 
-// queue adds the ack and the release of the claims' locks to batch.
+// queue adds the ack (with the reports) and the release of the claims'
+// locks to batch.
 func (a *ackBatch) queue(batch *pgx.Batch) {
-	batch.Queue(ackSQL, a.ids, a.toks, a.results, a.ords)
+	if a.withRep {
+		a.reports.queueLocks(batch)
+		batch.Queue(ackReportsSQL, append([]any{a.ids, a.toks, a.results, a.ords}, a.reports.arrays...)...)
+	} else {
+		batch.Queue(ackSQL, a.ids, a.toks, a.results, a.ords)
+	}
 	batch.Queue(releaseLocksSQL, a.ids, a.toks)
 }
 
 // read reads the answers of the statements queue added.
 func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 	errs := a.lostAll()
+	if a.withRep {
+		if err := a.reports.readLocks(br); err != nil {
+			return nil, err
+		}
+	}
 	rows, err := br.Query()
 	if err != nil {
 		return nil, err
@@ -129,9 +174,9 @@ func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 	return errs, nil
 }
 
-// Ack marks the outcomes' messages done, storing their results, in one
-// statement, and releases the locks held under those claims in the same
-// transaction. It returns one error per outcome: nil, or broker.ErrClaimLost
+// Ack marks the outcomes' messages done, storing their results and the
+// reports of those it applied, in one statement, and releases the locks
+// held under those claims in the same transaction. It returns one error per outcome: nil, or broker.ErrClaimLost
 // when the claim no longer holds its message (a repeated claim in the batch
 // loses after its first). A result that is not JSON fails the whole call
 // with broker.ErrInvalid before anything changes.
@@ -187,10 +232,23 @@ func (b *Broker) announceFreed(freed map[string]bool) {
 
 // endClaimTopic runs the claim-ending UPDATE sql (its $1 and $2 are the
 // claim's id and token, args the rest), which returns the message's topic
-// (and more columns, read into dest after topic), and releases the claim's
-// locks, in one transaction; broker.ErrClaimLost when the UPDATE matched
-// nothing.
-func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, dest []any, sql string, args ...any) error {
+// (and more columns, read into dest after topic), storing report (when
+// not nil) in the same statement when it applies (withReport), and
+// releases the claim's locks, in one transaction; broker.ErrClaimLost when
+// the UPDATE matched nothing.
+func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, report *broker.Report, dest []any, sql string, args ...any) error {
+	if err := broker.CheckOutcomeReport(c, report); err != nil {
+		return err
+	}
+	var ra reportArgs
+	if report != nil {
+		var err error
+		if ra, err = newReportArgs([]broker.Report{*report}, nil); err != nil {
+			return err
+		}
+		sql = withReport(sql, 2+len(args))
+		args = append(args, ra.arrays...)
+	}
 	if c.Token == "" {
 		if b.closed.Load() {
 			return broker.ErrClosed
@@ -202,9 +260,14 @@ func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, d
 	}
 	return b.run(ctx, op, func(conn *pgx.Conn) error {
 		batch := &pgx.Batch{}
+		ra.queueLocks(batch)
 		batch.Queue(sql, append([]any{c.ID, c.Token}, args...)...)
 		batch.Queue(releaseLocksSQL, []int64{c.ID}, []string{c.Token})
 		br := conn.SendBatch(ctx, batch)
+		if err := ra.readLocks(br); err != nil {
+			br.Close()
+			return err
+		}
 		lost := false
 		err := br.QueryRow().Scan(dest...)
 		switch {
@@ -229,7 +292,7 @@ func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, d
 }
 
 // Nack ends an attempt without success, recording req.Error as the last
-// error. With Requeue the message goes back to the queue, available after
+// error and storing req.Report with it. With Requeue the message goes back to the queue, available after
 // Delay, its claim fields cleared and its attempts kept; without, it ends
 // dead when its topic dead-letters and failed otherwise. With Cancel, or
 // with Requeue when its cancel was requested, it ends cancelled.
@@ -239,7 +302,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	}
 	req.Error = broker.CleanText(req.Error)
 	if req.Cancel {
-		return b.endClaimFreeing(ctx, "nack", req.Claim, `
+		return b.endClaimFreeing(ctx, "nack", req.Claim, req.Report, `
 			UPDATE tw_messages
 			SET state = 'cancelled', finished_at = now(), token = NULL, last_error = $3, suspect = $4, waiting_since = NULL
 			WHERE id = $1 AND token::text = $2
@@ -253,7 +316,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		// whose cancel was requested ends cancelled instead, freeing its
 		// slot.
 		var topic, state string
-		err := b.endClaimTopic(ctx, "nack", req.Claim, []any{&topic, &state}, `
+		err := b.endClaimTopic(ctx, "nack", req.Claim, req.Report, []any{&topic, &state}, `
 			UPDATE tw_messages
 			SET state = CASE WHEN cancel_requested_at IS NULL THEN 'queued' ELSE 'cancelled' END,
 				claimed_by = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE claimed_by END,
@@ -278,7 +341,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		}
 		return err
 	}
-	return b.endClaimFreeing(ctx, "nack", req.Claim, `
+	return b.endClaimFreeing(ctx, "nack", req.Claim, req.Report, `
 		UPDATE tw_messages m
 		SET state = CASE
 				WHEN coalesce((SELECT t.dead_letter_enabled FROM tw_topics t WHERE t.name = m.topic), true)
@@ -300,9 +363,9 @@ func cancelReason(reason string) string {
 // endClaimFreeing is endClaimTopic for a statement that ends the message
 // (it leaves the running state for good), announcing the slot it freed
 // (announceFreed).
-func (b *Broker) endClaimFreeing(ctx context.Context, op string, c broker.Claim, sql string, args ...any) error {
+func (b *Broker) endClaimFreeing(ctx context.Context, op string, c broker.Claim, report *broker.Report, sql string, args ...any) error {
 	var topic string
-	err := b.endClaimTopic(ctx, op, c, []any{&topic}, sql, args...)
+	err := b.endClaimTopic(ctx, op, c, report, []any{&topic}, sql, args...)
 	if err == nil {
 		b.announceFreed(map[string]bool{topic: true})
 	}
@@ -310,10 +373,10 @@ func (b *Broker) endClaimFreeing(ctx context.Context, op string, c broker.Claim,
 }
 
 // DeadLetter ends an attempt dead with reason as its last error, whatever
-// the topic's dead-letter setting.
-func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+// the topic's dead-letter setting, storing report with it.
+func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string, report *broker.Report) error {
 	reason = broker.CleanText(reason)
-	return b.endClaimFreeing(ctx, "dead letter", c, `
+	return b.endClaimFreeing(ctx, "dead letter", c, report, `
 		UPDATE tw_messages
 		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3, suspect = false, waiting_since = NULL
 		WHERE id = $1 AND token::text = $2

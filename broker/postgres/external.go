@@ -101,9 +101,13 @@ func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int) 
 	var out []sqlstore.OutboxEntry
 	err := b.run(ctx, "outbox due", func(c *pgx.Conn) error {
 		rows, err := c.Query(ctx, outboxDueSQL, limit, micros(lease))
+		if err != nil {
+			return err
+		}
 		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (sqlstore.OutboxEntry, error) {
 			var e sqlstore.OutboxEntry
-			return e, r.Scan(&e.ID, &e.Topic)
+			err := r.Scan(&e.ID, &e.Topic)
+			return e, err
 		})
 		return err
 	})

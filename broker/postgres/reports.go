@@ -18,28 +18,33 @@ import (
 // and stored at microsecond resolution, so a slot is compared to the
 // microsecond.
 
-// addReportsSQL inserts the reports given as arrays, one element per
-// report ($1 message ids ... $14 logs, $15 keys), in one statement, and
-// returns their ids in the arrays' order. A report whose key is stored
-// already is not inserted (ON CONFLICT DO NOTHING) and gets the stored
-// row's id; that row was committed before the statement began, or its id
-// is NULL (a concurrent insert of the same key), which AddReports turns
-// into an error to retry. The keys are distinct: AddReports sends a key
-// repeated within a batch once. A NULL end is now() and a NULL start the
-// end. The ids are taken from the sequence before the insert, so each is
-// known to belong to its element whatever order the rows are written in.
-// For each schedule named by a success report, the schedule's last_success
-// moves up to the latest end among them (a schedule that no longer exists
-// is not an error); the rows are locked beforehand by lockSchedulesSQL.
-const addReportsSQL = `
-	WITH u AS MATERIALIZED (
+// reportCTEs returns the CTEs that store reports given as arrays, one
+// element per report ($first message ids ... $first+14 keys, $first+15 the
+// ordinals of the outcomes they ride on), keeping only the elements that
+// satisfy keep (a condition on x.ref and on CTEs named before): u, the
+// reports kept, each with an id taken from the sequence before the insert
+// (so each is known to belong to its element whatever order the rows are
+// written in); r, the insert, which returns the ids it stored; and s, the
+// move of LastSuccess. A report whose key is stored already is not
+// inserted (ON CONFLICT DO NOTHING). A NULL end is now() and a NULL start
+// the end. For each schedule named by a success report, the schedule's
+// last_success moves up to the latest end among them (a schedule that no
+// longer exists is not an error); the rows are locked beforehand by
+// lockSchedulesSQL.
+func reportCTEs(first int, keep string) string {
+	p := make([]any, 16)
+	for i := range p {
+		p[i] = first + i
+	}
+	return fmt.Sprintf(`u AS MATERIALIZED (
 		SELECT nextval('tw_reports_id_seq') AS id, x.ord, x.mid, x.task, x.topic,
 			x.sched, x.att, x.worker, x.status, coalesce(x.st, x.en, now()) AS st, coalesce(x.en, now()) AS en,
 			x.dur, x.err, x.res, x.prog, x.logs, x.key
-		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::int[], $6::text[], $7::text[],
-			$8::timestamptz[], $9::timestamptz[], $10::float8[], $11::text[], $12::text[], $13::float8[], $14::text[],
-			$15::text[])
-			WITH ORDINALITY AS x(mid, task, topic, sched, att, worker, status, st, en, dur, err, res, prog, logs, key, ord)
+		FROM unnest($%d::bigint[], $%d::text[], $%d::text[], $%d::text[], $%d::int[], $%d::text[], $%d::text[],
+			$%d::timestamptz[], $%d::timestamptz[], $%d::float8[], $%d::text[], $%d::text[], $%d::float8[], $%d::text[],
+			$%d::text[], $%d::int[])
+			WITH ORDINALITY AS x(mid, task, topic, sched, att, worker, status, st, en, dur, err, res, prog, logs, key, ref, ord)
+		WHERE `+keep+`
 		ORDER BY x.ord
 	), r AS (
 		INSERT INTO tw_reports (id, message_id, task, topic, schedule, attempt, worker, status,
@@ -53,16 +58,111 @@ const addReportsSQL = `
 		FROM (SELECT sched, max(en) AS en FROM u
 			WHERE status = 'success' AND sched IS NOT NULL GROUP BY sched) w
 		WHERE tw_schedules.name = w.sched
-	)
+	)`, p...)
+}
+
+// addReportsSQL stores every report of its arrays (reportCTEs) and
+// returns their ids in the arrays' order: a report whose key is stored
+// already gets the stored row's id; that row was committed before the
+// statement began, or its id is NULL (a concurrent insert of the same
+// key), which AddReports turns into an error to retry. The keys are
+// distinct: AddReports sends a key repeated within a batch once.
+var addReportsSQL = `WITH ` + reportCTEs(1, "true") + `
 	SELECT coalesce(r.id, e.id) FROM u
 		LEFT JOIN r ON r.id = u.id
 		LEFT JOIN tw_reports e ON u.key IS NOT NULL AND e.report_key = u.key
 	ORDER BY u.ord`
 
 // lockSchedulesSQL locks the schedules named in $1 in name order, before
-// addReportsSQL updates them, so that writers storing reports of the same
-// schedules at once take their row locks in one order and never deadlock.
+// a statement of reportCTEs updates them, so that writers storing reports
+// of the same schedules at once take their row locks in one order and
+// never deadlock.
 const lockSchedulesSQL = `SELECT 1 FROM tw_schedules WHERE name = ANY ($1::text[]) ORDER BY name FOR NO KEY UPDATE`
+
+// reportArgs are reports as the arrays of reportCTEs, and the schedules
+// to lock first (lockSchedulesSQL).
+type reportArgs struct {
+	arrays []any
+	locks  []string // the schedules of success reports, sorted, once each
+}
+
+// newReportArgs arranges validated reports for reportCTEs; refs are the
+// ordinals of the outcomes they ride on (nil: none).
+func newReportArgs(rs []broker.Report, refs []int32) (reportArgs, error) {
+	var (
+		n       = len(rs)
+		mids    = make([]int64, n)
+		tasks   = make([]string, n)
+		topics  = make([]string, n)
+		scheds  = make([]*string, n)
+		atts    = make([]int32, n)
+		workers = make([]string, n)
+		stats   = make([]string, n)
+		starts  = make([]*time.Time, n)
+		ends    = make([]*time.Time, n)
+		durs    = make([]float64, n)
+		errs    = make([]string, n)
+		results = make([]*string, n)
+		progs   = make([]float64, n)
+		logs    = make([]string, n)
+		keys    = make([]*string, n)
+		locks   []string
+	)
+	if refs == nil {
+		refs = make([]int32, n)
+	}
+	for i, r := range rs {
+		logs[i] = "[]"
+		if len(r.Logs) > 0 {
+			lines := make([]string, len(r.Logs))
+			for k, l := range r.Logs {
+				lines[k] = broker.CleanText(l)
+			}
+			js, err := json.Marshal(lines)
+			if err != nil {
+				return reportArgs{}, broker.Invalid("report of message %d: logs: %v", r.MessageID, err)
+			}
+			logs[i] = string(js)
+		}
+		if r.Schedule != "" {
+			scheds[i] = &r.Schedule
+			if r.Status == broker.ReportSuccess {
+				locks = append(locks, r.Schedule)
+			}
+		}
+		if len(r.Result) > 0 {
+			s := string(r.Result)
+			results[i] = &s
+		}
+		if r.Key != "" {
+			keys[i] = &r.Key
+		}
+		starts[i], ends[i] = nullTime(r.StartedAt), nullTime(r.EndedAt)
+		mids[i], tasks[i], topics[i], atts[i], workers[i], stats[i] = r.MessageID, r.Task, r.Topic, int32(r.Attempt), r.Worker, r.Status
+		durs[i], errs[i], progs[i] = r.Duration, broker.CleanText(r.Error), r.Progress
+	}
+	sort.Strings(locks)
+	return reportArgs{
+		arrays: []any{mids, tasks, topics, scheds, atts, workers, stats, starts, ends, durs, errs, results, progs, logs, keys, refs},
+		locks:  slices.Compact(locks),
+	}, nil
+}
+
+// queueLocks adds the lock of the reports' schedules to batch, when
+// there are any; readLocks reads its answer.
+func (a reportArgs) queueLocks(batch *pgx.Batch) {
+	if len(a.locks) > 0 {
+		batch.Queue(lockSchedulesSQL, a.locks)
+	}
+}
+
+func (a reportArgs) readLocks(br pgx.BatchResults) error {
+	if len(a.locks) == 0 {
+		return nil
+	}
+	_, err := br.Exec()
+	return err
+}
 
 // AddReports stores the validated reports in one statement (and one
 // transaction), addReportsSQL, returning their ids in the order of rs.
@@ -85,71 +185,20 @@ func (d dialect) AddReports(ctx context.Context, all []broker.Report) ([]int64, 
 			rs = append(rs, r)
 		}
 	}
-	var (
-		n       = len(rs)
-		mids    = make([]int64, n)
-		tasks   = make([]string, n)
-		topics  = make([]string, n)
-		scheds  = make([]*string, n)
-		atts    = make([]int32, n)
-		workers = make([]string, n)
-		stats   = make([]string, n)
-		starts  = make([]*time.Time, n)
-		ends    = make([]*time.Time, n)
-		durs    = make([]float64, n)
-		errs    = make([]string, n)
-		results = make([]*string, n)
-		progs   = make([]float64, n)
-		logs    = make([]string, n)
-		keys    = make([]*string, n)
-		locks   []string // the schedules of success reports, sorted, once each
-	)
-	for i, r := range rs {
-		logs[i] = "[]"
-		if len(r.Logs) > 0 {
-			lines := make([]string, len(r.Logs))
-			for k, l := range r.Logs {
-				lines[k] = broker.CleanText(l)
-			}
-			js, err := json.Marshal(lines)
-			if err != nil {
-				return nil, broker.Invalid("report of message %d: logs: %v", r.MessageID, err)
-			}
-			logs[i] = string(js)
-		}
-		if r.Schedule != "" {
-			scheds[i] = &r.Schedule
-			if r.Status == broker.ReportSuccess {
-				locks = append(locks, r.Schedule)
-			}
-		}
-		if len(r.Result) > 0 {
-			s := string(r.Result)
-			results[i] = &s
-		}
-		if r.Key != "" {
-			keys[i] = &r.Key
-		}
-		starts[i], ends[i] = nullTime(r.StartedAt), nullTime(r.EndedAt)
-		mids[i], tasks[i], topics[i], atts[i], workers[i], stats[i] = r.MessageID, r.Task, r.Topic, int32(r.Attempt), r.Worker, r.Status
-		durs[i], errs[i], progs[i] = r.Duration, broker.CleanText(r.Error), r.Progress
+	n := len(rs)
+	ra, err := newReportArgs(rs, nil)
+	if err != nil {
+		return nil, err
 	}
-	sort.Strings(locks)
-	locks = slices.Compact(locks)
 	var ids []int64
-	err := d.b.run(ctx, "add reports", func(c *pgx.Conn) error {
+	err = d.b.run(ctx, "add reports", func(c *pgx.Conn) error {
 		batch := &pgx.Batch{}
-		if len(locks) > 0 {
-			batch.Queue(lockSchedulesSQL, locks)
-		}
-		batch.Queue(addReportsSQL, mids, tasks, topics, scheds, atts, workers, stats,
-			starts, ends, durs, errs, results, progs, logs, keys)
+		ra.queueLocks(batch)
+		batch.Queue(addReportsSQL, ra.arrays...)
 		br := c.SendBatch(ctx, batch)
-		if len(locks) > 0 {
-			if _, err := br.Exec(); err != nil {
-				br.Close()
-				return err
-			}
+		if err := ra.readLocks(br); err != nil {
+			br.Close()
+			return err
 		}
 		rows, err := br.Query()
 		if err != nil {

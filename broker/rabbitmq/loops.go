@@ -105,7 +105,7 @@ func (b *Broker) deadLoop() {
 // readDead moves every message of the known topics' dead queues into the
 // state store.
 func (b *Broker) readDead(ctx context.Context, s *session) error {
-	topics := s.known()
+	topics := b.knownTopics()
 	if len(topics) == 0 {
 		return nil
 	}
@@ -236,11 +236,16 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 	if err != nil {
 		return res, err
 	}
-	if len(res.IDs) > 0 {
-		if err := b.state.OutboxAdd(ctx, res.IDs, 0); err != nil {
-			return res, fmt.Errorf("reclaimed %d messages, but could not mark them for publishing: %w", len(res.IDs), err)
+	if len(res.IDs) == 0 {
+		return res, nil
+	}
+	if err := b.state.OutboxAdd(ctx, res.IDs, publishLease); err != nil {
+		return res, fmt.Errorf("reclaimed %d messages, but could not mark them for publishing: %w", len(res.IDs), err)
+	}
+	for _, id := range res.IDs {
+		if m, err := b.state.GetMessage(ctx, id); err == nil && m.State == broker.StateQueued {
+			b.publishNow(ctx, m.Topic, []int64{id})
 		}
-		b.kickPublisher()
 	}
 	return res, nil
 }

@@ -335,13 +335,13 @@ func (b *Broker) publishMessage(ctx context.Context, id int64, topic string) {
 	b.publishNow(ctx, topic, []int64{id})
 }
 
-// DeadLetter ends the attempt dead in the state store, then acks its
-// delivery.
-func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string) error {
+// DeadLetter ends the attempt dead in the state store (with its report,
+// when given), then acks its delivery.
+func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string, report *broker.Report) error {
 	if err := b.enter(ctx); err != nil {
 		return err
 	}
-	if err := b.state.DeadLetter(ctx, c, reason); err != nil {
+	if err := b.state.DeadLetter(ctx, c, reason, report); err != nil {
 		return err
 	}
 	b.held.ack(c.Token)
@@ -421,4 +421,23 @@ func (b *Broker) remember(queues ...string) {
 		b.queues[q] = true
 	}
 	b.queueMu.Unlock()
+}
+
+// rememberTopic records a topic whose queues this broker declared: its
+// dead queue is read from then on (see deadLoop).
+func (b *Broker) rememberTopic(topic string) {
+	b.queueMu.Lock()
+	b.topics[topic] = true
+	b.queueMu.Unlock()
+}
+
+// knownTopics returns the topics whose queues this broker declared.
+func (b *Broker) knownTopics() []string {
+	b.queueMu.Lock()
+	defer b.queueMu.Unlock()
+	out := make([]string, 0, len(b.topics))
+	for t := range b.topics {
+		out = append(out, t)
+	}
+	return out
 }

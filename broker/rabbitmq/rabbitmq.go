@@ -89,6 +89,7 @@ type Broker struct {
 	rr      atomic.Uint64 // rotates the first topic of claims
 	queueMu sync.Mutex
 	queues  map[string]bool // every queue this broker declared
+	topics  map[string]bool // every topic whose queues it declared
 }
 
 var (
@@ -126,6 +127,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		names:     names{prefix: o.Prefix},
 		kick:      make(chan struct{}, 1),
 		queues:    make(map[string]bool),
+		topics:    make(map[string]bool),
 	}
 	b.held.m = make(map[string]delivery)
 	s, err := b.dial(ctx)
@@ -217,7 +219,10 @@ func (b *Broker) enter(ctx context.Context) error {
 
 // dial connects and opens the publishing channel.
 func (b *Broker) dial(ctx context.Context) (*session, error) {
-	c, err := amqp.DialConfig(b.opts.URL, amqp.Config{
+	b.mu.Lock()
+	url := b.opts.URL
+	b.mu.Unlock()
+	c, err := amqp.DialConfig(url, amqp.Config{
 		Heartbeat: b.opts.Heartbeat,
 		Locale:    "en_US",
 		Dial:      amqp.DefaultDial(10 * time.Second),
@@ -226,7 +231,7 @@ func (b *Broker) dial(ctx context.Context) (*session, error) {
 		},
 	})
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq broker: connect to %s: %w (is RabbitMQ running? start it with: rabbitmq-server -detached)", Redact(b.opts.URL), err)
+		return nil, fmt.Errorf("rabbitmq broker: connect to %s: %w (is RabbitMQ running? start it with: rabbitmq-server -detached)", Redact(url), err)
 	}
 	s, err := newSession(b, c)
 	if err != nil {
@@ -295,3 +300,32 @@ func (b *Broker) reconnectLoop(s *session) {
 
 // Exchanges returns the names of the exchanges this broker declares.
 func (b *Broker) Exchanges() []string { return []string{b.names.deadExchange()} }
+
+var (
+	_ broker.FinishedPurger = (*Broker)(nil)
+	_ broker.CancelNotifier = (*Broker)(nil)
+)
+
+// PurgeFinished deletes finished messages through the state store when it
+// keeps them until told (postgres); a store that keeps a fixed number
+// (local) has nothing to purge.
+func (b *Broker) PurgeFinished(ctx context.Context, before time.Time) (int, error) {
+	if err := b.enter(ctx); err != nil {
+		return 0, err
+	}
+	if fp, ok := b.state.(broker.FinishedPurger); ok {
+		return fp.PurgeFinished(ctx, before)
+	}
+	return 0, nil
+}
+
+// CancelNotices passes on the state store's announcements of cancel
+// requests (postgres); with a store that has none (local) the channel
+// never receives, and workers learn of requests at their CancelRequests
+// poll.
+func (b *Broker) CancelNotices() <-chan int64 {
+	if cn, ok := b.state.(broker.CancelNotifier); ok {
+		return cn.CancelNotices()
+	}
+	return make(chan int64)
+}

@@ -97,3 +97,43 @@ func TestConformanceOnPostgres(t *testing.T) {
 func TestSchedulesOnLocal(t *testing.T) {
 	brokertest.RunSchedules(t, func(t *testing.T) broker.Broker { return openTest(t, onLocal, Options{}) })
 }
+
+func TestDurableOnPostgres(t *testing.T) {
+	brokertest.RunDurable(t, func(t *testing.T) brokertest.Store {
+		url, prefix := testrabbit.URL(t), testrabbit.Prefix()
+		schema := testdb.FreshSchema(t, "rabbit")
+		open := func(t *testing.T) *Broker {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			s, err := postgres.New(ctx, postgres.Options{DSN: testdb.DSN(), Schema: schema})
+			if err != nil {
+				t.Fatalf("open the postgres state store: %v", err)
+			}
+			return openOn(t, Options{URL: url, Prefix: prefix, State: s})
+		}
+		b := open(t)
+		c := testdb.Connect(t, schema)
+		exec := func(t *testing.T, sql string, args ...any) {
+			t.Helper()
+			if _, err := c.Exec(t.Context(), sql, args...); err != nil {
+				t.Fatalf("%s: %v", sql, err)
+			}
+		}
+		return brokertest.Store{
+			Broker:  b,
+			Another: func(t *testing.T) brokertest.Durable { return open(t) },
+			AgeClaim: func(t *testing.T, id int64, d time.Duration) {
+				exec(t, `UPDATE tw_messages SET claimed_at = claimed_at - $1::bigint * interval '1 microsecond' WHERE id = $2`, d.Microseconds(), id)
+			},
+			AgeLock: func(t *testing.T, name string, d time.Duration) {
+				exec(t, `UPDATE tw_locks SET acquired_at = acquired_at - $1::bigint * interval '1 microsecond' WHERE name = $2`, d.Microseconds(), name)
+			},
+			AgeHeartbeat: func(t *testing.T, id string, d time.Duration) {
+				exec(t, `UPDATE tw_workers SET heartbeat_at = heartbeat_at - $1::bigint * interval '1 microsecond' WHERE id = $2`, d.Microseconds(), id)
+			},
+			ExpireLeases: func(t *testing.T) {
+				exec(t, `UPDATE tw_leases SET expires_at = now() - interval '1 second'`)
+			},
+		}
+	})
+}

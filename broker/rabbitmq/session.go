@@ -102,6 +102,7 @@ func (s *session) declare(topic string) error {
 		return fmt.Errorf("bind queue %s: %w", n.dead(topic), err)
 	}
 	s.b.remember(n.topic(topic), n.dead(topic))
+	s.b.rememberTopic(topic)
 	s.mu.Lock()
 	s.declared[topic] = true
 	s.mu.Unlock()
@@ -113,17 +114,6 @@ func (s *session) forget(topic string) {
 	s.mu.Lock()
 	delete(s.declared, topic)
 	s.mu.Unlock()
-}
-
-// known returns the topics this session declared.
-func (s *session) known() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.declared))
-	for t := range s.declared {
-		out = append(out, t)
-	}
-	return out
 }
 
 // topicChannel returns the channel that takes topic's deliveries, opened

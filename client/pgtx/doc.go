@@ -39,7 +39,7 @@
 // broker's schema setting; default public). Writing them from outside the
 // broker makes their layout a public contract: this package writes the
 // tw_topics and tw_messages tables as they are from migration 1 through
-// MaxVersion (13 in this release). Before its first write to a schema,
+// MaxVersion (17 in this release). Before its first write to a schema,
 // and again at most once a minute after (RecheckAfter; the answer is
 // cached per database address, database and schema in this process), it
 // reads the schema's migration version in the transaction and refuses a
