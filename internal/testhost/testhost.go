@@ -5,18 +5,17 @@ package testhost
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
+
+	"github.com/taskhost/taskhost/internal/hostproc"
 )
 
 // SyncBuffer is a bytes buffer safe for concurrent writers: a process's
@@ -85,53 +84,17 @@ func moduleRoot() (string, error) {
 // for dir. The host's output goes to log. stop sends SIGTERM and waits for
 // the host to exit (killing it after 60 s).
 func Start(dir, config string, log *SyncBuffer) (url string, stop func(), err error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := hostproc.Start(context.Background(), hostproc.Options{
+		Host:       filepath.Join(dir, "host"),
+		PluginsDir: filepath.Join(dir, "plugins"),
+		ConfigPath: filepath.Join(dir, "taskhost.yaml"),
+		Config:     strings.ReplaceAll(config, "{{dir}}", dir),
+		Output:     log,
+	})
 	if err != nil {
 		return "", nil, err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	text := fmt.Sprintf("listen: %s\nplugins_dir: %s\n", addr, filepath.Join(dir, "plugins")) +
-		strings.ReplaceAll(config, "{{dir}}", dir)
-	path := filepath.Join(dir, "taskhost.yaml")
-	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
-		return "", nil, err
-	}
-	cmd := exec.Command(filepath.Join(dir, "host"), "-config", path)
-	cmd.Stdout, cmd.Stderr = log, log
-	if err := cmd.Start(); err != nil {
-		return "", nil, err
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	stop = func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(60 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	}
-	url = "http://" + addr
-	for deadline := time.Now().Add(90 * time.Second); ; {
-		if resp, err := http.Get(url + "/plugin-pkg/tasks_worker/api/health"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return url, stop, nil
-			}
-		}
-		select {
-		case <-exited:
-			return "", nil, errors.New("the host exited before tasks_worker answered")
-		default:
-		}
-		if time.Now().After(deadline) {
-			stop()
-			return "", nil, errors.New("tasks_worker did not answer /api/health within 90s")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return p.URL, p.Stop, nil
 }
 
 // Main is a TestMain for tests that talk to one real host: it builds and

@@ -16,10 +16,13 @@ func TestMemoryBench(t *testing.T) {
 	if err := runBench(context.Background(), cfg, &out); err != nil {
 		t.Fatalf("runBench: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"== machine", "== parameters", "== run 1/1", "bulk submit", "burn-down", "steady", "== medians of 1 runs", "== summary (JSON)\n{\"broker\":\"memory\""} {
+	for _, want := range []string{"== machine", "== parameters", "== run 1/1", "bulk submit", "burn-down", "(with reports)", "steady", "== medians of 1 runs", "== summary (JSON)\n{\"broker\":\"memory\""} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report lacks %q:\n%s", want, out.String())
 		}
+	}
+	if strings.Contains(out.String(), "WAL") {
+		t.Errorf("the memory broker has no WAL, yet the report shows one:\n%s", out.String())
 	}
 }
 

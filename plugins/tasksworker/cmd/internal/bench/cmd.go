@@ -32,7 +32,7 @@ type benchConfig struct {
 	runs         int
 	claimLatency bool
 	claimSamples int
-	reports      bool
+	poolOnly     bool // no task reports: the pool alone
 	submitters   int
 	submitBatch  int
 	timeout      time.Duration
@@ -41,6 +41,8 @@ type benchConfig struct {
 	acrossHosts  bool
 	idlePools    int
 	idleFor      time.Duration
+	realHost     bool
+	hostBin      string
 }
 
 func benchDefaultDSN() string {
@@ -71,13 +73,16 @@ func Main(args []string) int {
 	fs.BoolVar(&c.claimLatency, "claim-latency", false, "postgres: also time Claim with 1,000 and 1,000,000 queued messages (seeding takes about 20 s)")
 	fs.IntVar(&c.claimSamples, "claim-samples", 1000, "claims timed per run of the claim-latency phase")
 	fs.IntVar(&c.submitters, "submitters", 8, "goroutines submitting in the bulk submit phase")
-	fs.BoolVar(&c.reports, "reports", false, "store a task report per attempt, as the tasks_worker plugin does (worker.ReportWriter); the burn-down then ends when the last report is stored")
+	fs.BoolVar(&c.poolOnly, "pool-only", false, "measure the pool alone, without the task report the tasks_worker plugin stores per attempt (by default the bench stores them as the plugin does, and the burn-down ends when the last report is stored)")
+	fs.Bool("reports", false, "deprecated and changes nothing: reports are stored by default now (-pool-only turns them off)")
 	fs.IntVar(&c.submitBatch, "submit-batch", 1000, "messages per SubmitMany call (0 or 1: Submit one by one)")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Minute, "give up on a phase after this long")
 	fs.BoolVar(&c.verbose, "v", false, "log the pool's and broker's warnings to stderr")
 	fs.BoolVar(&c.acrossHosts, "across-hosts", false, "postgres: instead of the main phases, the steady stream submitted by one broker and run by another broker's pool, as on two hosts (listening, then polling)")
 	fs.IntVar(&c.idlePools, "idle-pools", 0, "postgres: instead of the main phases, run this many idle brokers+pools and count the database's transactions/s (polling, then listening); give -dsn a database of its own")
 	fs.DurationVar(&c.idleFor, "idle-for", 30*time.Second, "how long -idle-pools counts")
+	fs.BoolVar(&c.realHost, "real-host", false, "postgres: instead of the main phases, start the real host and tasks_worker plugin processes on the bench's schema, submit -jobs tasks through POST tasks/batch (NDJSON) and time them from the first submit until the database has them all done, with their reports")
+	fs.StringVar(&c.hostBin, "host-bin", "", "-real-host: the `path` of the host binary, with the tasks_worker plugin in plugins/ beside it (default: the build this bench runs from, laid out as make build does: bin/host and bin/plugins)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process to this file")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: host bench [flags]\n\nMeasures the broker and the worker pool with their default settings.\n\n")
@@ -93,17 +98,20 @@ func Main(args []string) int {
 		c.limit = c.workers
 	}
 	switch {
-	case c.kind != "memory" && c.kind != "local" && c.kind != "postgres":
-		fmt.Fprintf(os.Stderr, "host bench: unknown broker %q; use memory, local or postgres\n", c.kind)
-		return 2
 	case c.jobs < 1 || c.workers < 1 || c.runs < 1 || c.rate <= 0 || c.duration <= 0 || c.submitters < 1 || c.claimSamples < 1:
 		fmt.Fprintln(os.Stderr, "host bench: -jobs, -workers, -runs, -rate, -duration, -submitters and -claim-samples must be positive")
 		return 2
 	case c.submitBatch < 0 || c.submitBatch > broker.MaxSubmitBatch:
 		fmt.Fprintf(os.Stderr, "host bench: -submit-batch must be from 0 to %d\n", broker.MaxSubmitBatch)
 		return 2
-	case (c.acrossHosts || c.idlePools > 0) && c.kind != "postgres":
-		fmt.Fprintln(os.Stderr, "host bench: -across-hosts and -idle-pools need -broker postgres")
+	case (c.acrossHosts || c.idlePools > 0 || c.realHost) && c.kind != "postgres":
+		fmt.Fprintln(os.Stderr, "host bench: -across-hosts, -idle-pools and -real-host need -broker postgres")
+		return 2
+	case c.realHost && (c.acrossHosts || c.idlePools > 0):
+		fmt.Fprintln(os.Stderr, "host bench: -real-host runs instead of -across-hosts and -idle-pools: give one of them")
+		return 2
+	case c.poolOnly && c.realHost:
+		fmt.Fprintln(os.Stderr, "host bench: -pool-only does not apply to -real-host, whose plugin always stores its reports")
 		return 2
 	case c.idlePools < 0 || c.idleFor <= 0:
 		fmt.Fprintln(os.Stderr, "host bench: -idle-pools must not be negative and -idle-for must be positive")
@@ -128,9 +136,14 @@ func Main(args []string) int {
 		defer pprof.StopCPUProfile()
 	}
 	if err := runBench(ctx, c, os.Stdout); err != nil {
+		if ctx.Err() != nil {
+			err = errors.New("interrupted")
+		}
 		fmt.Fprintf(os.Stderr, "host bench: %v\n", err)
+		if errors.Is(err, errUnknownBroker) {
+			return 2
+		}
 		return 1
 	}
 	return 0
-
 }

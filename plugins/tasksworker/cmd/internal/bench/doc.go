@@ -10,8 +10,14 @@
 //     -submitters goroutines;
 //   - burn-down: from just before Pool.Start until the observer has seen
 //     all -jobs of them done (the pool reports an attempt after its outcome
-//     is written: for a done message, after the Ack committed), one topic
-//     with concurrency limit -limit, -workers handlers;
+//     is written: for a done message, after the Ack committed) and the
+//     pool has stopped with every task report stored, one topic with
+//     concurrency limit -limit, -workers handlers. The pool stores a report
+//     per attempt as the tasks_worker plugin does (a worker.ReportWriter
+//     into the pool's own broker); -pool-only leaves the reports out and
+//     stops the clock at the last done message. On postgres it also
+//     prints the WAL written per message (pg_stat_wal, wal.go) and checks
+//     that every done message has its success report;
 //   - steady stream: -rate submits a second for -duration on a fresh
 //     topic, one Submit per message from an open-loop schedule (each call
 //     starts at its planned time in a goroutine of its own, at most 64 in
@@ -23,6 +29,11 @@
 // With -claim-latency (postgres only) it then seeds 1,000 and 1,000,000
 // queued messages in turn and times Claim of one message, nacking each
 // claimed message back outside the timer so the depth stays put.
+//
+// -real-host (postgres) replaces the three phases with the whole path a
+// user runs (realhost.go): the host and tasks_worker plugin binaries as
+// processes, tasks submitted through the HTTP batch endpoint, and
+// completions counted in the database.
 //
 // -across-hosts and -idle-pools (postgres) replace the three phases with
 // measurements of several hosts sharing the database (hosts.go): the

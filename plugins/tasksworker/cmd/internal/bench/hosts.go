@@ -181,7 +181,7 @@ func (bn *bench) idleRate(ctx context.Context, n int, mode pollMode, run int) (f
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
-	time.Sleep(1500 * time.Millisecond) // let the last counts be published
+	time.Sleep(statsPublished) // let the last counts be published
 	after, err := xacts()
 	if err != nil {
 		return 0, err

@@ -38,13 +38,24 @@ func (bn *bench) run(ctx context.Context, run int) (benchResult, error) {
 	}
 
 	// Burn-down.
+	var wal walMeter
+	if err := wal.start(ctx, bn.admin); err != nil {
+		return r, err
+	}
 	d, err = bn.burnDown(ctx, topic, cfg.jobs)
 	if err != nil {
 		return r, fmt.Errorf("burn-down: %w", err)
 	}
 	r.BurnSecs = d.Seconds()
 	r.BurnPerSec = float64(cfg.jobs) / d.Seconds()
-	fmt.Fprintf(bn.out, "  burn-down     %8d jobs in %7.3fs  %10s jobs/s  (%s)\n", cfg.jobs, d.Seconds(), fmtNum(r.BurnPerSec), bn.calls)
+	if r.BurnWALPerMsg, err = wal.perMessage(ctx, cfg.jobs); err != nil {
+		return r, err
+	}
+	fmt.Fprintf(bn.out, "  burn-down     %8d jobs in %7.3fs  %10s jobs/s  %s%s  (%s)\n", cfg.jobs, d.Seconds(), fmtNum(r.BurnPerSec),
+		bn.mode(), wal.note(r.BurnWALPerMsg), bn.calls)
+	if err := bn.checkReports(ctx, topic, cfg.jobs); err != nil {
+		return r, fmt.Errorf("burn-down: %w", err)
+	}
 
 	// Steady stream.
 	if err := bn.reset(ctx); err != nil {
@@ -131,8 +142,8 @@ func (bn *bench) checkEmpty(ctx context.Context, topic string) error {
 
 // burnDown starts a pool on topic, which holds n queued messages, and
 // returns the time from just before Pool.Start until all n were reported
-// done (with -reports, until the pool stopped and their reports were
-// stored).
+// done and the pool stopped with their reports stored (with -pool-only,
+// until all n were reported done).
 func (bn *bench) burnDown(ctx context.Context, topic string, n int) (time.Duration, error) {
 	obs := newBenchObserver(n, false)
 	p := bn.newPool(topic, obs)
@@ -154,7 +165,7 @@ func (bn *bench) burnDown(ctx context.Context, topic string, n int) (time.Durati
 	if serr := bn.stopPool(p); err == nil && serr != nil {
 		err = serr
 	}
-	if bn.cfg.reports {
+	if !bn.cfg.poolOnly {
 		d = time.Since(start) // until the last report was stored
 	}
 	if err != nil {

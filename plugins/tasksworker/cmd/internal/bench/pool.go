@@ -126,8 +126,11 @@ func (bn *bench) newPool(topic string, obs worker.Observer) *worker.Pool {
 	}
 	bn.reports = nil
 	bn.dropped.Store(0)
-	if bn.cfg.reports {
-		bn.reports = worker.NewReportWriter(bn.b, bn.log.Named("reports"), func(n int) { bn.dropped.Add(int64(n)) })
+	if !bn.cfg.poolOnly {
+		// As the tasks_worker plugin stores them (runtime.go): into the
+		// pool's own broker, so that a pool that can give each report to
+		// the broker with its outcome does.
+		bn.reports = worker.NewReportWriter(b, bn.log.Named("reports"), func(n int) { bn.dropped.Add(int64(n)) })
 		opts.Reporter = bn.reports
 	}
 	return worker.NewPool(b, reg, opts)

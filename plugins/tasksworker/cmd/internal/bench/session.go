@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -28,7 +29,7 @@ type bench struct {
 	runTag string          // keeps topic names unique across sessions sharing a -schema
 	calls  *countingBroker // the last pool's broker calls
 
-	reports *worker.ReportWriter // the last pool's, with -reports
+	reports *worker.ReportWriter // the last pool's, unless -pool-only
 	dropped atomic.Int64         // reports it did not store
 }
 
@@ -38,14 +39,17 @@ type benchResult struct {
 	SubmitPerSec float64 `json:"submit_jobs_per_s"`
 	BurnPerSec   float64 `json:"burn_jobs_per_s"`
 	BurnSecs     float64 `json:"burn_s"`
-	SteadyN      int     `json:"steady_n"`
-	SteadyRate   float64 `json:"steady_achieved_rate"`
-	SteadyP50    float64 `json:"steady_p50_ms"`
-	SteadyP95    float64 `json:"steady_p95_ms"`
-	SteadyP99    float64 `json:"steady_p99_ms"`
-	SteadyMax    float64 `json:"steady_max_ms"`
-	SubmitP50    float64 `json:"steady_submit_p50_ms"`
-	SubmitP99    float64 `json:"steady_submit_p99_ms"`
+	// BurnWALPerMsg is the WAL the database cluster wrote during the
+	// burn-down per message (postgres).
+	BurnWALPerMsg float64 `json:"burn_wal_bytes_per_msg,omitempty"`
+	SteadyN       int     `json:"steady_n"`
+	SteadyRate    float64 `json:"steady_achieved_rate"`
+	SteadyP50     float64 `json:"steady_p50_ms"`
+	SteadyP95     float64 `json:"steady_p95_ms"`
+	SteadyP99     float64 `json:"steady_p99_ms"`
+	SteadyMax     float64 `json:"steady_max_ms"`
+	SubmitP50     float64 `json:"steady_submit_p50_ms"`
+	SubmitP99     float64 `json:"steady_submit_p99_ms"`
 }
 
 // claimResult is one run of the claim-latency phase at one depth.
@@ -56,6 +60,28 @@ type claimResult struct {
 	P95   float64 `json:"p95_ms"`
 	P99   float64 `json:"p99_ms"`
 	Mean  float64 `json:"mean_ms"`
+}
+
+// modeKey names what the burn-down measures, in the summary's "mode".
+func (bn *bench) modeKey() string {
+	switch {
+	case bn.cfg.realHost:
+		return "real_host"
+	case bn.cfg.poolOnly:
+		return "pool_only"
+	}
+	return "reports"
+}
+
+// mode labels the burn-down's figures with what it measured.
+func (bn *bench) mode() string {
+	switch {
+	case bn.cfg.realHost:
+		return "(real host)"
+	case bn.cfg.poolOnly:
+		return "(pool only)"
+	}
+	return "(with reports)"
 }
 
 // gcNote describes the garbage collector target gc (as worker.TuneGC
@@ -76,7 +102,7 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 	if cfg.verbose {
 		bn.log = hclog.New(&hclog.LoggerOptions{Name: "bench", Level: hclog.Warn, Output: os.Stderr})
 	}
-	summary := map[string]any{"broker": cfg.kind}
+	summary := map[string]any{"broker": cfg.kind, "mode": bn.modeKey()}
 	// The pool runs in this process: give it the garbage collector target
 	// the tasks_worker plugin process runs with.
 	gc := worker.TuneGC()
@@ -112,8 +138,8 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 		"broker": cfg.kind, "jobs": cfg.jobs, "workers": cfg.workers, "limit": cfg.limit,
 		"rate": cfg.rate, "duration_s": cfg.duration.Seconds(), "runs": cfg.runs,
 		"claim_latency": cfg.claimLatency, "submitters": cfg.submitters, "submit_batch": cfg.submitBatch,
-		"reports": cfg.reports,
-		"gogc":    gc,
+		"reports": !cfg.poolOnly, "mode": bn.modeKey(),
+		"gogc": gc,
 	}
 	submitVia := "Submit"
 	if cfg.submitBatch > 1 {
@@ -128,15 +154,20 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 		fmt.Fprintf(out, " (%s, default options)", bn.schema)
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintf(out, "  pool: worker.Pool, default options but Concurrency %d; a no-op task; topic concurrency limit %d\n", cfg.workers, cfg.limit)
-	if cfg.reports {
-		fmt.Fprintln(out, "  task reports: one per attempt, stored by worker.ReportWriter (as the tasks_worker plugin does)")
-	} else {
-		fmt.Fprintln(out, "  task reports: none (-reports stores them as the tasks_worker plugin does)")
+	switch bn.modeKey() {
+	case "real_host":
+		fmt.Fprintln(out, "  mode: real host (-real-host): the host and tasks_worker plugin processes, which store a task report per attempt")
+	case "pool_only":
+		fmt.Fprintln(out, "  mode: pool only (-pool-only): no task reports; by default they are stored as the tasks_worker plugin stores them")
+	default:
+		fmt.Fprintln(out, "  mode: with reports: one task report per attempt, stored as the tasks_worker plugin stores them (-pool-only measures the pool alone)")
 	}
-	fmt.Fprintf(out, "  go gc: GOGC %s\n", gcNote(gc))
-	fmt.Fprintf(out, "  bulk submit: %d messages via %s, %d goroutines\n", cfg.jobs, submitVia, cfg.submitters)
-	fmt.Fprintf(out, "  burn-down: %d no-op tasks; steady: %g/s for %s (Submit then Pool.Wake, as the submit API does)\n", cfg.jobs, cfg.rate, cfg.duration)
+	if !cfg.realHost {
+		fmt.Fprintf(out, "  pool: worker.Pool, default options but Concurrency %d; a no-op task; topic concurrency limit %d\n", cfg.workers, cfg.limit)
+		fmt.Fprintf(out, "  go gc: GOGC %s\n", gcNote(gc))
+		fmt.Fprintf(out, "  bulk submit: %d messages via %s, %d goroutines\n", cfg.jobs, submitVia, cfg.submitters)
+		fmt.Fprintf(out, "  burn-down: %d no-op tasks; steady: %g/s for %s (Submit then Pool.Wake, as the submit API does)\n", cfg.jobs, cfg.rate, cfg.duration)
+	}
 	fmt.Fprintf(out, "  runs: %d", cfg.runs)
 	if cfg.claimLatency {
 		fmt.Fprintf(out, "; claim latency: %d claims of 1 per run at 1,000 and 1,000,000 queued", cfg.claimSamples)
@@ -144,8 +175,12 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 	fmt.Fprintln(out)
 	summary["params"] = params
 
-	if cfg.acrossHosts || cfg.idlePools > 0 {
-		if err := runHosts(ctx, bn, out, summary); err != nil {
+	if cfg.acrossHosts || cfg.idlePools > 0 || cfg.realHost {
+		phases := runHosts
+		if cfg.realHost {
+			phases = runRealHost
+		}
+		if err := phases(ctx, bn, out, summary); err != nil {
 			return err
 		}
 		line, err := json.Marshal(summary)
@@ -185,18 +220,22 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 		return median(v)
 	}
 	fmt.Fprintf(out, "== medians of %d runs\n", len(results))
-	rows := []struct {
+	type medianRow struct {
 		name, key string
 		f         func(benchResult) float64
 		unit      string
-	}{
+	}
+	rows := []medianRow{
 		{"bulk submit", "submit_jobs_per_s", func(r benchResult) float64 { return r.SubmitPerSec }, "jobs/s"},
-		{"burn-down", "burn_jobs_per_s", func(r benchResult) float64 { return r.BurnPerSec }, "jobs/s"},
+		{"burn-down " + bn.mode(), "burn_jobs_per_s", func(r benchResult) float64 { return r.BurnPerSec }, "jobs/s"},
 		{"steady p50", "steady_p50_ms", func(r benchResult) float64 { return r.SteadyP50 }, "ms"},
 		{"steady p95", "steady_p95_ms", func(r benchResult) float64 { return r.SteadyP95 }, "ms"},
 		{"steady p99", "steady_p99_ms", func(r benchResult) float64 { return r.SteadyP99 }, "ms"},
 		{"steady submit p50", "steady_submit_p50_ms", func(r benchResult) float64 { return r.SubmitP50 }, "ms"},
 		{"steady achieved rate", "steady_achieved_rate", func(r benchResult) float64 { return r.SteadyRate }, "/s"},
+	}
+	if bn.admin != nil {
+		rows = slices.Insert(rows, 2, medianRow{"burn-down WAL", "burn_wal_bytes_per_msg", func(r benchResult) float64 { return r.BurnWALPerMsg }, "B/msg"})
 	}
 	for _, row := range rows {
 		m := med(row.f)
@@ -204,7 +243,7 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 		for _, r := range results {
 			each = append(each, fmtNum(row.f(r)))
 		}
-		fmt.Fprintf(out, "  %-22s %10s %-6s (runs: %s)\n", row.name, fmtNum(m), row.unit, strings.Join(each, ", "))
+		fmt.Fprintf(out, "  %-26s %10s %-6s (runs: %s)\n", row.name, fmtNum(m), row.unit, strings.Join(each, ", "))
 		summary[row.key] = round2(m)
 	}
 	if len(claims) > 0 {
@@ -224,11 +263,11 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 			}
 			summary[key+"_p50_ms"] = round3(median(v))
 			summary[key+"_p99_ms"] = round3(median(v99))
-			fmt.Fprintf(out, "  %-22s %10s ms     (p99 %s ms)\n", fmt.Sprintf("claim p50 @ %d", depth), fmtNum(median(v)), fmtNum(median(v99)))
+			fmt.Fprintf(out, "  %-26s %10s ms     (p99 %s ms)\n", fmt.Sprintf("claim p50 @ %d", depth), fmtNum(median(v)), fmtNum(median(v99)))
 		}
 		ratio := p50[1_000_000] / p50[1_000]
 		summary["claim_ratio_1m_1k"] = round2(ratio)
-		fmt.Fprintf(out, "  %-22s %10.2f x\n", "claim p50 1M / 1k", ratio)
+		fmt.Fprintf(out, "  %-26s %10.2f x\n", "claim p50 1M / 1k", ratio)
 		summary["claim_runs"] = claims
 	}
 	summary["runs"] = results

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,49 +17,65 @@ import (
 	"github.com/taskhost/taskhost/broker/postgres"
 )
 
-// open opens the broker under test and returns what undoes it.
+// errUnknownBroker is a -broker that open has no case for.
+var errUnknownBroker = errors.New("unknown broker")
+
+// open opens the broker -broker names and returns what undoes it. It is
+// the one place that maps -broker to a broker: another broker is one more
+// case here.
 func (bn *bench) open(ctx context.Context) (func(), error) {
-	cfg := bn.cfg
-	switch cfg.kind {
+	switch bn.cfg.kind {
 	case "memory":
 		bn.b = memory.New()
 		return func() { _ = bn.b.Close() }, nil
-
 	case "local":
-		dir, made := cfg.dataDir, false
-		if dir == "" {
-			d, err := os.MkdirTemp("", "taskhost-bench-")
-			if err != nil {
-				return nil, err
-			}
-			dir, made = d, true
-		}
-		path := filepath.Join(dir, "bench-"+bn.runTag+".db")
-		bn.schema = path
-		b, err := local.Open(ctx, local.Options{Path: path, Logger: bn.log.Named("local")})
+		return bn.openLocal(ctx)
+	case "postgres":
+		return bn.openPostgres(ctx)
+	}
+	return nil, fmt.Errorf("%w %q: use memory, local or postgres", errUnknownBroker, bn.cfg.kind)
+}
+
+// openLocal opens the local broker on a database file of its own.
+func (bn *bench) openLocal(ctx context.Context) (func(), error) {
+	cfg := bn.cfg
+	dir, made := cfg.dataDir, false
+	if dir == "" {
+		d, err := os.MkdirTemp("", "taskhost-bench-")
 		if err != nil {
-			if made {
-				_ = os.RemoveAll(dir)
-			}
 			return nil, err
 		}
-		bn.b = b
-		return func() {
-			_ = b.Close()
-			switch {
-			case cfg.keep:
-				fmt.Fprintf(bn.out, "kept the database file %s\n", path)
-			case made:
-				_ = os.RemoveAll(dir)
-			default:
-				for _, suffix := range []string{"", "-wal", "-shm"} {
-					_ = os.Remove(path + suffix)
-				}
-			}
-		}, nil
+		dir, made = d, true
 	}
+	path := filepath.Join(dir, "bench-"+bn.runTag+".db")
+	bn.schema = path
+	b, err := local.Open(ctx, local.Options{Path: path, Logger: bn.log.Named("local")})
+	if err != nil {
+		if made {
+			_ = os.RemoveAll(dir)
+		}
+		return nil, err
+	}
+	bn.b = b
+	return func() {
+		_ = b.Close()
+		switch {
+		case cfg.keep:
+			fmt.Fprintf(bn.out, "kept the database file %s\n", path)
+		case made:
+			_ = os.RemoveAll(dir)
+		default:
+			for _, suffix := range []string{"", "-wal", "-shm"} {
+				_ = os.Remove(path + suffix)
+			}
+		}
+	}, nil
+}
 
-	// postgres
+// openPostgres opens the postgres broker on the bench's schema (a fresh
+// one unless -schema), with a connection of its own pointed at it.
+func (bn *bench) openPostgres(ctx context.Context) (func(), error) {
+	cfg := bn.cfg
 	schema := cfg.schema
 	if schema == "" {
 		schema = "tw_bench_" + randomHex(6)
@@ -84,6 +101,13 @@ func (bn *bench) open(ctx context.Context) (func(), error) {
 		defer cancel()
 		if bn.b != nil {
 			_ = bn.b.Close()
+		}
+		if admin.IsClosed() {
+			// An interrupted query closes its connection: drop the
+			// schema through a new one.
+			if c, err := pgx.Connect(cctx, cfg.dsn); err == nil {
+				admin = c
+			}
 		}
 		if cfg.keep {
 			fmt.Fprintf(bn.out, "kept schema %s\n", schema)
@@ -184,4 +208,29 @@ func (bn *bench) openSchema(ctx context.Context, schema string) (broker.Broker, 
 		return nil, nil, nil, err
 	}
 	return b, admin, undo, nil
+}
+
+// finished counts topic's messages that are done and the success reports
+// of topic (postgres): the database's own account of a phase.
+func (bn *bench) finished(ctx context.Context, topic string) (done, reports int64, err error) {
+	err = bn.admin.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'done'),
+		(SELECT count(*) FROM tw_reports WHERE topic = $1 AND status = $2)`, topic, broker.ReportSuccess).Scan(&done, &reports)
+	return done, reports, err
+}
+
+// checkReports verifies (postgres, unless -pool-only) that topic has a
+// success report for each of its n done messages.
+func (bn *bench) checkReports(ctx context.Context, topic string, n int) error {
+	if bn.admin == nil || bn.cfg.poolOnly {
+		return nil
+	}
+	done, reports, err := bn.finished(ctx, topic)
+	if err != nil {
+		return err
+	}
+	if done != int64(n) || reports != int64(n) {
+		return fmt.Errorf("topic %s has %d messages done and %d success reports, want %d of each", topic, done, reports, n)
+	}
+	return nil
 }

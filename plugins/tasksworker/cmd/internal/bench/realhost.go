@@ -1,0 +1,276 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/taskhost/taskhost/client"
+	"github.com/taskhost/taskhost/internal/hostproc"
+	"github.com/taskhost/taskhost/plugins/tasksworker"
+)
+
+// This file holds the real-host phase (-real-host): what a user runs,
+// end to end. The bench starts the host binary, which starts the
+// tasks_worker plugin binary, configured on the postgres broker in the
+// bench's schema with -workers workers and a topic limited to -limit.
+// Each run submits -jobs demo.echo tasks through the HTTP API, as one
+// NDJSON stream to POST tasks/batch (client.SubmitBatch, what `host tasks
+// submit -file` does), and times them from just before the first submit
+// until the database holds all of them done, each with its success
+// report. The bench reads the database every 10 ms: messages still queued
+// or running on the topic, then the counts of done messages and success
+// reports.
+//
+// The host and its plugin run for all runs of the phase and are stopped
+// at its end, also when the bench is interrupted (SIGINT or SIGTERM).
+
+// realHostTask is the plugin's built-in task the phase submits: it returns
+// its payload.
+const realHostTask = "demo.echo"
+
+// realHostPoll is how often the phase reads the database for completion.
+const realHostPoll = 10 * time.Millisecond
+
+// realHostResult is one run of the real-host phase.
+type realHostResult struct {
+	Run          int     `json:"run"`
+	JobsPerSec   float64 `json:"burn_jobs_per_s"`
+	Secs         float64 `json:"burn_s"`
+	WALPerMsg    float64 `json:"burn_wal_bytes_per_msg"`
+	SubmitPerSec float64 `json:"submit_jobs_per_s"`
+}
+
+// realHostBinaries returns the host binary and the plugins directory the
+// phase runs, as absolute paths: from -host-bin, else the build this
+// bench runs from (bin/plugins/fp-plugin-tasks_worker beside bin/host).
+func realHostBinaries(hostBin string) (host, pluginsDir string, err error) {
+	if hostBin == "" {
+		if hostBin, err = os.Executable(); err != nil {
+			return "", "", fmt.Errorf("finding this binary (give -host-bin): %w", err)
+		}
+	}
+	return hostproc.Binaries(hostBin)
+}
+
+// realHostConfig is the host's configuration (after listen and
+// plugins_dir): tasks_worker alone, on the bench's schema, with the
+// database address in its environment rather than in the file.
+func realHostConfig(cfg benchConfig, schema, topic string) string {
+	return fmt.Sprintf(`plugins:
+  tasks_worker:
+    enabled: true
+    env: [%s]
+    config:
+      broker: postgres
+      schema: %s
+      workers: %d
+      topics:
+        %s: {concurrency_limit: %d}
+`, tasksworker.DSNEnv, schema, cfg.workers, topic, cfg.limit)
+}
+
+// runRealHost runs the real-host phase -runs times, printing every run and
+// the medians, and fills summary.
+func runRealHost(ctx context.Context, bn *bench, out io.Writer, summary map[string]any) (err error) {
+	cfg := bn.cfg
+	hostBin, pluginsDir, err := realHostBinaries(cfg.hostBin)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "taskhost-bench-host-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cfg.keep || (err != nil && ctx.Err() == nil) {
+			fmt.Fprintf(out, "kept the host's directory %s (configuration and host.log)\n", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	}()
+	logPath := filepath.Join(dir, "host.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	var hostOut io.Writer = logFile
+	if cfg.verbose {
+		hostOut = io.MultiWriter(logFile, os.Stderr)
+	}
+	// A plain topic name: it goes into the configuration as it is.
+	topic := bn.topic("host", 0)
+	fmt.Fprintf(out, "== real host: %s with the tasks_worker plugin of %s (broker postgres, schema %s, workers %d, topic limit %d)\n",
+		hostBin, pluginsDir, bn.schema, cfg.workers, cfg.limit)
+	fmt.Fprintf(out, "  each run: %d %s tasks through POST tasks/batch (NDJSON, one stream), timed from the first submit until the database holds them all done with their success reports\n",
+		cfg.jobs, realHostTask)
+	p, err := hostproc.Start(ctx, hostproc.Options{
+		Host:       hostBin,
+		PluginsDir: pluginsDir,
+		ConfigPath: filepath.Join(dir, "taskhost.yaml"),
+		Config:     realHostConfig(cfg, bn.schema, topic),
+		Env:        []string{tasksworker.DSNEnv + "=" + cfg.dsn},
+		Output:     hostOut,
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("starting the host: %w%s", err, logTail(logPath))
+	}
+	defer p.Stop()
+	c := client.New(p.URL)
+
+	var results []realHostResult
+	for run := 1; run <= cfg.runs; run++ {
+		r, err := bn.realHostRun(ctx, c, topic, run, p.Exited())
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			return fmt.Errorf("real host, run %d: %w%s", run, err, logTail(logPath))
+		}
+		fmt.Fprintf(out, "  run %d  %8d jobs in %7.3fs  %10s jobs/s  %s  WAL %s B/message  (submitted in %.3fs, %s/s)\n",
+			run, cfg.jobs, r.Secs, fmtNum(r.JobsPerSec), bn.mode(), fmtNum(r.WALPerMsg), float64(cfg.jobs)/r.SubmitPerSec, fmtNum(r.SubmitPerSec))
+		results = append(results, r)
+	}
+	fmt.Fprintf(out, "== medians of %d runs\n", len(results))
+	for _, row := range []struct {
+		name, key, unit string
+		f               func(realHostResult) float64
+	}{
+		{"real host", "burn_jobs_per_s", "jobs/s", func(r realHostResult) float64 { return r.JobsPerSec }},
+		{"real host WAL", "burn_wal_bytes_per_msg", "B/msg", func(r realHostResult) float64 { return r.WALPerMsg }},
+		{"submit (HTTP batch)", "submit_jobs_per_s", "jobs/s", func(r realHostResult) float64 { return r.SubmitPerSec }},
+	} {
+		v := make([]float64, len(results))
+		each := make([]string, len(results))
+		for i, r := range results {
+			v[i], each[i] = row.f(r), fmtNum(row.f(r))
+		}
+		fmt.Fprintf(out, "  %-26s %10s %-6s (runs: %s)\n", row.name, fmtNum(median(v)), row.unit, strings.Join(each, ", "))
+		summary[row.key] = round2(median(v))
+	}
+	summary["runs"] = results
+	return nil
+}
+
+// realHostRun is one run of the real-host phase on topic.
+func (bn *bench) realHostRun(ctx context.Context, c *client.Client, topic string, run int, exited <-chan struct{}) (realHostResult, error) {
+	n := bn.cfg.jobs
+	r := realHostResult{Run: run}
+	// The reports too: the run counts those of topic.
+	if _, err := bn.admin.Exec(ctx, `TRUNCATE tw_messages, tw_locks, tw_reports`); err != nil {
+		return r, err
+	}
+	if err := bn.settle(ctx); err != nil {
+		return r, err
+	}
+	var wal walMeter
+	if err := wal.start(ctx, bn.admin); err != nil {
+		return r, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type submitted struct {
+		res client.BatchResult
+		err error
+		at  time.Time
+	}
+	subDone := make(chan submitted, 1)
+	start := time.Now()
+	go func() {
+		res, err := c.SubmitBatch(ctx, realHostTasks(topic, n))
+		subDone <- submitted{res, err, time.Now()}
+	}()
+
+	timeout := time.NewTimer(bn.cfg.timeout)
+	defer timeout.Stop()
+	tick := time.NewTicker(realHostPoll)
+	defer tick.Stop()
+	var (
+		sub     *submitted
+		pending = true
+	)
+	for {
+		select {
+		case s := <-subDone:
+			if s.err != nil {
+				return r, fmt.Errorf("submitting through %s: %w", c.BaseURL(), s.err)
+			}
+			if s.res.Stored != n {
+				return r, fmt.Errorf("the host stored %d of %d tasks", s.res.Stored, n)
+			}
+			sub = &s
+		case <-tick.C:
+		case <-exited:
+			return r, errors.New("the host exited")
+		case <-timeout.C:
+			done, reports, _ := bn.finished(ctx, topic)
+			return r, fmt.Errorf("timed out after %s with %d of %d done and %d success reports", bn.cfg.timeout, done, n, reports)
+		case <-ctx.Done():
+			return r, ctx.Err()
+		}
+		if sub == nil {
+			continue
+		}
+		if pending {
+			// Cheap: the partial indexes of queued and running messages.
+			if err := bn.admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tw_messages WHERE topic = $1 AND state IN ('queued', 'running'))`, topic).Scan(&pending); err != nil {
+				return r, err
+			}
+			if pending {
+				continue
+			}
+		}
+		done, reports, err := bn.finished(ctx, topic)
+		if err != nil {
+			return r, err
+		}
+		if done != int64(n) {
+			return r, fmt.Errorf("nothing is queued or running, but %d of %d tasks are done", done, n)
+		}
+		if reports == int64(n) {
+			break
+		}
+	}
+	d := time.Since(start)
+	r.Secs = d.Seconds()
+	r.JobsPerSec = float64(n) / d.Seconds()
+	r.SubmitPerSec = float64(n) / sub.at.Sub(start).Seconds()
+	var err error
+	r.WALPerMsg, err = wal.perMessage(ctx, n)
+	return r, err
+}
+
+// realHostTasks yields the n tasks of a run.
+func realHostTasks(topic string, n int) iter.Seq[client.Task] {
+	return func(yield func(client.Task) bool) {
+		for i := range n {
+			if !yield(client.Task{Task: realHostTask, Topic: topic, Payload: benchPayload(i)}) {
+				return
+			}
+		}
+	}
+}
+
+// logTail is the end of the host's log at path, for an error message.
+func logTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	lines := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if len(lines) > 20 {
+		lines = lines[len(lines)-20:]
+	}
+	return "\nthe host's log ends with:\n" + string(bytes.Join(lines, []byte("\n")))
+}
