@@ -295,3 +295,31 @@ func TestClosedLoopsStop(t *testing.T) {
 		t.Fatalf("Health after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestDeadHoldersSlotPassesOn: on a topic limited to 1, the one running
+// message's worker loses its connection; its slot is not lost: the
+// redelivered message is taken again though the topic is at its limit,
+// and then the rest run.
+func TestDeadHoldersSlotPassesOn(t *testing.T) {
+	a, b := twoOnOneStore(t, Options{})
+	one := 1
+	if _, err := a.SetTopic(t.Context(), "one", broker.TopicPatch{ConcurrencyLimit: &one}); err != nil {
+		t.Fatal(err)
+	}
+	first := mustSubmit(t, a, "one")
+	second := mustSubmit(t, a, "one")
+	if m := claimWithin(t, a, "wa", "one"); m.ID != first {
+		t.Fatalf("claimed %d, want %d", m.ID, first)
+	}
+	dropConnection(t, a)
+	m := claimWithin(t, b, "wb", "one")
+	if m.ID != first || m.Attempts != 2 {
+		t.Fatalf("claim after the holder's connection closed = %+v, want message %d attempt 2", m, first)
+	}
+	if errs, err := b.Ack(t.Context(), []broker.Outcome{{Claim: m.ClaimOf()}}); err != nil || errs[0] != nil {
+		t.Fatalf("Ack: %v %v", errs, err)
+	}
+	if m := claimWithin(t, b, "wb", "one"); m.ID != second {
+		t.Fatalf("claimed %d, want %d", m.ID, second)
+	}
+}

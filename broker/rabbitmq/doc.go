@@ -65,7 +65,18 @@
 // limit admits: there are no tokens to re-seed. A limited topic's claims
 // ask RabbitMQ for no more deliveries than the limit admits; a take that
 // loses a race for the last slot publishes the message again at the end
-// of the queue (as a new message, so waiting costs no delivery).
+// of the queue (as a new message, so waiting costs no delivery). A topic
+// at its limit is still looked at once a second by each process, since
+// the delivery that passes a dead worker's slot on is back at the head of
+// its queue (see probeDue).
+//
+// Token queues (a queue of N tokens per limited topic, held unacked while
+// a message runs) were the other design. They are not used: the count
+// would then live in two places (tokens, and the running rows that Stats,
+// the API and the reaper read), re-seeding on a limit change needs
+// generations to never exceed the limit, and a dead worker's token would
+// come back before its message's slot is passed on, so for a while both
+// its redelivered message and a new one could run.
 //
 // # Not ours
 //

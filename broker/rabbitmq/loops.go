@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -13,6 +14,7 @@ import (
 // Intervals of the loops.
 const (
 	publishEvery = 100 * time.Millisecond
+	doneEvery    = 20 * time.Millisecond
 	deadEvery    = time.Second
 	outboxBatch  = 500
 )
@@ -74,6 +76,68 @@ func (b *Broker) publishDue(ctx context.Context) error {
 		}
 		if len(es) < outboxBatch {
 			return nil
+		}
+	}
+}
+
+// publishedEntries are the outbox entries of published messages, deleted
+// in batches by doneLoop: a submit then waits for one write to the state
+// store, not two. An entry whose delete is lost (the process died first)
+// publishes its message again once its lease has passed: a duplicate,
+// which its take drops.
+type publishedEntries struct {
+	mu   sync.Mutex
+	ids  []int64
+	kick chan struct{}
+}
+
+func (p *publishedEntries) add(ids []int64) {
+	p.mu.Lock()
+	p.ids = append(p.ids, ids...)
+	full := len(p.ids) >= outboxBatch
+	p.mu.Unlock()
+	if full {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (p *publishedEntries) takeAll() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := p.ids
+	p.ids = nil
+	return ids
+}
+
+// doneLoop deletes the outbox entries of published messages, every
+// doneEvery or when a batch is full, and once more when the broker
+// closes.
+func (b *Broker) doneLoop() {
+	defer b.wg.Done()
+	t := time.NewTicker(doneEvery)
+	defer t.Stop()
+	for {
+		stopping := false
+		select {
+		case <-b.ctx.Done():
+			stopping = true
+		case <-t.C:
+		case <-b.done.kick:
+		}
+		for ids := b.done.takeAll(); len(ids) > 0; ids = b.done.takeAll() {
+			for len(ids) > 0 {
+				n := min(len(ids), outboxBatch)
+				if err := b.state.OutboxDone(context.Background(), ids[:n]); err != nil {
+					b.log.Warn("outbox: could not delete published entries; their messages are published again when their lease ends (duplicates are dropped)", "error", err)
+				}
+				ids = ids[n:]
+			}
+		}
+		if stopping {
+			return
 		}
 	}
 }

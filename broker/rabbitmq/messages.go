@@ -127,10 +127,7 @@ func (b *Broker) SubmitBatch(ctx context.Context, reqs []broker.SubmitRequest) (
 func (b *Broker) publishNow(ctx context.Context, topic string, ids []int64) {
 	err := b.publish(ctx, topic, ids)
 	if err == nil {
-		err = b.state.OutboxDone(ctx, ids)
-		if err != nil {
-			b.log.Warn("outbox: could not delete published entries; they will be published again (duplicates are dropped)", "error", err)
-		}
+		b.done.add(ids)
 		return
 	}
 	b.log.Warn("publish failed; the publisher loop will retry", "topic", topic, "count", len(ids), "error", err)
@@ -182,6 +179,14 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 	if err != nil {
 		return nil, err
 	}
+	for _, t := range topics {
+		switch n, known := left[t]; {
+		case !known || n == sqlstore.Paused:
+			left[t] = 0
+		case n == 0 && b.probeDue(t):
+			left[t] = probeOne
+		}
+	}
 	var out []broker.Message
 	for len(out) < want {
 		progress := false
@@ -191,6 +196,9 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 			}
 			if left[t] == 0 {
 				continue
+			}
+			if left[t] == probeOne {
+				left[t] = 0
 			}
 			m, ok, err := b.takeOne(ctx, s, t, req.WorkerID)
 			if err != nil {
@@ -215,6 +223,31 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		}
 	}
 	return out, nil
+}
+
+// probeOne marks a topic at its limit whose queue a claim looks at once:
+// see probeDue.
+const probeOne = -3
+
+// probeEvery is how often a broker looks at the queue of a topic at its
+// limit.
+const probeEvery = time.Second
+
+// probeDue reports whether a claim should look at the queue of topic,
+// which is at its limit, once: a slot may be held by a claim whose worker
+// died, and its delivery, back in the queue (RabbitMQ serves returned
+// deliveries first), passes the slot on only when it is taken. A fresh
+// delivery met that way goes back to the end of the queue, so a topic
+// at its limit pays that reordering at most once per probeEvery per
+// process.
+func (b *Broker) probeDue(topic string) bool {
+	b.probeMu.Lock()
+	defer b.probeMu.Unlock()
+	if last, ok := b.probed[topic]; ok && time.Since(last) < probeEvery {
+		return false
+	}
+	b.probed[topic] = time.Now()
+	return true
 }
 
 // takeOne takes the next delivery of topic that its row admits.

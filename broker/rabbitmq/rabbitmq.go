@@ -86,10 +86,14 @@ type Broker struct {
 	kick   chan struct{}
 
 	held    heldDeliveries
+	done    publishedEntries
 	rr      atomic.Uint64 // rotates the first topic of claims
 	queueMu sync.Mutex
 	queues  map[string]bool // every queue this broker declared
 	topics  map[string]bool // every topic whose queues it declared
+
+	probeMu sync.Mutex
+	probed  map[string]time.Time // see probeDue
 }
 
 var (
@@ -128,17 +132,20 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		kick:      make(chan struct{}, 1),
 		queues:    make(map[string]bool),
 		topics:    make(map[string]bool),
+		probed:    make(map[string]time.Time),
 	}
 	b.held.m = make(map[string]delivery)
+	b.done.kick = make(chan struct{}, 1)
 	s, err := b.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
 	b.sess = s
 	b.ctx, b.stop = context.WithCancel(context.Background())
-	b.wg.Add(3)
+	b.wg.Add(4)
 	go b.reconnectLoop(s)
 	go b.publishLoop()
+	go b.doneLoop()
 	go b.deadLoop()
 	return b, nil
 }

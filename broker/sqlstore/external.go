@@ -43,8 +43,8 @@ type External interface {
 	// with TakeOK the message is running under a fresh token, claimed by
 	// worker, one attempt more, and returned with its token.
 	TakeMessage(ctx context.Context, id int64, worker string, redelivered bool) (broker.Message, Verdict, error)
-	// Admits returns how many more messages each of topics admits now:
-	// see Admits. Unknown topics are left out (they admit none).
+	// Admits returns how many more messages each of topics admits now
+	// (see Admits). Unknown topics are left out (they admit none).
 	Admits(ctx context.Context, topics []string) (map[string]int, error)
 	// EndUndeliverable ends message id dead with reason when it is queued
 	// or running (its deliveries ran out outside: a worker died holding it
@@ -144,16 +144,20 @@ func RetakenError(worker string, attempt int) string {
 	return fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q lost its delivery during attempt %d (its connection closed); taken again from the redelivery", worker, attempt)
 }
 
-// Unlimited is what Admits says of a topic without a concurrency limit.
-const Unlimited = -1
+// What Admits says of a topic without a concurrency limit, and of a
+// paused one.
+const (
+	Unlimited = -1
+	Paused    = -2
+)
 
-// Admits is how many more messages a topic admits now: none while it is
+// Admits is how many more messages a topic admits now: Paused while it is
 // paused, Unlimited without a limit, else its limit less its running
 // messages (never below 0).
 func Admits(paused bool, limit, running int) int {
 	switch {
 	case paused:
-		return 0
+		return Paused
 	case limit <= 0:
 		return Unlimited
 	}
