@@ -164,6 +164,7 @@ func BenchmarkRabbitMQKilledWorkerRecovery(b *testing.B) {
 		took = append(took, killWorkerHoldingMessages(b, url, 4).back)
 	}
 	slices.Sort(took)
+	b.Logf("%d kill -9 recoveries: %v", len(took), took)
 	b.ReportMetric(took[len(took)/2].Seconds(), "s/recovery")
 	b.ReportMetric(0, "ns/op")
 }
