@@ -150,14 +150,19 @@ func (b *Broker) TakeMessage(ctx context.Context, id int64, worker string, redel
 			return err
 		}
 		if f.State == broker.StateQueued {
-			// The topic's row is locked: the takes of a limited topic count
-			// its running rows one after the other.
-			err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1 FOR UPDATE`, topic).
+			err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1`, topic).
 				Scan(&f.Paused, &f.Limit)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return err
 			}
 			if f.Limit > 0 {
+				// The topic's row is locked (and read again): the takes of
+				// a limited topic count its running rows one after the
+				// other. Unlimited topics take without it.
+				if err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1 FOR UPDATE`, topic).
+					Scan(&f.Paused, &f.Limit); err != nil {
+					return err
+				}
 				if err := tx.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, topic).
 					Scan(&f.Running); err != nil {
 					return err

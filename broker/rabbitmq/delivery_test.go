@@ -114,11 +114,11 @@ func TestRedeliveryFencesTheOldClaim(t *testing.T) {
 	}
 }
 
-// TestDeliveryLimitDeadLetters: a message whose holder loses its
-// connection more often than the delivery limit is dead-lettered by
+// TestDeliveryLimitDeadLetters: a message delivered DeliveryLimit times,
+// each time to a worker that loses its connection, is dead-lettered by
 // RabbitMQ, and its row ends dead.
 func TestDeliveryLimitDeadLetters(t *testing.T) {
-	b := openTest(t, onLocal, Options{DeliveryLimit: 1})
+	b := openTest(t, onLocal, Options{DeliveryLimit: 2})
 	id := mustSubmit(t, b, "poison")
 	for attempt := 1; attempt <= 2; attempt++ {
 		m := claimWithin(t, b, "w", "poison")
@@ -321,5 +321,19 @@ func TestDeadHoldersSlotPassesOn(t *testing.T) {
 	}
 	if m := claimWithin(t, b, "wb", "one"); m.ID != second {
 		t.Fatalf("claimed %d, want %d", m.ID, second)
+	}
+}
+
+// TestOtherDeliveryLimitKeepsTheQueue: a broker opened with another
+// delivery limit than the one its topic queue was declared with uses the
+// queue as it is: its submits and claims work.
+func TestOtherDeliveryLimitKeepsTheQueue(t *testing.T) {
+	a, b := twoOnOneStore(t, Options{DeliveryLimit: 5})
+	mustSubmit(t, a, "dl")
+	b.opts.DeliveryLimit = 3
+	id := mustSubmit(t, b, "dl")
+	claimWithin(t, b, "w", "dl")
+	if m := claimWithin(t, b, "w", "dl"); m.ID != id {
+		t.Fatalf("claimed %d, want %d", m.ID, id)
 	}
 }

@@ -200,7 +200,20 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 			if left[t] == probeOne {
 				left[t] = 0
 			}
-			m, ok, err := b.takeOne(ctx, s, t, req.WorkerID)
+			var (
+				m   broker.Message
+				ok  bool
+				err error
+			)
+			if left[t] == sqlstore.Unlimited {
+				m, ok, err = b.takeOne(ctx, s, t, req.WorkerID)
+			} else if mu := b.limitedMutex(t); mu.TryLock() {
+				// One claim of this process at a time takes from a
+				// limited topic: the others would only lose the race for
+				// its last slots and put their deliveries back.
+				m, ok, err = b.takeOne(ctx, s, t, req.WorkerID)
+				mu.Unlock()
+			}
 			if err != nil {
 				if len(out) > 0 {
 					b.log.Warn("claim: stopped early", "topic", t, "error", err)
@@ -223,6 +236,18 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		}
 	}
 	return out, nil
+}
+
+// limitedMutex returns the mutex of limited topic t: see Claim.
+func (b *Broker) limitedMutex(t string) *sync.Mutex {
+	b.probeMu.Lock()
+	defer b.probeMu.Unlock()
+	mu := b.limited[t]
+	if mu == nil {
+		mu = new(sync.Mutex)
+		b.limited[t] = mu
+	}
+	return mu
 }
 
 // probeOne marks a topic at its limit whose queue a claim looks at once:

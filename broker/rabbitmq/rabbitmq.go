@@ -38,9 +38,11 @@ type Options struct {
 	// connection, and its deliveries come back.
 	Heartbeat time.Duration
 	// DeliveryLimit is how many deliveries of one message RabbitMQ makes
-	// before it dead-letters it (the topic queues' x-delivery-limit; the
-	// setting orphan_max_attempts): a message whose worker dies every
-	// time ends dead. Zero or less means no limit.
+	// before it dead-letters it (the setting orphan_max_attempts; the
+	// topic queues' x-delivery-limit is one less, as RabbitMQ counts
+	// returns): a message whose worker dies every time ends dead. Zero or
+	// less means no limit. A queue declared before with another limit
+	// keeps its own (a warning says so).
 	DeliveryLimit int
 	// MaxPayload is the largest payload Submit accepts, in bytes (the
 	// state store checks it; zero means broker.MaxPayloadSize).
@@ -93,7 +95,8 @@ type Broker struct {
 	topics  map[string]bool // every topic whose queues it declared
 
 	probeMu sync.Mutex
-	probed  map[string]time.Time // see probeDue
+	probed  map[string]time.Time   // see probeDue
+	limited map[string]*sync.Mutex // see Claim
 }
 
 var (
@@ -133,6 +136,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		queues:    make(map[string]bool),
 		topics:    make(map[string]bool),
 		probed:    make(map[string]time.Time),
+		limited:   make(map[string]*sync.Mutex),
 	}
 	b.held.m = make(map[string]delivery)
 	b.done.kick = make(chan struct{}, 1)

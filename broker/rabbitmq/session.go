@@ -90,10 +90,34 @@ func (s *session) declare(topic string) error {
 		"x-dead-letter-routing-key": n.topic(topic),
 	}
 	if s.b.opts.DeliveryLimit > 0 {
-		args["x-delivery-limit"] = int64(s.b.opts.DeliveryLimit)
+		// RabbitMQ counts returns: a limit of L dead-letters at the
+		// (L+1)th return, after L+1 deliveries.
+		args["x-delivery-limit"] = int64(s.b.opts.DeliveryLimit - 1)
 	}
-	if _, err := ch.QueueDeclare(n.topic(topic), true, false, false, false, args); err != nil {
+	q, err := ch.QueueDeclare(n.topic(topic), true, false, false, false, args)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+		// The queue exists with other arguments (its delivery limit was
+		// declared with another orphan_max_attempts): it is used as it
+		// is. The failed declare closed the channel.
+		s.b.log.Warn("a topic queue exists with other arguments; using it as it is (to change its delivery limit, delete the queue while no worker runs, or set a policy)",
+			"queue", n.topic(topic), "error", ae.Reason)
+		if ch, err = s.conn.Channel(); err != nil {
+			return err
+		}
+		defer func() { _ = ch.Close() }()
+		q, err = ch.QueueDeclarePassive(n.topic(topic), true, false, false, false, nil)
+	}
+	if err != nil {
 		return fmt.Errorf("declare queue %s: %w", n.topic(topic), err)
+	}
+	if q.Messages == 0 {
+		// An empty queue may have lost its messages (deleted or purged
+		// while no broker ran): the topic's queued messages are
+		// published again; those still in it are dropped as duplicates.
+		if n, err := s.b.state.OutboxAddQueued(context.Background(), topic); err == nil && n > 0 {
+			s.b.kickPublisher()
+		}
 	}
 	if _, err := ch.QueueDeclare(n.dead(topic), true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		return fmt.Errorf("declare queue %s: %w", n.dead(topic), err)

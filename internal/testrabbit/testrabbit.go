@@ -24,7 +24,7 @@ const Env = "TASKHOST_TEST_AMQP_URL"
 const DefaultURL = "amqp://guest:guest@127.0.0.1:5672/"
 
 // HowToStart is what a test says when RabbitMQ does not answer.
-const HowToStart = "start it with: rabbitmq-server -detached (or make test-setup), or set " + Env +
+const HowToStart = "start it with: rabbitmq-server -detached (or make test/setup), or set " + Env +
 	" to a RabbitMQ the tests may declare queues on (default " + DefaultURL + ")"
 
 // URL returns the test RabbitMQ's address (Env when set, else DefaultURL),
