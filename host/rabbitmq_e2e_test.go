@@ -348,3 +348,27 @@ func TestRabbitMQLimitAcrossProcesses(t *testing.T) {
 		t.Errorf("tasks were done by %d worker(s) (%v): the run did not exercise claimers in several processes", len(doneBy), doneBy)
 	}
 }
+
+// TestRabbitMQPoisonTaskIsDeadLettered: demo.crash kills with SIGKILL
+// whichever worker runs it. Each death brings its delivery back; once the
+// message has been delivered orphan_max_attempts (3) times, RabbitMQ's
+// delivery limit dead-letters it, the broker ends it dead with a reason
+// naming the limit, and no fourth worker dies of it.
+func TestRabbitMQPoisonTaskIsDeadLettered(t *testing.T) {
+	env := newRabbitEnv(t, testrabbit.URL(t), "poison")
+	h := startHost(t, env.config(twOpts{topics: "{poison: {}}"}))
+	first, _ := h.pluginPID(t, 0)
+	id := h.mustSubmit(t, "demo.crash", "poison", nil)
+	m := h.waitTask(t, id, 3*time.Minute, "is dead", func(m twTask) bool { return m.State == "dead" })
+	var lastErr string
+	if m.Error != nil {
+		lastErr = *m.Error
+	}
+	if m.Attempts != 3 || !strings.Contains(lastErr, "delivery limit") {
+		t.Errorf("poison message: attempts %d, error %q; want 3 attempts and an error naming the delivery limit", m.Attempts, lastErr)
+	}
+	h.pluginPID(t, first)
+	if st := h.worker(t); st.Restarts != 3 {
+		t.Errorf("tasks_worker restarted %d times, want 3: one death per delivery of the poison, none after it was dead-lettered", st.Restarts)
+	}
+}
