@@ -54,12 +54,12 @@ func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration
 }
 
 // OutboxAddQueued: see sqlstore.External.
-func (b *Broker) OutboxAddQueued(ctx context.Context, topic string) (int, error) {
+func (b *Broker) OutboxAddQueued(ctx context.Context, topic string, age time.Duration) (int, error) {
 	var n int64
 	err := b.write(ctx, "outbox add queued", func(tx *txn, now time.Time) error {
 		r, err := tx.Exec(`INSERT INTO tw_amqp_outbox (message_id, due_at)
-			SELECT id, max(available_at, ?) FROM tw_messages WHERE topic = ? AND state = 'queued'
-			ON CONFLICT (message_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)`, ns(now), topic)
+			SELECT id, max(available_at, ?) FROM tw_messages WHERE topic = ? AND state = 'queued' AND created_at <= ?
+			ON CONFLICT (message_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)`, ns(now), topic, addNS(now, -age))
 		if err != nil {
 			return err
 		}
@@ -139,61 +139,87 @@ func (b *Broker) OutboxDone(ctx context.Context, ids []int64) error {
 	})
 }
 
-// TakeMessage: see sqlstore.External and sqlstore.Take.
-func (b *Broker) TakeMessage(ctx context.Context, id int64, worker string, redelivered bool) (broker.Message, sqlstore.Verdict, error) {
+// TakeMessages: see sqlstore.External and sqlstore.Take.
+func (b *Broker) TakeMessages(ctx context.Context, worker string, ds []sqlstore.Delivery) ([]sqlstore.Taken, error) {
 	if worker == "" {
-		return broker.Message{}, sqlstore.TakeDrop, broker.Invalid("worker id is empty")
+		return nil, broker.Invalid("worker id is empty")
 	}
-	var (
-		m       broker.Message
-		verdict sqlstore.Verdict
-	)
-	err := b.write(ctx, "take message", func(tx *txn, now time.Time) error {
-		f := sqlstore.TakeFacts{Found: true, Redelivered: redelivered}
-		var (
-			topic, by string
-			attempts  int
-			paused    sql.NullBool
-			limit     sql.NullInt64
-		)
-		err := tx.QueryRow(`SELECT m.state, m.available_at <= ?, m.topic, coalesce(m.claimed_by, ''), m.attempts,
-				t.paused, t.concurrency_limit
-			FROM tw_messages m LEFT JOIN tw_topics t ON t.name = m.topic WHERE m.id = ?`, ns(now), id).
-			Scan(&f.State, &f.Available, &topic, &by, &attempts, &paused, &limit)
-		if errors.Is(err, sql.ErrNoRows) {
-			f.Found = false
-		} else if err != nil {
-			return err
-		}
-		f.Paused, f.Limit = paused.Bool, int(limit.Int64)
-		if f.Found && f.State == broker.StateQueued && f.Limit > 0 {
-			if err := tx.QueryRow(`SELECT count(*) FROM tw_messages WHERE topic = ? AND state = 'running'`, topic).Scan(&f.Running); err != nil {
+	var out []sqlstore.Taken
+	err := b.write(ctx, "take messages", func(tx *txn, now time.Time) error {
+		out = make([]sqlstore.Taken, 0, len(ds))
+		topics := make(map[string]*sqlstore.TopicFacts)
+		for _, d := range ds {
+			t, err := takeOne(tx, now, worker, d, topics)
+			if err != nil {
 				return err
 			}
+			out = append(out, t)
 		}
-		verdict = sqlstore.Take(f)
-		if verdict != sqlstore.TakeOK {
-			return nil
-		}
-		q := `UPDATE tw_messages SET state = 'running', claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?
-			WHERE id = ? RETURNING ` + msgCols
-		args := []any{worker, ns(now), newToken(), id}
-		if f.State == broker.StateRunning {
-			if _, err := tx.Exec(`DELETE FROM tw_locks WHERE message_id = ?`, id); err != nil {
-				return err
-			}
-			q = `UPDATE tw_messages SET claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?,
-				orphaned = orphaned + 1, suspect = 1, last_error = ?
-				WHERE id = ? RETURNING ` + msgCols
-			args = []any{worker, ns(now), newToken(), sqlstore.RetakenError(by, attempts), id}
-		}
-		m, err = scanMessage(tx.QueryRow(q, args...), true)
-		return err
+		return nil
 	})
 	if err != nil {
-		return broker.Message{}, sqlstore.TakeDrop, err
+		return nil, err
 	}
-	return m, verdict, nil
+	return out, nil
+}
+
+// takeOne decides one delivery in tx; topics caches the facts of the
+// topics met so far in the transaction.
+func takeOne(tx *txn, now time.Time, worker string, d sqlstore.Delivery, topics map[string]*sqlstore.TopicFacts) (sqlstore.Taken, error) {
+	f := sqlstore.TakeFacts{Found: true, Redelivered: d.Redelivered}
+	var (
+		topic, by string
+		attempts  int
+	)
+	err := tx.QueryRow(`SELECT state, available_at <= ?, topic, coalesce(claimed_by, ''), attempts
+		FROM tw_messages WHERE id = ?`, ns(now), d.ID).Scan(&f.State, &f.Available, &topic, &by, &attempts)
+	if errors.Is(err, sql.ErrNoRows) {
+		return sqlstore.Taken{Verdict: sqlstore.Take(sqlstore.TakeFacts{})}, nil
+	}
+	if err != nil {
+		return sqlstore.Taken{}, err
+	}
+	var tf *sqlstore.TopicFacts
+	if f.State == broker.StateQueued {
+		if tf = topics[topic]; tf == nil {
+			tf = new(sqlstore.TopicFacts)
+			err := tx.QueryRow(`SELECT paused, concurrency_limit,
+					CASE WHEN concurrency_limit > 0 THEN
+						(SELECT count(*) FROM tw_messages WHERE topic = tw_topics.name AND state = 'running') ELSE 0 END
+				FROM tw_topics WHERE name = ?`, topic).Scan(&tf.Paused, &tf.Limit, &tf.Running)
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return sqlstore.Taken{}, err
+			}
+			topics[topic] = tf
+		}
+		f.Paused, f.Limit, f.Running = tf.Paused, tf.Limit, tf.Running
+	}
+	v := sqlstore.Take(f)
+	if v != sqlstore.TakeOK {
+		return sqlstore.Taken{Verdict: v}, nil
+	}
+	q := `UPDATE tw_messages SET state = 'running', claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?
+		WHERE id = ? RETURNING ` + msgCols
+	args := []any{worker, ns(now), newToken(), d.ID}
+	if f.State == broker.StateRunning {
+		if _, err := tx.Exec(`DELETE FROM tw_locks WHERE message_id = ?`, d.ID); err != nil {
+			return sqlstore.Taken{}, err
+		}
+		if _, err := tx.Exec(`INSERT INTO tw_amqp_orphans (message_id, kind) VALUES (?, 'reclaimed')`, d.ID); err != nil {
+			return sqlstore.Taken{}, err
+		}
+		q = `UPDATE tw_messages SET claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?,
+			orphaned = orphaned + 1, suspect = 1, last_error = ?
+			WHERE id = ? RETURNING ` + msgCols
+		args = []any{worker, ns(now), newToken(), sqlstore.RetakenError(by, attempts), d.ID}
+	} else {
+		tf.Running++
+	}
+	m, err := scanMessage(tx.QueryRow(q, args...), true)
+	if err != nil {
+		return sqlstore.Taken{}, err
+	}
+	return sqlstore.Taken{Message: m, Verdict: v}, nil
 }
 
 // EndUndeliverable: see sqlstore.External.
@@ -211,10 +237,41 @@ func (b *Broker) EndUndeliverable(ctx context.Context, id int64, reason string) 
 			return err
 		}
 		ended = true
+		if _, err := tx.Exec(`INSERT INTO tw_amqp_orphans (message_id, kind) VALUES (?, 'dead_lettered')`, id); err != nil {
+			return err
+		}
 		_, err = tx.Exec(`DELETE FROM tw_locks WHERE message_id = ?`, id)
 		return err
 	})
 	return ended, err
+}
+
+// TakeOrphanLog: see sqlstore.External.
+func (b *Broker) TakeOrphanLog(ctx context.Context) (reclaimed, deadLettered []int64, err error) {
+	err = b.write(ctx, "take orphan log", func(tx *txn, _ time.Time) error {
+		reclaimed, deadLettered = nil, nil
+		rows, err := tx.Query(`DELETE FROM tw_amqp_orphans RETURNING message_id, kind`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				id   int64
+				kind string
+			)
+			if err := rows.Scan(&id, &kind); err != nil {
+				return err
+			}
+			if kind == "reclaimed" {
+				reclaimed = append(reclaimed, id)
+			} else {
+				deadLettered = append(deadLettered, id)
+			}
+		}
+		return rows.Err()
+	})
+	return reclaimed, deadLettered, err
 }
 
 // Admits: see sqlstore.External.

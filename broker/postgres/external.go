@@ -64,11 +64,12 @@ func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration
 }
 
 // OutboxAddQueued: see sqlstore.External.
-func (b *Broker) OutboxAddQueued(ctx context.Context, topic string) (int, error) {
+func (b *Broker) OutboxAddQueued(ctx context.Context, topic string, age time.Duration) (int, error) {
 	var n int64
 	err := b.run(ctx, "outbox add queued", func(c *pgx.Conn) error {
 		tag, err := c.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
-			SELECT id, greatest(available_at, now()) FROM tw_messages WHERE topic = $1 AND state = 'queued'`+outboxUpsert, topic)
+			SELECT id, greatest(available_at, now()) FROM tw_messages
+			WHERE topic = $1 AND state = 'queued' AND created_at <= now() - $2 * interval '1 microsecond'`+outboxUpsert, topic, micros(age))
 		n = tag.RowsAffected()
 		return err
 	})
@@ -125,74 +126,99 @@ func (b *Broker) OutboxDone(ctx context.Context, ids []int64) error {
 	})
 }
 
-// TakeMessage: see sqlstore.External and sqlstore.Take.
-func (b *Broker) TakeMessage(ctx context.Context, id int64, worker string, redelivered bool) (broker.Message, sqlstore.Verdict, error) {
+// TakeMessages: see sqlstore.External and sqlstore.Take.
+func (b *Broker) TakeMessages(ctx context.Context, worker string, ds []sqlstore.Delivery) ([]sqlstore.Taken, error) {
 	if worker == "" {
-		return broker.Message{}, sqlstore.TakeDrop, broker.Invalid("worker id is empty")
+		return nil, broker.Invalid("worker id is empty")
 	}
+	var out []sqlstore.Taken
+	err := b.tx(ctx, "take messages", func(tx pgx.Tx) error {
+		out = make([]sqlstore.Taken, 0, len(ds))
+		topics := make(map[string]*sqlstore.TopicFacts)
+		for _, d := range ds {
+			t, err := takeOne(ctx, tx, worker, d, topics)
+			if err != nil {
+				return err
+			}
+			out = append(out, t)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// takeOne decides one delivery in tx; topics caches the facts of the
+// topics met so far in the transaction. A limited topic's row is locked
+// (and read again) at its first take: the takes of a limited topic count
+// its running rows one after the other. Unlimited topics take without it.
+func takeOne(ctx context.Context, tx pgx.Tx, worker string, d sqlstore.Delivery, topics map[string]*sqlstore.TopicFacts) (sqlstore.Taken, error) {
+	f := sqlstore.TakeFacts{Found: true, Redelivered: d.Redelivered}
 	var (
-		m       broker.Message
-		verdict sqlstore.Verdict
+		topic, by string
+		attempts  int
 	)
-	err := b.tx(ctx, "take message", func(tx pgx.Tx) error {
-		f := sqlstore.TakeFacts{Found: true, Redelivered: redelivered}
-		var (
-			topic, by string
-			attempts  int
-		)
-		err := tx.QueryRow(ctx, `SELECT state, available_at <= now(), topic, coalesce(claimed_by, ''), attempts
-			FROM tw_messages WHERE id = $1 FOR UPDATE`, id).Scan(&f.State, &f.Available, &topic, &by, &attempts)
-		if errors.Is(err, pgx.ErrNoRows) {
-			verdict = sqlstore.Take(sqlstore.TakeFacts{})
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if f.State == broker.StateQueued {
-			err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1`, topic).
-				Scan(&f.Paused, &f.Limit)
+	err := tx.QueryRow(ctx, `SELECT state, available_at <= now(), topic, coalesce(claimed_by, ''), attempts
+		FROM tw_messages WHERE id = $1 FOR UPDATE`, d.ID).Scan(&f.State, &f.Available, &topic, &by, &attempts)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return sqlstore.Taken{Verdict: sqlstore.Take(sqlstore.TakeFacts{})}, nil
+	}
+	if err != nil {
+		return sqlstore.Taken{}, err
+	}
+	var tf *sqlstore.TopicFacts
+	if f.State == broker.StateQueued {
+		if tf = topics[topic]; tf == nil {
+			tf = new(sqlstore.TopicFacts)
+			err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1`, topic).Scan(&tf.Paused, &tf.Limit)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return err
+				return sqlstore.Taken{}, err
 			}
-			if f.Limit > 0 {
-				// The topic's row is locked (and read again): the takes of
-				// a limited topic count its running rows one after the
-				// other. Unlimited topics take without it.
+			if tf.Limit > 0 {
 				if err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1 FOR UPDATE`, topic).
-					Scan(&f.Paused, &f.Limit); err != nil {
-					return err
+					Scan(&tf.Paused, &tf.Limit); err != nil {
+					return sqlstore.Taken{}, err
 				}
+				// A statement of its own, after the lock: its snapshot sees
+				// the takes committed while this one waited.
 				if err := tx.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, topic).
-					Scan(&f.Running); err != nil {
-					return err
+					Scan(&tf.Running); err != nil {
+					return sqlstore.Taken{}, err
 				}
 			}
+			topics[topic] = tf
 		}
-		verdict = sqlstore.Take(f)
-		if verdict != sqlstore.TakeOK {
-			return nil
+		f.Paused, f.Limit, f.Running = tf.Paused, tf.Limit, tf.Running
+	}
+	v := sqlstore.Take(f)
+	if v != sqlstore.TakeOK {
+		return sqlstore.Taken{Verdict: v}, nil
+	}
+	var m broker.Message
+	if f.State == broker.StateRunning {
+		if _, err := tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, d.ID); err != nil {
+			return sqlstore.Taken{}, err
 		}
-		if f.State == broker.StateRunning {
-			if _, err := tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, id); err != nil {
-				return err
-			}
-			m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
-				SET claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1, token = gen_random_uuid(),
-					orphaned = orphaned + 1, suspect = true, last_error = $3
-				WHERE id = $1 RETURNING `+msgCols+`, token::text`, id, worker, sqlstore.RetakenError(by, attempts)), true)
-			return err
+		if _, err := tx.Exec(ctx, `INSERT INTO tw_amqp_orphans (message_id, kind) VALUES ($1, 'reclaimed')`, d.ID); err != nil {
+			return sqlstore.Taken{}, err
 		}
+		m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
+			SET claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1, token = gen_random_uuid(),
+				orphaned = orphaned + 1, suspect = true, last_error = $3
+			WHERE id = $1 RETURNING `+msgCols+`, token::text`, d.ID, worker, sqlstore.RetakenError(by, attempts)), true)
+	} else {
+		tf.Running++
 		m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
 			SET state = 'running', claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1,
 				token = gen_random_uuid()
-			WHERE id = $1 RETURNING `+msgCols+`, token::text`, id, worker), true)
-		return err
-	})
-	if err != nil {
-		return broker.Message{}, sqlstore.TakeDrop, err
+			WHERE id = $1 RETURNING `+msgCols+`, token::text`, d.ID, worker), true)
 	}
-	return m, verdict, nil
+	if err != nil {
+		return sqlstore.Taken{}, err
+	}
+	return sqlstore.Taken{Message: m, Verdict: v}, nil
 }
 
 // EndUndeliverable: see sqlstore.External.
@@ -206,10 +232,41 @@ func (b *Broker) EndUndeliverable(ctx context.Context, id int64, reason string) 
 			return err
 		}
 		ended = true
+		if _, err := tx.Exec(ctx, `INSERT INTO tw_amqp_orphans (message_id, kind) VALUES ($1, 'dead_lettered')`, id); err != nil {
+			return err
+		}
 		_, err = tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, id)
 		return err
 	})
 	return ended, err
+}
+
+// TakeOrphanLog: see sqlstore.External.
+func (b *Broker) TakeOrphanLog(ctx context.Context) (reclaimed, deadLettered []int64, err error) {
+	err = b.run(ctx, "take orphan log", func(c *pgx.Conn) error {
+		reclaimed, deadLettered = nil, nil
+		rows, err := c.Query(ctx, `DELETE FROM tw_amqp_orphans RETURNING message_id, kind`)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				id   int64
+				kind string
+			)
+			if err := rows.Scan(&id, &kind); err != nil {
+				return err
+			}
+			if kind == "reclaimed" {
+				reclaimed = append(reclaimed, id)
+			} else {
+				deadLettered = append(deadLettered, id)
+			}
+		}
+		return rows.Err()
+	})
+	return reclaimed, deadLettered, err
 }
 
 // Admits: see sqlstore.External.
@@ -238,4 +295,40 @@ func (b *Broker) Admits(ctx context.Context, topics []string) (map[string]int, e
 		return rows.Err()
 	})
 	return out, err
+}
+
+// outboxTriggerSQL gives every message inserted into the schema from
+// outside the rabbitmq broker (client/pgtx, a schedule's fire) an outbox
+// entry, so that it is published too: due a few seconds after it is
+// available, which leaves the broker's own submits (which write their
+// entry in the same transaction and publish at once) the time to publish
+// their own. The names are qualified: the inserting session's search_path
+// may be anything.
+func outboxTriggerSQL(schema string) []string {
+	s := pgx.Identifier{schema}.Sanitize()
+	return []string{`CREATE OR REPLACE FUNCTION ` + s + `.tw_amqp_outbox_add() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		INSERT INTO ` + s + `.tw_amqp_outbox (message_id, due_at)
+		SELECT id, greatest(available_at, now()) + interval '5 seconds' FROM new_rows WHERE state = 'queued'
+		ON CONFLICT (message_id) DO NOTHING;
+		RETURN NULL;
+	END $$`,
+		`CREATE OR REPLACE TRIGGER tw_amqp_outbox_add AFTER INSERT ON ` + s + `.tw_messages
+		REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION ` + s + `.tw_amqp_outbox_add()`}
+}
+
+// EnableOutbox makes the schema the state store of a rabbitmq broker: a
+// message inserted by anything else than the broker's Submit (the
+// transactional enqueue of client/pgtx, above all) gets an outbox entry
+// and is published, where it would otherwise wait in the table forever.
+// The plain postgres broker never calls it, and pays nothing for it.
+func (b *Broker) EnableOutbox(ctx context.Context) error {
+	return b.tx(ctx, "enable outbox", func(tx pgx.Tx) error {
+		for _, q := range outboxTriggerSQL(b.schema) {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }

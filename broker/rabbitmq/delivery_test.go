@@ -12,6 +12,9 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/local"
+	"github.com/taskhost/taskhost/broker/postgres"
+	"github.com/taskhost/taskhost/client/pgtx"
+	"github.com/taskhost/taskhost/internal/testdb"
 	"github.com/taskhost/taskhost/internal/testrabbit"
 )
 
@@ -335,5 +338,59 @@ func TestOtherDeliveryLimitKeepsTheQueue(t *testing.T) {
 	claimWithin(t, b, "w", "dl")
 	if m := claimWithin(t, b, "w", "dl"); m.ID != id {
 		t.Fatalf("claimed %d, want %d", m.ID, id)
+	}
+}
+
+// TestTransactionalEnqueueIsPublished: a task queued by client/pgtx in an
+// application's transaction, straight into the tables of a postgres state
+// store, is published and claimed like a submitted one.
+func TestTransactionalEnqueueIsPublished(t *testing.T) {
+	b := openTest(t, onPostgres, Options{})
+	schema := b.state.(*postgres.Broker).Schema()
+	c := testdb.Connect(t, "")
+	tx, err := c.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := pgtx.Submit(t.Context(), tx, pgtx.Task{Topic: "app", Name: "mail"}, pgtx.WithSchema(schema))
+	if err != nil {
+		t.Fatalf("pgtx.Submit: %v", err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if m := claimWithin(t, b, "w", "app"); m.ID != id {
+		t.Fatalf("claimed %d, want the task queued in the transaction (%d)", m.ID, id)
+	}
+}
+
+// TestReaperPassReportsRedeliveries: a reaper pass on this broker reclaims
+// nothing RabbitMQ brought back, but reports the redeliveries taken from
+// dead holders and the messages dead-lettered at the delivery limit
+// since the last pass, once.
+func TestReaperPassReportsRedeliveries(t *testing.T) {
+	b := openTest(t, onLocal, Options{DeliveryLimit: 2})
+	redelivered := mustSubmit(t, b, "r")
+	claimWithin(t, b, "w", "r")
+	dropConnection(t, b)
+	m := claimWithin(t, b, "w2", "r")
+	if m.ID != redelivered {
+		t.Fatalf("claimed %d, want %d", m.ID, redelivered)
+	}
+	dropConnection(t, b) // its second delivery: dead-lettered
+	eventually(t, 30*time.Second, "the row ends dead", func() bool {
+		m, err := b.GetMessage(t.Context(), redelivered)
+		return err == nil && m.State == broker.StateDead
+	})
+	req := broker.ReclaimRequest{Live: []string{"w3"}, Grace: time.Second, MaxAttempts: 5}
+	res, err := b.ReclaimOrphans(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reclaimed != 1 || res.DeadLettered != 1 || len(res.IDs) != 2 {
+		t.Fatalf("pass = %+v, want 1 reclaimed (the redelivery taken again) and 1 dead-lettered", res)
+	}
+	if res, err := b.ReclaimOrphans(t.Context(), req); err != nil || res.Reclaimed+res.DeadLettered != 0 {
+		t.Fatalf("second pass = %+v, %v; want nothing", res, err)
 	}
 }

@@ -51,8 +51,14 @@
 // releases the locks of the old claim. After DeliveryLimit deliveries
 // RabbitMQ dead-letters the message, and the broker ends its row dead
 // (the dead queue is read every second). ReclaimOrphans, the reaper's
-// pass, does not reclaim what RabbitMQ brings back: see its
-// documentation.
+// pass, does not reclaim what RabbitMQ brings back, and reports it: see
+// its documentation.
+//
+// One weakness is known: a copy of a running message's pointer (a
+// duplicate publish) that is itself redelivered, because the claimer that
+// was dropping it lost its connection in that instant, takes the message
+// from its live holder, whose ack is then refused as lost; the message
+// runs twice, as at-least-once allows.
 //
 // # Concurrency limits
 //
@@ -77,6 +83,27 @@
 // generations to never exceed the limit, and a dead worker's token would
 // come back before its message's slot is passed on, so for a while both
 // its redelivered message and a new one could run.
+//
+// # Locks
+//
+// Locks are the state store's (AcquireLock, ReleaseLock, Locks), held
+// under a claim: they are released when the claim ends, and a claim ends
+// when its outcome is stored, when RabbitMQ's redelivery of its message
+// is taken again (its holder's connection died: the lock's TTL is the
+// AMQP heartbeat), or when RabbitMQ dead-letters the message. A dead
+// holder's lock is also released by the reaper's pass (the locks of
+// non-live holders past the grace), so it is freed even when its message
+// is not taken again, as on the local and postgres brokers.
+//
+// # Messages from elsewhere
+//
+// On a postgres state store, rabbitmq.Open installs a trigger that gives
+// every message inserted by something else (client/pgtx's transactional
+// enqueue) an outbox entry, due a few seconds after it is available: it
+// is published like a submitted one. A topic queue found empty at its
+// first declaration in a process gets the topic's queued messages older
+// than a publish lease published again, in case its messages were lost
+// while no broker ran (a duplicate is dropped by its take).
 //
 // # Not ours
 //

@@ -281,14 +281,22 @@ func (b *Broker) RedeliveryWindow() time.Duration {
 // closes (or misses its heartbeats), RabbitMQ redelivers its deliveries,
 // and the next take makes each row running under a new claim (its old
 // claim ends, its locks are released, and its late outcome is
-// broker.ErrClaimLost). The pass does not reclaim those again: it leaves
-// every claim younger than RedeliveryWindow (its grace is raised to at
-// least that), and so it counts only the running messages RabbitMQ did
-// not bring back in that time (their queue was deleted or purged, or
-// RabbitMQ lost them), which it reclaims as the state store does, with
-// the same guards (empty live set, fence, grace, orphan budget), and
-// publishes again. Locks of non-live holders are released as on the
-// state store.
+// broker.ErrClaimLost); after DeliveryLimit deliveries RabbitMQ
+// dead-letters the message instead and its row ends dead.
+//
+// The pass does not reclaim those again: it leaves every claim younger
+// than RedeliveryWindow (its grace is raised to at least that). It runs
+// the state store's pass with the same guards (empty live set, fence,
+// grace, orphan budget), which reclaims only the running messages
+// RabbitMQ did not bring back in that time (their queue was deleted or
+// purged, or RabbitMQ lost them) and publishes them again, and releases
+// the locks of non-live holders past the grace: a dead holder's lock is
+// freed even when its message is not taken again. Then it reports what
+// RabbitMQ did since the last pass as its own: the redeliveries taken
+// from dead holders count as Reclaimed, the messages dead-lettered at the
+// delivery limit as DeadLettered, all in IDs; so the reaper's counters
+// keep their meaning. A pass the guards refuse reports nothing of it
+// (the next one does).
 func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
 	if err := b.enter(ctx); err != nil {
 		return broker.ReclaimResult{}, err
@@ -300,13 +308,22 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 	if err != nil {
 		return res, err
 	}
-	if len(res.IDs) == 0 {
+	requeued := res.IDs
+	// What RabbitMQ did since the last pass, counted as the pass's own.
+	reclaimed, dead, err := b.state.TakeOrphanLog(ctx)
+	if err != nil {
+		b.log.Warn("reaper pass: could not read what RabbitMQ redelivered and dead-lettered", "error", err)
+	}
+	res.Reclaimed += len(reclaimed)
+	res.DeadLettered += len(dead)
+	res.IDs = append(append(res.IDs, reclaimed...), dead...)
+	if len(requeued) == 0 {
 		return res, nil
 	}
-	if err := b.state.OutboxAdd(ctx, res.IDs, publishLease); err != nil {
-		return res, fmt.Errorf("reclaimed %d messages, but could not mark them for publishing: %w", len(res.IDs), err)
+	if err := b.state.OutboxAdd(ctx, requeued, publishLease); err != nil {
+		return res, fmt.Errorf("reclaimed %d messages, but could not mark them for publishing: %w", len(requeued), err)
 	}
-	for _, id := range res.IDs {
+	for _, id := range requeued {
 		if m, err := b.state.GetMessage(ctx, id); err == nil && m.State == broker.StateQueued {
 			b.publishNow(ctx, m.Topic, []int64{id})
 		}

@@ -147,11 +147,12 @@ func (b *Broker) publish(ctx context.Context, topic string, ids []int64) error {
 }
 
 // Claim takes up to req.Max messages of req.Topics, round-robin as the
-// broker contract says: for each topic in turn, it takes the next
-// delivery of the topic's queue (basic.get) and makes its row running in
-// the state store (sqlstore.Take decides); the delivery stays unacked
-// until the outcome is stored. Paused topics and topics at their limit
-// are not asked for deliveries.
+// broker contract says: it takes deliveries (basic.get) one topic after
+// the other, each topic at most what its limit admits, then makes their
+// rows running in the state store in one transaction (sqlstore.Take
+// decides each); the deliveries stay unacked until their outcomes are
+// stored. Deliveries that were stale are dropped and the claim goes on.
+// Paused topics and topics at their limit are not asked for deliveries.
 func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
 	if req.WorkerID == "" {
 		return nil, broker.Invalid("worker id is empty")
@@ -180,53 +181,90 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		return nil, err
 	}
 	for _, t := range topics {
-		switch n, known := left[t]; {
+		n, known := left[t]
+		switch {
 		case !known || n == sqlstore.Paused:
 			left[t] = 0
+			continue
 		case n == 0 && b.probeDue(t):
 			left[t] = probeOne
+		case n == 0:
+			continue
+		}
+		if n != sqlstore.Unlimited {
+			// One claim of this process at a time takes from a limited
+			// topic: the others would only lose the race for its last
+			// slots and put their deliveries back.
+			mu := b.limitedMutex(t)
+			if !mu.TryLock() {
+				left[t] = 0
+				continue
+			}
+			defer mu.Unlock()
 		}
 	}
 	var out []broker.Message
-	for len(out) < want {
+	for round := 0; round < maxClaimRounds && len(out) < want; round++ {
+		got, err := b.fetch(ctx, s, topics, left, want-len(out))
+		if err == nil && len(got) == 0 {
+			break
+		}
+		if err == nil {
+			var taken []broker.Message
+			taken, err = b.take(ctx, s, req.WorkerID, got, left)
+			out = append(out, taken...)
+		}
+		if err != nil {
+			if len(out) > 0 {
+				b.log.Warn("claim: stopped early", "error", err)
+				return out, nil
+			}
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// maxClaimRounds bounds the rounds of fetching and taking of one claim
+// (a round after the first only follows stale deliveries).
+const maxClaimRounds = 8
+
+// fetched is a delivery taken from a topic queue for a claim.
+type fetched struct {
+	topic string
+	ch    *amqp.Channel
+	d     amqp.Delivery
+	id    int64
+}
+
+// fetch takes up to n deliveries round-robin over topics, each topic at
+// most left[topic] (see Claim), lowering left as it goes; a topic whose
+// queue is empty gets left 0. Foreign deliveries are moved aside.
+func (b *Broker) fetch(ctx context.Context, s *session, topics []string, left map[string]int, n int) ([]fetched, error) {
+	var got []fetched
+	for len(got) < n {
 		progress := false
 		for _, t := range topics {
-			if len(out) >= want {
+			if len(got) >= n {
 				break
 			}
 			if left[t] == 0 {
 				continue
 			}
-			if left[t] == probeOne {
-				left[t] = 0
-			}
-			var (
-				m   broker.Message
-				ok  bool
-				err error
-			)
-			if left[t] == sqlstore.Unlimited {
-				m, ok, err = b.takeOne(ctx, s, t, req.WorkerID)
-			} else if mu := b.limitedMutex(t); mu.TryLock() {
-				// One claim of this process at a time takes from a
-				// limited topic: the others would only lose the race for
-				// its last slots and put their deliveries back.
-				m, ok, err = b.takeOne(ctx, s, t, req.WorkerID)
-				mu.Unlock()
-			}
+			f, ok, err := b.fetchOne(ctx, s, t)
 			if err != nil {
-				if len(out) > 0 {
-					b.log.Warn("claim: stopped early", "topic", t, "error", err)
-					return out, nil
-				}
+				releaseAll(got)
 				return nil, err
 			}
 			if !ok {
 				left[t] = 0
 				continue
 			}
-			out = append(out, m)
-			if left[t] > 0 {
+			got = append(got, f)
+			switch {
+			case left[t] == probeOne:
+				left[t] = 0
+			case left[t] > 0:
 				left[t]--
 			}
 			progress = true
@@ -234,6 +272,110 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		if !progress {
 			break
 		}
+	}
+	return got, nil
+}
+
+// releaseAll gives deliveries back to RabbitMQ untaken.
+func releaseAll(fs []fetched) {
+	for _, f := range fs {
+		_ = f.d.Reject(true)
+	}
+}
+
+// fetchOne takes the next delivery of topic that is one of the broker's
+// messages.
+func (b *Broker) fetchOne(ctx context.Context, s *session, topic string) (fetched, bool, error) {
+	ch, err := s.topicChannel(topic)
+	if err != nil {
+		return fetched{}, false, err
+	}
+	queue := b.names.topic(topic)
+	for range maxDropsPerTake {
+		d, ok, err := ch.Get(queue, false)
+		if err != nil {
+			var ae *amqp.Error
+			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+				s.forget(topic)
+				b.log.Warn("a topic queue is missing (deleted?); declaring it again and publishing its queued messages again", "queue", queue)
+				b.republishTopic(topic)
+				return fetched{}, false, nil
+			}
+			return fetched{}, false, err
+		}
+		if !ok {
+			return fetched{}, false, nil
+		}
+		id, err := idOf(d)
+		if err != nil {
+			b.reject(ctx, s, topic, d, err.Error())
+			continue
+		}
+		return fetched{topic: topic, ch: ch, d: d, id: id}, true, nil
+	}
+	return fetched{}, false, nil
+}
+
+// take makes the rows of deliveries got running for worker in one
+// transaction, holds the deliveries of those taken, and settles the
+// others: stale ones are acked; ones not available yet get their outbox
+// entry back and are acked; ones whose topic is full or paused go to the
+// end of their queue as new messages (so waiting costs no delivery) and
+// their topic is asked no more in this claim.
+func (b *Broker) take(ctx context.Context, s *session, worker string, got []fetched, left map[string]int) ([]broker.Message, error) {
+	ds := make([]sqlstore.Delivery, len(got))
+	for i, f := range got {
+		ds[i] = sqlstore.Delivery{ID: f.id, Redelivered: f.d.Redelivered}
+	}
+	res, err := b.state.TakeMessages(ctx, worker, ds)
+	if err != nil {
+		releaseAll(got)
+		return nil, err
+	}
+	var (
+		out   []broker.Message
+		wait  []int64
+		later = make(map[string][]int64)
+	)
+	for i, r := range res {
+		f := got[i]
+		switch r.Verdict {
+		case sqlstore.TakeOK:
+			b.held.put(r.Message.Token, delivery{ch: f.ch, tag: f.d.DeliveryTag, topic: f.topic})
+			out = append(out, r.Message)
+		case sqlstore.TakeWait:
+			wait = append(wait, f.id)
+		case sqlstore.TakeLater:
+			later[f.topic] = append(later[f.topic], f.id)
+			left[f.topic] = 0
+		default:
+			// Stale: its place in the topic's share goes to the next.
+			_ = f.d.Ack(false)
+			if left[f.topic] != sqlstore.Unlimited {
+				left[f.topic]++
+			}
+		}
+	}
+	var failed error
+	if len(wait) > 0 {
+		failed = b.state.OutboxAdd(ctx, wait, 0)
+	}
+	for topic, ids := range later {
+		if err := s.publish(ctx, topic, ids); err != nil && failed == nil {
+			failed = err
+		}
+	}
+	for i, r := range res {
+		if r.Verdict == sqlstore.TakeWait || r.Verdict == sqlstore.TakeLater {
+			if failed != nil {
+				_ = got[i].d.Reject(true)
+			} else {
+				_ = got[i].d.Ack(false)
+			}
+		}
+	}
+	if failed != nil {
+		b.log.Warn("claim: could not put untaken deliveries back as new messages; RabbitMQ requeued them", "error", failed)
 	}
 	return out, nil
 }
@@ -273,64 +415,6 @@ func (b *Broker) probeDue(topic string) bool {
 	}
 	b.probed[topic] = time.Now()
 	return true
-}
-
-// takeOne takes the next delivery of topic that its row admits.
-func (b *Broker) takeOne(ctx context.Context, s *session, topic, worker string) (broker.Message, bool, error) {
-	ch, err := s.topicChannel(topic)
-	if err != nil {
-		return broker.Message{}, false, err
-	}
-	queue := b.names.topic(topic)
-	for range maxDropsPerTake {
-		d, ok, err := ch.Get(queue, false)
-		if err != nil {
-			var ae *amqp.Error
-			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-				s.forget(topic)
-				b.log.Warn("a topic queue is missing (deleted?); declaring it again and publishing its queued messages again", "queue", queue)
-				b.republishTopic(topic)
-				return broker.Message{}, false, nil
-			}
-			return broker.Message{}, false, err
-		}
-		if !ok {
-			return broker.Message{}, false, nil
-		}
-		id, err := idOf(d)
-		if err != nil {
-			b.reject(ctx, s, topic, d, err.Error())
-			continue
-		}
-		m, verdict, err := b.state.TakeMessage(ctx, id, worker, d.Redelivered)
-		if err != nil {
-			_ = d.Reject(true)
-			return broker.Message{}, false, err
-		}
-		switch verdict {
-		case sqlstore.TakeOK:
-			b.held.put(m.Token, delivery{ch: ch, tag: d.DeliveryTag, topic: topic})
-			return m, true, nil
-		case sqlstore.TakeWait:
-			if err := b.state.OutboxAdd(ctx, []int64{id}, 0); err != nil {
-				_ = d.Reject(true)
-				return broker.Message{}, false, err
-			}
-			_ = d.Ack(false)
-		case sqlstore.TakeLater:
-			// Back to the end of the queue as a new message, so that
-			// waiting does not count as a delivery.
-			if err := s.publish(ctx, topic, []int64{id}); err != nil {
-				_ = d.Reject(true)
-				return broker.Message{}, false, err
-			}
-			_ = d.Ack(false)
-			return broker.Message{}, false, nil
-		default:
-			_ = d.Ack(false)
-		}
-	}
-	return broker.Message{}, false, nil
 }
 
 // Ack stores the outcomes in the state store (token-checked: a lost claim
@@ -463,7 +547,7 @@ func (b *Broker) publishFired(ctx context.Context, reqs []broker.FireRequest, re
 // republishTopic puts every queued message of topic in the outbox, due at
 // once: its queue was lost.
 func (b *Broker) republishTopic(topic string) {
-	n, err := b.state.OutboxAddQueued(b.ctx, topic)
+	n, err := b.state.OutboxAddQueued(b.ctx, topic, 0)
 	if err != nil {
 		b.log.Error("could not mark a lost queue's messages for publishing again", "topic", topic, "error", err)
 		return

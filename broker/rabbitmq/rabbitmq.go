@@ -138,6 +138,13 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		probed:    make(map[string]time.Time),
 		limited:   make(map[string]*sync.Mutex),
 	}
+	if e, ok := o.State.(interface{ EnableOutbox(context.Context) error }); ok {
+		// Messages inserted into the store by others (client/pgtx) are
+		// published too.
+		if err := e.EnableOutbox(ctx); err != nil {
+			return nil, fmt.Errorf("rabbitmq broker: state store: %w", err)
+		}
+	}
 	b.held.m = make(map[string]delivery)
 	b.done.kick = make(chan struct{}, 1)
 	s, err := b.dial(ctx)

@@ -113,9 +113,11 @@ func (s *session) declare(topic string) error {
 	}
 	if q.Messages == 0 {
 		// An empty queue may have lost its messages (deleted or purged
-		// while no broker ran): the topic's queued messages are
-		// published again; those still in it are dropped as duplicates.
-		if n, err := s.b.state.OutboxAddQueued(context.Background(), topic); err == nil && n > 0 {
+		// while no broker ran): the topic's queued messages older than a
+		// publish lease (a younger one is being published by its
+		// submitter) are published again; those still in it are dropped
+		// as duplicates.
+		if n, err := s.b.state.OutboxAddQueued(context.Background(), topic, publishLease); err == nil && n > 0 {
 			s.b.kickPublisher()
 		}
 	}

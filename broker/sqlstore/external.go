@@ -13,8 +13,8 @@ import (
 // row (its state, its claim and token, its unique key), the outbox of
 // messages still to be published, and everything else a Broker keeps.
 //
-// The row is the fence: a delivery from outside runs only once TakeMessage
-// has made its row running with a fresh token, and an outcome lands only
+// The row is the fence: a delivery from outside runs only once
+// TakeMessages has made its row running with a fresh token, and an outcome lands only
 // through the store's own token-checked Ack, Nack and DeadLetter.
 type External interface {
 	// SubmitOutbox stores reqs as SubmitBatch does (the same validation,
@@ -26,10 +26,11 @@ type External interface {
 	// OutboxAdd puts messages ids in the outbox, due after delay (an
 	// entry already there takes the earlier time).
 	OutboxAdd(ctx context.Context, ids []int64, delay time.Duration) error
-	// OutboxAddQueued puts every queued message of topic in the outbox,
-	// due when it is available (at once when it is already), and counts
-	// them: for a topic whose messages outside were lost.
-	OutboxAddQueued(ctx context.Context, topic string) (int, error)
+	// OutboxAddQueued puts every queued message of topic submitted at
+	// least age ago in the outbox, due when it is available (at once when
+	// it is already), and counts them: for a topic whose messages outside
+	// were lost.
+	OutboxAddQueued(ctx context.Context, topic string, age time.Duration) (int, error)
 	// OutboxDue takes up to limit outbox entries that are due: entries of
 	// available queued messages move lease ahead (so that no other
 	// process takes them meanwhile) and are returned, to publish; entries
@@ -39,18 +40,46 @@ type External interface {
 	OutboxDue(ctx context.Context, lease time.Duration, limit int) ([]OutboxEntry, error)
 	// OutboxDone deletes the outbox entries of ids (published).
 	OutboxDone(ctx context.Context, ids []int64) error
-	// TakeMessage decides a delivery of message id to worker (see Take):
-	// with TakeOK the message is running under a fresh token, claimed by
-	// worker, one attempt more, and returned with its token.
-	TakeMessage(ctx context.Context, id int64, worker string, redelivered bool) (broker.Message, Verdict, error)
+	// TakeMessages decides deliveries to worker, in order, in one
+	// transaction (see Take; the takes before a delivery count toward its
+	// topic's limit): with TakeOK the message is running under a fresh
+	// token, claimed by worker, one attempt more, and returned with its
+	// token. It returns one Taken per delivery. A running row taken again
+	// is logged (see TakeOrphanLog).
+	TakeMessages(ctx context.Context, worker string, ds []Delivery) ([]Taken, error)
+	// TakeOrphanLog returns and forgets what happened to dead workers'
+	// messages outside the store since it was last called: the ids of
+	// messages taken again from a redelivery (TakeMessages of a running
+	// row) and of those EndUndeliverable ended.
+	TakeOrphanLog(ctx context.Context) (reclaimed, deadLettered []int64, err error)
 	// Admits returns how many more messages each of topics admits now
 	// (see Admits). Unknown topics are left out (they admit none).
 	Admits(ctx context.Context, topics []string) (map[string]int, error)
 	// EndUndeliverable ends message id dead with reason when it is queued
 	// or running (its deliveries ran out outside: a worker died holding it
-	// each time), releasing the locks of its claim; it reports whether it
-	// did.
+	// each time), releasing the locks of its claim, and logs it (see
+	// TakeOrphanLog); it reports whether it did.
 	EndUndeliverable(ctx context.Context, id int64, reason string) (bool, error)
+}
+
+// Delivery is a message that arrived from outside: its id, and whether
+// it was delivered before (its holder's channel closed).
+type Delivery struct {
+	ID          int64
+	Redelivered bool
+}
+
+// Taken is what a take did with one delivery.
+type Taken struct {
+	Message broker.Message // with TakeOK
+	Verdict Verdict
+}
+
+// TopicFacts are a topic's facts as a batch of takes reads them once:
+// Running counts the takes of the batch too.
+type TopicFacts struct {
+	Paused         bool
+	Limit, Running int
 }
 
 // OutboxEntry is a message to publish.
@@ -59,7 +88,7 @@ type OutboxEntry struct {
 	Topic string
 }
 
-// Verdict is what TakeMessage did with a delivery.
+// Verdict is what TakeMessages did with a delivery.
 type Verdict int
 
 const (
@@ -94,7 +123,7 @@ func (v Verdict) String() string {
 }
 
 // TakeFacts are what a store reads, in the transaction of a take, about
-// the message and its topic.
+// the message and its topic (TopicFacts).
 type TakeFacts struct {
 	Found       bool // the message exists
 	State       string
@@ -105,7 +134,7 @@ type TakeFacts struct {
 	Redelivered bool
 }
 
-// Take is the rule of TakeMessage, written once for every store:
+// Take is the rule of TakeMessages, written once for every store:
 //
 //   - a queued message that is available is taken, unless its topic is
 //     paused or at its limit (TakeLater);

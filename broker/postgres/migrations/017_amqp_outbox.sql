@@ -10,3 +10,13 @@ CREATE TABLE IF NOT EXISTS tw_amqp_outbox (
     due_at     timestamptz NOT NULL
 );
 CREATE INDEX IF NOT EXISTS tw_amqp_outbox_due ON tw_amqp_outbox (due_at);
+
+-- What RabbitMQ did with dead workers' messages since the last reaper
+-- pass: a redelivery taken again from a dead holder ('reclaimed'), a
+-- message dead-lettered at its delivery limit ('dead_lettered'). The pass
+-- reports and deletes them.
+CREATE TABLE IF NOT EXISTS tw_amqp_orphans (
+    seq        bigserial PRIMARY KEY,
+    message_id bigint    NOT NULL,
+    kind       text      NOT NULL CHECK (kind IN ('reclaimed', 'dead_lettered'))
+);
