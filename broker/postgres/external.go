@@ -324,6 +324,20 @@ func outboxTriggerSQL(schema string) []string {
 // The plain postgres broker never calls it, and pays nothing for it.
 func (b *Broker) EnableOutbox(ctx context.Context) error {
 	return b.tx(ctx, "enable outbox", func(tx pgx.Tx) error {
+		// Brokers opening at once take turns (concurrent CREATE OR
+		// REPLACE fails), and the first one's trigger serves the others.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('taskhost amqp outbox ' || $1))`, b.schema); err != nil {
+			return err
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+			JOIN pg_namespace s ON s.oid = c.relnamespace
+			WHERE s.nspname = $1 AND c.relname = 'tw_messages' AND t.tgname = 'tw_amqp_outbox_add'`, b.schema).Scan(&n); err != nil {
+			return err
+		}
+		if n > 0 {
+			return nil
+		}
 		for _, q := range outboxTriggerSQL(b.schema) {
 			if _, err := tx.Exec(ctx, q); err != nil {
 				return err

@@ -172,7 +172,30 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 	}
 	start := int((b.rr.Add(1) - 1) % uint64(len(topics)))
 	topics = append(topics[start:], topics[:start]...)
-	left, err := b.state.Admits(ctx, topics)
+	// One claim of this process at a time takes from a limited topic: the
+	// others would only lose the race for its last slots and put their
+	// deliveries back. A topic known to be limited whose takes another
+	// claim is doing is left out before anything is read.
+	locked := make(map[string]bool)
+	defer func() {
+		for t := range locked {
+			b.limitedMutex(t).Unlock()
+		}
+	}()
+	var asked []string
+	for _, t := range topics {
+		if b.isLimited(t) {
+			if !b.limitedMutex(t).TryLock() {
+				continue
+			}
+			locked[t] = true
+		}
+		asked = append(asked, t)
+	}
+	if len(asked) == 0 {
+		return nil, nil
+	}
+	left, err := b.state.Admits(ctx, asked)
 	if err != nil {
 		return nil, err
 	}
@@ -182,6 +205,12 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 	}
 	for _, t := range topics {
 		n, known := left[t]
+		if !slices.Contains(asked, t) {
+			known = false
+		}
+		if known && n != sqlstore.Paused {
+			b.setLimited(t, n != sqlstore.Unlimited)
+		}
 		switch {
 		case !known || n == sqlstore.Paused:
 			left[t] = 0
@@ -191,16 +220,12 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		case n == 0:
 			continue
 		}
-		if n != sqlstore.Unlimited {
-			// One claim of this process at a time takes from a limited
-			// topic: the others would only lose the race for its last
-			// slots and put their deliveries back.
-			mu := b.limitedMutex(t)
-			if !mu.TryLock() {
+		if n != sqlstore.Unlimited && !locked[t] {
+			if !b.limitedMutex(t).TryLock() {
 				left[t] = 0
 				continue
 			}
-			defer mu.Unlock()
+			locked[t] = true
 		}
 	}
 	var out []broker.Message
@@ -390,6 +415,20 @@ func (b *Broker) limitedMutex(t string) *sync.Mutex {
 		b.limited[t] = mu
 	}
 	return mu
+}
+
+// isLimited reports whether topic had a concurrency limit at the last
+// claim of this process that read it.
+func (b *Broker) isLimited(topic string) bool {
+	b.probeMu.Lock()
+	defer b.probeMu.Unlock()
+	return b.isLim[topic]
+}
+
+func (b *Broker) setLimited(topic string, limited bool) {
+	b.probeMu.Lock()
+	b.isLim[topic] = limited
+	b.probeMu.Unlock()
 }
 
 // probeOne marks a topic at its limit whose queue a claim looks at once:

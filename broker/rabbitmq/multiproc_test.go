@@ -56,7 +56,7 @@ func TestLimitAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	runCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	runCtx, cancel := context.WithTimeout(ctx, 6*time.Minute)
 	defer cancel()
 	type proc struct {
 		cmd *exec.Cmd
@@ -74,10 +74,20 @@ func TestLimitAcrossProcesses(t *testing.T) {
 		}
 		ps = append(ps, p)
 	}
-	eventually(t, time.Minute, "the claimer processes register", func() bool {
+	registered := func() bool {
 		ws, err := b.Workers(ctx)
 		return err == nil && len(ws) == len(claimers)
-	})
+	}
+	for deadline := time.Now().Add(3 * time.Minute); !registered(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			cancel()
+			for i, p := range ps {
+				_ = p.cmd.Wait()
+				t.Logf("claimer process %d:\n%s", i, p.out.String())
+			}
+			t.Fatalf("the %d claimer processes did not all register within 3 minutes", len(claimers))
+		}
+	}
 	if _, err := b.SetTopic(ctx, helperTopic, broker.TopicPatch{Paused: ptr(false)}); err != nil {
 		t.Fatal(err)
 	}

@@ -97,6 +97,7 @@ type Broker struct {
 	probeMu sync.Mutex
 	probed  map[string]time.Time   // see probeDue
 	limited map[string]*sync.Mutex // see Claim
+	isLim   map[string]bool        // see isLimited
 }
 
 var (
@@ -137,6 +138,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		topics:    make(map[string]bool),
 		probed:    make(map[string]time.Time),
 		limited:   make(map[string]*sync.Mutex),
+		isLim:     make(map[string]bool),
 	}
 	if e, ok := o.State.(interface{ EnableOutbox(context.Context) error }); ok {
 		// Messages inserted into the store by others (client/pgtx) are
