@@ -49,11 +49,11 @@ run: build ## build, then run the host with its plugins (CONFIG=file, LISTEN=hos
 	$(if $(LISTEN),TASKHOST_LISTEN='$(LISTEN)' )$(BIN)/host -config $(CONFIG)
 
 .PHONY: test/setup
-test/setup: ## install or start what the tests need (PostgreSQL, promtool, Chromium); TASKHOST_TEST_SETUP=0 skips
+test/setup: ## install or start what the tests need (PostgreSQL, RabbitMQ, promtool, Chromium); TASKHOST_TEST_SETUP=0 skips
 	@if [ "$${TASKHOST_TEST_SETUP:-1}" != 0 ]; then bash scripts/test-setup.sh; fi
 
 .PHONY: test
-test: test/setup ## run the whole test suite (starts PostgreSQL and installs its tools when missing)
+test: test/setup ## run the whole test suite (starts PostgreSQL and RabbitMQ and installs their tools when missing)
 	$(GO) test -count=1 -timeout 30m ./...
 
 .PHONY: test/race

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes sure what the test suite needs is there, installing or starting what
 # is missing: PostgreSQL answering at $PGHOST:$PGPORT with a database "test",
-# promtool and prometheus (metrics and alert-rule tests), Chromium (the UI
+# RabbitMQ answering at 127.0.0.1:5672 (guest/guest), promtool and prometheus (metrics and alert-rule tests), Chromium (the UI
 # test), Debian's Python 3 with python3-grpcio, python3-protobuf and
 # python3-cryptography (the Python SDK's tests). Quick when everything is in place. `make test` and `make test/race`
 # run it first; TASKHOST_TEST_SETUP=0 skips it.
@@ -88,6 +88,50 @@ else
   fi
   db_ok || {
     echo "test setup: PostgreSQL answers on $PGHOST:$PGPORT, but $default_dsn does not: let user postgres in without a password from 127.0.0.1 (pg_hba.conf: host all postgres 127.0.0.1/32 trust), or set TEST_DATABASE_URL" >&2
+    exit 1
+  }
+fi
+
+# RabbitMQ: the tests use TASKHOST_TEST_AMQP_URL (default
+# amqp://guest:guest@127.0.0.1:5672/). When its port answers, nothing is
+# done; a server named by the caller is only checked. For the default, the
+# packaged server is started (and installed when missing) with its own
+# defaults, whose guest user may connect from 127.0.0.1.
+default_amqp_url="amqp://guest:guest@127.0.0.1:5672/"
+amqp_url="${TASKHOST_TEST_AMQP_URL:-$default_amqp_url}"
+amqp_hostport() {
+  # host:port of an amqp:// URL (default port 5672).
+  local rest="${1#*://}"
+  rest="${rest##*@}"
+  rest="${rest%%/*}"
+  rest="${rest%%\?*}"
+  case "$rest" in
+  *:*) echo "$rest" ;;
+  '') echo "127.0.0.1:5672" ;;
+  *) echo "$rest:5672" ;;
+  esac
+}
+amqp_addr=$(amqp_hostport "$amqp_url")
+amqp_up() { timeout 2 bash -c "exec 3<>/dev/tcp/${amqp_addr%:*}/${amqp_addr##*:}" 2>/dev/null; }
+
+if amqp_up; then
+  :
+elif [ "$amqp_url" != "$default_amqp_url" ]; then
+  echo "test setup: the RabbitMQ server of TASKHOST_TEST_AMQP_URL does not answer at $amqp_addr; start it, or unset TASKHOST_TEST_AMQP_URL to use a local one" >&2
+  exit 1
+else
+  if ! command -v rabbitmq-server >/dev/null; then
+    apt_install rabbitmq-server
+  fi
+  if ! amqp_up; then
+    echo "test setup: RabbitMQ is not answering on $amqp_addr; starting it (rabbitmq-server -detached)"
+    rabbitmq-server -detached || true
+    # A first start on a fresh machine creates its database: give it time.
+    timeout 120 rabbitmqctl await_startup >/dev/null 2>&1 || true
+    for _ in $(seq 1 120); do amqp_up && break; sleep 1; done
+  fi
+  amqp_up || {
+    echo "test setup: RabbitMQ did not come up on $amqp_addr; see /var/log/rabbitmq/ and start it with: rabbitmq-server -detached" >&2
     exit 1
   }
 fi

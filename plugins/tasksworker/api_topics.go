@@ -144,7 +144,10 @@ func health(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		"beat":         beat,
 		"heartbeat_at": beatAt,
 	}
-	if beatErr != nil {
+	if err := rt.connectionProblem(); err != nil {
+		out["status"] = "degraded"
+		out["error"] = disconnectedMessage(svc.Kind(), err)
+	} else if beatErr != nil {
 		// The broker answers reads and refuses this worker's writes.
 		out["status"] = "degraded"
 		out["error"] = fmt.Sprintf("the %s broker refuses this worker's heartbeat: %v; outcomes may not be stored", svc.Kind(), beatErr)

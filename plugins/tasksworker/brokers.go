@@ -4,8 +4,10 @@ package tasksworker
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/taskhost/taskhost/broker/local"
 	"github.com/taskhost/taskhost/broker/memory"
 	"github.com/taskhost/taskhost/broker/postgres"
+	"github.com/taskhost/taskhost/broker/rabbitmq"
 )
 
 // LocalDBFile is the local broker's database file inside data_dir.
@@ -26,27 +29,69 @@ func openBroker(cfg Config, log hclog.Logger) (func(ctx context.Context) (broker
 	case "memory":
 		return func(context.Context) (broker.Broker, error) { return memory.New(), nil }, nil
 	case "local":
-		path := filepath.Join(cfg.DataDir, LocalDBFile)
-		return func(ctx context.Context) (broker.Broker, error) {
-			return local.Open(ctx, local.Options{
-				Path:       path,
-				LiveAfter:  cfg.Reaper.After,
-				WorkerTTL:  cfg.Reaper.WorkerTTL,
-				MaxPayload: cfg.MaxPayloadBytes,
-				Logger:     log.Named("local"),
-			})
-		}, nil
+		return func(ctx context.Context) (broker.Broker, error) { return openLocal(ctx, cfg, log) }, nil
 	case "postgres":
-		return func(ctx context.Context) (broker.Broker, error) {
-			return postgres.New(ctx, postgres.Options{
-				DSN:        cfg.DSN,
-				Schema:     cfg.Schema,
-				LiveAfter:  cfg.Reaper.After,
-				WorkerTTL:  cfg.Reaper.WorkerTTL,
-				MaxPayload: cfg.MaxPayloadBytes,
-				Logger:     log.Named("postgres"),
-			})
-		}, nil
+		return func(ctx context.Context) (broker.Broker, error) { return openPostgres(ctx, cfg, log) }, nil
+	case "rabbitmq":
+		return func(ctx context.Context) (broker.Broker, error) { return openRabbitMQ(ctx, cfg, log) }, nil
 	}
 	return nil, invalid("broker", "unknown broker %q; use one of %s", cfg.Broker, strings.Join(brokerKinds, ", "))
+}
+
+func openLocal(ctx context.Context, cfg Config, log hclog.Logger) (*local.Broker, error) {
+	return local.Open(ctx, local.Options{
+		Path:       filepath.Join(cfg.DataDir, LocalDBFile),
+		LiveAfter:  cfg.Reaper.After,
+		WorkerTTL:  cfg.Reaper.WorkerTTL,
+		MaxPayload: cfg.MaxPayloadBytes,
+		Logger:     log.Named("local"),
+	})
+}
+
+func openPostgres(ctx context.Context, cfg Config, log hclog.Logger) (*postgres.Broker, error) {
+	return postgres.New(ctx, postgres.Options{
+		DSN:        cfg.DSN,
+		Schema:     cfg.Schema,
+		LiveAfter:  cfg.Reaper.After,
+		WorkerTTL:  cfg.Reaper.WorkerTTL,
+		MaxPayload: cfg.MaxPayloadBytes,
+		Logger:     log.Named("postgres"),
+	})
+}
+
+// openRabbitMQ opens the state store the config names (the local or the
+// postgres store, with the same settings as that broker), then the
+// rabbitmq broker over it; the broker closes the store.
+func openRabbitMQ(ctx context.Context, cfg Config, log hclog.Logger) (broker.Broker, error) {
+	var state rabbitmq.StateStore
+	var err error
+	switch cfg.StateStore {
+	case "postgres":
+		state, err = openPostgres(ctx, cfg, log)
+	default:
+		state, err = openLocal(ctx, cfg, log)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the %s state store: %w", cfg.StateStore, err)
+	}
+	b, err := rabbitmq.Open(ctx, rabbitmq.Options{
+		URL:           cfg.AMQPURL,
+		Prefix:        cfg.AMQPPrefix,
+		Heartbeat:     amqpHeartbeat(cfg.HeartbeatInterval),
+		State:         state,
+		DeliveryLimit: cfg.Reaper.MaxAttempts,
+		MaxPayload:    cfg.MaxPayloadBytes,
+		Logger:        log.Named("rabbitmq"),
+	})
+	if err != nil {
+		_ = state.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// amqpHeartbeat is the AMQP heartbeat for the worker's heartbeat interval:
+// the same, in whole seconds (the protocol's unit), at least one.
+func amqpHeartbeat(interval time.Duration) time.Duration {
+	return max(interval.Round(time.Second), time.Second)
 }

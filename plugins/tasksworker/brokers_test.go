@@ -7,8 +7,10 @@ import (
 	"testing"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/rabbitmq"
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/internal/testdb"
+	"github.com/taskhost/taskhost/internal/testrabbit"
 )
 
 // freshSchema returns a new schema name and drops it when the test ends.
@@ -29,10 +31,22 @@ func TestPluginOnEachBroker(t *testing.T) {
 		"postgres": func(t *testing.T) map[string]any {
 			return map[string]any{"broker": "postgres", "dsn": testdb.DSN(), "schema": freshSchema(t)}
 		},
+		"rabbitmq": func(t *testing.T) map[string]any {
+			return map[string]any{"broker": "rabbitmq", "amqp_url": testrabbit.URL(t), "amqp_prefix": testrabbit.Prefix(),
+				"data_dir": filepath.Join(t.TempDir(), "data")}
+		},
 	}
 	for name, cfg := range configs {
 		t.Run(name, func(t *testing.T) {
 			f := start(t, cfg(t))
+			if b, ok := f.plugin.current().broker.(*rabbitmq.Broker); ok {
+				// Stopped here first (stopping again is harmless), so that
+				// nothing declares the queues again once they are deleted.
+				t.Cleanup(func() {
+					_ = f.plugin.Stop(context.Background())
+					testrabbit.Delete(t, testrabbit.URL(t), b.Queues(), b.Exchanges())
+				})
+			}
 			id := f.submit(`{"task": "demo.echo", "payload": {"n": 7}}`)
 			got := f.waitState(id, "done")
 			if !jsonEqual(t, got["result"], map[string]any{"n": 7.0}) {

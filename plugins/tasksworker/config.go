@@ -24,8 +24,20 @@ const DSNEnv = "TASKHOST_DATABASE_URL"
 // Config is the plugin's `config` block, parsed.
 type Config struct {
 	// Broker is "local" (the default: an embedded SQLite file in DataDir),
-	// "memory" or "postgres".
+	// "memory", "postgres" or "rabbitmq".
 	Broker string
+	// AMQPURL is the RabbitMQ address of the rabbitmq broker (from
+	// AMQPURLEnv when the config has none).
+	AMQPURL string
+	// AMQPPrefix starts the name of every queue and exchange the rabbitmq
+	// broker declares (default "taskhost"): deployments sharing one
+	// RabbitMQ virtual host keep apart by it.
+	AMQPPrefix string
+	// StateStore is where the rabbitmq broker keeps what RabbitMQ cannot
+	// hold (workers, topic settings, schedules, reports, the task index):
+	// "local" (the default: the local store's file in DataDir) or
+	// "postgres" (DSN and Schema).
+	StateStore string
 	// DataDir is where the local broker keeps its database.
 	DataDir string
 	// DSN is the PostgreSQL address (from DSNEnv when the config has none).
@@ -68,7 +80,7 @@ type Config struct {
 
 // The config keys, in the order the error messages list them.
 var configKeys = []string{
-	"broker", "data_dir", "dsn", "schema", "workers", "demo_tasks", "heartbeat_interval_seconds",
+	"broker", "amqp_url", "amqp_prefix", "state_store", "data_dir", "dsn", "schema", "workers", "demo_tasks", "heartbeat_interval_seconds",
 	"drain_timeout_seconds", "max_payload_bytes", "topics",
 	"orphan_reclaim_enabled", "orphan_reclaim_interval_seconds", "orphan_reclaim_after_seconds",
 	"orphan_claim_grace_seconds", "orphan_max_attempts", "postgres_worker_ttl_seconds",
@@ -87,7 +99,10 @@ type TopicSetting struct {
 }
 
 // brokerKinds are the broker names a config may use.
-var brokerKinds = []string{"memory", "local", "postgres"}
+var brokerKinds = []string{"memory", "local", "postgres", "rabbitmq"}
+
+// stateStoreKinds are the state stores the rabbitmq broker may use.
+var stateStoreKinds = []string{"local", "postgres"}
 
 func defaultConfig() Config {
 	return Config{
@@ -129,6 +144,18 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 			cfg.Broker, err = stringSetting(key, v)
 			if err == nil && !contains(brokerKinds, cfg.Broker) {
 				err = invalid(key, "unknown broker %q; use one of %s", cfg.Broker, strings.Join(brokerKinds, ", "))
+			}
+		case "amqp_url":
+			cfg.AMQPURL, err = stringSetting(key, v)
+		case "amqp_prefix":
+			cfg.AMQPPrefix, err = stringSetting(key, v)
+			if err == nil {
+				err = checkAMQPPrefix(cfg.AMQPPrefix, v)
+			}
+		case "state_store":
+			cfg.StateStore, err = stringSetting(key, v)
+			if err == nil && !contains(stateStoreKinds, cfg.StateStore) {
+				err = invalid(key, "unknown state store %q; use one of %s", cfg.StateStore, strings.Join(stateStoreKinds, ", "))
 			}
 		case "data_dir":
 			cfg.DataDir, err = stringSetting(key, v)
@@ -190,27 +217,41 @@ func ParseConfig(raw json.RawMessage) (Config, error) {
 	if cfg.DSN == "" {
 		cfg.DSN = os.Getenv(DSNEnv)
 	}
+	if cfg.AMQPURL == "" {
+		cfg.AMQPURL = os.Getenv(AMQPURLEnv)
+	}
 	if err := cfg.Reaper.Validate(cfg.HeartbeatInterval); err != nil {
 		return cfg, invalid("", "%v", err)
 	}
-	if cfg.Broker == "postgres" && cfg.DSN == "" {
-		return cfg, invalid("dsn", "the postgres broker needs a dsn: set dsn (e.g. ${%s}) or the %s environment variable, and pass it with env: [%s] in the host config", DSNEnv, DSNEnv, DSNEnv)
+	if err := checkRabbitMQSettings(&cfg); err != nil {
+		return cfg, err
 	}
 	if cfg.Broker == "postgres" {
-		// Checked here, so that a value that can never work fails the
-		// plugin at once, naming the key, instead of being retried as if
-		// the database were down.
-		if err := postgres.CheckSchema(cfg.Schema); err != nil {
-			return cfg, invalid("schema", "%v", strings.TrimPrefix(err.Error(), broker.ErrInvalid.Error()+": "))
-		}
-		if err := postgres.CheckDSN(cfg.DSN); err != nil {
-			return cfg, invalid("dsn", "%v", strings.TrimPrefix(err.Error(), broker.ErrInvalid.Error()+": "))
+		if err := checkPostgresSettings(cfg, "the postgres broker"); err != nil {
+			return cfg, err
 		}
 	}
 	if cfg.DataDir == "" {
 		cfg.DataDir = "var"
 	}
 	return cfg, nil
+}
+
+// checkPostgresSettings checks dsn and schema for who (the postgres broker,
+// or the rabbitmq broker's postgres state store) without connecting, so
+// that a value that can never work fails the plugin at once, naming the
+// key, instead of being retried as if the database were down.
+func checkPostgresSettings(cfg Config, who string) error {
+	if cfg.DSN == "" {
+		return invalid("dsn", "%s needs a dsn: set dsn (e.g. ${%s}) or the %s environment variable, and pass it with env: [%s] in the host config", who, DSNEnv, DSNEnv, DSNEnv)
+	}
+	if err := postgres.CheckSchema(cfg.Schema); err != nil {
+		return invalid("schema", "%v", strings.TrimPrefix(err.Error(), broker.ErrInvalid.Error()+": "))
+	}
+	if err := postgres.CheckDSN(cfg.DSN); err != nil {
+		return invalid("dsn", "%v", strings.TrimPrefix(err.Error(), broker.ErrInvalid.Error()+": "))
+	}
+	return nil
 }
 
 // schedulesSetting reads the declared schedules strictly; the checks that

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 func TestInvalidConfig(t *testing.T) {
 	t.Setenv(DSNEnv, "")
+	t.Setenv(AMQPURLEnv, "")
 	t.Chdir(t.TempDir()) // configs that get as far as the default local store write in ./var
 	cases := []struct {
 		name, config, key, problem string
@@ -47,6 +49,17 @@ func TestInvalidConfig(t *testing.T) {
 		{"negative message retention", `{"message_retention_hours": -1}`, "message_retention_hours", "from 0"},
 		{"message retention not a number", `{"message_retention_hours": "week"}`, "message_retention_hours", "whole number"},
 		{"not an object", `[1]`, "", "not a JSON object"},
+		{"rabbitmq broker without amqp_url", `{"broker": "rabbitmq"}`, "amqp_url", "the rabbitmq broker needs amqp_url"},
+		{"amqp_url of another scheme", `{"broker": "rabbitmq", "amqp_url": "http://guest:guest@127.0.0.1:5672/"}`, "amqp_url", "the address does not parse"},
+		{"amqp_url with a bad port", `{"broker": "rabbitmq", "amqp_url": "amqp://guest:guest@127.0.0.1:notaport/"}`, "amqp_url", "the address does not parse"},
+		{"amqp_url not a string", `{"broker": "rabbitmq", "amqp_url": 5672}`, "amqp_url", "must be a string"},
+		{"unknown state store", `{"broker": "rabbitmq", "amqp_url": "amqp://127.0.0.1/", "state_store": "redis"}`, "state_store", "unknown state store"},
+		{"postgres state store without dsn", `{"broker": "rabbitmq", "amqp_url": "amqp://127.0.0.1/", "state_store": "postgres"}`, "dsn", "the rabbitmq broker's postgres state store needs a dsn"},
+		{"postgres state store with a bad schema", `{"broker": "rabbitmq", "amqp_url": "amqp://127.0.0.1/", "state_store": "postgres", "dsn": "postgres://u@127.0.0.1/db", "schema": "a b"}`, "schema", "letters, digits and underscores"},
+		{"amqp_prefix with a dot", `{"broker": "rabbitmq", "amqp_url": "amqp://127.0.0.1/", "amqp_prefix": "a.b"}`, "amqp_prefix", "letters, digits"},
+		{"empty amqp_prefix", `{"broker": "rabbitmq", "amqp_url": "amqp://127.0.0.1/", "amqp_prefix": ""}`, "amqp_prefix", "letters, digits"},
+		{"amqp_prefix on another broker", `{"broker": "local", "amqp_prefix": "x"}`, "amqp_prefix", "only the rabbitmq broker"},
+		{"state store on another broker", `{"broker": "postgres", "dsn": "postgres://u@127.0.0.1/db", "state_store": "local"}`, "state_store", "only the rabbitmq broker has a state store"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -107,5 +120,44 @@ func TestMessageRetentionSetting(t *testing.T) {
 	cfg, err = ParseConfig(json.RawMessage(`{"message_retention_hours": 24}`))
 	if err != nil || cfg.MessageRetention != 24*time.Hour {
 		t.Fatalf("message_retention_hours 24 = %v, %v", cfg.MessageRetention, err)
+	}
+}
+
+func TestRabbitMQSettings(t *testing.T) {
+	t.Setenv(AMQPURLEnv, "amqp://guest:guest@127.0.0.1:5672/from-env")
+	cfg, err := ParseConfig(json.RawMessage(`{"broker": "rabbitmq", "orphan_max_attempts": 3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.AMQPURL != "amqp://guest:guest@127.0.0.1:5672/from-env" || cfg.StateStore != "local" || cfg.Reaper.MaxAttempts != 3 {
+		t.Errorf("amqp_url %q, state_store %q, orphan_max_attempts %d; want the environment's URL, local, 3", cfg.AMQPURL, cfg.StateStore, cfg.Reaper.MaxAttempts)
+	}
+	cfg, err = ParseConfig(json.RawMessage(`{"broker": "rabbitmq", "amqp_url": "amqps://u:p@mq.example:5671/prod", "state_store": "postgres", "dsn": "postgres://u@127.0.0.1/db", "schema": "tasks", "amqp_prefix": "prod-1"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.AMQPURL != "amqps://u:p@mq.example:5671/prod" || cfg.StateStore != "postgres" || cfg.Schema != "tasks" || cfg.AMQPPrefix != "prod-1" {
+		t.Errorf("parsed = %+v", cfg)
+	}
+	// The URL may hold a password: a refusal never repeats it.
+	_, err = ParseConfig(json.RawMessage(`{"broker": "rabbitmq", "amqp_url": "amqp://guest:s3cret@127.0.0.1:bad/"}`))
+	if err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("bad URL with a password: %v", err)
+	}
+}
+
+// TestRabbitMQUnreachable: a RabbitMQ that does not answer fails the
+// start with a message saying so and how to start it, without the
+// password of the URL.
+func TestRabbitMQUnreachable(t *testing.T) {
+	p := New(testLogger(t))
+	defer p.Stop(context.Background())
+	cfg := `{"broker": "rabbitmq", "amqp_url": "amqp://guest:s3cret@127.0.0.1:1/", "data_dir": ` + strconv.Quote(t.TempDir()) + `}`
+	err := p.Configure(context.Background(), capability.ConfigureRequest{Config: json.RawMessage(cfg), Host: &capabilitytest.Host{}})
+	if err == nil || !strings.Contains(err.Error(), "is RabbitMQ running?") || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("Configure with no RabbitMQ: %v; want an error saying RabbitMQ does not answer, without the password", err)
+	}
+	if h, _ := p.CheckHealth(context.Background()); h.Status != capability.HealthError {
+		t.Errorf("health after a failed start = %v", h)
 	}
 }

@@ -181,6 +181,9 @@ func (p *Plugin) CheckHealth(ctx context.Context) (capability.Health, error) {
 	if err != nil {
 		return capability.Health{Status: capability.HealthError, Message: fmt.Sprintf("the %s broker does not answer: %v", rt.broker.Kind(), err)}, nil
 	}
+	if err := rt.connectionProblem(); err != nil {
+		return capability.Health{Status: capability.HealthDegraded, Message: disconnectedMessage(rt.broker.Kind(), err)}, nil
+	}
 	if at, err := rt.pool.LastHeartbeat(); err != nil {
 		// Reads can go on while writes fail (a full disk, a read-only
 		// replica): the heartbeat is this worker's write that always runs.

@@ -195,6 +195,26 @@ func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
 	return err
 }
 
+// connectionHealth is implemented by a broker whose messages travel over a
+// connection of their own beside its store (rabbitmq): nil while it is
+// connected, else what is wrong while it reconnects.
+type connectionHealth interface{ Health() error }
+
+// connectionProblem is why the broker's connection is down, or nil (also
+// for brokers that have none).
+func (rt *runtime) connectionProblem() error {
+	if h, ok := rt.broker.(connectionHealth); ok {
+		return h.Health()
+	}
+	return nil
+}
+
+// disconnectedMessage says what a broker's lost connection means for a
+// person reading the health.
+func disconnectedMessage(kind string, err error) string {
+	return fmt.Sprintf("the %s broker is not connected: %v; tasks are not delivered meanwhile, and it reconnects on its own", kind, err)
+}
+
 // closeWithin is the context for storing the last task reports at stop:
 // what is left of ctx's deadline, at least a second, and ten seconds when
 // ctx has none. The pool's Stop may have used ctx up; reports still get a

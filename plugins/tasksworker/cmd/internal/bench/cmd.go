@@ -59,7 +59,7 @@ func benchDefaultDSN() string {
 func Main(args []string) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var c benchConfig
-	fs.StringVar(&c.kind, "broker", "postgres", "broker to measure: memory, local or postgres")
+	fs.StringVar(&c.kind, "broker", "postgres", "broker to measure: memory, local, postgres or rabbitmq (over a postgres state store; $TASKHOST_AMQP_URL, default the local RabbitMQ)")
 	fs.StringVar(&c.dsn, "dsn", benchDefaultDSN(), "PostgreSQL address (default $"+tasksworker.DSNEnv+", then $TEST_DATABASE_URL)")
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema for the bench's tables (default a fresh tw_bench_<random>); it is dropped at the end unless -keep")
 	fs.StringVar(&c.dataDir, "data-dir", "", "directory for the local broker's database file (default a temporary directory)")

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,11 +11,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/local"
 	"github.com/taskhost/taskhost/broker/memory"
 	"github.com/taskhost/taskhost/broker/postgres"
+	"github.com/taskhost/taskhost/broker/rabbitmq"
+	"github.com/taskhost/taskhost/plugins/tasksworker"
 )
 
 // errUnknownBroker is a -broker that open has no case for.
@@ -32,8 +36,59 @@ func (bn *bench) open(ctx context.Context) (func(), error) {
 		return bn.openLocal(ctx)
 	case "postgres":
 		return bn.openPostgres(ctx)
+	case "rabbitmq":
+		return bn.openRabbitMQ(ctx)
 	}
-	return nil, fmt.Errorf("%w %q: use memory, local or postgres", errUnknownBroker, bn.cfg.kind)
+	return nil, fmt.Errorf("%w %q: use memory, local, postgres or rabbitmq", errUnknownBroker, bn.cfg.kind)
+}
+
+// openRabbitMQ opens the rabbitmq broker ($TASKHOST_AMQP_URL, else the
+// local RabbitMQ as guest) under a queue prefix of its own, over a
+// postgres state store opened as for -broker postgres; its queues are
+// deleted at the end.
+func (bn *bench) openRabbitMQ(ctx context.Context) (func(), error) {
+	undoState, err := bn.openPostgres(ctx)
+	if err != nil {
+		return nil, err
+	}
+	url := cmp.Or(os.Getenv(tasksworker.AMQPURLEnv), rabbitmq.DefaultURL)
+	b, err := rabbitmq.Open(ctx, rabbitmq.Options{URL: url, State: bn.b.(*postgres.Broker), Prefix: "bench" + bn.runTag, Logger: bn.log.Named("rabbitmq")})
+	if err != nil {
+		undoState()
+		return nil, err
+	}
+	bn.b = b // closing it closes the state store
+	return func() {
+		queues, exchanges := b.Queues(), b.Exchanges()
+		undoState()
+		if err := deleteAMQP(url, queues, exchanges); err != nil {
+			fmt.Fprintf(os.Stderr, "host bench: deleting the bench's queues: %v\n", err)
+		}
+	}, nil
+}
+
+// deleteAMQP deletes the queues and exchanges a bench run declared.
+func deleteAMQP(url string, queues, exchanges []string) error {
+	c, err := amqp.Dial(url)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	ch, err := c.Channel()
+	if err != nil {
+		return err
+	}
+	for _, q := range queues {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			return err
+		}
+	}
+	for _, e := range exchanges {
+		if err := ch.ExchangeDelete(e, false, false); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // openLocal opens the local broker on a database file of its own.
