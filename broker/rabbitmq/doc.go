@@ -97,10 +97,14 @@
 //
 // # Messages from elsewhere
 //
-// On a postgres state store, rabbitmq.Open installs a trigger that gives
-// every message inserted by something else (client/pgtx's transactional
-// enqueue) an outbox entry, due a few seconds after it is available: it
-// is published like a submitted one. A topic queue found empty at its
+// rabbitmq.Open installs triggers in the state store (both kinds) that
+// give an outbox entry to every message that becomes queued, in the
+// transaction that makes it so: one inserted by something else
+// (client/pgtx's transactional enqueue) or by a schedule's fire, due a
+// few seconds after it is available, and one put back by a requeue or
+// the reaper's reclaim, due a publish lease after. So a process that dies
+// between such a commit and its publish loses no message: the publisher
+// loop of any process publishes it. A topic queue found empty at its
 // first declaration in a process gets the topic's queued messages older
 // than a publish lease published again, in case its messages were lost
 // while no broker ran (a duplicate is dropped by its take).
