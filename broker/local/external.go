@@ -287,27 +287,13 @@ func (b *Broker) EndUndeliverable(ctx context.Context, id int64, reason string) 
 // TakeOrphanLog: see sqlstore.External.
 func (b *Broker) TakeOrphanLog(ctx context.Context) (reclaimed, deadLettered []int64, err error) {
 	err = b.write(ctx, "take orphan log", func(tx *txn, _ time.Time) error {
-		reclaimed, deadLettered = nil, nil
 		rows, err := tx.Query(`DELETE FROM tw_amqp_orphans RETURNING message_id, kind`)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
-		for rows.Next() {
-			var (
-				id   int64
-				kind string
-			)
-			if err := rows.Scan(&id, &kind); err != nil {
-				return err
-			}
-			if kind == "reclaimed" {
-				reclaimed = append(reclaimed, id)
-			} else {
-				deadLettered = append(deadLettered, id)
-			}
-		}
-		return rows.Err()
+		reclaimed, deadLettered, err = sqlstore.ReadOrphanLog(rows)
+		return err
 	})
 	return reclaimed, deadLettered, err
 }

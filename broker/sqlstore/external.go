@@ -192,3 +192,32 @@ func Admits(paused bool, limit, running int) int {
 	}
 	return max(limit-running, 0)
 }
+
+// ScanRows is what ReadOrphanLog reads: database/sql's and pgx's rows
+// alike (Rows without Close, whose form differs between them).
+type ScanRows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// ReadOrphanLog splits the rows (message_id, kind) of the orphan log that
+// TakeOrphanLog deletes into the messages RabbitMQ redelivered and those
+// it dead-lettered.
+func ReadOrphanLog(rows ScanRows) (reclaimed, deadLettered []int64, err error) {
+	for rows.Next() {
+		var (
+			id   int64
+			kind string
+		)
+		if err := rows.Scan(&id, &kind); err != nil {
+			return nil, nil, err
+		}
+		if kind == "reclaimed" {
+			reclaimed = append(reclaimed, id)
+		} else {
+			deadLettered = append(deadLettered, id)
+		}
+	}
+	return reclaimed, deadLettered, rows.Err()
+}
