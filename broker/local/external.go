@@ -306,26 +306,12 @@ func (b *Broker) Admits(ctx context.Context, topics []string) (map[string]int, e
 	}
 	out := make(map[string]int, len(topics))
 	err = b.read(ctx, "admits", func(tx *txn, _ time.Time) error {
-		rows, err := tx.Query(`SELECT t.name, t.paused, t.concurrency_limit,
-				CASE WHEN t.concurrency_limit > 0 THEN
-					(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'running') ELSE 0 END
-			FROM tw_topics t WHERE t.name IN (SELECT value FROM json_each(?))`, string(js))
+		rows, err := tx.Query(sqlstore.AdmitsSQL(`IN (SELECT value FROM json_each(?))`), string(js))
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
-		for rows.Next() {
-			var (
-				name           string
-				paused         bool
-				limit, running int
-			)
-			if err := rows.Scan(&name, &paused, &limit, &running); err != nil {
-				return err
-			}
-			out[name] = sqlstore.Admits(paused, limit, running)
-		}
-		return rows.Err()
+		return sqlstore.ReadAdmits(rows, out)
 	})
 	return out, err
 }

@@ -259,26 +259,12 @@ func (b *Broker) TakeOrphanLog(ctx context.Context) (reclaimed, deadLettered []i
 func (b *Broker) Admits(ctx context.Context, topics []string) (map[string]int, error) {
 	out := make(map[string]int, len(topics))
 	err := b.run(ctx, "admits", func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, `SELECT t.name, t.paused, t.concurrency_limit,
-				CASE WHEN t.concurrency_limit > 0 THEN
-					(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'running') ELSE 0 END
-			FROM tw_topics t WHERE t.name = ANY ($1)`, topics)
+		rows, err := c.Query(ctx, sqlstore.AdmitsSQL(`= ANY ($1)`), topics)
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
-		for rows.Next() {
-			var (
-				name           string
-				paused         bool
-				limit, running int
-			)
-			if err := rows.Scan(&name, &paused, &limit, &running); err != nil {
-				return err
-			}
-			out[name] = sqlstore.Admits(paused, limit, running)
-		}
-		return rows.Err()
+		return sqlstore.ReadAdmits(rows, out)
 	})
 	return out, err
 }

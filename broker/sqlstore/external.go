@@ -221,3 +221,30 @@ func ReadOrphanLog(rows ScanRows) (reclaimed, deadLettered []int64, err error) {
 	}
 	return reclaimed, deadLettered, rows.Err()
 }
+
+// AdmitsSQL reads, for the topics its condition names (the dialect's
+// form of a list parameter), the facts Admits decides on: the name,
+// whether paused, the limit, and the running count of a limited topic.
+func AdmitsSQL(topicsIn string) string {
+	return `SELECT t.name, t.paused, t.concurrency_limit,
+			CASE WHEN t.concurrency_limit > 0 THEN
+				(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'running') ELSE 0 END
+		FROM tw_topics t WHERE t.name ` + topicsIn
+}
+
+// ReadAdmits reads the rows of AdmitsSQL into out, by topic, as Admits
+// decides.
+func ReadAdmits(rows ScanRows, out map[string]int) error {
+	for rows.Next() {
+		var (
+			name           string
+			paused         bool
+			limit, running int
+		)
+		if err := rows.Scan(&name, &paused, &limit, &running); err != nil {
+			return err
+		}
+		out[name] = Admits(paused, limit, running)
+	}
+	return rows.Err()
+}
