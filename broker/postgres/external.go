@@ -126,23 +126,21 @@ func (b *Broker) OutboxDone(ctx context.Context, ids []int64) error {
 	})
 }
 
-// TakeMessages: see sqlstore.External and sqlstore.Take.
+// TakeMessages: see sqlstore.External and sqlstore.Take. It locks the
+// deliveries' rows in one statement (in id order), decides each delivery
+// in order, and makes the queued rows it takes running in one statement;
+// a running row taken again from a redelivery is updated on its own. A
+// message delivered twice in one batch is taken once; the other delivery
+// is dropped.
 func (b *Broker) TakeMessages(ctx context.Context, worker string, ds []sqlstore.Delivery) ([]sqlstore.Taken, error) {
 	if worker == "" {
 		return nil, broker.Invalid("worker id is empty")
 	}
 	var out []sqlstore.Taken
 	err := b.tx(ctx, "take messages", func(tx pgx.Tx) error {
-		out = make([]sqlstore.Taken, 0, len(ds))
-		topics := make(map[string]*sqlstore.TopicFacts)
-		for _, d := range ds {
-			t, err := takeOne(ctx, tx, worker, d, topics)
-			if err != nil {
-				return err
-			}
-			out = append(out, t)
-		}
-		return nil
+		var err error
+		out, err = takeMessages(ctx, tx, worker, ds)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -150,75 +148,139 @@ func (b *Broker) TakeMessages(ctx context.Context, worker string, ds []sqlstore.
 	return out, nil
 }
 
-// takeOne decides one delivery in tx; topics caches the facts of the
-// topics met so far in the transaction. A limited topic's row is locked
-// (and read again) at its first take: the takes of a limited topic count
-// its running rows one after the other. Unlimited topics take without it.
-func takeOne(ctx context.Context, tx pgx.Tx, worker string, d sqlstore.Delivery, topics map[string]*sqlstore.TopicFacts) (sqlstore.Taken, error) {
-	f := sqlstore.TakeFacts{Found: true, Redelivered: d.Redelivered}
-	var (
-		topic, by string
-		attempts  int
-	)
-	err := tx.QueryRow(ctx, `SELECT state, available_at <= now(), topic, coalesce(claimed_by, ''), attempts
-		FROM tw_messages WHERE id = $1 FOR UPDATE`, d.ID).Scan(&f.State, &f.Available, &topic, &by, &attempts)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return sqlstore.Taken{Verdict: sqlstore.Take(sqlstore.TakeFacts{})}, nil
+// takeRow is what a take reads of a delivery's row.
+type takeRow struct {
+	facts    sqlstore.TakeFacts
+	topic    string
+	by       string
+	attempts int
+}
+
+func takeMessages(ctx context.Context, tx pgx.Tx, worker string, ds []sqlstore.Delivery) ([]sqlstore.Taken, error) {
+	ids := make([]int64, len(ds))
+	for i, d := range ds {
+		ids[i] = d.ID
 	}
+	rows, err := tx.Query(ctx, `SELECT id, state, available_at <= now(), topic, coalesce(claimed_by, ''), attempts
+		FROM tw_messages WHERE id = ANY ($1) ORDER BY id FOR UPDATE`, ids)
 	if err != nil {
-		return sqlstore.Taken{}, err
+		return nil, err
 	}
-	var tf *sqlstore.TopicFacts
-	if f.State == broker.StateQueued {
-		if tf = topics[topic]; tf == nil {
-			tf = new(sqlstore.TopicFacts)
-			err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1`, topic).Scan(&tf.Paused, &tf.Limit)
-			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return sqlstore.Taken{}, err
+	found := make(map[int64]*takeRow, len(ds))
+	for rows.Next() {
+		var (
+			id int64
+			r  = takeRow{facts: sqlstore.TakeFacts{Found: true}}
+		)
+		if err := rows.Scan(&id, &r.facts.State, &r.facts.Available, &r.topic, &r.by, &r.attempts); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		found[id] = &r
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	out := make([]sqlstore.Taken, len(ds))
+	topics := make(map[string]*sqlstore.TopicFacts)
+	fresh := make(map[int64]int) // queued rows taken: their index in ds
+	var freshIDs []int64
+	for i, d := range ds {
+		r := found[d.ID]
+		if r == nil {
+			out[i] = sqlstore.Taken{Verdict: sqlstore.Take(sqlstore.TakeFacts{})}
+			continue
+		}
+		// A second delivery of the same message in this batch is dropped.
+		delete(found, d.ID)
+		f := r.facts
+		f.Redelivered = d.Redelivered
+		var tf *sqlstore.TopicFacts
+		if f.State == broker.StateQueued {
+			if tf, err = takeTopicFacts(ctx, tx, r.topic, topics); err != nil {
+				return nil, err
 			}
-			if tf.Limit > 0 {
-				if err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1 FOR UPDATE`, topic).
-					Scan(&tf.Paused, &tf.Limit); err != nil {
-					return sqlstore.Taken{}, err
-				}
-				// A statement of its own, after the lock: its snapshot sees
-				// the takes committed while this one waited.
-				if err := tx.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, topic).
-					Scan(&tf.Running); err != nil {
-					return sqlstore.Taken{}, err
-				}
+			f.Paused, f.Limit, f.Running = tf.Paused, tf.Limit, tf.Running
+		}
+		v := sqlstore.Take(f)
+		switch {
+		case v != sqlstore.TakeOK:
+			out[i] = sqlstore.Taken{Verdict: v}
+		case f.State == broker.StateRunning:
+			m, err := retake(ctx, tx, worker, d.ID, r.by, r.attempts)
+			if err != nil {
+				return nil, err
 			}
-			topics[topic] = tf
+			out[i] = sqlstore.Taken{Message: m, Verdict: v}
+		default:
+			tf.Running++
+			fresh[d.ID] = i
+			freshIDs = append(freshIDs, d.ID)
 		}
-		f.Paused, f.Limit, f.Running = tf.Paused, tf.Limit, tf.Running
 	}
-	v := sqlstore.Take(f)
-	if v != sqlstore.TakeOK {
-		return sqlstore.Taken{Verdict: v}, nil
+	if len(freshIDs) == 0 {
+		return out, nil
 	}
-	var m broker.Message
-	if f.State == broker.StateRunning {
-		if _, err := tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, d.ID); err != nil {
-			return sqlstore.Taken{}, err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO tw_amqp_orphans (message_id, kind) VALUES ($1, 'reclaimed')`, d.ID); err != nil {
-			return sqlstore.Taken{}, err
-		}
-		m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
-			SET claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1, token = gen_random_uuid(),
-				orphaned = orphaned + 1, suspect = true, last_error = $3
-			WHERE id = $1 RETURNING `+msgCols+`, token::text`, d.ID, worker, sqlstore.RetakenError(by, attempts)), true)
-	} else {
-		tf.Running++
-		m, err = scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
-			SET state = 'running', claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1,
-				token = gen_random_uuid()
-			WHERE id = $1 RETURNING `+msgCols+`, token::text`, d.ID, worker), true)
-	}
+	rows, err = tx.Query(ctx, `UPDATE tw_messages
+		SET state = 'running', claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1,
+			token = gen_random_uuid()
+		WHERE id = ANY ($1) RETURNING `+msgCols+`, token::text`, freshIDs, worker)
 	if err != nil {
-		return sqlstore.Taken{}, err
+		return nil, err
 	}
-	return sqlstore.Taken{Message: m, Verdict: v}, nil
+	defer rows.Close()
+	for rows.Next() {
+		m, err := scanMessage(rows, true)
+		if err != nil {
+			return nil, err
+		}
+		out[fresh[m.ID]] = sqlstore.Taken{Message: m, Verdict: sqlstore.TakeOK}
+	}
+	return out, rows.Err()
+}
+
+// takeTopicFacts returns the facts of topic for the takes of one
+// transaction, read at its first take. A limited topic's row is locked
+// and its running rows counted after the lock (a statement of its own, so
+// that its snapshot sees the takes committed while this one waited): the
+// takes of a limited topic count its running rows one after the other.
+func takeTopicFacts(ctx context.Context, tx pgx.Tx, topic string, topics map[string]*sqlstore.TopicFacts) (*sqlstore.TopicFacts, error) {
+	if tf := topics[topic]; tf != nil {
+		return tf, nil
+	}
+	tf := new(sqlstore.TopicFacts)
+	err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1`, topic).Scan(&tf.Paused, &tf.Limit)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, err
+	}
+	if tf.Limit > 0 {
+		if err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1 FOR UPDATE`, topic).
+			Scan(&tf.Paused, &tf.Limit); err != nil {
+			return nil, err
+		}
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, topic).
+			Scan(&tf.Running); err != nil {
+			return nil, err
+		}
+	}
+	topics[topic] = tf
+	return tf, nil
+}
+
+// retake makes running message id, whose holder's delivery came back,
+// running under a new claim of worker: the old claim's locks are
+// released and the retake logged (see TakeOrphanLog).
+func retake(ctx context.Context, tx pgx.Tx, worker string, id int64, by string, attempts int) (broker.Message, error) {
+	if _, err := tx.Exec(ctx, `DELETE FROM tw_locks WHERE message_id = $1`, id); err != nil {
+		return broker.Message{}, err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO tw_amqp_orphans (message_id, kind) VALUES ($1, 'reclaimed')`, id); err != nil {
+		return broker.Message{}, err
+	}
+	return scanMessage(tx.QueryRow(ctx, `UPDATE tw_messages
+		SET claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1, token = gen_random_uuid(),
+			orphaned = orphaned + 1, suspect = true, last_error = $3
+		WHERE id = $1 RETURNING `+msgCols+`, token::text`, id, worker, sqlstore.RetakenError(by, attempts)), true)
 }
 
 // EndUndeliverable: see sqlstore.External.

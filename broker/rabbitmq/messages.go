@@ -147,7 +147,7 @@ func (b *Broker) publish(ctx context.Context, topic string, ids []int64) error {
 }
 
 // Claim takes up to req.Max messages of req.Topics, round-robin as the
-// broker contract says: it takes deliveries (basic.get) one topic after
+// broker contract says: it takes deliveries (fetchOne) one topic after
 // the other, each topic at most what its limit admits, then makes their
 // rows running in the state store in one transaction (sqlstore.Take
 // decides each); the deliveries stay unacked until their outcomes are
@@ -309,27 +309,38 @@ func releaseAll(fs []fetched) {
 }
 
 // fetchOne takes the next delivery of topic that is one of the broker's
-// messages.
+// messages: from the topic's feed while it has deliveries, else by
+// basic.get; a get that says a backlog follows starts the feed's
+// consumer (see feed.go).
 func (b *Broker) fetchOne(ctx context.Context, s *session, topic string) (fetched, bool, error) {
 	ch, err := s.topicChannel(topic)
 	if err != nil {
 		return fetched{}, false, err
 	}
+	f := s.feedOf(topic, ch)
 	queue := b.names.topic(topic)
 	for range maxDropsPerTake {
-		d, ok, err := ch.Get(queue, false)
-		if err != nil {
-			var ae *amqp.Error
-			if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-				s.forget(topic)
-				b.log.Warn("a topic queue is missing (deleted?); declaring it again and publishing its queued messages again", "queue", queue)
-				b.republishTopic(topic)
+		d, ok := f.next()
+		if !ok {
+			d, ok, err = ch.Get(queue, false)
+			if err != nil {
+				var ae *amqp.Error
+				if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+					s.forget(topic)
+					b.log.Warn("a topic queue is missing (deleted?); declaring it again and publishing its queued messages again", "queue", queue)
+					b.republishTopic(topic)
+					return fetched{}, false, nil
+				}
+				return fetched{}, false, err
+			}
+			if !ok {
 				return fetched{}, false, nil
 			}
-			return fetched{}, false, err
-		}
-		if !ok {
-			return fetched{}, false, nil
+			if d.MessageCount >= feedAfter {
+				if err := f.start(queue); err != nil {
+					b.log.Warn("could not start a consumer; taking deliveries one by one", "queue", queue, "error", err)
+				}
+			}
 		}
 		id, err := idOf(d)
 		if err != nil {

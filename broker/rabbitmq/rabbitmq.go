@@ -88,6 +88,7 @@ type Broker struct {
 	kick   chan struct{}
 
 	held    heldDeliveries
+	notices notices
 	done    publishedEntries
 	rr      atomic.Uint64 // rotates the first topic of claims
 	queueMu sync.Mutex
@@ -155,11 +156,12 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	}
 	b.sess = s
 	b.ctx, b.stop = context.WithCancel(context.Background())
-	b.wg.Add(4)
+	b.wg.Add(5)
 	go b.reconnectLoop(s)
 	go b.publishLoop()
 	go b.doneLoop()
 	go b.deadLoop()
+	go b.feedLoop()
 	return b, nil
 }
 
@@ -190,6 +192,16 @@ func (b *Broker) Close() error {
 	b.stop()
 	b.mu.Lock()
 	s := b.sess
+	b.mu.Unlock()
+	if s != nil {
+		// Deliveries no claim took go back without counting toward their
+		// delivery limit.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		b.closeFeeds(ctx, s)
+		cancel()
+	}
+	b.mu.Lock()
+	s = b.sess
 	b.sess = nil
 	b.health = broker.ErrClosed
 	b.mu.Unlock()

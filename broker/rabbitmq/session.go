@@ -41,10 +41,11 @@ type session struct {
 	mu       sync.Mutex
 	topics   map[string]*amqp.Channel
 	declared map[string]bool
+	feeds    map[string]*feed // see feed.go
 }
 
 func newSession(b *Broker, c *amqp.Connection) (*session, error) {
-	s := &session{b: b, conn: c, topics: make(map[string]*amqp.Channel), declared: make(map[string]bool)}
+	s := &session{b: b, conn: c, topics: make(map[string]*amqp.Channel), declared: make(map[string]bool), feeds: make(map[string]*feed)}
 	pub, err := c.Channel()
 	if err != nil {
 		return nil, err
@@ -162,6 +163,9 @@ func (s *session) topicChannel(topic string) (*amqp.Channel, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ch.Qos(feedPrefetch, 0, false); err != nil {
+		return nil, fmt.Errorf("prefetch: %w", err)
+	}
 	s.mu.Lock()
 	if old := s.topics[topic]; old != nil && !old.IsClosed() {
 		s.mu.Unlock()
@@ -194,7 +198,7 @@ func idOf(d amqp.Delivery) (int64, error) {
 var errNacked = errors.New("rabbitmq refused the message (publisher confirm was a nack)")
 
 // publish publishes messages ids of topic, persistent and mandatory, and
-// waits for RabbitMQ's confirms. A message RabbitMQ cannot route (its
+// waits for RabbitMQ's confirms, then announces them (notify.go). A message RabbitMQ cannot route (its
 // queue was deleted) comes back as a return: see readReturns.
 func (s *session) publish(ctx context.Context, topic string, ids []int64) error {
 	if err := s.declare(topic); err != nil {
@@ -227,6 +231,9 @@ func (s *session) publish(ctx context.Context, topic string, ids []int64) error 
 		if !ok {
 			return fmt.Errorf("publish to %s: %w", key, errNacked)
 		}
+	}
+	if len(ids) > 0 {
+		s.b.notices.announce(topic)
 	}
 	return nil
 }
