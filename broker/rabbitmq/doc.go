@@ -26,10 +26,10 @@
 // harmless, because a delivery runs only once its row is taken.
 //
 // Claim takes deliveries (manual ack) round-robin over the topics asked
-// for, by basic.get, or from the buffer of a consumer that a backlog
-// started (feed.go says when it runs and how its deliveries are given
-// back), and makes their rows running with fresh tokens in the state
-// store, in one transaction (sqlstore.Take states the rule): a queued row
+// for, by basic.get, or as a batch through a short-lived consumer when a
+// get says more are ready (fetch.go), and makes their rows running with
+// fresh tokens in the state store, in one transaction (sqlstore.Take
+// states the rule): a queued row
 // is taken when its topic is neither paused nor at its limit; a running
 // row only by a redelivery, that is after its holder's channel closed;
 // a delivery whose row ended, is gone or is held is acked and dropped.
@@ -50,10 +50,7 @@
 // means: its connection closes, or misses its AMQP heartbeats
 // (Options.Heartbeat). The next take of each makes its row running under
 // a new claim, marked Suspect with an "orphaned:" last error, and
-// releases the locks of the old claim. (Deliveries a killed process had
-// in its consumer's buffer, not taken, come back the same way; they count
-// toward the delivery limit, but their rows were never taken.) After
-// DeliveryLimit deliveries
+// releases the locks of the old claim. After DeliveryLimit deliveries
 // RabbitMQ dead-letters the message, and the broker ends its row dead
 // (the dead queue is read every second). ReclaimOrphans, the reaper's
 // pass, does not reclaim what RabbitMQ brings back, and reports it: see

@@ -2,7 +2,6 @@ package rabbitmq
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -253,104 +252,6 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 // maxClaimRounds bounds the rounds of fetching and taking of one claim
 // (a round after the first only follows stale deliveries).
 const maxClaimRounds = 8
-
-// fetched is a delivery taken from a topic queue for a claim.
-type fetched struct {
-	topic string
-	ch    *amqp.Channel
-	d     amqp.Delivery
-	id    int64
-}
-
-// fetch takes up to n deliveries round-robin over topics, each topic at
-// most left[topic] (see Claim), lowering left as it goes; a topic whose
-// queue is empty gets left 0. Foreign deliveries are moved aside.
-func (b *Broker) fetch(ctx context.Context, s *session, topics []string, left map[string]int, n int) ([]fetched, error) {
-	var got []fetched
-	for len(got) < n {
-		progress := false
-		for _, t := range topics {
-			if len(got) >= n {
-				break
-			}
-			if left[t] == 0 {
-				continue
-			}
-			f, ok, err := b.fetchOne(ctx, s, t)
-			if err != nil {
-				releaseAll(got)
-				return nil, err
-			}
-			if !ok {
-				left[t] = 0
-				continue
-			}
-			got = append(got, f)
-			switch {
-			case left[t] == probeOne:
-				left[t] = 0
-			case left[t] > 0:
-				left[t]--
-			}
-			progress = true
-		}
-		if !progress {
-			break
-		}
-	}
-	return got, nil
-}
-
-// releaseAll gives deliveries back to RabbitMQ untaken.
-func releaseAll(fs []fetched) {
-	for _, f := range fs {
-		_ = f.d.Reject(true)
-	}
-}
-
-// fetchOne takes the next delivery of topic that is one of the broker's
-// messages: from the topic's feed while it has deliveries, else by
-// basic.get; a get that says a backlog follows starts the feed's
-// consumer (see feed.go).
-func (b *Broker) fetchOne(ctx context.Context, s *session, topic string) (fetched, bool, error) {
-	ch, err := s.topicChannel(topic)
-	if err != nil {
-		return fetched{}, false, err
-	}
-	f := s.feedOf(topic, ch)
-	queue := b.names.topic(topic)
-	for range maxDropsPerTake {
-		d, ok := f.next()
-		if !ok {
-			d, ok, err = ch.Get(queue, false)
-			if err != nil {
-				var ae *amqp.Error
-				if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-					s.forget(topic)
-					b.log.Warn("a topic queue is missing (deleted?); declaring it again and publishing its queued messages again", "queue", queue)
-					b.republishTopic(topic)
-					return fetched{}, false, nil
-				}
-				return fetched{}, false, err
-			}
-			if !ok {
-				return fetched{}, false, nil
-			}
-			if d.MessageCount >= feedAfter {
-				if err := f.start(queue); err != nil {
-					b.log.Warn("could not start a consumer; taking deliveries one by one", "queue", queue, "error", err)
-				}
-			}
-		}
-		id, err := idOf(d)
-		if err != nil {
-			b.reject(ctx, s, topic, d, err.Error())
-			continue
-		}
-		return fetched{topic: topic, ch: ch, d: d, id: id}, true, nil
-	}
-	return fetched{}, false, nil
-}
 
 // take makes the rows of deliveries got running for worker in one
 // transaction, holds the deliveries of those taken, and settles the

@@ -156,12 +156,11 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	}
 	b.sess = s
 	b.ctx, b.stop = context.WithCancel(context.Background())
-	b.wg.Add(5)
+	b.wg.Add(4)
 	go b.reconnectLoop(s)
 	go b.publishLoop()
 	go b.doneLoop()
 	go b.deadLoop()
-	go b.feedLoop()
 	return b, nil
 }
 
@@ -192,16 +191,6 @@ func (b *Broker) Close() error {
 	b.stop()
 	b.mu.Lock()
 	s := b.sess
-	b.mu.Unlock()
-	if s != nil {
-		// Deliveries no claim took go back without counting toward their
-		// delivery limit.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		b.closeFeeds(ctx, s)
-		cancel()
-	}
-	b.mu.Lock()
-	s = b.sess
 	b.sess = nil
 	b.health = broker.ErrClosed
 	b.mu.Unlock()

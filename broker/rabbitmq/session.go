@@ -41,11 +41,11 @@ type session struct {
 	mu       sync.Mutex
 	topics   map[string]*amqp.Channel
 	declared map[string]bool
-	feeds    map[string]*feed // see feed.go
+	fetching topicLocks // see fetchTopic
 }
 
 func newSession(b *Broker, c *amqp.Connection) (*session, error) {
-	s := &session{b: b, conn: c, topics: make(map[string]*amqp.Channel), declared: make(map[string]bool), feeds: make(map[string]*feed)}
+	s := &session{b: b, conn: c, topics: make(map[string]*amqp.Channel), declared: make(map[string]bool)}
 	pub, err := c.Channel()
 	if err != nil {
 		return nil, err
@@ -144,37 +144,35 @@ func (s *session) forget(topic string) {
 }
 
 // topicChannel returns the channel that takes topic's deliveries, opened
-// (and the topic declared) on first use or after it closed.
-func (s *session) topicChannel(topic string) (*amqp.Channel, error) {
+// (and the topic declared) on first use or after it closed, with the
+// mutex its fetches hold.
+func (s *session) topicChannel(topic string) (*amqp.Channel, *sync.Mutex, error) {
 	s.mu.Lock()
 	ch := s.topics[topic]
 	s.mu.Unlock()
 	if ch != nil && !ch.IsClosed() {
-		return ch, nil
+		return ch, s.fetching.of(topic), nil
 	}
 	if ch != nil {
 		// It closed on an error: the queue may be gone.
 		s.forget(topic)
 	}
 	if err := s.declare(topic); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ch, err := s.conn.Channel()
 	if err != nil {
-		return nil, err
-	}
-	if err := ch.Qos(feedPrefetch, 0, false); err != nil {
-		return nil, fmt.Errorf("prefetch: %w", err)
+		return nil, nil, err
 	}
 	s.mu.Lock()
 	if old := s.topics[topic]; old != nil && !old.IsClosed() {
 		s.mu.Unlock()
 		_ = ch.Close()
-		return old, nil
+		return old, s.fetching.of(topic), nil
 	}
 	s.topics[topic] = ch
 	s.mu.Unlock()
-	return ch, nil
+	return ch, s.fetching.of(topic), nil
 }
 
 // envelopeType marks the broker's messages (AMQP type property); the
