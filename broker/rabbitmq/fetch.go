@@ -18,7 +18,8 @@ import (
 // takes a topic's first delivery by basic.get, which also says how many
 // messages are ready behind it; when that is batchMin or more, the rest
 // of the topic's share comes as one batch through a short-lived consumer
-// whose prefetch is the batch's size. The claim waits (at most
+// whose prefetch is the batch's size, and the claim asks no more of the
+// topic. The claim waits (at most
 // batchWait) for the batch, then cancels the consumer and reads every
 // delivery it was sent (after basic.cancel-ok there are no more). So a
 // claim holds only the deliveries it takes, sees every message the queue
@@ -108,7 +109,7 @@ func releaseAll(fs []fetched) {
 // fetchTopic takes up to k deliveries of topic that are the broker's
 // messages: the first by basic.get, the rest (what it says is ready
 // behind it, up to k-1) one by one or as a batch (see the file's
-// comment). Fewer than k means the queue ran dry.
+// comment).
 func (b *Broker) fetchTopic(ctx context.Context, s *session, topic string, k int) ([]fetched, error) {
 	ch, mu, err := s.topicChannel(topic)
 	if err != nil {
@@ -164,10 +165,9 @@ func (b *Broker) fetchTopic(ctx context.Context, s *session, topic string, k int
 			releaseAll(out)
 			return nil, err
 		}
-		if len(ds) < ready {
-			// Others took some of what was ready.
-			break
-		}
+		// What arrived meanwhile is the next claim's: a claim does not
+		// chase a stream.
+		break
 	}
 	return out, nil
 }
