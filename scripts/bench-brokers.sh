@@ -56,11 +56,11 @@ for b in brokers:
         runs.append(json.loads(js))
     rows[b] = runs
 print(f"== medians of {rounds} interleaved rounds")
-print("  " + f"{'':24}" + "".join(f"{b:>22}" for b in brokers))
+print("  " + f"{'':24}" + "".join(f"{b:>36}" for b in brokers))
 for k, label in keys:
     cells = []
     for b in brokers:
         vals = [r.get(k) for r in rows[b] if r.get(k) is not None]
-        cells.append(f"{statistics.median(vals):>10,.1f} ({', '.join(f'{v:,.0f}' for v in vals)})" if vals else f"{'-':>22}")
-    print(f"  {label:24}" + "".join(f"{c:>22}" for c in cells))
+        cells.append(f"{statistics.median(vals):,.1f} ({', '.join(f'{v:,.0f}' for v in vals)})" if vals else f"{'-':>22}")
+    print(f"  {label:24}" + "".join(f"{c:>36}" for c in cells))
 PY
