@@ -161,28 +161,36 @@ func takeMessages(ctx context.Context, tx pgx.Tx, worker string, ds []sqlstore.D
 	for i, d := range ds {
 		ids[i] = d.ID
 	}
-	rows, err := tx.Query(ctx, `SELECT id, state, available_at <= now(), topic, coalesce(claimed_by, ''), attempts
-		FROM tw_messages WHERE id = ANY ($1) ORDER BY id FOR UPDATE`, ids)
+	// The topics' settings come with the rows; a limited topic's are read
+	// again under its lock (takeTopicFacts).
+	rows, err := tx.Query(ctx, `SELECT m.id, m.state, m.available_at <= now(), m.topic, coalesce(m.claimed_by, ''), m.attempts,
+			coalesce(t.paused, false), coalesce(t.concurrency_limit, 0)
+		FROM tw_messages m LEFT JOIN tw_topics t ON t.name = m.topic
+		WHERE m.id = ANY ($1) ORDER BY m.id FOR UPDATE OF m`, ids)
 	if err != nil {
 		return nil, err
 	}
 	found := make(map[int64]*takeRow, len(ds))
+	topics := make(map[string]*sqlstore.TopicFacts)
 	for rows.Next() {
 		var (
 			id int64
 			r  = takeRow{facts: sqlstore.TakeFacts{Found: true}}
+			tf sqlstore.TopicFacts
 		)
-		if err := rows.Scan(&id, &r.facts.State, &r.facts.Available, &r.topic, &r.by, &r.attempts); err != nil {
+		if err := rows.Scan(&id, &r.facts.State, &r.facts.Available, &r.topic, &r.by, &r.attempts, &tf.Paused, &tf.Limit); err != nil {
 			rows.Close()
 			return nil, err
 		}
 		found[id] = &r
+		if topics[r.topic] == nil && tf.Limit <= 0 {
+			topics[r.topic] = &tf
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	out := make([]sqlstore.Taken, len(ds))
-	topics := make(map[string]*sqlstore.TopicFacts)
 	fresh := make(map[int64]int) // queued rows taken: their index in ds
 	var freshIDs []int64
 	for i, d := range ds {
@@ -240,28 +248,32 @@ func takeMessages(ctx context.Context, tx pgx.Tx, worker string, ds []sqlstore.D
 }
 
 // takeTopicFacts returns the facts of topic for the takes of one
-// transaction, read at its first take. A limited topic's row is locked
-// and its running rows counted after the lock (a statement of its own, so
-// that its snapshot sees the takes committed while this one waited): the
-// takes of a limited topic count its running rows one after the other.
+// transaction, read at its first take of a queued row (an unlimited
+// topic's came with the rows). A limited topic's row is locked and its
+// running rows counted after the lock (a statement of its own, so that its
+// snapshot sees the takes committed while this one waited), both in one
+// round trip: the takes of a limited topic count its running rows one
+// after the other.
 func takeTopicFacts(ctx context.Context, tx pgx.Tx, topic string, topics map[string]*sqlstore.TopicFacts) (*sqlstore.TopicFacts, error) {
 	if tf := topics[topic]; tf != nil {
 		return tf, nil
 	}
 	tf := new(sqlstore.TopicFacts)
-	err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1`, topic).Scan(&tf.Paused, &tf.Limit)
+	batch := &pgx.Batch{}
+	batch.Queue(`SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1 FOR UPDATE`, topic)
+	batch.Queue(`SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, topic)
+	br := tx.SendBatch(ctx, batch)
+	err := br.QueryRow().Scan(&tf.Paused, &tf.Limit)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		br.Close()
 		return nil, err
 	}
-	if tf.Limit > 0 {
-		if err := tx.QueryRow(ctx, `SELECT paused, concurrency_limit FROM tw_topics WHERE name = $1 FOR UPDATE`, topic).
-			Scan(&tf.Paused, &tf.Limit); err != nil {
-			return nil, err
-		}
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, topic).
-			Scan(&tf.Running); err != nil {
-			return nil, err
-		}
+	if err := br.QueryRow().Scan(&tf.Running); err != nil {
+		br.Close()
+		return nil, err
+	}
+	if err := br.Close(); err != nil {
+		return nil, err
 	}
 	topics[topic] = tf
 	return tf, nil
