@@ -19,11 +19,14 @@ import (
 // messages are ready behind it; when that is batchMin or more, the rest
 // of the topic's share comes as one batch through a short-lived consumer
 // whose prefetch is the batch's size, and the claim asks no more of the
-// topic. The claim waits (at most
-// batchWait) for the batch, then cancels the consumer and reads every
-// delivery it was sent (after basic.cancel-ok there are no more). So a
-// claim holds only the deliveries it takes, sees every message the queue
-// held for it, and nothing waits in a buffer of this process.
+// topic. The claim waits for the batch, then cancels the consumer and
+// reads every delivery it was sent (after basic.cancel-ok there are no
+// more). When no delivery came for a while (batchWait for the first,
+// batchGap for each next one) other processes took some of what was
+// ready, or RabbitMQ was slow: the claim goes on with gets, which take
+// what is still there. So a claim holds only the deliveries it takes,
+// sees every message the queue held for it, and nothing waits in a buffer
+// of this process.
 //
 // A cancelled consumer keeps its deliveries until they are acked: the
 // running messages stay held by this process's connection, and come back
@@ -34,9 +37,11 @@ const (
 	// batchMin is the least number of deliveries taken as a batch; fewer
 	// are taken by basic.get one by one.
 	batchMin = 3
-	// batchWait bounds the wait for a batch: another process may take
-	// some of the messages that were ready.
+	// batchWait bounds the wait for a batch's first delivery, and
+	// batchGap the wait for each next one: another process may take some
+	// of the messages that were ready.
 	batchWait = 100 * time.Millisecond
+	batchGap  = 10 * time.Millisecond
 )
 
 var consumerSeq atomic.Uint64
@@ -165,17 +170,23 @@ func (b *Broker) fetchTopic(ctx context.Context, s *session, topic string, k int
 			releaseAll(out)
 			return nil, err
 		}
-		// What arrived meanwhile is the next claim's: a claim does not
-		// chase a stream.
+		if len(ds) < ready {
+			// Others took some of what was ready, or RabbitMQ was slow:
+			// gets take what is still there.
+			continue
+		}
+		// What arrived since the get is the next claim's: a claim does
+		// not chase a stream.
 		break
 	}
 	return out, nil
 }
 
 // consumeBatch takes up to k deliveries of queue on ch through a consumer
-// of prefetch k: it waits for k or batchWait, then cancels the consumer
-// and reads every delivery it was sent.
-func consumeBatch(ch *amqp.Channel, queue string, k int) ([]amqp.Delivery, error) {
+// of prefetch k: it waits for k or a gap (see batchWait and batchGap),
+// then cancels the consumer and reads every delivery it was sent. On an
+// error the deliveries it had go back to the queue.
+func consumeBatch(ch *amqp.Channel, queue string, k int) (_ []amqp.Delivery, err error) {
 	if err := ch.Qos(k, 0, false); err != nil {
 		return nil, fmt.Errorf("prefetch: %w", err)
 	}
@@ -184,18 +195,26 @@ func consumeBatch(ch *amqp.Channel, queue string, k int) ([]amqp.Delivery, error
 	if err != nil {
 		return nil, err
 	}
-	var out []amqp.Delivery
+	var got []amqp.Delivery
+	defer func() {
+		if err != nil {
+			for _, d := range got {
+				_ = d.Reject(true)
+			}
+		}
+	}()
 	t := time.NewTimer(batchWait)
 	defer t.Stop()
 wait:
-	for len(out) < k {
+	for len(got) < k {
 		select {
 		case d, ok := <-in:
 			if !ok {
 				// The channel closed: its deliveries went back.
 				return nil, errors.New("topic channel closed while taking deliveries")
 			}
-			out = append(out, d)
+			got = append(got, d)
+			t.Reset(batchGap)
 		case <-t.C:
 			break wait
 		}
@@ -204,9 +223,9 @@ wait:
 		return nil, err
 	}
 	for d := range in {
-		out = append(out, d)
+		got = append(got, d)
 	}
-	return out, nil
+	return got, nil
 }
 
 // topicLocks holds a mutex per topic channel of a session: see
