@@ -51,6 +51,20 @@ func (h *heldDeliveries) take(token string) (delivery, bool) {
 	return d, ok
 }
 
+// topics counts, by topic, the outcomes whose deliveries this process
+// holds: the running slots they free.
+func (h *heldDeliveries) topics(outcomes []broker.Outcome) map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make(map[string]int)
+	for _, o := range outcomes {
+		if d, ok := h.m[o.Claim.Token]; ok {
+			out[d.topic]++
+		}
+	}
+	return out
+}
+
 // ack acks the delivery of the claim token once its outcome is stored,
 // and returns its topic ("" when this process does not hold it). A
 // delivery whose channel has closed meanwhile came back to RabbitMQ: its
@@ -153,6 +167,55 @@ func (b *Broker) publish(ctx context.Context, topic string, ids []int64) error {
 // stored. Deliveries that were stale are dropped and the claim goes on.
 // Paused topics and topics at their limit are not asked for deliveries.
 func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
+	return b.claim(ctx, req, nil, nil)
+}
+
+// AckAndClaim writes the outcomes as Ack does while the claim takes its
+// deliveries from RabbitMQ, and takes their rows once the outcomes are
+// written, so that the claim sees the slots they free (broker.AckClaimer).
+// When writing the outcomes fails, nothing is claimed. When the claim
+// fails after the outcomes were written, it returns their errors and no
+// message (the claim is logged, and the next one tries again).
+func (b *Broker) AckAndClaim(ctx context.Context, outcomes []broker.Outcome, req broker.ClaimRequest) ([]error, []broker.Message, error) {
+	if req.WorkerID == "" {
+		return nil, nil, broker.Invalid("worker id is empty")
+	}
+	if len(outcomes) == 0 {
+		msgs, err := b.Claim(ctx, req)
+		if err != nil {
+			return nil, nil, err
+		}
+		return []error{}, msgs, nil
+	}
+	freed := b.held.topics(outcomes)
+	var (
+		errs   []error
+		ackErr error
+		done   = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		errs, ackErr = b.Ack(ctx, outcomes)
+	}()
+	acked := func() error {
+		<-done
+		return ackErr
+	}
+	msgs, err := b.claim(ctx, req, freed, acked)
+	if err := acked(); err != nil {
+		return nil, nil, err
+	}
+	if err != nil {
+		b.log.Warn("claim after writing outcomes failed; the next claim tries again", "error", err)
+		return errs, nil, nil
+	}
+	return errs, msgs, nil
+}
+
+// claim is Claim. With acks being written, freed counts the running
+// slots of each topic they free, and acked waits for them: it is called
+// before anything is taken, and its error ends the claim.
+func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, freed map[string]int, acked func() error) ([]broker.Message, error) {
 	if req.WorkerID == "" {
 		return nil, broker.Invalid("worker id is empty")
 	}
@@ -207,6 +270,10 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		if !slices.Contains(asked, t) {
 			known = false
 		}
+		if known && n >= 0 && freed[t] > 0 {
+			n += freed[t]
+			left[t] = n
+		}
 		if known && n != sqlstore.Paused {
 			b.setLimited(t, n != sqlstore.Unlimited)
 		}
@@ -232,6 +299,13 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		got, err := b.fetch(ctx, s, topics, left, want-len(out))
 		if err == nil && len(got) == 0 {
 			break
+		}
+		if err == nil && acked != nil {
+			if err = acked(); err != nil {
+				releaseAll(got)
+				return nil, err
+			}
+			acked = nil
 		}
 		if err == nil {
 			var taken []broker.Message

@@ -104,6 +104,7 @@ type Broker struct {
 var (
 	_ broker.Broker          = (*Broker)(nil)
 	_ broker.OrphanReclaimer = (*Broker)(nil)
+	_ broker.AckClaimer      = (*Broker)(nil)
 )
 
 // Open connects to RabbitMQ and starts the broker's loops: the outbox
