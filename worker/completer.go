@@ -228,3 +228,10 @@ func (o *completer) closeAcks() {
 		o.finish(acks, true)
 	}
 }
+
+// ackCount is how many acks are left to the dispatcher.
+func (o *completer) ackCount() int {
+	o.acks.mu.Lock()
+	defer o.acks.mu.Unlock()
+	return len(o.acks.items)
+}

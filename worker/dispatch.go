@@ -12,13 +12,18 @@ import (
 // them to the workers. The pool starts it in Start and stops it (claimCtx)
 // and waits for it (dispatcherDone) in Stop.
 
+// maxExchanges is how many exchanges (acks and a claim in one broker call)
+// the dispatcher keeps in flight at once.
+const maxExchanges = 2
+
 // dispatch claims messages while there are free slots and hands them to
 // the workers, and has the completer write the acks the collectors leave
 // it with its claims (exchange). It closes jobs when it returns.
 //
-// A claim asks for as many messages as there are idle handlers, but the
-// pool holds at most 2*Concurrency messages claimed and not yet written
-// back (running in the broker), so slow outcome writes slow claiming down.
+// A claim asks for as many messages as there are idle handlers not
+// already asked for by an exchange in flight, but the pool holds at most
+// 2*Concurrency messages claimed and not yet written back (running in the
+// broker), so slow outcome writes slow claiming down.
 //
 // A topic's concurrency limit counts a message as running until its
 // outcome is written. The acks therefore go with the next claim, written
@@ -28,110 +33,190 @@ import (
 // this pool's outcomes are still being written, the next one goes out as
 // soon as one of those writes returns rather than after the idle interval.
 //
+// Up to maxExchanges exchanges are in flight: while one is being written,
+// the acks of the messages it does not carry go out in a second one, with
+// a claim of the slots left, once the batch is whole (every handler idle
+// and every outcome handed over with the collectors' batch written out)
+// or at least half the pool. So a finished message waits for one write,
+// not for the write in flight and then its own, and the batches stay as
+// large as with one exchange at a time. The broker orders the two: a
+// limited topic's claims take its lock, and the second one's gate counts
+// the first one's claims once they commit.
+//
 // After a short claim the dispatcher waits ClaimIdleInterval, or, while
 // the broker announces submitted messages (announcements), until one for
-// a topic of this pool comes or ClaimIdleFallback passes.
+// a topic of this pool comes or ClaimIdleFallback passes, before it
+// claims with no acks to write.
 func (p *Pool) dispatch() {
 	defer close(p.dispatcherDone)
 	defer close(p.jobs)
 	defer p.out.closeAcks()
-	bo := retryBackoff()
-	idle := time.NewTimer(0)
-	<-idle.C
 	n := p.opts.Concurrency
 	// A suspect (see suspect) waits until it can run alone.
 	iso := newIsolation(p)
 	defer iso.stop()
 	ann := newAnnouncements(p)
+	x := &exchanges{results: make(chan exchanged, maxExchanges)}
+	// The exchanges in flight end first: what they claimed goes to the
+	// workers, and the acks they give back go to closeAcks.
+	defer func() {
+		for x.flying > 0 {
+			x.land(p, iso, <-x.results)
+		}
+	}()
+	bo := retryBackoff()
+	idle := time.NewTimer(0)
+	<-idle.C
+	var (
+		idling   bool      // after a short claim: claim with no acks only once it ends
+		deadline time.Time // when the idle wait ends
+		backoff  = time.NewTimer(0)
+		failed   bool // a call failed: nothing goes out until backoff fires
+	)
+	<-backoff.C
+	defer idle.Stop()
+	defer backoff.Stop()
+	stopIdling := func() {
+		if idling {
+			idling = false
+			idle.Stop()
+		}
+	}
 	for p.claimCtx.Err() == nil {
-		acks := p.out.takeAcks()
 		inflight := iso.settle(int(p.inflight.Load()))
-		free := min(n-inflight, 2*n-inflight-(int(p.out.pending.Load())-len(acks)))
-		if iso.blocks() {
-			free = 0
-		}
-		if free <= 0 && len(acks) == 0 {
-			select {
-			case <-p.slotFreed:
-			case <-p.out.written:
-			case <-p.out.acksReady:
-			case <-iso.holdOver():
-			case <-p.claimCtx.Done():
+		if x.flying < maxExchanges && !failed {
+			nAcks := p.out.ackCount()
+			free := min(n-inflight-x.reserved, 2*n-inflight-x.reserved-(int(p.out.pending.Load())-nAcks))
+			if iso.blocks() {
+				free = 0
 			}
-			continue
-		}
-		free = max(free, 0)
-		if free > 0 {
-			// A write that returns from here on may free a slot this claim
-			// does not see: it signals afresh.
-			select {
-			case <-p.out.written:
-			default:
+			free = max(free, 0)
+			var launch bool
+			if x.flying == 0 {
+				launch = nAcks > 0 || (free > 0 && !idling)
+			} else {
+				// A second exchange carries a whole batch of acks.
+				whole := inflight == 0 && int(p.out.pending.Load())-x.acks-nAcks <= 0
+				launch = nAcks > 0 && !iso.blocks() && (whole || 2*nAcks >= n)
 			}
-		}
-		ann.claiming()
-		msgs, err := p.out.exchange(p.claimCtx, acks, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.claimTopics(), Max: free})
-		// Whatever was claimed is ours to finish, even if we are stopping:
-		// the workers requeue it.
-		p.claims.hold(msgs)
-		for _, m := range msgs {
-			if iso.admit(m) {
-				p.toWorkers(m)
+			if launch {
+				acks := p.out.takeAcks()
+				if free > 0 {
+					// A write that returns from here on may free a slot this
+					// claim does not see: it signals afresh.
+					select {
+					case <-p.out.written:
+					default:
+					}
+				}
+				stopIdling()
+				ann.claiming()
+				x.launch(p, acks, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.claimTopics(), Max: free})
+				continue
 			}
 		}
-		if err != nil {
-			if p.claimCtx.Err() != nil {
-				return
-			}
-			d := bo.next()
-			p.log.Warn("claim failed; retrying", "error", err, "retry_in", d.String())
-			idle.Reset(d)
-			select {
-			case <-idle.C:
-			case <-p.claimCtx.Done():
-				idle.Stop()
-			}
-			continue
-		}
-		bo.reset()
-		if iso.holding() || free == 0 || len(msgs) == free {
-			continue
-		}
-		// Short: the queues ran dry, or a concurrency limit binds. Our own
-		// messages free the limit's slots as their outcomes are written.
 		var written <-chan struct{}
-		if p.inflight.Load()+p.out.pending.Load() > 0 {
+		if !idling || p.inflight.Load()+p.out.pending.Load() > 0 {
 			written = p.out.written
 		}
-		deadline := time.Now().Add(ann.interval())
-		idle.Reset(time.Until(deadline))
-	wait:
-		for {
-			select {
-			case <-idle.C:
-				break wait
-			case n := <-ann.notices():
-				if ann.wakes(n) {
-					idle.Stop()
-					break wait
+		var idleC <-chan time.Time
+		if idling {
+			idleC = idle.C
+		}
+		var backoffC <-chan time.Time
+		if failed {
+			backoffC = backoff.C
+		}
+		select {
+		case r := <-x.results:
+			x.land(p, iso, r)
+			if r.err != nil {
+				if p.claimCtx.Err() != nil {
+					return
 				}
-				if next, ok := ann.next(); ok && next.Before(deadline) {
-					deadline = next
-					idle.Reset(time.Until(deadline))
+				d := bo.next()
+				p.log.Warn("claim failed; retrying", "error", r.err, "retry_in", d.String())
+				if !failed {
+					failed = true
+					backoff.Reset(d)
 				}
-			case <-written:
-				idle.Stop()
-				break wait
-			case <-p.out.acksReady:
-				idle.Stop()
-				break wait
-			case <-p.wake:
-				idle.Stop()
-				break wait
-			case <-p.claimCtx.Done():
-				idle.Stop()
-				break wait
+				continue
 			}
+			bo.reset()
+			if iso.holding() || r.max == 0 {
+				continue
+			}
+			if len(r.msgs) == r.max {
+				stopIdling()
+				continue
+			}
+			// Short: the queues ran dry, or a concurrency limit binds. Our
+			// own messages free the limit's slots as their outcomes are
+			// written.
+			idling = true
+			deadline = time.Now().Add(ann.interval())
+			idle.Reset(time.Until(deadline))
+		case <-backoffC:
+			failed = false
+		case <-p.slotFreed:
+		case <-written:
+			stopIdling()
+		case <-p.out.acksReady:
+			stopIdling()
+		case <-iso.holdOver():
+		case <-idleC:
+			idling = false
+		case nt := <-ann.notices():
+			if ann.wakes(nt) {
+				stopIdling()
+			} else if next, ok := ann.next(); idling && ok && next.Before(deadline) {
+				deadline = next
+				idle.Reset(time.Until(deadline))
+			}
+		case <-p.wake:
+			stopIdling()
+		case <-p.claimCtx.Done():
+		}
+	}
+}
+
+// exchanges is the dispatcher's view of its exchanges in flight.
+type exchanges struct {
+	results  chan exchanged
+	flying   int // exchanges in flight
+	reserved int // messages they may claim
+	acks     int // acks they carry
+}
+
+// exchanged is what an exchange returned.
+type exchanged struct {
+	msgs []broker.Message
+	err  error
+	max  int // messages it asked for
+	acks int // acks it carried
+}
+
+// launch sends acks and req out in an exchange of their own.
+func (x *exchanges) launch(p *Pool, acks []*completion, req broker.ClaimRequest) {
+	x.flying++
+	x.reserved += req.Max
+	x.acks += len(acks)
+	go func() {
+		msgs, err := p.out.exchange(p.claimCtx, acks, req)
+		x.results <- exchanged{msgs: msgs, err: err, max: req.Max, acks: len(acks)}
+	}()
+}
+
+// land takes an exchange's answer: whatever it claimed is ours to finish,
+// even if we are stopping (the workers requeue it).
+func (x *exchanges) land(p *Pool, iso *isolation, r exchanged) {
+	x.flying--
+	x.reserved -= r.max
+	x.acks -= r.acks
+	p.claims.hold(r.msgs)
+	for _, m := range r.msgs {
+		if iso.admit(m) {
+			p.toWorkers(m)
 		}
 	}
 }

@@ -4,7 +4,7 @@
 //
 // A Pool has three kinds of goroutines, all owned by it and stopped and
 // awaited by Stop: one dispatcher that claims up to as many messages as it
-// has free slots in a single broker.Claim call, Concurrency worker
+// has free slots in a single broker.Claim call (at most two in flight), Concurrency worker
 // goroutines that run handlers, and the completer, which owns every write
 // of an outcome, with two collectors that take the workers' outcomes.
 // Nacks the collectors write themselves; acks they leave to the
@@ -12,7 +12,9 @@
 // next claim, ahead of it (one transaction and one round trip with a
 // broker.AckClaimer such as the PostgreSQL broker). A finishing handler frees a slot and so starts
 // that claim at once: a lone completion is never held back by a timer, and
-// a busy pool writes many acks per round trip. A topic's concurrency limit
+// a busy pool writes many acks per round trip. While one such exchange is
+// in flight, a second one carries the acks of a whole batch (see
+// dispatch), so finished messages do not wait for the write in flight. A topic's concurrency limit
 // counts a message until its outcome is written, so the claim that carries
 // the acks sees their slots free, and a claim that comes back short while
 // outcomes are being written is retried as soon as one of those writes

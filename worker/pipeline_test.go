@@ -1,0 +1,179 @@
+package worker
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// overlapWatch counts the writes of outcomes (Ack, AckAndClaim with
+// outcomes) in flight at once. When hold is set, the first such write
+// waits until a second one starts (or waitDeadline passes) before it goes
+// to the broker (holdMax at most); delay slows every write down.
+type overlapWatch struct {
+	broker.Broker
+	ac    broker.AckClaimer // nil when the broker is not one
+	hold  bool
+	delay time.Duration
+
+	mu       sync.Mutex
+	now, max int
+	second   chan struct{} // closed when two writes are in flight
+	held     bool
+}
+
+// holdMax bounds the hold of the first write: a pool that never sends a
+// second one is then seen to finish with one write at a time.
+const holdMax = 10 * time.Second
+
+func newOverlapWatch(inner broker.Broker, hold bool, delay time.Duration) *overlapWatch {
+	w := &overlapWatch{Broker: inner, hold: hold, delay: delay, second: make(chan struct{})}
+	w.ac, _ = inner.(broker.AckClaimer)
+	return w
+}
+
+// enter notes a write going out and holds it as the watch says; leave
+// notes its end.
+func (w *overlapWatch) enter() {
+	w.mu.Lock()
+	w.now++
+	w.max = max(w.max, w.now)
+	if w.now == 2 {
+		select {
+		case <-w.second:
+		default:
+			close(w.second)
+		}
+	}
+	first := w.hold && !w.held
+	w.held = true
+	w.mu.Unlock()
+	if first {
+		t := time.NewTimer(holdMax)
+		defer t.Stop()
+		select {
+		case <-w.second:
+		case <-t.C:
+		}
+	}
+	if w.delay > 0 {
+		time.Sleep(w.delay)
+	}
+}
+
+func (w *overlapWatch) leave() {
+	w.mu.Lock()
+	w.now--
+	w.mu.Unlock()
+}
+
+func (w *overlapWatch) most() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.max
+}
+
+func (w *overlapWatch) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
+	if len(outcomes) > 0 {
+		w.enter()
+		defer w.leave()
+	}
+	return w.Broker.Ack(ctx, outcomes)
+}
+
+// ackClaimWatch is an overlapWatch that is a broker.AckClaimer.
+type ackClaimWatch struct{ *overlapWatch }
+
+func (w ackClaimWatch) AckAndClaim(ctx context.Context, outcomes []broker.Outcome, req broker.ClaimRequest) ([]error, []broker.Message, error) {
+	if len(outcomes) > 0 {
+		w.enter()
+		defer w.leave()
+	}
+	return w.ac.AckAndClaim(ctx, outcomes, req)
+}
+
+// watched is w as a broker: an AckClaimer when its inner broker is one.
+func (w *overlapWatch) watched() broker.Broker {
+	if w.ac != nil {
+		return ackClaimWatch{w}
+	}
+	return w
+}
+
+// TestSecondExchangeGoesOutWhileOneIsWritten: while the dispatcher's
+// write of acks is held in the broker, the acks of the rest of the batch
+// go out in a second write, never a third, and every message ends done.
+func TestSecondExchangeGoesOutWhileOneIsWritten(t *testing.T) {
+	for name, newBroker := range testBrokers(t) {
+		t.Run(name, func(t *testing.T) {
+			w := newOverlapWatch(newBroker(t), true, 0)
+			b := w.watched()
+			reg := NewRegistry()
+			reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) { return "ok", nil }})
+			var ids []int64
+			for range 40 {
+				ids = append(ids, submit(t, b, "x", `{}`))
+			}
+			startPool(t, b, reg, Options{Concurrency: 10})
+			for _, id := range ids {
+				waitState(t, b, id, broker.StateDone)
+			}
+			if got := w.most(); got != maxExchanges {
+				t.Fatalf("at most %d writes of acks were in flight at once, want %d", got, maxExchanges)
+			}
+		})
+	}
+}
+
+// TestLimitHoldsWithTwoExchangesInFlight: with the pool's writes slowed
+// down so that two of its claims overlap, a topic's concurrency limit
+// still bounds the handlers running at once.
+func TestLimitHoldsWithTwoExchangesInFlight(t *testing.T) {
+	for name, newBroker := range testBrokers(t) {
+		t.Run(name, func(t *testing.T) {
+			inner := newBroker(t)
+			const limit = 3
+			l := limit
+			if _, err := inner.SetTopic(context.Background(), DefaultTopic, broker.TopicPatch{ConcurrencyLimit: &l}); err != nil {
+				t.Fatal(err)
+			}
+			w := newOverlapWatch(inner, false, 2*time.Millisecond)
+			b := w.watched()
+			var running, most atomic.Int32
+			reg := NewRegistry()
+			reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) {
+				n := running.Add(1)
+				defer running.Add(-1)
+				for {
+					m := most.Load()
+					if n <= m || most.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				time.Sleep(time.Millisecond)
+				return "ok", nil
+			}})
+			var ids []int64
+			for range 150 {
+				ids = append(ids, submit(t, b, "x", `{}`))
+			}
+			startPool(t, b, reg, Options{Concurrency: 12})
+			for _, id := range ids {
+				waitState(t, b, id, broker.StateDone)
+			}
+			if got := most.Load(); got > limit {
+				t.Fatalf("%d handlers ran at once, limit %d", got, limit)
+			}
+			if got := w.most(); got < 2 {
+				t.Fatalf("the pool's writes never overlapped (at most %d in flight): the case is not exercised", got)
+			}
+			if got := w.most(); got > maxExchanges {
+				t.Fatalf("%d writes of acks were in flight at once, at most %d expected", got, maxExchanges)
+			}
+		})
+	}
+}
