@@ -134,16 +134,7 @@ func startHost(t testing.TB, config string) *hostProc {
 		close(p.exited)
 	}()
 	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-p.exited:
-			case <-time.After(30 * time.Second):
-				_ = p.cmd.Process.Kill()
-			}
-		}
+		p.stop()
 		if t.Failed() {
 			t.Logf("host log:\n%s", p.log.String())
 		}
@@ -157,6 +148,22 @@ func startHost(t testing.TB, config string) *hostProc {
 		return resp.StatusCode == 200
 	})
 	return p
+}
+
+// stop stops the host with SIGTERM (SIGKILL after 30 s) and waits for it;
+// stopping a stopped host does nothing.
+func (p *hostProc) stop() {
+	select {
+	case <-p.exited:
+	default:
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(30 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+	}
 }
 
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {

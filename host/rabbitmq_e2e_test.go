@@ -85,9 +85,10 @@ type killedWorker struct {
 	// running them), which a pool runs one at a time, alone: so this is
 	// about one task's length per message beyond the first.
 	allRan time.Duration
-	ids    []string  // the messages the killed worker held
-	old    string    // the killed worker's id
-	by     *hostProc // the host that was not killed
+	ids    []string    // the messages the killed worker held
+	old    string      // the killed worker's id
+	by     *hostProc   // the host that was not killed
+	hosts  []*hostProc // both hosts
 }
 
 // killWorkerHoldingMessages starts two hosts serving topic k, submits
@@ -135,9 +136,10 @@ func killWorkerHoldingMessages(tb testing.TB, url string, n int) killedWorker {
 
 	killed := time.Now()
 	kill(tb, pids[victim], syscall.SIGKILL)
-	k := killedWorker{ids: held, old: workers[victim], by: other}
+	k := killedWorker{ids: held, old: workers[victim], by: other, hosts: hosts}
 	ran := map[string]bool{}
 	conn := pgConn(tb, env.schema)
+	defer func() { _ = conn.Close(context.Background()) }()
 	waitFor(tb, 60*time.Second, "every sleep the killed worker held runs under another worker", func() bool {
 		since := time.Since(killed)
 		// A take from a redelivery counts in its row's orphaned.
@@ -199,6 +201,10 @@ func BenchmarkRabbitMQKilledWorkerRecovery(b *testing.B) {
 	for range b.N {
 		k := killWorkerHoldingMessages(b, url, 4)
 		back, first, all = append(back, k.back), append(first, k.firstRuns), append(all, k.allRan)
+		// Their database connections go now, not at the end of the run.
+		for _, h := range k.hosts {
+			h.stop()
+		}
 	}
 	for _, d := range [][]time.Duration{back, first, all} {
 		slices.Sort(d)
