@@ -831,21 +831,6 @@ func TestReaperBeatLeaderFailover(t *testing.T) {
 
 // ---- benchmark ----
 
-func stopHost(p *hostProc) {
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
 // BenchmarkKillToRequeue: SIGKILL the worker running a message, and time
 // until the message is requeued (or already running again under the
 // restarted worker). Each iteration runs a fresh host on a fresh schema,
@@ -901,7 +886,7 @@ func BenchmarkKillToRequeue(b *testing.B) {
 		}
 		total += time.Since(start)
 		b.StopTimer()
-		stopHost(h)
+		h.stop()
 		_ = c.Close(ctx)
 	}
 	b.ReportMetric(total.Seconds()/float64(b.N), "s/op")
