@@ -44,6 +44,10 @@ const (
 	batchGap  = 10 * time.Millisecond
 )
 
+// maxDropsPerTake bounds the foreign deliveries one fetch of a topic
+// moves aside before it gives up on the topic for that claim.
+const maxDropsPerTake = 200
+
 var consumerSeq atomic.Uint64
 
 // fetched is a delivery taken from a topic queue for a claim.
