@@ -18,7 +18,7 @@ import (
 var _ sqlstore.External = (*Broker)(nil)
 
 // SubmitOutbox: see sqlstore.External.
-func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, lease time.Duration) ([]broker.Submitted, error) {
+func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, lease time.Duration, arm int64) ([]broker.Submitted, error) {
 	return b.submitBatch(ctx, reqs, func(tx *txn, now time.Time, out []broker.Submitted) error {
 		for i, s := range out {
 			if s.Duplicate {
@@ -28,8 +28,7 @@ func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, 
 			if !due.After(now) {
 				due = now.Add(lease)
 			}
-			if _, err := tx.Exec(`INSERT INTO tw_amqp_outbox (message_id, due_at) VALUES (?, ?)
-				ON CONFLICT (message_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)`, s.ID, ns(due)); err != nil {
+			if _, err := tx.Exec(`INSERT INTO tw_amqp_outbox (message_id, due_at, arm) VALUES (?, ?, ?)`+outboxUpsert, s.ID, ns(due), arm); err != nil {
 				return err
 			}
 		}
@@ -76,7 +75,7 @@ var outboxTriggersSQL = []string{
 const sqliteNowNS = `CAST((julianday('now') - 2440587.5) * 86400000000000.0 AS INTEGER)`
 
 // OutboxAdd: see sqlstore.External.
-func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration) error {
+func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration, arm int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
@@ -85,19 +84,23 @@ func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration
 		return err
 	}
 	return b.write(ctx, "outbox add", func(tx *txn, now time.Time) error {
-		_, err := tx.Exec(`INSERT INTO tw_amqp_outbox (message_id, due_at) SELECT value, ? FROM json_each(?) WHERE true
-			ON CONFLICT (message_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)`, addNS(now, delay), string(js))
+		_, err := tx.Exec(`INSERT INTO tw_amqp_outbox (message_id, due_at, arm) SELECT value, ?, ? FROM json_each(?) WHERE true`+outboxUpsert,
+			addNS(now, delay), arm, string(js))
 		return err
 	})
 }
+
+// outboxUpsert ends the statements that put messages in the outbox: an
+// entry already there keeps the earlier time, and takes the new arm.
+const outboxUpsert = ` ON CONFLICT (message_id) DO UPDATE SET due_at = min(due_at, excluded.due_at), arm = excluded.arm`
 
 // OutboxAddQueued: see sqlstore.External.
 func (b *Broker) OutboxAddQueued(ctx context.Context, topic string, age time.Duration) (int, error) {
 	var n int64
 	err := b.write(ctx, "outbox add queued", func(tx *txn, now time.Time) error {
-		r, err := tx.Exec(`INSERT INTO tw_amqp_outbox (message_id, due_at)
-			SELECT id, max(available_at, ?) FROM tw_messages WHERE topic = ? AND state = 'queued' AND created_at <= ?
-			ON CONFLICT (message_id) DO UPDATE SET due_at = min(due_at, excluded.due_at)`, ns(now), topic, addNS(now, -age))
+		r, err := tx.Exec(`INSERT INTO tw_amqp_outbox (message_id, due_at, arm)
+			SELECT id, max(available_at, ?), 0 FROM tw_messages WHERE topic = ? AND state = 'queued' AND created_at <= ?`+outboxUpsert,
+			ns(now), topic, addNS(now, -age))
 		if err != nil {
 			return err
 		}
@@ -108,7 +111,7 @@ func (b *Broker) OutboxAddQueued(ctx context.Context, topic string, age time.Dur
 }
 
 // OutboxDue: see sqlstore.External.
-func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int) ([]sqlstore.OutboxEntry, error) {
+func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int, arm int64) ([]sqlstore.OutboxEntry, error) {
 	var out []sqlstore.OutboxEntry
 	err := b.write(ctx, "outbox due", func(tx *txn, now time.Time) error {
 		out = nil
@@ -145,11 +148,12 @@ func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int) 
 				if e.state.String == broker.StateQueued && !ready {
 					due = e.available.Int64
 				}
-				if _, err := tx.Exec(`UPDATE tw_amqp_outbox SET due_at = ? WHERE message_id = ?`, due, e.id); err != nil {
+				if _, err := tx.Exec(`UPDATE tw_amqp_outbox SET due_at = ?, arm = CASE WHEN ? THEN ? ELSE arm END WHERE message_id = ?`,
+					due, ready, arm, e.id); err != nil {
 					return err
 				}
 				if ready {
-					out = append(out, sqlstore.OutboxEntry{ID: e.id, Topic: e.topic.String})
+					out = append(out, sqlstore.OutboxEntry{ID: e.id, Topic: e.topic.String, Arm: arm})
 				}
 			default:
 				if _, err := tx.Exec(`DELETE FROM tw_amqp_outbox WHERE message_id = ?`, e.id); err != nil {
@@ -163,16 +167,21 @@ func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int) 
 }
 
 // OutboxDone: see sqlstore.External.
-func (b *Broker) OutboxDone(ctx context.Context, ids []int64) error {
-	if len(ids) == 0 {
+func (b *Broker) OutboxDone(ctx context.Context, published []sqlstore.OutboxEntry) error {
+	if len(published) == 0 {
 		return nil
 	}
-	js, err := json.Marshal(ids)
+	pairs := make([][2]int64, len(published))
+	for i, e := range published {
+		pairs[i] = [2]int64{e.ID, e.Arm}
+	}
+	js, err := json.Marshal(pairs)
 	if err != nil {
 		return err
 	}
 	return b.write(ctx, "outbox done", func(tx *txn, _ time.Time) error {
-		_, err := tx.Exec(`DELETE FROM tw_amqp_outbox WHERE message_id IN (SELECT value FROM json_each(?))`, string(js))
+		_, err := tx.Exec(`DELETE FROM tw_amqp_outbox WHERE (message_id, arm) IN
+			(SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))`, string(js))
 		return err
 	})
 }

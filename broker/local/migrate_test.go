@@ -20,7 +20,7 @@ func TestMigrationUpgrade(t *testing.T) {
 	}
 	id := mustSubmit(t, b, "u")
 	// Roll back what the later migrations created.
-	for _, table := range []string{"tw_reports", "tw_schedule_fires", "tw_schedules", "tw_leases"} {
+	for _, table := range []string{"tw_reports", "tw_schedule_fires", "tw_schedules", "tw_leases", "tw_amqp_outbox", "tw_amqp_orphans"} {
 		execSQL(t, b, `DROP TABLE `+table)
 	}
 	execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN orphaned`)

@@ -18,8 +18,8 @@ import (
 var _ sqlstore.External = (*Broker)(nil)
 
 // outboxUpsert ends the statements that put messages in the outbox: an
-// entry already there keeps the earlier time.
-const outboxUpsert = ` ON CONFLICT (message_id) DO UPDATE SET due_at = least(tw_amqp_outbox.due_at, excluded.due_at)`
+// entry already there keeps the earlier time, and takes the new arm.
+const outboxUpsert = ` ON CONFLICT (message_id) DO UPDATE SET due_at = least(tw_amqp_outbox.due_at, excluded.due_at), arm = excluded.arm`
 
 // tx runs fn in one transaction on a pooled connection.
 func (b *Broker) tx(ctx context.Context, op string, fn func(tx pgx.Tx) error) error {
@@ -27,7 +27,7 @@ func (b *Broker) tx(ctx context.Context, op string, fn func(tx pgx.Tx) error) er
 }
 
 // SubmitOutbox: see sqlstore.External.
-func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, lease time.Duration) ([]broker.Submitted, error) {
+func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, lease time.Duration, arm int64) ([]broker.Submitted, error) {
 	var out []broker.Submitted
 	err := b.tx(ctx, "submit outbox", func(tx pgx.Tx) error {
 		var err error
@@ -40,9 +40,9 @@ func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, 
 				ids = append(ids, s.ID)
 			}
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
-			SELECT id, CASE WHEN available_at > now() THEN available_at ELSE now() + $2 * interval '1 microsecond' END
-			FROM tw_messages WHERE id = ANY ($1)`+outboxUpsert, ids, micros(lease))
+		_, err = tx.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at, arm)
+			SELECT id, CASE WHEN available_at > now() THEN available_at ELSE now() + $2 * interval '1 microsecond' END, $3
+			FROM tw_messages WHERE id = ANY ($1)`+outboxUpsert, ids, micros(lease), arm)
 		return err
 	})
 	if err != nil {
@@ -52,13 +52,13 @@ func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, 
 }
 
 // OutboxAdd: see sqlstore.External.
-func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration) error {
+func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration, arm int64) error {
 	if len(ids) == 0 {
 		return nil
 	}
 	return b.run(ctx, "outbox add", func(c *pgx.Conn) error {
-		_, err := c.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
-			SELECT id, now() + $2 * interval '1 microsecond' FROM unnest($1::bigint[]) AS id`+outboxUpsert, ids, micros(delay))
+		_, err := c.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at, arm)
+			SELECT id, now() + $2 * interval '1 microsecond', $3 FROM unnest($1::bigint[]) AS id`+outboxUpsert, ids, micros(delay), arm)
 		return err
 	})
 }
@@ -67,8 +67,8 @@ func (b *Broker) OutboxAdd(ctx context.Context, ids []int64, delay time.Duration
 func (b *Broker) OutboxAddQueued(ctx context.Context, topic string, age time.Duration) (int, error) {
 	var n int64
 	err := b.run(ctx, "outbox add queued", func(c *pgx.Conn) error {
-		tag, err := c.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at)
-			SELECT id, greatest(available_at, now()) FROM tw_messages
+		tag, err := c.Exec(ctx, `INSERT INTO tw_amqp_outbox (message_id, due_at, arm)
+			SELECT id, greatest(available_at, now()), 0 FROM tw_messages
 			WHERE topic = $1 AND state = 'queued' AND created_at <= now() - $2 * interval '1 microsecond'`+outboxUpsert, topic, micros(age))
 		n = tag.RowsAffected()
 		return err
@@ -79,8 +79,8 @@ func (b *Broker) OutboxAddQueued(ctx context.Context, topic string, age time.Dur
 // outboxDueSQL takes the due entries ($1 at most) that no other process
 // is taking: entries of ended or missing messages are deleted, those of
 // queued messages not available yet move to when they are, the others
-// move a lease ($2 microseconds) ahead; the available queued ones are
-// returned.
+// move a lease ($2 microseconds) ahead, the available queued ones with
+// arm $3, and are returned.
 const outboxDueSQL = `
 	WITH due AS (
 		SELECT o.message_id FROM tw_amqp_outbox o WHERE o.due_at <= now()
@@ -90,7 +90,8 @@ const outboxDueSQL = `
 		WHERE o.message_id = due.message_id AND (m.id IS NULL OR m.state NOT IN ('queued', 'running'))
 	), moved AS (
 		UPDATE tw_amqp_outbox o SET due_at = CASE WHEN m.state = 'queued' AND m.available_at > now()
-				THEN m.available_at ELSE now() + $2 * interval '1 microsecond' END
+				THEN m.available_at ELSE now() + $2 * interval '1 microsecond' END,
+			arm = CASE WHEN m.state = 'queued' AND m.available_at <= now() THEN $3 ELSE o.arm END
 		FROM due JOIN tw_messages m ON m.id = due.message_id
 		WHERE o.message_id = due.message_id AND m.state IN ('queued', 'running')
 		RETURNING o.message_id, m.state = 'queued' AND m.available_at <= now() AS ready, m.topic
@@ -98,15 +99,15 @@ const outboxDueSQL = `
 	SELECT message_id, topic FROM moved WHERE ready ORDER BY message_id`
 
 // OutboxDue: see sqlstore.External.
-func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int) ([]sqlstore.OutboxEntry, error) {
+func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int, arm int64) ([]sqlstore.OutboxEntry, error) {
 	var out []sqlstore.OutboxEntry
 	err := b.run(ctx, "outbox due", func(c *pgx.Conn) error {
-		rows, err := c.Query(ctx, outboxDueSQL, limit, micros(lease))
+		rows, err := c.Query(ctx, outboxDueSQL, limit, micros(lease), arm)
 		if err != nil {
 			return err
 		}
 		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (sqlstore.OutboxEntry, error) {
-			var e sqlstore.OutboxEntry
+			e := sqlstore.OutboxEntry{Arm: arm}
 			err := r.Scan(&e.ID, &e.Topic)
 			return e, err
 		})
@@ -116,12 +117,18 @@ func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int) 
 }
 
 // OutboxDone: see sqlstore.External.
-func (b *Broker) OutboxDone(ctx context.Context, ids []int64) error {
-	if len(ids) == 0 {
+func (b *Broker) OutboxDone(ctx context.Context, published []sqlstore.OutboxEntry) error {
+	if len(published) == 0 {
 		return nil
 	}
+	ids := make([]int64, len(published))
+	arms := make([]int64, len(published))
+	for i, e := range published {
+		ids[i], arms[i] = e.ID, e.Arm
+	}
 	return b.run(ctx, "outbox done", func(c *pgx.Conn) error {
-		_, err := c.Exec(ctx, `DELETE FROM tw_amqp_outbox WHERE message_id = ANY ($1)`, ids)
+		_, err := c.Exec(ctx, `DELETE FROM tw_amqp_outbox o USING unnest($1::bigint[], $2::bigint[]) AS p (id, arm)
+			WHERE o.message_id = p.id AND o.arm = p.arm`, ids, arms)
 		return err
 	})
 }

@@ -223,7 +223,7 @@ func (b *Broker) take(ctx context.Context, s *session, worker string, got []fetc
 	}
 	var failed error
 	if len(wait) > 0 {
-		failed = b.state.OutboxAdd(ctx, wait, 0)
+		failed = b.state.OutboxAdd(ctx, wait, 0, 0)
 	}
 	for topic, ids := range later {
 		if err := s.publish(ctx, topic, ids); err != nil && failed == nil {

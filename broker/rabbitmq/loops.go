@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
 )
 
 // Intervals of the loops.
@@ -54,20 +55,24 @@ func (b *Broker) publishDue(ctx context.Context) error {
 		return err
 	}
 	for {
-		es, err := b.state.OutboxDue(ctx, publishLease, outboxBatch)
+		es, err := b.state.OutboxDue(ctx, publishLease, outboxBatch, newArm())
 		if err != nil {
 			return err
 		}
-		byTopic := make(map[string][]int64)
+		byTopic := make(map[string][]sqlstore.OutboxEntry)
 		var topics []string
 		for _, e := range es {
 			if _, ok := byTopic[e.Topic]; !ok {
 				topics = append(topics, e.Topic)
 			}
-			byTopic[e.Topic] = append(byTopic[e.Topic], e.ID)
+			byTopic[e.Topic] = append(byTopic[e.Topic], e)
 		}
 		for _, t := range topics {
-			if err := s.publish(ctx, t, byTopic[t]); err != nil {
+			ids := make([]int64, len(byTopic[t]))
+			for i, e := range byTopic[t] {
+				ids[i] = e.ID
+			}
+			if err := s.publish(ctx, t, ids); err != nil {
 				return fmt.Errorf("publish to topic %s: %w", t, err)
 			}
 			if err := b.state.OutboxDone(ctx, byTopic[t]); err != nil {
@@ -84,16 +89,21 @@ func (b *Broker) publishDue(ctx context.Context) error {
 // in batches by doneLoop: a submit then waits for one write to the state
 // store, not two. An entry whose delete is lost (the process died first)
 // publishes its message again once its lease has passed: a duplicate,
-// which its take drops.
+// which its take drops. An entry armed again before its delete (see
+// sqlstore.External) stays.
 type publishedEntries struct {
 	mu   sync.Mutex
-	ids  []int64
+	ids  []sqlstore.OutboxEntry
 	kick chan struct{}
 }
 
-func (p *publishedEntries) add(ids []int64) {
+// add records messages ids, published after their entries were armed
+// with arm.
+func (p *publishedEntries) add(arm int64, ids []int64) {
 	p.mu.Lock()
-	p.ids = append(p.ids, ids...)
+	for _, id := range ids {
+		p.ids = append(p.ids, sqlstore.OutboxEntry{ID: id, Arm: arm})
+	}
 	full := len(p.ids) >= outboxBatch
 	p.mu.Unlock()
 	if full {
@@ -104,7 +114,7 @@ func (p *publishedEntries) add(ids []int64) {
 	}
 }
 
-func (p *publishedEntries) takeAll() []int64 {
+func (p *publishedEntries) takeAll() []sqlstore.OutboxEntry {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ids := p.ids
@@ -320,12 +330,13 @@ func (b *Broker) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 	if len(requeued) == 0 {
 		return res, nil
 	}
-	if err := b.state.OutboxAdd(ctx, requeued, publishLease); err != nil {
+	arm := newArm()
+	if err := b.state.OutboxAdd(ctx, requeued, publishLease, arm); err != nil {
 		return res, fmt.Errorf("reclaimed %d messages, but could not mark them for publishing: %w", len(requeued), err)
 	}
 	for _, id := range requeued {
 		if m, err := b.state.GetMessage(ctx, id); err == nil && m.State == broker.StateQueued {
-			b.publishNow(ctx, m.Topic, []int64{id})
+			b.publishNow(ctx, m.Topic, []int64{id}, arm)
 		}
 	}
 	return res, nil

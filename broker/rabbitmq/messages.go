@@ -2,6 +2,8 @@ package rabbitmq
 
 import (
 	"context"
+	"math"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -15,6 +17,10 @@ import (
 // loop of any process publishes it: only a process that died in between
 // leaves one that long.
 const publishLease = 15 * time.Second
+
+// newArm returns a mark for the outbox entries one write arms (see
+// sqlstore.External): random, never 0 (no one's).
+func newArm() int64 { return rand.Int64N(math.MaxInt64) + 1 }
 
 // delivery is a delivery held unacked while its message runs.
 type delivery struct {
@@ -105,7 +111,8 @@ func (b *Broker) SubmitBatch(ctx context.Context, reqs []broker.SubmitRequest) (
 	if err := b.enter(ctx); err != nil {
 		return nil, err
 	}
-	out, err := b.state.SubmitOutbox(ctx, reqs, publishLease)
+	arm := newArm()
+	out, err := b.state.SubmitOutbox(ctx, reqs, publishLease, arm)
 	if err != nil {
 		return nil, err
 	}
@@ -123,22 +130,22 @@ func (b *Broker) SubmitBatch(ctx context.Context, reqs []broker.SubmitRequest) (
 		byTopic[t] = append(byTopic[t], s.ID)
 	}
 	for _, t := range topics {
-		b.publishNow(ctx, t, byTopic[t])
+		b.publishNow(ctx, t, byTopic[t], arm)
 	}
 	return out, nil
 }
 
-// publishNow publishes messages ids of topic and deletes their outbox
-// entries; when it cannot, it makes the entries due now, for the
-// publisher loop.
-func (b *Broker) publishNow(ctx context.Context, topic string, ids []int64) {
+// publishNow publishes messages ids of topic, whose outbox entries were
+// armed with arm, and deletes the entries that still carry it; when it
+// cannot, it makes the entries due now, for the publisher loop.
+func (b *Broker) publishNow(ctx context.Context, topic string, ids []int64, arm int64) {
 	err := b.publish(ctx, topic, ids)
 	if err == nil {
-		b.done.add(ids)
+		b.done.add(arm, ids)
 		return
 	}
 	b.log.Warn("publish failed; the publisher loop will retry", "topic", topic, "count", len(ids), "error", err)
-	if err := b.state.OutboxAdd(context.WithoutCancel(ctx), ids, 0); err != nil {
+	if err := b.state.OutboxAdd(context.WithoutCancel(ctx), ids, 0, 0); err != nil {
 		b.log.Warn("outbox: could not mark entries due; they are published when their lease ends", "error", err)
 	}
 	b.kickPublisher()
@@ -180,12 +187,14 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		return err
 	}
 	requeue := req.Requeue && !req.Cancel && req.Delay >= 0 && req.Delay <= broker.MaxDelay
+	var arm int64
 	if requeue {
 		due := req.Delay
 		if due == 0 {
 			due = publishLease
 		}
-		if err := b.state.OutboxAdd(ctx, []int64{req.Claim.ID}, due); err != nil {
+		arm = newArm()
+		if err := b.state.OutboxAdd(ctx, []int64{req.Claim.ID}, due, arm); err != nil {
 			return err
 		}
 	}
@@ -194,14 +203,14 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	}
 	topic := b.held.ack(req.Claim.Token)
 	if requeue && req.Delay == 0 {
-		b.publishMessage(ctx, req.Claim.ID, topic)
+		b.publishMessage(ctx, req.Claim.ID, topic, arm)
 	}
 	return nil
 }
 
 // publishMessage publishes message id (of topic, looked up when empty)
 // at once.
-func (b *Broker) publishMessage(ctx context.Context, id int64, topic string) {
+func (b *Broker) publishMessage(ctx context.Context, id int64, topic string, arm int64) {
 	if topic == "" {
 		m, err := b.state.GetMessage(ctx, id)
 		if err != nil {
@@ -210,7 +219,7 @@ func (b *Broker) publishMessage(ctx context.Context, id int64, topic string) {
 		}
 		topic = m.Topic
 	}
-	b.publishNow(ctx, topic, []int64{id})
+	b.publishNow(ctx, topic, []int64{id}, arm)
 }
 
 // DeadLetter ends the attempt dead in the state store (with its report,
@@ -232,13 +241,14 @@ func (b *Broker) Requeue(ctx context.Context, id int64) error {
 	if err := b.enter(ctx); err != nil {
 		return err
 	}
-	if err := b.state.OutboxAdd(ctx, []int64{id}, publishLease); err != nil {
+	arm := newArm()
+	if err := b.state.OutboxAdd(ctx, []int64{id}, publishLease, arm); err != nil {
 		return err
 	}
 	if err := b.state.Requeue(ctx, id); err != nil {
 		return err
 	}
-	b.publishMessage(ctx, id, "")
+	b.publishMessage(ctx, id, "", arm)
 	return nil
 }
 
@@ -272,11 +282,12 @@ func (b *Broker) publishFired(ctx context.Context, reqs []broker.FireRequest, re
 		if !r.Fired || r.Duplicate || r.MessageID == 0 || i >= len(reqs) || reqs[i].Submit == nil {
 			continue
 		}
-		if err := b.state.OutboxAdd(ctx, []int64{r.MessageID}, 0); err != nil {
+		arm := newArm()
+		if err := b.state.OutboxAdd(ctx, []int64{r.MessageID}, publishLease, arm); err != nil {
 			b.log.Warn("outbox: could not add a fired message", "id", r.MessageID, "error", err)
 			continue
 		}
-		b.publishNow(ctx, reqs[i].Submit.Topic, []int64{r.MessageID})
+		b.publishNow(ctx, reqs[i].Submit.Topic, []int64{r.MessageID}, arm)
 	}
 }
 

@@ -17,29 +17,35 @@ import (
 // TakeMessages has made its row running with a fresh token, and an outcome lands only
 // through the store's own token-checked Ack, Nack and DeadLetter.
 type External interface {
+	// The outbox entries a writer arms carry its arm (see OutboxEntry):
+	// OutboxDone deletes an entry only while it carries the arm of the
+	// publish it follows, so an entry armed again meanwhile (its queue was
+	// lost, its message requeued, another process leased it) stays.
+	//
 	// SubmitOutbox stores reqs as SubmitBatch does (the same validation,
 	// unique keys and answers) and, in the same transaction, puts each
-	// stored message in the outbox: due at lease from now when it is
-	// available at once (its submitter publishes it and calls OutboxDone),
-	// else when it becomes available.
-	SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, lease time.Duration) ([]broker.Submitted, error)
-	// OutboxAdd puts messages ids in the outbox, due after delay (an
-	// entry already there takes the earlier time).
-	OutboxAdd(ctx context.Context, ids []int64, delay time.Duration) error
+	// stored message in the outbox with arm: due at lease from now when it
+	// is available at once (its submitter publishes it and calls
+	// OutboxDone), else when it becomes available.
+	SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, lease time.Duration, arm int64) ([]broker.Submitted, error)
+	// OutboxAdd puts messages ids in the outbox with arm, due after delay
+	// (an entry already there takes the earlier time, and arm).
+	OutboxAdd(ctx context.Context, ids []int64, delay time.Duration, arm int64) error
 	// OutboxAddQueued puts every queued message of topic submitted at
 	// least age ago in the outbox, due when it is available (at once when
-	// it is already), and counts them: for a topic whose messages outside
-	// were lost.
+	// it is already), armed by no one (arm 0: the publisher loop's), and
+	// counts them: for a topic whose messages outside were lost.
 	OutboxAddQueued(ctx context.Context, topic string, age time.Duration) (int, error)
 	// OutboxDue takes up to limit outbox entries that are due: entries of
-	// available queued messages move lease ahead (so that no other
-	// process takes them meanwhile) and are returned, to publish; entries
-	// of queued messages not available yet move to when they are; entries
-	// of running messages move lease ahead; entries of messages that
-	// ended or are gone are deleted.
-	OutboxDue(ctx context.Context, lease time.Duration, limit int) ([]OutboxEntry, error)
-	// OutboxDone deletes the outbox entries of ids (published).
-	OutboxDone(ctx context.Context, ids []int64) error
+	// available queued messages move lease ahead with arm (so that no
+	// other process takes them meanwhile) and are returned, to publish;
+	// entries of queued messages not available yet move to when they are;
+	// entries of running messages move lease ahead; entries of messages
+	// that ended or are gone are deleted.
+	OutboxDue(ctx context.Context, lease time.Duration, limit int, arm int64) ([]OutboxEntry, error)
+	// OutboxDone deletes the outbox entries of published messages: each
+	// entry whose message id still carries the entry's Arm.
+	OutboxDone(ctx context.Context, published []OutboxEntry) error
 	// TakeMessages decides deliveries to worker, in order, in one
 	// transaction (see Take; the takes before a delivery count toward its
 	// topic's limit): with TakeOK the message is running under a fresh
@@ -82,10 +88,13 @@ type TopicFacts struct {
 	Limit, Running int
 }
 
-// OutboxEntry is a message to publish.
+// OutboxEntry is a message to publish, or one published.
 type OutboxEntry struct {
 	ID    int64
 	Topic string
+	// Arm marks who armed the entry last: a submit, a requeue or a lease
+	// of the publisher loop (a random number of its own), or no one (0).
+	Arm int64
 }
 
 // Verdict is what TakeMessages did with a delivery.
