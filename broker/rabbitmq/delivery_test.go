@@ -68,7 +68,7 @@ func mustSubmit(t *testing.T, b broker.Broker, topic string) int64 {
 
 // twoOnOneStore opens two brokers on one local state store file and one
 // prefix, as two processes would.
-func twoOnOneStore(t *testing.T, o Options) (*Broker, *Broker) {
+func twoOnOneStore(t testing.TB, o Options) (*Broker, *Broker) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "taskhost.db")
 	o.URL, o.Prefix = testrabbit.URL(t), testrabbit.Prefix()

@@ -111,6 +111,14 @@
 // than a publish lease published again, in case its messages were lost
 // while no broker ran (a duplicate is dropped by its take).
 //
+// # Announcements
+//
+// A message published, once RabbitMQ confirmed it, is announced to the
+// pools of the publishing process, and through the fanout exchange
+// <prefix>.announce to those of the other processes (notify.go). The
+// pools poll as well: announcements can be lost, and RabbitMQ's
+// redeliveries are not announced.
+//
 // # Not ours
 //
 // A delivery on a topic queue that is not one of the broker's messages

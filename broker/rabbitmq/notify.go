@@ -1,22 +1,45 @@
 package rabbitmq
 
 import (
+	"encoding/json"
+	"fmt"
+	"strconv"
 	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/taskhost/taskhost/broker"
 )
 
 // This file owns the broker's announcements (broker.Notifier): a message
-// this process published, once RabbitMQ confirmed it, is announced to the
-// pools of this process, so that one of them claims it at once. Messages
-// other processes publish are not announced: Listening is always false,
-// and the pools poll at their claim idle interval as well.
+// published, once RabbitMQ confirmed it, is announced to the pools of
+// every process on the same prefix, so that one of them claims it at
+// once.
+//
+//   - In the publishing process, at once.
+//   - To the other processes through the fanout exchange <prefix>.announce:
+//     each session binds an exclusive, auto-deleted queue of its own to
+//     it. What a process publishes within announceGap is announced as one
+//     message (the topics, as a JSON array), so that a burst of submits
+//     costs a few announcements, not one each; a process ignores its own.
+//
+// Announcements are a shortcut, never the only way: one sent while a
+// process was reconnecting is lost, and the messages RabbitMQ itself
+// gives back (a dead holder's redeliveries) are not announced. So
+// Listening is always false, and the pools poll at their claim idle
+// interval as well.
 
 var _ broker.Notifier = (*Broker)(nil)
 
 // noticeBuffer is how many notices a subscription holds for a reader that
 // is busy (it is claiming anyway).
 const noticeBuffer = 256
+
+// announceGap is the least time between two announcements a session
+// sends to the other processes; topics published meanwhile wait for the
+// next one.
+const announceGap = 2 * time.Millisecond
 
 // notices fans the announcements out to the subscriptions.
 type notices struct {
@@ -32,7 +55,8 @@ type subscription struct {
 
 func (s *subscription) Notices() <-chan broker.Notice { return s.c }
 
-// Listening is false: only this process's publishes are announced.
+// Listening is false: announcements can be missed (see the file's
+// comment), so the pools poll as well.
 func (s *subscription) Listening() bool { return false }
 
 func (s *subscription) Close() {
@@ -43,8 +67,8 @@ func (s *subscription) Close() {
 	})
 }
 
-// Subscribe returns a subscription to the announcements of the messages
-// this process publishes (see the file's comment).
+// Subscribe returns a subscription to the announcements of published
+// messages (see the file's comment).
 func (b *Broker) Subscribe() broker.Subscription {
 	s := &subscription{n: &b.notices, c: make(chan broker.Notice, noticeBuffer)}
 	b.notices.mu.Lock()
@@ -68,3 +92,115 @@ func (n *notices) announce(topic string) {
 		}
 	}
 }
+
+// announceExchange is the fanout exchange of the announcements between
+// processes.
+func (n names) announceExchange() string { return n.prefix + ".announce" }
+
+// announcer sends a session's announcements to the other processes and
+// passes theirs to this process's subscriptions.
+type announcer struct {
+	b    *Broker
+	ch   *amqp.Channel
+	from string // this broker's id: its own announcements come back to it
+
+	mu      sync.Mutex
+	pending map[string]bool
+	wake    chan struct{}
+}
+
+// startAnnouncer declares the announce exchange and this session's queue
+// on it, and starts the goroutines that send and receive announcements;
+// they end with the connection.
+func startAnnouncer(b *Broker, c *amqp.Connection) (*announcer, error) {
+	ch, err := c.Channel()
+	if err != nil {
+		return nil, err
+	}
+	x := b.names.announceExchange()
+	if err := ch.ExchangeDeclare(x, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return nil, fmt.Errorf("declare exchange %s: %w", x, err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("declare this process's announcement queue: %w", err)
+	}
+	if err := ch.QueueBind(q.Name, "", x, false, nil); err != nil {
+		return nil, fmt.Errorf("bind this process's announcement queue to %s: %w", x, err)
+	}
+	in, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("consume this process's announcements: %w", err)
+	}
+	a := &announcer{b: b, ch: ch, from: b.id, pending: make(map[string]bool), wake: make(chan struct{}, 1)}
+	go a.receive(in)
+	go a.send(c.NotifyClose(make(chan *amqp.Error, 1)))
+	return a, nil
+}
+
+// add queues topic for the next announcement to the other processes.
+func (a *announcer) add(topic string) {
+	a.mu.Lock()
+	a.pending[topic] = true
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// send publishes the pending topics as one announcement, at most one
+// each announceGap, until the connection closes. An announcement that
+// cannot be sent is dropped: the pools poll.
+func (a *announcer) send(closed <-chan *amqp.Error) {
+	for {
+		select {
+		case <-closed:
+			return
+		case <-a.wake:
+		}
+		a.mu.Lock()
+		topics := make([]string, 0, len(a.pending))
+		for t := range a.pending {
+			topics = append(topics, t)
+		}
+		clear(a.pending)
+		a.mu.Unlock()
+		body, err := json.Marshal(topics)
+		if err == nil {
+			err = a.ch.Publish(a.b.names.announceExchange(), "", false, false, amqp.Publishing{
+				ContentType: "application/json",
+				AppId:       a.from,
+				Body:        body,
+			})
+		}
+		if err != nil {
+			a.b.log.Debug("could not announce published messages to the other processes; they poll", "error", err)
+		}
+		select {
+		case <-closed:
+			return
+		case <-time.After(announceGap):
+		}
+	}
+}
+
+// receive passes the other processes' announcements to this process's
+// subscriptions, until the channel closes.
+func (a *announcer) receive(in <-chan amqp.Delivery) {
+	for d := range in {
+		if d.AppId == a.from {
+			continue
+		}
+		var topics []string
+		if err := json.Unmarshal(d.Body, &topics); err != nil {
+			continue // not an announcement of ours
+		}
+		for _, t := range topics {
+			a.b.notices.announce(t)
+		}
+	}
+}
+
+// brokerID names a broker among the processes on one prefix.
+func brokerID() string { return strconv.FormatInt(newArm(), 36) }

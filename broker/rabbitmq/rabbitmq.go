@@ -76,6 +76,7 @@ type Broker struct {
 	opts  Options
 	log   hclog.Logger
 	names names
+	id    string // names this broker to the other processes (see notify.go)
 
 	closed atomic.Bool
 	ctx    context.Context // cancelled by Close
@@ -135,6 +136,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 		opts:      o,
 		log:       o.Logger,
 		names:     names{prefix: o.Prefix},
+		id:        brokerID(),
 		kick:      make(chan struct{}, 1),
 		queues:    make(map[string]bool),
 		topics:    make(map[string]bool),
@@ -321,7 +323,9 @@ func (b *Broker) reconnectLoop(s *session) {
 }
 
 // Exchanges returns the names of the exchanges this broker declares.
-func (b *Broker) Exchanges() []string { return []string{b.names.deadExchange()} }
+func (b *Broker) Exchanges() []string {
+	return []string{b.names.deadExchange(), b.names.announceExchange()}
+}
 
 var (
 	_ broker.FinishedPurger = (*Broker)(nil)

@@ -37,6 +37,7 @@ type session struct {
 
 	pubMu sync.Mutex
 	pub   *amqp.Channel
+	ann   *announcer
 
 	mu       sync.Mutex
 	topics   map[string]*amqp.Channel
@@ -63,6 +64,9 @@ func newSession(b *Broker, c *amqp.Connection) (*session, error) {
 	defer func() { _ = ch.Close() }()
 	if err := ch.ExchangeDeclare(b.names.deadExchange(), amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
 		return nil, fmt.Errorf("declare exchange %s: %w", b.names.deadExchange(), err)
+	}
+	if s.ann, err = startAnnouncer(b, c); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -232,6 +236,7 @@ func (s *session) publish(ctx context.Context, topic string, ids []int64) error 
 	}
 	if len(ids) > 0 {
 		s.b.notices.announce(topic)
+		s.ann.add(topic)
 	}
 	return nil
 }
