@@ -153,6 +153,7 @@ func (a *announcer) add(topic string) {
 // each announceGap, until the connection closes. An announcement that
 // cannot be sent is dropped: the pools poll.
 func (a *announcer) send(closed <-chan *amqp.Error) {
+	warned := false
 	for {
 		select {
 		case <-closed:
@@ -174,8 +175,11 @@ func (a *announcer) send(closed <-chan *amqp.Error) {
 				Body:        body,
 			})
 		}
-		if err != nil {
-			a.b.log.Debug("could not announce published messages to the other processes; they poll", "error", err)
+		if err != nil && !warned {
+			// Once per connection: the channel may stay closed (the
+			// exchange was deleted) until the next reconnect.
+			warned = true
+			a.b.log.Warn("could not announce published messages to the other processes; their pools poll until the next reconnect", "error", err)
 		}
 		select {
 		case <-closed:
