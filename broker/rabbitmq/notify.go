@@ -36,6 +36,11 @@ var _ broker.Notifier = (*Broker)(nil)
 // is busy (it is claiming anyway).
 const noticeBuffer = 256
 
+// rebindEvery is how often a session declares the announce exchange and
+// binds its queue again, in case an operator deleted the exchange (its
+// queue then hears nothing, and nothing says so).
+const rebindEvery = 30 * time.Second
+
 // announceGap is the least time between two announcements a session
 // sends to the other processes; topics published meanwhile wait for the
 // next one.
@@ -100,9 +105,9 @@ func (n names) announceExchange() string { return n.prefix + ".announce" }
 // announcer sends a session's announcements to the other processes and
 // passes theirs to this process's subscriptions.
 type announcer struct {
-	b    *Broker
-	ch   *amqp.Channel
-	from string // this broker's id: its own announcements come back to it
+	b     *Broker
+	from  string // this broker's id: its own announcements come back to it
+	queue string // this session's queue, on the channel run holds
 
 	mu      sync.Mutex
 	pending map[string]bool
@@ -110,32 +115,77 @@ type announcer struct {
 }
 
 // startAnnouncer declares the announce exchange and this session's queue
-// on it, and starts the goroutines that send and receive announcements;
-// they end with the connection.
+// on it, and starts the goroutine that sends and receives announcements
+// until the connection closes; a channel that closes meanwhile (the
+// exchange was deleted) is opened again.
 func startAnnouncer(b *Broker, c *amqp.Connection) (*announcer, error) {
-	ch, err := c.Channel()
+	a := &announcer{b: b, from: b.id, pending: make(map[string]bool), wake: make(chan struct{}, 1)}
+	ch, in, err := a.open(c)
 	if err != nil {
 		return nil, err
 	}
-	x := b.names.announceExchange()
-	if err := ch.ExchangeDeclare(x, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
-		return nil, fmt.Errorf("declare exchange %s: %w", x, err)
+	go a.run(c, ch, in)
+	return a, nil
+}
+
+// open opens a channel, declares the exchange and this session's queue,
+// and consumes it.
+func (a *announcer) open(c *amqp.Connection) (*amqp.Channel, <-chan amqp.Delivery, error) {
+	ch, err := c.Channel()
+	if err != nil {
+		return nil, nil, err
+	}
+	fail := func(what string, err error) (*amqp.Channel, <-chan amqp.Delivery, error) {
+		_ = ch.Close()
+		return nil, nil, fmt.Errorf("%s: %w", what, err)
 	}
 	q, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err != nil {
-		return nil, fmt.Errorf("declare this process's announcement queue: %w", err)
+		return fail("declare this process's announcement queue", err)
 	}
-	if err := ch.QueueBind(q.Name, "", x, false, nil); err != nil {
-		return nil, fmt.Errorf("bind this process's announcement queue to %s: %w", x, err)
+	a.queue = q.Name
+	if err := a.bind(ch); err != nil {
+		_ = ch.Close()
+		return nil, nil, err
 	}
 	in, err := ch.Consume(q.Name, "", true, true, false, false, nil)
 	if err != nil {
-		return nil, fmt.Errorf("consume this process's announcements: %w", err)
+		return fail("consume this process's announcements", err)
 	}
-	a := &announcer{b: b, ch: ch, from: b.id, pending: make(map[string]bool), wake: make(chan struct{}, 1)}
-	go a.receive(in)
-	go a.send(c.NotifyClose(make(chan *amqp.Error, 1)))
-	return a, nil
+	return ch, in, nil
+}
+
+// bind declares the exchange and binds this session's queue to it.
+func (a *announcer) bind(ch *amqp.Channel) error {
+	x := a.b.names.announceExchange()
+	if err := ch.ExchangeDeclare(x, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", x, err)
+	}
+	if err := ch.QueueBind(a.queue, "", x, false, nil); err != nil {
+		return fmt.Errorf("bind this process's announcement queue to %s: %w", x, err)
+	}
+	return nil
+}
+
+// run sends and receives announcements on ch until the connection
+// closes, opening the channel again (each second) when it closes alone.
+func (a *announcer) run(c *amqp.Connection, ch *amqp.Channel, in <-chan amqp.Delivery) {
+	connClosed := c.NotifyClose(make(chan *amqp.Error, 1))
+	for {
+		if ch != nil {
+			go a.receive(in)
+			a.send(ch, connClosed, ch.NotifyClose(make(chan *amqp.Error, 1)))
+		}
+		select {
+		case <-connClosed:
+			return
+		case <-time.After(time.Second):
+		}
+		var err error
+		if ch, in, err = a.open(c); err != nil {
+			a.b.log.Warn("announcements to the other processes stopped; their pools poll", "error", err)
+		}
+	}
 }
 
 // add queues topic for the next announcement to the other processes.
@@ -149,15 +199,24 @@ func (a *announcer) add(topic string) {
 	}
 }
 
-// send publishes the pending topics as one announcement, at most one
-// each announceGap, until the connection closes. An announcement that
-// cannot be sent is dropped: the pools poll.
-func (a *announcer) send(closed <-chan *amqp.Error) {
-	warned := false
+// send publishes the pending topics on ch as one announcement, at most
+// one each announceGap, until the connection or ch closes, and binds
+// again every rebindEvery. An announcement that cannot be sent is
+// dropped: the pools poll.
+func (a *announcer) send(ch *amqp.Channel, connClosed, chClosed <-chan *amqp.Error) {
+	rebind := time.NewTicker(a.b.opts.rebindEvery)
+	defer rebind.Stop()
 	for {
 		select {
-		case <-closed:
+		case <-connClosed:
 			return
+		case <-chClosed:
+			return
+		case <-rebind.C:
+			if err := a.bind(ch); err != nil {
+				a.b.log.Debug("could not bind the announcement queue again", "error", err)
+			}
+			continue
 		case <-a.wake:
 		}
 		a.mu.Lock()
@@ -169,20 +228,19 @@ func (a *announcer) send(closed <-chan *amqp.Error) {
 		a.mu.Unlock()
 		body, err := json.Marshal(topics)
 		if err == nil {
-			err = a.ch.Publish(a.b.names.announceExchange(), "", false, false, amqp.Publishing{
+			err = ch.Publish(a.b.names.announceExchange(), "", false, false, amqp.Publishing{
 				ContentType: "application/json",
 				AppId:       a.from,
 				Body:        body,
 			})
 		}
-		if err != nil && !warned {
-			// Once per connection: the channel may stay closed (the
-			// exchange was deleted) until the next reconnect.
-			warned = true
-			a.b.log.Warn("could not announce published messages to the other processes; their pools poll until the next reconnect", "error", err)
+		if err != nil {
+			a.b.log.Debug("could not announce published messages to the other processes; they poll", "error", err)
 		}
 		select {
-		case <-closed:
+		case <-connClosed:
+			return
+		case <-chClosed:
 			return
 		case <-time.After(announceGap):
 		}

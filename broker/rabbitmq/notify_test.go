@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/internal/testrabbit"
 )
 
 // TestPublishesAreAnnouncedToOtherProcesses: a message one process
@@ -37,5 +38,29 @@ func noticeOf(sub broker.Subscription, topic string, d time.Duration) bool {
 		case <-deadline:
 			return false
 		}
+	}
+}
+
+// TestAnnouncementsComeBackAfterTheExchangeIsDeleted: an operator
+// deletes the announce exchange; the process whose announcement fails
+// opens its channel again and declares the exchange, and the listening
+// process binds its queue again, so announcements flow again.
+func TestAnnouncementsComeBackAfterTheExchangeIsDeleted(t *testing.T) {
+	a, b := twoOnOneStore(t, Options{rebindEvery: 200 * time.Millisecond})
+	sub := b.Subscribe()
+	defer sub.Close()
+	ch, err := testrabbit.Connect(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDelete(a.names.announceExchange(), false, false); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !noticeOf(sub, "again", 200*time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no announcement reached the other process within 30s of the exchange's deletion")
+		}
+		mustSubmit(t, a, "again")
 	}
 }

@@ -50,6 +50,9 @@ type Options struct {
 	// Logger gets connection losses, reconnects and dropped deliveries.
 	// Nil discards.
 	Logger hclog.Logger
+
+	// rebindEvery, for tests, replaces the package's rebindEvery.
+	rebindEvery time.Duration
 }
 
 // StateStore is what the broker needs of its state store: a whole Broker
@@ -129,6 +132,9 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
+	}
+	if o.rebindEvery <= 0 {
+		o.rebindEvery = rebindEvery
 	}
 	b := &Broker{
 		delegated: o.State,
