@@ -372,13 +372,17 @@ func outboxTriggerSQL(schema string) []string {
 		// gets its entry in the transaction that requeues it, due a
 		// lease ahead: the broker publishes it at once and deletes the
 		// entry, and if it dies first, the publisher loop publishes it.
+		// An entry already there keeps its arm (the requeue's own, which
+		// its holder deletes after publishing); DO UPDATE, not DO
+		// NOTHING, waits for a publisher loop that is deleting the entry
+		// of the message as it was (ended) and then inserts it anew.
 		`CREATE OR REPLACE FUNCTION ` + s + `.tw_amqp_outbox_requeued() RETURNS trigger LANGUAGE plpgsql AS $$
 	BEGIN
-		INSERT INTO ` + s + `.tw_amqp_outbox (message_id, due_at)
+		INSERT INTO ` + s + `.tw_amqp_outbox AS e (message_id, due_at)
 		SELECT n.id, greatest(n.available_at, now()) + interval '15 seconds'
 		FROM new_rows n JOIN old_rows o ON o.id = n.id
 		WHERE n.state = 'queued' AND o.state <> 'queued'
-		ON CONFLICT (message_id) DO NOTHING;
+		ON CONFLICT (message_id) DO UPDATE SET due_at = least(e.due_at, excluded.due_at);
 		RETURN NULL;
 	END $$`,
 		`CREATE OR REPLACE TRIGGER tw_amqp_outbox_requeued AFTER UPDATE ON ` + s + `.tw_messages

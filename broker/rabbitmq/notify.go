@@ -102,6 +102,13 @@ func (n *notices) announce(topic string) {
 // processes.
 func (n names) announceExchange() string { return n.prefix + ".announce" }
 
+// announceQueue is the name of one connection's queue on the announce
+// exchange: exclusive to it and deleted with it, and under the prefix, so
+// that the rights a broker needs are those on its prefix.
+func (n names) announceQueue(broker string) string {
+	return n.announceExchange() + "." + broker + "-" + strconv.FormatInt(newArm(), 36)
+}
+
 // announcer sends a session's announcements to the other processes and
 // passes theirs to this process's subscriptions.
 type announcer struct {
@@ -114,77 +121,99 @@ type announcer struct {
 	wake    chan struct{}
 }
 
-// startAnnouncer declares the announce exchange and this session's queue
-// on it, and starts the goroutine that sends and receives announcements
-// until the connection closes; a channel that closes meanwhile (the
-// exchange was deleted) is opened again.
-func startAnnouncer(b *Broker, c *amqp.Connection) (*announcer, error) {
+// startAnnouncer starts the announcements of session connection c: it
+// opens their channel (declares the announce exchange and the
+// connection's queue on it) and starts the goroutine that sends and
+// receives them until the connection closes. Announcements are a
+// shortcut: when the channel cannot be opened, or closes alone (the
+// exchange was deleted), a warning says so, the pools poll, and it is
+// opened again later.
+func startAnnouncer(b *Broker, c *amqp.Connection) *announcer {
 	a := &announcer{b: b, from: b.id, pending: make(map[string]bool), wake: make(chan struct{}, 1)}
 	ch, in, err := a.open(c)
-	if err != nil {
-		return nil, err
-	}
-	go a.run(c, ch, in)
-	return a, nil
+	go a.run(c, ch, in, err)
+	return a
 }
 
-// open opens a channel, declares the exchange and this session's queue,
-// and consumes it.
-func (a *announcer) open(c *amqp.Connection) (*amqp.Channel, <-chan amqp.Delivery, error) {
+// open opens a channel, declares the exchange and this connection's
+// queue, and consumes it. On an error, a queue it declared is deleted.
+func (a *announcer) open(c *amqp.Connection) (_ *amqp.Channel, _ <-chan amqp.Delivery, err error) {
 	ch, err := c.Channel()
 	if err != nil {
 		return nil, nil, err
 	}
-	fail := func(what string, err error) (*amqp.Channel, <-chan amqp.Delivery, error) {
+	a.queue = ""
+	defer func() {
+		if err == nil {
+			return
+		}
 		_ = ch.Close()
-		return nil, nil, fmt.Errorf("%s: %w", what, err)
+		if a.queue == "" {
+			return
+		}
+		// The failure may have closed ch: delete the queue on a channel
+		// of its own.
+		if del, derr := c.Channel(); derr == nil {
+			_, _ = del.QueueDelete(a.queue, false, false, false)
+			_ = del.Close()
+		}
+	}()
+	x := a.b.names.announceExchange()
+	if err := ch.ExchangeDeclare(x, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return nil, nil, fmt.Errorf("declare exchange %s: %w", x, err)
 	}
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		return fail("declare this process's announcement queue", err)
+	name := a.b.names.announceQueue(a.from)
+	if _, err := ch.QueueDeclare(name, false, true, true, false, nil); err != nil {
+		return nil, nil, fmt.Errorf("declare queue %s: %w", name, err)
 	}
-	a.queue = q.Name
+	a.queue = name
 	if err := a.bind(ch); err != nil {
-		_ = ch.Close()
 		return nil, nil, err
 	}
-	in, err := ch.Consume(q.Name, "", true, true, false, false, nil)
+	in, err := ch.Consume(name, "", true, true, false, false, nil)
 	if err != nil {
-		return fail("consume this process's announcements", err)
+		return nil, nil, fmt.Errorf("consume queue %s: %w", name, err)
 	}
 	return ch, in, nil
 }
 
-// bind declares the exchange and binds this session's queue to it.
+// bind declares the exchange and binds this connection's queue to it.
 func (a *announcer) bind(ch *amqp.Channel) error {
 	x := a.b.names.announceExchange()
 	if err := ch.ExchangeDeclare(x, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
 		return fmt.Errorf("declare exchange %s: %w", x, err)
 	}
 	if err := ch.QueueBind(a.queue, "", x, false, nil); err != nil {
-		return fmt.Errorf("bind this process's announcement queue to %s: %w", x, err)
+		return fmt.Errorf("bind queue %s to %s: %w", a.queue, x, err)
 	}
 	return nil
 }
 
-// run sends and receives announcements on ch until the connection
-// closes, opening the channel again (each second) when it closes alone.
-func (a *announcer) run(c *amqp.Connection, ch *amqp.Channel, in <-chan amqp.Delivery) {
+// run sends and receives announcements on ch (opened with err) until the
+// connection closes, opening the channel again when it closes alone or
+// could not be opened: after a second, and up to 30 s apart while that
+// fails. A failure is logged once until the channel is open again.
+func (a *announcer) run(c *amqp.Connection, ch *amqp.Channel, in <-chan amqp.Delivery, err error) {
 	connClosed := c.NotifyClose(make(chan *amqp.Error, 1))
+	wait, warned := time.Second, false
 	for {
-		if ch != nil {
+		if err == nil {
+			wait, warned = time.Second, false
 			go a.receive(in)
 			a.send(ch, connClosed, ch.NotifyClose(make(chan *amqp.Error, 1)))
+		} else {
+			if !warned {
+				warned = true
+				a.b.log.Warn("announcements to the other processes are off; their pools poll until they are back", "error", err)
+			}
+			wait = min(wait*2, 30*time.Second)
 		}
 		select {
 		case <-connClosed:
 			return
-		case <-time.After(time.Second):
+		case <-time.After(wait):
 		}
-		var err error
-		if ch, in, err = a.open(c); err != nil {
-			a.b.log.Warn("announcements to the other processes stopped; their pools poll", "error", err)
-		}
+		ch, in, err = a.open(c)
 	}
 }
 

@@ -268,7 +268,11 @@ func (b *Broker) dial(ctx context.Context) (*session, error) {
 		_ = c.Close()
 		return nil, fmt.Errorf("rabbitmq broker: %w", err)
 	}
-	return s, ctx.Err()
+	if err := ctx.Err(); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // reconnectLoop waits for the connection to close and connects again,

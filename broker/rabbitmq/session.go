@@ -65,9 +65,7 @@ func newSession(b *Broker, c *amqp.Connection) (*session, error) {
 	if err := ch.ExchangeDeclare(b.names.deadExchange(), amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
 		return nil, fmt.Errorf("declare exchange %s: %w", b.names.deadExchange(), err)
 	}
-	if s.ann, err = startAnnouncer(b, c); err != nil {
-		return nil, err
-	}
+	s.ann = startAnnouncer(b, c)
 	return s, nil
 }
 
