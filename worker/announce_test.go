@@ -77,3 +77,55 @@ func TestPoolPollsWhileAnnouncementsAreDown(t *testing.T) {
 	id := submit(t, ab, "x", `{}`)
 	waitState(t, ab, id, broker.StateDone)
 }
+
+// heldClaimBroker is an announcing broker whose claims, while hold is
+// set, wait for release and then return nothing: a claim whose snapshot
+// was taken before what the test does meanwhile.
+type heldClaimBroker struct {
+	*announcingBroker
+	hold    atomic.Bool
+	held    chan struct{} // a held claim is waiting
+	release chan struct{}
+}
+
+func (h *heldClaimBroker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
+	if h.hold.Load() {
+		h.held <- struct{}{}
+		<-h.release
+		return nil, nil
+	}
+	return h.announcingBroker.Claim(ctx, req)
+}
+
+// TestAnnouncementDuringAClaimIsNotLost: an announcement that comes while
+// a claim is out, which did not see its message, makes the pool claim
+// again once that claim comes back short, rather than wait for its idle
+// interval.
+func TestAnnouncementDuringAClaimIsNotLost(t *testing.T) {
+	hb := &heldClaimBroker{announcingBroker: newAnnouncingBroker(true), held: make(chan struct{}), release: make(chan struct{})}
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
+	hb.hold.Store(true)
+	// Both waits an hour: only the announcements make the pool claim.
+	startPool(t, hb, reg, Options{ClaimIdleInterval: time.Hour, ClaimIdleFallback: time.Hour})
+	select {
+	case <-hb.held: // the pool's first claim is out
+	case <-time.After(waitDeadline):
+		t.Fatal("the pool did not claim")
+	}
+	id := submit(t, hb, "x", `{}`)
+	hb.sub.c <- broker.Notice{Topic: DefaultTopic}
+	// Only the dispatcher reads the notices: once the channel is empty,
+	// it has read them while its claim was out.
+	hb.sub.c <- broker.Notice{Topic: "some other topic"}
+	deadline := time.Now().Add(waitDeadline)
+	for len(hb.sub.c) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the dispatcher did not read the notices while its claim was out")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	hb.hold.Store(false)
+	close(hb.release)
+	waitState(t, hb, id, broker.StateDone)
+}

@@ -70,6 +70,11 @@ func (p *Pool) dispatch() {
 	var (
 		idling   bool      // after a short claim: claim with no acks only once it ends
 		deadline time.Time // when the idle wait ends
+		// woken: something that may make messages claimable (an
+		// announcement, an outcome written, a Wake) came while an
+		// exchange was out, which may not have seen it; a short exchange
+		// then does not make the dispatcher idle.
+		woken bool
 		backoff  = time.NewTimer(0)
 		failed   bool // a call failed: nothing goes out until backoff fires
 	)
@@ -80,6 +85,12 @@ func (p *Pool) dispatch() {
 		if idling {
 			idling = false
 			idle.Stop()
+		}
+	}
+	wakeUp := func() {
+		stopIdling()
+		if x.flying > 0 {
+			woken = true
 		}
 	}
 	for p.claimCtx.Err() == nil {
@@ -110,6 +121,10 @@ func (p *Pool) dispatch() {
 					}
 				}
 				stopIdling()
+				if free > 0 {
+					// This claim sees what woke the dispatcher so far.
+					woken = false
+				}
 				ann.claiming()
 				x.launch(p, acks, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.claimTopics(), Max: free})
 				continue
@@ -146,7 +161,8 @@ func (p *Pool) dispatch() {
 			if iso.holding() || r.max == 0 {
 				continue
 			}
-			if len(r.msgs) == r.max {
+			if len(r.msgs) == r.max || woken {
+				woken = false
 				stopIdling()
 				continue
 			}
@@ -160,7 +176,7 @@ func (p *Pool) dispatch() {
 			failed = false
 		case <-p.slotFreed:
 		case <-written:
-			stopIdling()
+			wakeUp()
 		case <-p.out.acksReady:
 			stopIdling()
 		case <-iso.holdOver():
@@ -168,13 +184,13 @@ func (p *Pool) dispatch() {
 			idling = false
 		case nt := <-ann.notices():
 			if ann.wakes(nt) {
-				stopIdling()
+				wakeUp()
 			} else if next, ok := ann.next(); idling && ok && next.Before(deadline) {
 				deadline = next
 				idle.Reset(time.Until(deadline))
 			}
 		case <-p.wake:
-			stopIdling()
+			wakeUp()
 		case <-p.claimCtx.Done():
 		}
 	}
