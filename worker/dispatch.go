@@ -74,9 +74,9 @@ func (p *Pool) dispatch() {
 		// announcement, an outcome written, a Wake) came while an
 		// exchange was out, which may not have seen it; a short exchange
 		// then does not make the dispatcher idle.
-		woken bool
-		backoff  = time.NewTimer(0)
-		failed   bool // a call failed: nothing goes out until backoff fires
+		woken   bool
+		backoff = time.NewTimer(0)
+		failed  bool // a call failed: nothing goes out until backoff fires
 	)
 	<-backoff.C
 	defer idle.Stop()
