@@ -326,9 +326,11 @@ func TestReaperWedgeClearsAfterSIGKILL(t *testing.T) {
 	h := startHost(t, twConfig(schema, twOpts{topics: "{wedge: {concurrency_limit: 2}}"}))
 	before, _ := h.waitWorker(t, 0)
 
+	// The sleeps must outlast everything up to the SIGKILL below, which
+	// a loaded machine can stretch to several seconds: they take 15 s.
 	var sleeps, echoes []string
 	for range 2 {
-		sleeps = append(sleeps, h.mustSubmit(t, "demo.sleep", "wedge", map[string]any{"seconds": 4}))
+		sleeps = append(sleeps, h.mustSubmit(t, "demo.sleep", "wedge", map[string]any{"seconds": 15}))
 	}
 	for _, id := range sleeps {
 		h.waitTask(t, id, 30*time.Second, "runs", func(m twTask) bool { return m.State == "running" })
@@ -394,11 +396,11 @@ func TestReaperWedgeClearsAfterSIGKILL(t *testing.T) {
 	}
 
 	for _, id := range append(slices.Clone(sleeps), echoes...) {
-		h.waitTask(t, id, 60*time.Second, "is done", func(m twTask) bool { return m.State == "done" })
+		h.waitTask(t, id, 120*time.Second, "is done", func(m twTask) bool { return m.State == "done" })
 	}
 	for _, id := range sleeps {
 		m, _ := h.task(id)
-		if m.Attempts != 2 || string(m.Result) != `{"slept_seconds":4}` {
+		if m.Attempts != 2 || string(m.Result) != `{"slept_seconds":15}` {
 			t.Errorf("sleep %s: attempts %d, result %s; want 2 attempts (one orphaned, one run to the end)", id, m.Attempts, m.Result)
 		}
 	}
