@@ -229,7 +229,9 @@ func TestRabbitMQFrozenWorkerLateAckIsLost(t *testing.T) {
 	cfg := env.config(twOpts{topics: "{frozen: {}}", hostExtra: "health_interval_seconds: 30"})
 	a := startHost(t, cfg)
 	apid, aworker := a.pluginPID(t, 0)
-	id := a.mustSubmit(t, "demo.sleep", "frozen", map[string]any{"seconds": 3})
+	// The sleep must outlast B's start, which a loaded machine can
+	// stretch to several seconds, up to A's SIGSTOP.
+	id := a.mustSubmit(t, "demo.sleep", "frozen", map[string]any{"seconds": 10})
 	a.waitTask(t, id, 30*time.Second, "runs on A", func(m twTask) bool {
 		return m.State == "running" && m.claimer() == aworker
 	})
@@ -244,7 +246,7 @@ func TestRabbitMQFrozenWorkerLateAckIsLost(t *testing.T) {
 	})
 	kill(t, apid, syscall.SIGCONT)
 	m := b.waitTask(t, id, 60*time.Second, "is done", func(m twTask) bool { return m.State == "done" })
-	if m.Attempts != 2 || m.claimer() != bworker || string(m.Result) != `{"slept_seconds":3}` {
+	if m.Attempts != 2 || m.claimer() != bworker || string(m.Result) != `{"slept_seconds":10}` {
 		t.Errorf("message: %+v; want done after 2 attempts, by B (%s)", m, bworker)
 	}
 	var reports []reportView
