@@ -3,6 +3,8 @@ package rabbitmq
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -249,10 +251,7 @@ func (a *announcer) send(ch *amqp.Channel, connClosed, chClosed <-chan *amqp.Err
 		case <-a.wake:
 		}
 		a.mu.Lock()
-		topics := make([]string, 0, len(a.pending))
-		for t := range a.pending {
-			topics = append(topics, t)
-		}
+		topics := slices.Collect(maps.Keys(a.pending))
 		clear(a.pending)
 		a.mu.Unlock()
 		body, err := json.Marshal(topics)
