@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
@@ -22,12 +21,7 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		return nil, broker.Invalid("worker id is empty")
 	}
 	want := max(req.Max, 1)
-	var topics []string
-	for _, t := range req.Topics {
-		if !slices.Contains(topics, t) {
-			topics = append(topics, t)
-		}
-	}
+	topics := broker.ClaimOrder(req.Topics, b.rr.Add(1)-1)
 	if len(topics) == 0 {
 		leave, err := b.enter(ctx)
 		if err != nil {
@@ -36,7 +30,6 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		leave()
 		return nil, nil
 	}
-	start := int((b.rr.Add(1) - 1) % uint64(len(topics)))
 
 	// Peek first, in a read snapshot: an idle worker polling empty topics
 	// then never takes the write lock, which every process shares. Finding
@@ -64,7 +57,7 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		// most what the topic's limit still admits, oldest first.
 		cands := make([][]int64, 0, len(topics))
 		for i := range topics {
-			ids, err := claimable(tx, topics[(start+i)%len(topics)], want, now)
+			ids, err := claimable(tx, topics[i], want, now)
 			if err != nil {
 				return err
 			}

@@ -179,16 +179,10 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 	defer b.mu.Unlock()
 
 	want := max(req.Max, 1)
-	var topics []string
-	for _, t := range req.Topics {
-		if !slices.Contains(topics, t) {
-			topics = append(topics, t)
-		}
-	}
+	topics := broker.ClaimOrder(req.Topics, b.rr)
 	if len(topics) == 0 {
 		return nil, nil
 	}
-	start := int(b.rr % uint64(len(topics)))
 	b.rr++
 
 	now := b.now()
@@ -196,7 +190,7 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 	for len(out) < want {
 		progress := false
 		for i := 0; i < len(topics) && len(out) < want; i++ {
-			t := topics[(start+i)%len(topics)]
+			t := topics[i]
 			cfg := b.topics[t]
 			if cfg == nil || cfg.Paused {
 				continue

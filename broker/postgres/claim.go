@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -270,17 +269,10 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	var topics []string
-	for _, t := range req.Topics {
-		if t != "" && !slices.Contains(topics, t) {
-			topics = append(topics, t)
-		}
-	}
-	if len(topics) == 0 {
+	active := broker.ClaimOrder(req.Topics, b.rr.Add(1)-1)
+	if len(active) == 0 {
 		return nil, nil, nil
 	}
-	start := int(b.rr.Add(1)-1) % len(topics)
-	active := append(slices.Clone(topics[start:]), topics[:start]...)
 
 	var (
 		out     []broker.Message

@@ -77,17 +77,10 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, freed map[s
 		return nil, err
 	}
 	want := max(req.Max, 1)
-	var topics []string
-	for _, t := range req.Topics {
-		if !slices.Contains(topics, t) {
-			topics = append(topics, t)
-		}
-	}
+	topics := broker.ClaimOrder(req.Topics, b.rr.Add(1)-1)
 	if len(topics) == 0 {
 		return nil, nil
 	}
-	start := int((b.rr.Add(1) - 1) % uint64(len(topics)))
-	topics = append(topics[start:], topics[:start]...)
 	// One claim of this process at a time takes from a limited topic: the
 	// others would only lose the race for its last slots and put their
 	// deliveries back. A topic known to be limited whose takes another
