@@ -114,14 +114,7 @@ func TestSecondExchangeGoesOutWhileOneIsWritten(t *testing.T) {
 			b := w.watched()
 			reg := NewRegistry()
 			reg.MustRegister(Task{Name: "x", Handler: func(context.Context, *TaskContext) (any, error) { return "ok", nil }})
-			var ids []int64
-			for range 40 {
-				ids = append(ids, submit(t, b, "x", `{}`))
-			}
-			startPool(t, b, reg, Options{Concurrency: 10})
-			for _, id := range ids {
-				waitState(t, b, id, broker.StateDone)
-			}
+			runDone(t, b, reg, 40, Options{Concurrency: 10})
 			if got := w.most(); got != maxExchanges {
 				t.Fatalf("at most %d writes of acks were in flight at once, want %d", got, maxExchanges)
 			}
@@ -157,14 +150,7 @@ func TestLimitHoldsWithTwoExchangesInFlight(t *testing.T) {
 				time.Sleep(time.Millisecond)
 				return "ok", nil
 			}})
-			var ids []int64
-			for range 150 {
-				ids = append(ids, submit(t, b, "x", `{}`))
-			}
-			startPool(t, b, reg, Options{Concurrency: 12})
-			for _, id := range ids {
-				waitState(t, b, id, broker.StateDone)
-			}
+			runDone(t, b, reg, 150, Options{Concurrency: 12})
 			if got := most.Load(); got > limit {
 				t.Fatalf("%d handlers ran at once, limit %d", got, limit)
 			}
@@ -175,5 +161,19 @@ func TestLimitHoldsWithTwoExchangesInFlight(t *testing.T) {
 				t.Fatalf("%d writes of acks were in flight at once, at most %d expected", got, maxExchanges)
 			}
 		})
+	}
+}
+
+// runDone submits n messages of task "x", starts a pool of reg with opts
+// on b, and waits until every one of them is done.
+func runDone(t *testing.T, b broker.Broker, reg *Registry, n int, opts Options) {
+	t.Helper()
+	ids := make([]int64, n)
+	for i := range ids {
+		ids[i] = submit(t, b, "x", `{}`)
+	}
+	startPool(t, b, reg, opts)
+	for _, id := range ids {
+		waitState(t, b, id, broker.StateDone)
 	}
 }
