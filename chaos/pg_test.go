@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/taskhost/taskhost/internal/hostproc"
 )
 
 // pgCluster is a PostgreSQL cluster of the suite's, initdb'd into a
@@ -111,18 +112,7 @@ func (p *pgCluster) stop() {
 	if p.cmd == nil || p.cmd.Process == nil {
 		return
 	}
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-p.exited:
-	case <-time.After(30 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
+	hostproc.Terminate(p.cmd, p.exited, syscall.SIGINT, 30*time.Second)
 }
 
 // dsn is the address of database db, directly (from the root namespace).

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/taskhost/taskhost/internal/hostproc"
 	"github.com/taskhost/taskhost/internal/testhost"
 )
 
@@ -152,19 +153,7 @@ func startHost(t testing.TB, config string) *hostProc {
 
 // stop stops the host with SIGTERM (SIGKILL after 30 s) and waits for it;
 // stopping a stopped host does nothing.
-func (p *hostProc) stop() {
-	select {
-	case <-p.exited:
-	default:
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.exited:
-		case <-time.After(30 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-p.exited
-		}
-	}
-}
+func (p *hostProc) stop() { hostproc.Terminate(p.cmd, p.exited, syscall.SIGTERM, 30*time.Second) }
 
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()

@@ -112,13 +112,23 @@ func (p *Process) Exited() <-chan struct{} { return p.exited }
 // plugins first), killing it after 60 s; a plugin whose host was killed
 // exits by itself once it sees its parent gone. Stop may be called more
 // than once.
-func (p *Process) Stop() {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+func (p *Process) Stop() { Terminate(p.cmd, p.exited, syscall.SIGTERM, 60*time.Second) }
+
+// Terminate ends the started process of cmd: it sends sig and waits until
+// exited is closed, and kills the process after grace. A process that has
+// exited already gets no signal.
+func Terminate(cmd *exec.Cmd, exited <-chan struct{}, sig os.Signal, grace time.Duration) {
 	select {
-	case <-p.exited:
-	case <-time.After(60 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
+	case <-exited:
+		return
+	default:
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-exited
 	}
 }
 
