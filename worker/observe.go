@@ -106,6 +106,17 @@ type nopObserver struct{}
 func (nopObserver) TaskStarted(string)                                 {}
 func (nopObserver) TaskFinished(string, string, string, time.Duration) {}
 
+// reportKey is the key of the attempt's reports (broker.ReportKey): the
+// report stored with its outcome and one stored again for the same attempt
+// (its outcome's answer was lost) are one.
+func (c *completion) reportKey() string {
+	at := c.started
+	if c.msg.ClaimedAt != nil {
+		at = *c.msg.ClaimedAt
+	}
+	return broker.ReportKey(at, c.claim.Token)
+}
+
 // report builds the attempt's report, as worker ran it; false when there
 // is nothing to report (the handler never ran: lock deferred, stopped
 // before start).
@@ -115,10 +126,7 @@ func (c *completion) report(worker string) (broker.Report, bool) {
 		Attempt: max(c.msg.Attempts, 1), Worker: worker,
 		StartedAt: c.started, EndedAt: c.started.Add(c.dur), Duration: c.dur.Seconds(),
 		Error: c.errText,
-		// The attempt's claim token: unique to it, so the report stored
-		// with its outcome and one stored again for the same attempt
-		// (its outcome's answer was lost) are one.
-		Key: c.claim.Token,
+		Key:   c.reportKey(),
 	}
 	switch {
 	case c.status == StatusLost:

@@ -2,8 +2,6 @@ package worker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -107,7 +105,7 @@ func (w *ReportWriter) run() {
 		batch = gather(w.ch, append(batch[:0], r), ReportBatch)
 		for i := range batch {
 			if batch[i].Key == "" {
-				batch[i].Key = newReportKey()
+				batch[i].Key = broker.NewToken()
 			}
 		}
 		w.write(batch)
@@ -164,13 +162,6 @@ func (w *ReportWriter) write(batch []broker.Report) {
 		}
 		pause = min(2*pause, w.retryMax)
 	}
-}
-
-// newReportKey returns a random key for a report.
-func newReportKey() string {
-	var buf [16]byte
-	_, _ = rand.Read(buf[:]) // never fails (crypto/rand crashes instead)
-	return hex.EncodeToString(buf[:])
 }
 
 // Close stores what is queued and stops; call it after the pool stopped.

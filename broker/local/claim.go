@@ -93,7 +93,7 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		}
 		args := make([]claimArg, len(order))
 		for i, id := range order {
-			args[i] = claimArg{I: id, T: newToken()}
+			args[i] = claimArg{I: id, T: broker.NewToken()}
 		}
 		js, err := json.Marshal(args)
 		if err != nil {

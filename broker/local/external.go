@@ -247,7 +247,7 @@ func takeOne(tx *txn, now time.Time, worker string, d sqlstore.Delivery, topics 
 	}
 	q := `UPDATE tw_messages SET state = 'running', claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?
 		WHERE id = ? RETURNING ` + msgCols
-	args := []any{worker, ns(now), newToken(), d.ID}
+	args := []any{worker, ns(now), broker.NewToken(), d.ID}
 	if f.State == broker.StateRunning {
 		if _, err := tx.Exec(`DELETE FROM tw_locks WHERE message_id = ?`, d.ID); err != nil {
 			return sqlstore.Taken{}, err
@@ -258,7 +258,7 @@ func takeOne(tx *txn, now time.Time, worker string, d sqlstore.Delivery, topics 
 		q = `UPDATE tw_messages SET claimed_by = ?, claimed_at = ?, attempts = attempts + 1, token = ?,
 			orphaned = orphaned + 1, suspect = 1, last_error = ?
 			WHERE id = ? RETURNING ` + msgCols
-		args = []any{worker, ns(now), newToken(), sqlstore.RetakenError(by, attempts), d.ID}
+		args = []any{worker, ns(now), broker.NewToken(), sqlstore.RetakenError(by, attempts), d.ID}
 	} else {
 		tf.Running++
 	}

@@ -48,9 +48,7 @@ package local
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -271,12 +269,6 @@ func (b *Broker) Close() error {
 		err = errors.Join(b.writer.Close(), b.reader.Close())
 	})
 	return err
-}
-
-func newToken() string {
-	var buf [16]byte
-	_, _ = rand.Read(buf[:]) // never fails (crypto/rand crashes instead)
-	return hex.EncodeToString(buf[:])
 }
 
 // ns converts a time to the stored form.

@@ -2,8 +2,6 @@ package memory
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"slices"
 	"sort"
@@ -216,7 +214,7 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 			e.m.ClaimedBy = req.WorkerID
 			e.m.ClaimedAt = &claimedAt
 			e.m.Attempts++
-			e.m.Token = newToken()
+			e.m.Token = broker.NewToken()
 			b.running[e.m.ID] = e
 			b.runningBy[t]++
 
@@ -230,12 +228,6 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 		}
 	}
 	return out, nil
-}
-
-func newToken() string {
-	var buf [16]byte
-	_, _ = rand.Read(buf[:]) // never fails (crypto/rand crashes instead)
-	return hex.EncodeToString(buf[:])
 }
 
 // held returns the running message c names, or nil when c does not hold it.

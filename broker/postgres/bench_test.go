@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/internal/testdb"
 )
@@ -311,4 +312,74 @@ func BenchmarkAddReports(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkAckWithReportsOver1MReports: acks with their success reports,
+// 50 at a time with the next claim (AckAndClaim), into a tw_reports that
+// already holds a million reports, right after a checkpoint: the state of
+// a store that has run for a while. The reports are keyed as the worker
+// keys them (broker.ReportKey), the million before them too. Besides
+// ns/msg it reports the WAL written per message (pg_current_wal_lsn before
+// and after, so it counts the whole server). Seeding takes about half a
+// minute.
+func BenchmarkAckWithReportsOver1MReports(b *testing.B) {
+	const half, held = 50, 1_000_000
+	br := newTestBroker(b, Options{})
+	ctx := context.Background()
+	c := schemaConn(b, br)
+	start := time.Now()
+	n, err := c.CopyFrom(ctx, pgx.Identifier{"tw_reports"},
+		[]string{"message_id", "task", "topic", "attempt", "worker", "status", "started_at", "ended_at", "report_key"},
+		pgx.CopyFromSlice(held, func(i int) ([]any, error) {
+			now := time.Now()
+			return []any{int64(-i - 1), "send", "old", int32(1), "w", broker.ReportSuccess, now, now,
+				broker.ReportKey(now, broker.NewToken())}, nil
+		}))
+	if err != nil || n != held {
+		b.Fatalf("seed: %d reports, %v", n, err)
+	}
+	execAll(b, c, `VACUUM ANALYZE tw_reports`)
+	b.Logf("seeded %d reports in %v", held, time.Since(start).Round(time.Millisecond))
+	seed(b, br, "bench", (b.N+2)*half)
+	req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"bench"}, Max: half}
+	msgs, err := br.Claim(ctx, req)
+	if err != nil || len(msgs) != half {
+		b.Fatalf("first claim: %d, %v", len(msgs), err)
+	}
+	execAll(b, c, `CHECKPOINT`)
+	var lsn0 int64
+	if err := c.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'`).Scan(&lsn0); err != nil {
+		b.Fatal(err)
+	}
+	outcomes := make([]broker.Outcome, 0, half)
+	b.ResetTimer()
+	for range b.N {
+		outcomes = outcomes[:0]
+		for _, m := range msgs {
+			now := time.Now()
+			outcomes = append(outcomes, broker.Outcome{Claim: m.ClaimOf(), Report: &broker.Report{
+				MessageID: m.ID, Task: m.Task, Topic: m.Topic, Attempt: m.Attempts, Worker: "w",
+				Status: broker.ReportSuccess, StartedAt: now, EndedAt: now, Key: broker.ReportKey(*m.ClaimedAt, m.Token)}})
+		}
+		errs, next, err := br.AckAndClaim(ctx, outcomes, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, e := range errs {
+			if e != nil {
+				b.Fatal(e)
+			}
+		}
+		if len(next) != half {
+			b.Fatalf("claimed %d, want %d", len(next), half)
+		}
+		msgs = next
+	}
+	b.StopTimer()
+	var lsn1 int64
+	if err := c.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'`).Scan(&lsn1); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*half), "ns/msg")
+	b.ReportMetric(float64(lsn1-lsn0)/float64(b.N*half), "WAL-B/msg")
 }

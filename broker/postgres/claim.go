@@ -55,7 +55,9 @@ const (
 // number the gate allowed, whether the topic is limited and, when it is,
 // its room (its limit less its running messages before this claim); when
 // nothing was claimed one row of NULLs carries those alone. (A LIMIT of 0
-// reads nothing.)
+// reads nothing.) The OFFSET 0 keeps the planner from pulling the room's
+// subquery up into the expressions that use it, which would count the
+// topic's running messages once for each of them.
 var (
 	claimSQL           = claimStatement("", "FOR UPDATE SKIP LOCKED")
 	claimFromSQL       = claimStatement(claimFrom, "FOR UPDATE SKIP LOCKED")
@@ -78,7 +80,8 @@ func claimStatement(from, lock string) string {
 			FROM (SELECT t.paused, CASE WHEN t.concurrency_limit > 0 THEN t.concurrency_limit - (
 					SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running')::int END AS room
 				FROM tw_topics t
-				WHERE t.name = $1) t) t ON true
+				WHERE t.name = $1
+				OFFSET 0) t) t ON true
 	), claimed AS (
 		UPDATE tw_messages m
 		SET state = 'running', claimed_by = $3, claimed_at = statement_timestamp(), attempts = m.attempts + 1,

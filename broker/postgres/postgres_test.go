@@ -480,6 +480,9 @@ func TestClaimPlansUseIndexes(t *testing.T) {
 			if strings.Contains(plan, "Seq Scan on tw_messages") || !strings.Contains(plan, "tw_messages_queued") || strings.Contains(plan, "Sort") {
 				t.Errorf("%s, %s: the claim plan does not walk tw_messages_queued in its order:\n%s", mode, run, plan)
 			}
+			if n := strings.Count(plan, "tw_messages_running_token"); n > 1 {
+				t.Errorf("%s, %s: the claim plan counts the topic's running messages %d times:\n%s", mode, run, n, plan)
+			}
 		}
 	}
 }
