@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
@@ -36,8 +37,50 @@ const ackSQL = `
 // given as the arrays of reportCTEs from $5 of the outcomes it applied
 // (their ref is the outcome's ordinal): a report rides on its outcome, and
 // is stored only when the outcome is.
-var ackReportsSQL = `WITH a AS (` + ackSQL + `), ` + reportCTEs(5, "x.ref IN (SELECT ord FROM a)") + `
+//
+// A success report that says no more than its message's row does once
+// acked (no schedule, no logs, no error, the message's task and topic, the
+// result the ack stores) and whose key is not in tw_report_rows already is
+// kept in the row, in the report_ columns, with an id from the reports'
+// sequence (migration 019); every other report is inserted into
+// tw_report_rows by reportCTEs (a ends with whether the row kept one).
+var ackReportsSQL = `WITH a AS (
+	UPDATE tw_messages m
+	SET state = 'done', finished_at = now(), result = v.res::jsonb, token = NULL,
+		` + heldReportSet("v.keep AND v.task = m.task AND v.topic = m.topic") + `
+	FROM (
+		SELECT u.id, u.tok, u.res, u.ord, x.task, x.topic, x.att, x.worker, x.st, x.en, x.dur, x.prog, x.key,
+			(x.status = 'success' AND x.sched IS NULL AND x.logs = '[]' AND x.err = ''
+				AND x.res IS NOT DISTINCT FROM u.res
+				AND NOT EXISTS (SELECT 1 FROM tw_report_rows e WHERE e.report_key = x.key)) AS keep
+		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[]) AS u(id, tok, res, ord)
+		LEFT JOIN ` + reportUnnest(5, "x") + ` ON x.ref = u.ord
+	) v
+	WHERE m.id = ANY ($1::bigint[]) AND m.id = v.id AND m.token::text = v.tok
+	RETURNING v.ord, m.topic, m.report_id IS NOT NULL AS held
+), ` + reportCTEs(5, "x.ref IN (SELECT ord FROM a WHERE NOT held)") + `
 	SELECT ord, topic FROM a`
+
+// heldReportSet is the SET list that keeps the report of v (the columns
+// of ackReportsSQL's v) in the message's row when keep holds, and leaves
+// the report_ columns NULL otherwise.
+func heldReportSet(keep string) string {
+	cols := [][2]string{
+		{"report_id", "nextval('tw_reports_id_seq')"},
+		{"report_attempt", "v.att"},
+		{"report_worker", "v.worker"},
+		{"report_started_at", "coalesce(v.st, v.en, now())"},
+		{"report_ended_at", "coalesce(v.en, now())"},
+		{"report_duration", "v.dur"},
+		{"report_progress", "v.prog"},
+		{"report_key", "v.key"},
+	}
+	set := make([]string, len(cols))
+	for i, c := range cols {
+		set[i] = c[0] + " = CASE WHEN " + keep + " THEN " + c[1] + " END"
+	}
+	return strings.Join(set, ",\n\t\t")
+}
 
 // withReport wraps the claim-ending UPDATE sql, which takes params
 // parameters, so that the same statement also stores the report given as

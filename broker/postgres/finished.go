@@ -14,6 +14,40 @@ var _ broker.FinishedPurger = (*Broker)(nil)
 // no transaction holds many row locks or runs long.
 const purgeChunk = 5000
 
+// purgeFinishedSQL deletes up to $2 of the done and cancelled messages
+// that finished before $1, oldest ids first, and returns how many. The
+// success reports kept in their rows move to tw_report_rows, with their
+// ids: reports have a retention of their own (PurgeReports).
+var purgeFinishedSQL = `
+	WITH d AS (
+		DELETE FROM tw_messages WHERE id = ANY (ARRAY (
+			SELECT id FROM tw_messages
+			WHERE state IN ('done', 'cancelled') AND finished_at < $1
+			ORDER BY id LIMIT $2))
+		RETURNING id, task, topic, result, report_id, report_attempt, report_worker, report_started_at,
+			report_ended_at, report_duration, report_progress, report_key
+	), moved AS (` + moveHeldReports("d") + `)
+	SELECT count(*) FROM d`
+
+// MoveHeldReportsSQL moves the success reports kept in the rows of
+// tw_messages (see migration 019) to tw_report_rows, with their ids. Run
+// it before emptying tw_messages by other means than the store's purges
+// (TRUNCATE, DELETE), or the reports go with the rows.
+var MoveHeldReportsSQL = moveHeldReports("tw_messages")
+
+// moveHeldReports is the INSERT into tw_report_rows of the reports kept
+// in the rows of from (tw_messages, or rows of it a CTE returned with the
+// report_ columns, id, task, topic and result).
+func moveHeldReports(from string) string {
+	return `
+		INSERT INTO tw_report_rows (id, message_id, task, topic, attempt, worker, status, started_at, ended_at,
+			duration_seconds, result, progress, report_key)
+		SELECT report_id, id, task, topic, report_attempt, report_worker, 'success', report_started_at,
+			report_ended_at, report_duration, result, report_progress, report_key
+		FROM ` + from + ` WHERE report_id IS NOT NULL
+		ON CONFLICT (report_key) DO NOTHING`
+}
+
 // PurgeFinished deletes the done and cancelled messages that finished
 // before the cutoff, oldest ids first, in transactions of at most
 // purgeChunk, then the schedule fires older than the cutoff (see
@@ -26,13 +60,7 @@ func (b *Broker) PurgeFinished(ctx context.Context, before time.Time) (int, erro
 	for {
 		var n int64
 		err := b.run(ctx, "purge finished messages", func(c *pgx.Conn) error {
-			tag, err := c.Exec(ctx, `
-				DELETE FROM tw_messages WHERE id = ANY (ARRAY (
-					SELECT id FROM tw_messages
-					WHERE state IN ('done', 'cancelled') AND finished_at < $1
-					ORDER BY id LIMIT $2))`, before, purgeChunk)
-			n = tag.RowsAffected()
-			return err
+			return c.QueryRow(ctx, purgeFinishedSQL, before, purgeChunk).Scan(&n)
 		})
 		if err != nil {
 			return total, err

@@ -160,7 +160,7 @@ func TestMigrateFreshSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"tw_amqp_orphans", "tw_amqp_outbox", "tw_leases", "tw_locks", "tw_messages", "tw_reports", "tw_schedule_fires", "tw_schedules",
+	want := []string{"tw_amqp_orphans", "tw_amqp_outbox", "tw_leases", "tw_locks", "tw_messages", "tw_report_rows", "tw_reports", "tw_schedule_fires", "tw_schedules",
 		"tw_schema_migrations", "tw_topics", "tw_unique_keys", "tw_workers"}
 	if !slices.Equal(tables, want) {
 		t.Fatalf("tables %v, want %v", tables, want)

@@ -12,8 +12,10 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-// The schedule store lives in tw_schedules, tw_schedule_fires and
-// tw_reports (migrations/003_schedules.sql); package sqlstore holds its
+// The schedule store lives in tw_schedules, tw_schedule_fires and the
+// reports (migrations/003_schedules.sql): the view tw_reports of the
+// success reports kept in their messages' rows and of tw_report_rows
+// (migrations/019_success_report_in_message_row.sql); package sqlstore holds its
 // rules and queries holds the statements. Times are database time (now())
 // and stored at microsecond resolution, so a slot is compared to the
 // microsecond.
@@ -24,33 +26,29 @@ import (
 // satisfy keep (a condition on x.ref and on CTEs named before): u, the
 // reports kept, each with an id taken from the sequence before the insert
 // (so each is known to belong to its element whatever order the rows are
-// written in); r, the insert, which returns the ids it stored; and s, the
-// move of LastSuccess. A report whose key is stored already is not
-// inserted (ON CONFLICT DO NOTHING). A NULL end is now() and a NULL start
+// written in), and held, the id of the report with its key kept in its
+// message's row, if any; r, the insert into tw_report_rows, which returns
+// the ids it stored; and s, the move of LastSuccess. A report whose key is
+// stored already, in tw_report_rows or in its message's row, is not
+// inserted (ON CONFLICT DO NOTHING, held). A NULL end is now() and a NULL start
 // the end. For each schedule named by a success report, the schedule's
 // last_success moves up to the latest end among them (a schedule that no
 // longer exists is not an error); the rows are locked beforehand by
 // lockSchedulesSQL.
 func reportCTEs(first int, keep string) string {
-	p := make([]any, 16)
-	for i := range p {
-		p[i] = first + i
-	}
-	return fmt.Sprintf(`u AS MATERIALIZED (
+	return `u AS MATERIALIZED (
 		SELECT nextval('tw_reports_id_seq') AS id, x.ord, x.mid, x.task, x.topic,
 			x.sched, x.att, x.worker, x.status, coalesce(x.st, x.en, now()) AS st, coalesce(x.en, now()) AS en,
-			x.dur, x.err, x.res, x.prog, x.logs, x.key
-		FROM unnest($%d::bigint[], $%d::text[], $%d::text[], $%d::text[], $%d::int[], $%d::text[], $%d::text[],
-			$%d::timestamptz[], $%d::timestamptz[], $%d::float8[], $%d::text[], $%d::text[], $%d::float8[], $%d::text[],
-			$%d::text[], $%d::int[])
-			WITH ORDINALITY AS x(mid, task, topic, sched, att, worker, status, st, en, dur, err, res, prog, logs, key, ref, ord)
-		WHERE `+keep+`
+			x.dur, x.err, x.res, x.prog, x.logs, x.key,
+			(SELECT m.report_id FROM tw_messages m WHERE m.id = x.mid AND m.report_key = x.key) AS held
+		FROM ` + reportUnnest(first, "x") + `
+		WHERE ` + keep + `
 		ORDER BY x.ord
 	), r AS (
-		INSERT INTO tw_reports (id, message_id, task, topic, schedule, attempt, worker, status,
+		INSERT INTO tw_report_rows (id, message_id, task, topic, schedule, attempt, worker, status,
 			started_at, ended_at, duration_seconds, error, result, progress, logs, report_key)
 		SELECT id, mid, task, topic, sched, att, worker, status, st, en, dur, err, res::jsonb, prog, logs::jsonb, key
-		FROM u ORDER BY ord
+		FROM u WHERE held IS NULL ORDER BY ord
 		ON CONFLICT (report_key) DO NOTHING
 		RETURNING id
 	), s AS (
@@ -58,7 +56,22 @@ func reportCTEs(first int, keep string) string {
 		FROM (SELECT sched, max(en) AS en FROM u
 			WHERE status = 'success' AND sched IS NOT NULL GROUP BY sched) w
 		WHERE tw_schedules.name = w.sched
-	)`, p...)
+	)`
+}
+
+// reportUnnest is the FROM item of reports given as the arrays of
+// reportCTEs from $first, as alias with the columns (mid, task, topic,
+// sched, att, worker, status, st, en, dur, err, res, prog, logs, key, ref,
+// ord), ord the element's ordinal.
+func reportUnnest(first int, alias string) string {
+	p := make([]any, 16)
+	for i := range p {
+		p[i] = first + i
+	}
+	return fmt.Sprintf(`unnest($%d::bigint[], $%d::text[], $%d::text[], $%d::text[], $%d::int[], $%d::text[], $%d::text[],
+			$%d::timestamptz[], $%d::timestamptz[], $%d::float8[], $%d::text[], $%d::text[], $%d::float8[], $%d::text[],
+			$%d::text[], $%d::int[])
+			WITH ORDINALITY AS `, p...) + alias + `(mid, task, topic, sched, att, worker, status, st, en, dur, err, res, prog, logs, key, ref, ord)`
 }
 
 // addReportsSQL stores every report of its arrays (reportCTEs) and
@@ -68,9 +81,9 @@ func reportCTEs(first int, keep string) string {
 // key), which AddReports turns into an error to retry. The keys are
 // distinct: AddReports sends a key repeated within a batch once.
 var addReportsSQL = `WITH ` + reportCTEs(1, "true") + `
-	SELECT coalesce(r.id, e.id) FROM u
+	SELECT coalesce(r.id, e.id, u.held) FROM u
 		LEFT JOIN r ON r.id = u.id
-		LEFT JOIN tw_reports e ON u.key IS NOT NULL AND e.report_key = u.key
+		LEFT JOIN tw_report_rows e ON u.key IS NOT NULL AND e.report_key = u.key
 	ORDER BY u.ord`
 
 // lockSchedulesSQL locks the schedules named in $1 in name order, before
@@ -78,6 +91,14 @@ var addReportsSQL = `WITH ` + reportCTEs(1, "true") + `
 // of the same schedules at once take their row locks in one order and
 // never deadlock.
 const lockSchedulesSQL = `SELECT 1 FROM tw_schedules WHERE name = ANY ($1::text[]) ORDER BY name FOR NO KEY UPDATE`
+
+// lockHoldersSQL waits for the acks under way of the messages $1, before
+// AddReports stores keyed reports of them: such an ack may keep its
+// report, with the same key, in its message's row, which the unique index
+// of tw_report_rows does not see. After the wait the statement that
+// follows reads the committed row (held in reportCTEs). The ids are
+// sorted, as an ack locks its rows.
+const lockHoldersSQL = `SELECT 1 FROM tw_messages WHERE id = ANY ($1::bigint[]) ORDER BY id FOR SHARE`
 
 // reportArgs are reports as the arrays of reportCTEs, and the schedules
 // to lock first (lockSchedulesSQL).
@@ -191,14 +212,31 @@ func (d dialect) AddReports(ctx context.Context, all []broker.Report) ([]int64, 
 		return nil, err
 	}
 	var ids []int64
+	var holders []int64
+	for _, r := range rs {
+		if r.Key != "" {
+			holders = append(holders, r.MessageID)
+		}
+	}
+	slices.Sort(holders)
+	holders = slices.Compact(holders)
 	err = d.b.run(ctx, "add reports", func(c *pgx.Conn) error {
 		batch := &pgx.Batch{}
 		ra.queueLocks(batch)
+		if len(holders) > 0 {
+			batch.Queue(lockHoldersSQL, holders)
+		}
 		batch.Queue(addReportsSQL, ra.arrays...)
 		br := c.SendBatch(ctx, batch)
 		if err := ra.readLocks(br); err != nil {
 			br.Close()
 			return err
+		}
+		if len(holders) > 0 {
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return err
+			}
 		}
 		rows, err := br.Query()
 		if err != nil {
@@ -252,19 +290,41 @@ func hasDupKeys(rs []broker.Report) bool {
 	return false
 }
 
+// clearHeldReportsSQL clears up to $2 of the success reports kept in
+// their messages' rows that ended before $1, oldest first.
+const clearHeldReportsSQL = `
+	UPDATE tw_messages SET report_id = NULL, report_attempt = NULL, report_worker = NULL,
+		report_started_at = NULL, report_ended_at = NULL, report_duration = NULL, report_progress = NULL,
+		report_key = NULL
+	WHERE id = ANY (ARRAY (
+		SELECT id FROM tw_messages
+		WHERE report_id IS NOT NULL AND report_ended_at < $1
+		ORDER BY report_id LIMIT $2))`
+
 // PurgeReports deletes the reports that ended before the cutoff and
-// returns how many.
+// returns how many (after an error, with the count of those deleted
+// before it): the rows of tw_report_rows, then the reports kept in their
+// messages' rows, cleared in transactions of at most purgeChunk.
 func (d dialect) PurgeReports(ctx context.Context, before time.Time) (int, error) {
-	var n int64
+	var total int
 	err := d.b.run(ctx, "purge reports", func(c *pgx.Conn) error {
-		tag, err := c.Exec(ctx, `DELETE FROM tw_reports WHERE ended_at < $1`, before)
-		n = tag.RowsAffected()
+		tag, err := c.Exec(ctx, `DELETE FROM tw_report_rows WHERE ended_at < $1`, before)
+		total = int(tag.RowsAffected())
 		return err
 	})
-	if err != nil {
-		return 0, err
+	for err == nil {
+		var n int64
+		err = d.b.run(ctx, "purge reports", func(c *pgx.Conn) error {
+			tag, err := c.Exec(ctx, clearHeldReportsSQL, before, purgeChunk)
+			n = tag.RowsAffected()
+			return err
+		})
+		total += int(n)
+		if n < purgeChunk {
+			break
+		}
 	}
-	return int(n), nil
+	return total, err
 }
 
 // nullTime is t for a query argument, NULL when it is zero.

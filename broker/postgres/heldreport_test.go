@@ -1,0 +1,166 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// heldFixture is a claimed message acked with a plain success report (kept in its
+// row) and one acked with a report that has logs (kept in tw_report_rows).
+type heldFixture struct {
+	b            *Broker
+	plain, other broker.Message
+	plainKey     string
+}
+
+func newHeldFixture(t *testing.T) heldFixture {
+	t.Helper()
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	if _, err := b.SubmitMany(ctx, []broker.SubmitRequest{{Topic: "t", Task: "plain"}, {Topic: "t", Task: "other"}}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 2})
+	if err != nil || len(msgs) != 2 {
+		t.Fatalf("claim: %d, %v", len(msgs), err)
+	}
+	f := heldFixture{b: b, plain: msgs[0], other: msgs[1]}
+	if f.plain.Task != "plain" {
+		f.plain, f.other = f.other, f.plain
+	}
+	f.plainKey = broker.ReportKey(*f.plain.ClaimedAt, f.plain.Token)
+	res := json.RawMessage(`{"ok":true}`)
+	start := time.Now().Add(-time.Second)
+	report := func(m broker.Message, logs []string, key string) *broker.Report {
+		return &broker.Report{MessageID: m.ID, Task: m.Task, Topic: m.Topic, Attempt: m.Attempts, Worker: "w",
+			Status: broker.ReportSuccess, StartedAt: start, EndedAt: start.Add(time.Second), Duration: 1,
+			Result: res, Progress: 1, Logs: logs, Key: key}
+	}
+	errs, err := b.Ack(ctx, []broker.Outcome{
+		{Claim: f.plain.ClaimOf(), Result: res, Report: report(f.plain, nil, f.plainKey)},
+		{Claim: f.other.ClaimOf(), Result: res, Report: report(f.other, []string{"a line"}, "other-key")},
+	})
+	if err != nil || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("ack: %v %v", errs, err)
+	}
+	return f
+}
+
+// rowsOf returns how many reports of message id tw_report_rows holds and
+// whether its row holds one.
+func rowsOf(t *testing.T, b *Broker, id int64) (rows int, inRow bool) {
+	t.Helper()
+	c := schemaConn(t, b)
+	if err := c.QueryRow(context.Background(), `SELECT (SELECT count(*) FROM tw_report_rows WHERE message_id = $1),
+		coalesce((SELECT report_id IS NOT NULL FROM tw_messages WHERE id = $1), false)`, id).Scan(&rows, &inRow); err != nil {
+		t.Fatal(err)
+	}
+	return rows, inRow
+}
+
+// TestPlainSuccessReportIsKeptInItsMessagesRow: the ack keeps a success
+// report that says no more than the acked row in that row, and reads give
+// it back as they give the others.
+func TestPlainSuccessReportIsKeptInItsMessagesRow(t *testing.T) {
+	f := newHeldFixture(t)
+	ctx := t.Context()
+	if rows, inRow := rowsOf(t, f.b, f.plain.ID); rows != 0 || !inRow {
+		t.Fatalf("plain report: %d in tw_report_rows, in its row %v; want 0 and true", rows, inRow)
+	}
+	if rows, inRow := rowsOf(t, f.b, f.other.ID); rows != 1 || inRow {
+		t.Fatalf("report with logs: %d in tw_report_rows, in its row %v; want 1 and false", rows, inRow)
+	}
+	got, err := f.b.ListReports(ctx, broker.ReportFilter{MessageID: f.plain.ID})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("list by message: %v, %v", got, err)
+	}
+	r := got[0]
+	if r.Task != "plain" || r.Topic != "t" || r.Status != broker.ReportSuccess || r.Worker != "w" || r.Attempt != 1 ||
+		r.Duration != 1 || r.Progress != 1 || string(r.Result) != `{"ok": true}` || len(r.Logs) != 0 || r.EndedAt.Sub(r.StartedAt) != time.Second {
+		t.Errorf("report kept in the row reads back as %+v", r)
+	}
+	byID, err := f.b.GetReport(ctx, r.ID)
+	if err != nil || byID.MessageID != f.plain.ID {
+		t.Errorf("GetReport(%d): %+v, %v", r.ID, byID, err)
+	}
+	for _, fl := range []broker.ReportFilter{{Task: "plain"}, {Status: broker.ReportSuccess}, {}} {
+		list, err := f.b.ListReports(ctx, fl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, x := range list {
+			found = found || x.ID == r.ID
+		}
+		if !found {
+			t.Errorf("ListReports(%+v) = %v misses the report kept in the row (id %d)", fl, list, r.ID)
+		}
+	}
+	all, err := f.b.ListReports(ctx, broker.ReportFilter{})
+	if err != nil || len(all) != 2 || all[0].ID < all[1].ID {
+		t.Errorf("ListReports() = %v, %v; want both, newest first", all, err)
+	}
+	if list, err := f.b.ListReports(ctx, broker.ReportFilter{Schedule: "s"}); err != nil || len(list) != 0 {
+		t.Errorf("ListReports(schedule s) = %v, %v; want none", list, err)
+	}
+}
+
+// TestLostReportOfAnAttemptKeptInItsRowIsNotStoredAgain: a report stored
+// again with the key of one kept in its message's row (its outcome's
+// answer was lost) gets that report's id, and nothing more is stored.
+func TestLostReportOfAnAttemptKeptInItsRowIsNotStoredAgain(t *testing.T) {
+	f := newHeldFixture(t)
+	ctx := t.Context()
+	list, err := f.b.ListReports(ctx, broker.ReportFilter{MessageID: f.plain.ID})
+	if err != nil || len(list) != 1 {
+		t.Fatalf("list: %v, %v", list, err)
+	}
+	id, err := f.b.AddReport(ctx, broker.Report{MessageID: f.plain.ID, Task: "plain", Topic: "t", Attempt: 1, Worker: "w",
+		Status: broker.ReportLost, Error: "claim lost", Key: f.plainKey})
+	if err != nil || id != list[0].ID {
+		t.Fatalf("AddReport with the held key = %d, %v; want %d", id, err, list[0].ID)
+	}
+	if rows, inRow := rowsOf(t, f.b, f.plain.ID); rows != 0 || !inRow {
+		t.Errorf("after it: %d in tw_report_rows, in its row %v; want 0 and true", rows, inRow)
+	}
+}
+
+// TestPurgesKeepReportsToTheirOwnRetention: purging a finished message
+// moves the report its row holds to tw_report_rows with its id; purging
+// reports clears those still in rows.
+func TestPurgesKeepReportsToTheirOwnRetention(t *testing.T) {
+	f := newHeldFixture(t)
+	ctx := t.Context()
+	before, err := f.b.ListReports(ctx, broker.ReportFilter{MessageID: f.plain.ID})
+	if err != nil || len(before) != 1 {
+		t.Fatalf("list: %v, %v", before, err)
+	}
+	if n, err := f.b.PurgeFinished(ctx, time.Now().Add(time.Hour)); err != nil || n != 2 {
+		t.Fatalf("PurgeFinished = %d, %v; want 2", n, err)
+	}
+	after, err := f.b.ListReports(ctx, broker.ReportFilter{MessageID: f.plain.ID})
+	if err != nil || len(after) != 1 || after[0].ID != before[0].ID || after[0].Worker != "w" || string(after[0].Result) != `{"ok": true}` {
+		t.Fatalf("after the message's purge its report is %v, %v; want %+v", after, err, before[0])
+	}
+	if rows, _ := rowsOf(t, f.b, f.plain.ID); rows != 1 {
+		t.Errorf("tw_report_rows holds %d of the purged message's reports, want 1", rows)
+	}
+
+	g := newHeldFixture(t)
+	if n, err := g.b.PurgeReports(ctx, time.Now().Add(-time.Hour)); err != nil || n != 0 {
+		t.Fatalf("PurgeReports of an hour ago = %d, %v; want 0", n, err)
+	}
+	if n, err := g.b.PurgeReports(ctx, time.Now().Add(time.Hour)); err != nil || n != 2 {
+		t.Fatalf("PurgeReports = %d, %v; want 2", n, err)
+	}
+	if rows, inRow := rowsOf(t, g.b, g.plain.ID); rows != 0 || inRow {
+		t.Errorf("after PurgeReports: %d in tw_report_rows, in its row %v; want none", rows, inRow)
+	}
+	if list, err := g.b.ListReports(ctx, broker.ReportFilter{}); err != nil || len(list) != 0 {
+		t.Errorf("ListReports after PurgeReports = %v, %v", list, err)
+	}
+}
