@@ -202,6 +202,18 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 // cancellation can be abandoned, and turns a panic into an error. ran is
 // false when a cancel request came before the handler started (it did
 // not), cancelled true when one came while it ran (CancelRunning).
+// pastDeadline reports whether ctx's deadline has passed: its Err says so,
+// or the clock does. A handler that failed because a context of its own
+// with the same deadline ended (a gRPC call's, say) can return before
+// ctx's own timer has fired; its failure is still the timeout's.
+func pastDeadline(ctx context.Context) bool {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
+}
+
 func (p *Pool) run(t Task, tc *TaskContext, log *msgLogger) (res handlerResult, ran, abandoned, timedOut, cancelled bool) {
 	base, cancelBase := context.WithCancelCause(p.runCtx)
 	defer cancelBase(nil)
@@ -235,7 +247,7 @@ func (p *Pool) run(t Task, tc *TaskContext, log *msgLogger) (res handlerResult, 
 	case <-p.abandon:
 		return handlerResult{}, true, true, false, false
 	}
-	timedOut = res.err != nil && t.Timeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) && p.runCtx.Err() == nil
+	timedOut = res.err != nil && t.Timeout > 0 && pastDeadline(ctx) && base.Err() == nil && p.runCtx.Err() == nil
 	return res, true, false, timedOut, false
 }
 

@@ -212,6 +212,29 @@ func TestTimeoutFailsTheAttempt(t *testing.T) {
 	}
 }
 
+// TestTimeoutSeenFirstByTheHandlersOwnContext: a handler whose failure
+// comes from a context of its own with the same deadline (a gRPC call's,
+// as a provider plugin's task makes) can return before the attempt's
+// context has seen its deadline pass; the failure is still a timeout.
+func TestTimeoutSeenFirstByTheHandlersOwnContext(t *testing.T) {
+	b := memory.New()
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "rpc", Timeout: 20 * time.Millisecond, Handler: func(ctx context.Context, _ *TaskContext) (any, error) {
+		d, _ := ctx.Deadline()
+		own, cancel := context.WithDeadline(context.Background(), d)
+		defer cancel()
+		<-own.Done()
+		return nil, own.Err()
+	}})
+	startPool(t, b, reg, Options{})
+	for range 20 {
+		m := waitState(t, b, submit(t, b, "rpc", `{}`), broker.StateDead)
+		if !strings.HasPrefix(m.LastError, "timed out after 20ms") {
+			t.Fatalf("last error = %q, want a timeout", m.LastError)
+		}
+	}
+}
+
 func TestUnknownTaskEndsWithoutRetry(t *testing.T) {
 	b := memory.New()
 	reg := NewRegistry()
