@@ -34,31 +34,37 @@ const ackSQL = `
 	RETURNING u.ord, m.topic`
 
 // ackReportsSQL is ackSQL storing, in the same statement, the reports
-// given as the arrays of reportCTEs from $5 of the outcomes it applied
-// (their ref is the outcome's ordinal): a report rides on its outcome, and
-// is stored only when the outcome is.
+// given as the arrays of reportCTEs from $5 of the outcomes it applied: a
+// report rides on its outcome, and is stored only when the outcome is.
+// The report arrays line up with the ack's (element i is the report of
+// outcome i; its ref is the outcome's ordinal, and its status is empty
+// when the outcome has none), so that one unnest reads both. The OFFSET 0
+// keeps v whole, so that keep is worked out once per element, not once
+// per column it sets.
 //
 // A success report that says no more than its message's row does once
 // acked (no schedule, no logs, no error, the message's task and topic, the
-// result the ack stores) and whose key is not in tw_report_rows already is
-// kept in the row, in the report_ columns, with an id from the reports'
-// sequence (migration 019); every other report is inserted into
-// tw_report_rows by reportCTEs (a ends with whether the row kept one).
+// result the ack stores) is kept in the row, in the report_ columns, with
+// an id from the reports' sequence (migration 019); every other report is
+// inserted into tw_report_rows by reportCTEs (a ends with whether the row
+// kept one). A kept report is not checked against tw_report_rows for its
+// key: a report of the same attempt is stored apart only after its outcome
+// failed (a lost report), and AddReports checks the rows (held).
 var ackReportsSQL = `WITH a AS (
 	UPDATE tw_messages m
-	SET state = 'done', finished_at = now(), result = v.res::jsonb, token = NULL,
+	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL,
 		` + heldReportSet("v.keep AND v.task = m.task AND v.topic = m.topic") + `
 	FROM (
-		SELECT u.id, u.tok, u.res, u.ord, x.task, x.topic, x.att, x.worker, x.st, x.en, x.dur, x.prog, x.key,
+		SELECT x.*,
 			(x.status = 'success' AND x.sched IS NULL AND x.logs = '[]' AND x.err = ''
-				AND x.res IS NOT DISTINCT FROM u.res
-				AND NOT EXISTS (SELECT 1 FROM tw_report_rows e WHERE e.report_key = x.key)) AS keep
-		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[]) AS u(id, tok, res, ord)
-		LEFT JOIN ` + reportUnnest(5, "x") + ` ON x.ref = u.ord
+				AND x.res IS NOT DISTINCT FROM x.ares) AS keep
+		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], ` + reportArrays(5) + `)
+			AS x(id, tok, ares, ord, ` + reportArrayCols + `)
+		OFFSET 0
 	) v
 	WHERE m.id = ANY ($1::bigint[]) AND m.id = v.id AND m.token::text = v.tok
 	RETURNING v.ord, m.topic, m.report_id IS NOT NULL AS held
-), ` + reportCTEs(5, "x.ref IN (SELECT ord FROM a WHERE NOT held)") + `
+), ` + reportCTEs(5, "x.status <> '' AND x.ref IN (SELECT ord FROM a WHERE NOT held)") + `
 	SELECT ord, topic FROM a`
 
 // heldReportSet is the SET list that keeps the report of v (the columns
@@ -99,7 +105,8 @@ type ackBatch struct {
 	toks    []string
 	results []*string
 	ords    []int32
-	// reports of the claims sent, if any, with their outcomes' ordinals.
+	// reports of the claims sent, if any, one per claim, with their
+	// outcomes' ordinals.
 	reports reportArgs
 	withRep bool
 	// topics the applied outcomes freed a slot of, read by read.
@@ -144,22 +151,20 @@ func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 		results: make([]*string, len(send)),
 		ords:    make([]int32, len(send)),
 	}
-	var (
-		reps []broker.Report
-		refs []int32
-	)
+	// The reports line up with the claims sent (ackReportsSQL): a claim
+	// without one has an empty report, which its status (none) marks.
+	reps := make([]broker.Report, len(send))
 	for i, e := range send {
 		a.ids[i], a.toks[i], a.results[i], a.ords[i] = e.id, e.tok, e.res, e.ord
 		if e.rep != nil {
-			reps, refs = append(reps, *e.rep), append(refs, e.ord)
+			reps[i], a.withRep = *e.rep, true
 		}
 	}
-	if len(reps) > 0 {
+	if a.withRep {
 		var err error
-		if a.reports, err = newReportArgs(reps, refs); err != nil {
+		if a.reports, err = newReportArgs(reps, a.ords); err != nil {
 			return nil, err
 		}
-		a.withRep = true
 	}
 	return a, nil
 }

@@ -60,18 +60,26 @@ func reportCTEs(first int, keep string) string {
 }
 
 // reportUnnest is the FROM item of reports given as the arrays of
-// reportCTEs from $first, as alias with the columns (mid, task, topic,
-// sched, att, worker, status, st, en, dur, err, res, prog, logs, key, ref,
-// ord), ord the element's ordinal.
+// reportCTEs from $first, as alias with the columns reportArrayCols and
+// ord, the element's ordinal.
 func reportUnnest(first int, alias string) string {
+	return `unnest(` + reportArrays(first) + `)
+			WITH ORDINALITY AS ` + alias + `(` + reportArrayCols + `, ord)`
+}
+
+// reportArrayCols names the arrays of reportCTEs, in order.
+const reportArrayCols = `mid, task, topic, sched, att, worker, status, st, en, dur, err, res, prog, logs, key, ref`
+
+// reportArrays is the parameter list of the arrays of reportCTEs from
+// $first, with their types.
+func reportArrays(first int) string {
 	p := make([]any, 16)
 	for i := range p {
 		p[i] = first + i
 	}
-	return fmt.Sprintf(`unnest($%d::bigint[], $%d::text[], $%d::text[], $%d::text[], $%d::int[], $%d::text[], $%d::text[],
+	return fmt.Sprintf(`$%d::bigint[], $%d::text[], $%d::text[], $%d::text[], $%d::int[], $%d::text[], $%d::text[],
 			$%d::timestamptz[], $%d::timestamptz[], $%d::float8[], $%d::text[], $%d::text[], $%d::float8[], $%d::text[],
-			$%d::text[], $%d::int[])
-			WITH ORDINALITY AS `, p...) + alias + `(mid, task, topic, sched, att, worker, status, st, en, dur, err, res, prog, logs, key, ref, ord)`
+			$%d::text[], $%d::int[]`, p...)
 }
 
 // addReportsSQL stores every report of its arrays (reportCTEs) and
