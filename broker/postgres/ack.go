@@ -74,17 +74,17 @@ func heldReportSet(keep string) string {
 	cols := [][2]string{
 		{"report_id", "nextval('tw_reports_id_seq')"},
 		{"report_attempt", "v.att"},
-		{"report_worker", "v.worker"},
 		{"report_started_at", "coalesce(v.st, v.en, now())"},
 		{"report_ended_at", "coalesce(v.en, now())"},
 		{"report_duration", "v.dur"},
 		{"report_progress", "v.prog"},
-		{"report_key", "v.key"},
 	}
 	set := make([]string, len(cols))
 	for i, c := range cols {
 		set[i] = c[0] + " = CASE WHEN " + keep + " THEN " + c[1] + " END"
 	}
+	// The worker, only when it is not the claim's.
+	set = append(set, "report_worker = CASE WHEN "+keep+" AND v.worker IS DISTINCT FROM m.claimed_by THEN v.worker END")
 	return strings.Join(set, ",\n\t\t")
 }
 

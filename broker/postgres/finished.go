@@ -24,8 +24,8 @@ var purgeFinishedSQL = `
 			SELECT id FROM tw_messages
 			WHERE state IN ('done', 'cancelled') AND finished_at < $1
 			ORDER BY id LIMIT $2))
-		RETURNING id, task, topic, result, report_id, report_attempt, report_worker, report_started_at,
-			report_ended_at, report_duration, report_progress, report_key
+		RETURNING id, task, topic, result, claimed_by, report_id, report_attempt, report_worker, report_started_at,
+			report_ended_at, report_duration, report_progress
 	), moved AS (` + moveHeldReports("d") + `)
 	SELECT count(*) FROM d`
 
@@ -37,15 +37,14 @@ var MoveHeldReportsSQL = moveHeldReports("tw_messages")
 
 // moveHeldReports is the INSERT into tw_report_rows of the reports kept
 // in the rows of from (tw_messages, or rows of it a CTE returned with the
-// report_ columns, id, task, topic and result).
+// report_ columns, id, task, topic, result and claimed_by).
 func moveHeldReports(from string) string {
 	return `
 		INSERT INTO tw_report_rows (id, message_id, task, topic, attempt, worker, status, started_at, ended_at,
-			duration_seconds, result, progress, report_key)
-		SELECT report_id, id, task, topic, report_attempt, report_worker, 'success', report_started_at,
-			report_ended_at, report_duration, result, report_progress, report_key
-		FROM ` + from + ` WHERE report_id IS NOT NULL
-		ON CONFLICT (report_key) DO NOTHING`
+			duration_seconds, result, progress)
+		SELECT report_id, id, task, topic, report_attempt, coalesce(report_worker, claimed_by), 'success',
+			report_started_at, report_ended_at, report_duration, result, report_progress
+		FROM ` + from + ` WHERE report_id IS NOT NULL`
 }
 
 // PurgeFinished deletes the done and cancelled messages that finished

@@ -26,11 +26,11 @@ import (
 // satisfy keep (a condition on x.ref and on CTEs named before): u, the
 // reports kept, each with an id taken from the sequence before the insert
 // (so each is known to belong to its element whatever order the rows are
-// written in), and held, the id of the report with its key kept in its
-// message's row, if any; r, the insert into tw_report_rows, which returns
+// written in), and held, for a keyed report, the id of the report of the
+// same attempt kept in its message's row, if any; r, the insert into tw_report_rows, which returns
 // the ids it stored; and s, the move of LastSuccess. A report whose key is
-// stored already, in tw_report_rows or in its message's row, is not
-// inserted (ON CONFLICT DO NOTHING, held). A NULL end is now() and a NULL start
+// stored already in tw_report_rows, or whose attempt's report its
+// message's row keeps, is not inserted (ON CONFLICT DO NOTHING, held). A NULL end is now() and a NULL start
 // the end. For each schedule named by a success report, the schedule's
 // last_success moves up to the latest end among them (a schedule that no
 // longer exists is not an error); the rows are locked beforehand by
@@ -40,7 +40,8 @@ func reportCTEs(first int, keep string) string {
 		SELECT nextval('tw_reports_id_seq') AS id, x.ord, x.mid, x.task, x.topic,
 			x.sched, x.att, x.worker, x.status, coalesce(x.st, x.en, now()) AS st, coalesce(x.en, now()) AS en,
 			x.dur, x.err, x.res, x.prog, x.logs, x.key,
-			(SELECT m.report_id FROM tw_messages m WHERE m.id = x.mid AND m.report_key = x.key) AS held
+			(SELECT m.report_id FROM tw_messages m
+				WHERE x.key IS NOT NULL AND m.id = x.mid AND m.report_attempt = x.att) AS held
 		FROM ` + reportUnnest(first, "x") + `
 		WHERE ` + keep + `
 		ORDER BY x.ord
@@ -101,8 +102,8 @@ var addReportsSQL = `WITH ` + reportCTEs(1, "true") + `
 const lockSchedulesSQL = `SELECT 1 FROM tw_schedules WHERE name = ANY ($1::text[]) ORDER BY name FOR NO KEY UPDATE`
 
 // lockHoldersSQL waits for the acks under way of the messages $1, before
-// AddReports stores keyed reports of them: such an ack may keep its
-// report, with the same key, in its message's row, which the unique index
+// AddReports stores keyed reports of them: such an ack may keep the
+// report of the same attempt in its message's row, which the unique index
 // of tw_report_rows does not see. After the wait the statement that
 // follows reads the committed row (held in reportCTEs). The ids are
 // sorted, as an ack locks its rows.
@@ -302,8 +303,7 @@ func hasDupKeys(rs []broker.Report) bool {
 // their messages' rows that ended before $1, oldest first.
 const clearHeldReportsSQL = `
 	UPDATE tw_messages SET report_id = NULL, report_attempt = NULL, report_worker = NULL,
-		report_started_at = NULL, report_ended_at = NULL, report_duration = NULL, report_progress = NULL,
-		report_key = NULL
+		report_started_at = NULL, report_ended_at = NULL, report_duration = NULL, report_progress = NULL
 	WHERE id = ANY (ARRAY (
 		SELECT id FROM tw_messages
 		WHERE report_id IS NOT NULL AND report_ended_at < $1

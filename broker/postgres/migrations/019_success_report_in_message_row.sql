@@ -13,7 +13,10 @@
 -- tw_reports is now a view of both, so what reads reports (the store, and
 -- operators' own SQL) reads them as before. A message purged while it
 -- still holds its report moves the report to tw_report_rows first, with
--- its id; purging reports clears the columns.
+-- its id; purging reports clears the columns. A report kept in a row has
+-- no key column: a keyed report stored later for the same message and
+-- attempt (a lost report of an attempt whose ack committed) is known by
+-- them. report_worker is NULL when the worker is the claim's (claimed_by).
 DO $$
 BEGIN
 	IF to_regclass(quote_ident(current_schema()) || '.tw_report_rows') IS NULL THEN
@@ -29,8 +32,7 @@ ALTER TABLE tw_messages
 	ADD COLUMN IF NOT EXISTS report_started_at timestamptz,
 	ADD COLUMN IF NOT EXISTS report_ended_at timestamptz,
 	ADD COLUMN IF NOT EXISTS report_duration float8,
-	ADD COLUMN IF NOT EXISTS report_progress float8,
-	ADD COLUMN IF NOT EXISTS report_key text;
+	ADD COLUMN IF NOT EXISTS report_progress float8;
 
 CREATE INDEX IF NOT EXISTS tw_messages_report ON tw_messages (report_id) WHERE report_id IS NOT NULL;
 CREATE INDEX IF NOT EXISTS tw_messages_report_task ON tw_messages (task, report_id) WHERE report_id IS NOT NULL;
@@ -40,8 +42,8 @@ CREATE OR REPLACE VIEW tw_reports AS
 		duration_seconds, error, result, progress, logs, report_key
 	FROM tw_report_rows
 	UNION ALL
-	SELECT report_id, id, task, topic, NULL::text, report_attempt, report_worker, 'success'::text,
-		report_started_at, report_ended_at, report_duration, ''::text, result, report_progress, '[]'::jsonb,
-		report_key
+	SELECT report_id, id, task, topic, NULL::text, report_attempt, coalesce(report_worker, claimed_by),
+		'success'::text, report_started_at, report_ended_at, report_duration, ''::text, result, report_progress,
+		'[]'::jsonb, NULL::text
 	FROM tw_messages
 	WHERE report_id IS NOT NULL;
