@@ -19,6 +19,13 @@ func (dialect) ListMessagesSQL(f broker.MessageFilter, limit int) (string, []any
 	return w.Select(msgCols, "tw_messages", limit)
 }
 
+// ListReportsSQL is ListReports's statement for f (checked) and limit.
+func (dialect) ListReportsSQL(f broker.ReportFilter, limit int) (string, []any) {
+	w := queries.NewFilter()
+	w.ReportFilter(f, sqlstore.TableReportColumns)
+	return w.Select(reportCols, "tw_reports", limit)
+}
+
 // Requeue puts message id back in the queue, available now, if it is dead
 // or failed; otherwise it reports the state it found ("" for no message).
 func (dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {

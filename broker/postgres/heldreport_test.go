@@ -3,9 +3,11 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
 )
 
@@ -162,5 +164,41 @@ func TestPurgesKeepReportsToTheirOwnRetention(t *testing.T) {
 	}
 	if list, err := g.b.ListReports(ctx, broker.ReportFilter{}); err != nil || len(list) != 0 {
 		t.Errorf("ListReports after PurgeReports = %v, %v", list, err)
+	}
+}
+
+// TestListReportsPlansUseIndexes: every filter of ListReports reads the
+// reports kept in messages' rows through an index, newest first, never by
+// reading the message table whole.
+func TestListReportsPlansUseIndexes(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	c := schemaConn(t, b)
+	execAll(t, c,
+		`INSERT INTO tw_messages (topic, task, state, finished_at, claimed_by, attempts, report_id, report_attempt,
+			report_started_at, report_ended_at, report_duration, report_progress)
+			SELECT 't', 'task' || (i % 20), 'done', now(), 'w', 1, nextval('tw_reports_id_seq'), 1, now(), now(), 0.1, 1
+			FROM generate_series(1, 50000) i`,
+		`INSERT INTO tw_report_rows (message_id, task, topic, attempt, worker, status, started_at, ended_at)
+			SELECT i, 'task' || (i % 20), 't', 1, 'w', 'failed', now(), now() FROM generate_series(1, 5000) i`,
+		`ANALYZE tw_messages`, `ANALYZE tw_report_rows`)
+	for _, f := range []broker.ReportFilter{{}, {Task: "task7"}, {Task: "task7", Before: 30000}, {MessageID: 1234},
+		{Status: broker.ReportSuccess}, {Status: "failed"}, {Before: 20000}} {
+		q, args := dialect{}.ListReportsSQL(f, broker.DefaultReportLimit)
+		rows, err := c.Query(ctx, `EXPLAIN `+q, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := strings.Join(lines, "\n")
+		if testing.Verbose() {
+			t.Logf("%+v:\n%s", f, plan)
+		}
+		if strings.Contains(plan, "Seq Scan on tw_messages") {
+			t.Errorf("ListReports(%+v) reads tw_messages whole:\n%s", f, plan)
+		}
 	}
 }

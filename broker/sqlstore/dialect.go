@@ -115,6 +115,9 @@ type DialectOps interface {
 	// ListMessagesSQL is ListMessages's statement for f (checked) and
 	// limit.
 	ListMessagesSQL(f broker.MessageFilter, limit int) (string, []any)
+	// ListReportsSQL is ListReports's statement for f (checked) and
+	// limit: Queries.ReportCols, newest first.
+	ListReportsSQL(f broker.ReportFilter, limit int) (string, []any)
 	// InsertMessage queues the validated req within a FireSchedule.
 	InsertMessage(c Conn, req broker.SubmitRequest) (int64, error)
 	// AddReports stores the validated reports in one transaction and

@@ -74,6 +74,12 @@ func (f *Filter) Add(cond string, arg any) {
 	f.where = append(f.where, strings.ReplaceAll(cond, "?", f.q.Placeholder(len(f.args))))
 }
 
+// Next starts a filter whose arguments follow f's: for a second WHERE
+// clause of the same statement. Its Args hold f's and its own.
+func (f *Filter) Next() *Filter {
+	return &Filter{q: f.q, args: f.args[:len(f.args):len(f.args)]}
+}
+
 // AddLiteral adds cond as it is.
 func (f *Filter) AddLiteral(cond string) { f.where = append(f.where, cond) }
 

@@ -66,27 +66,37 @@ func (s *Store) ListReports(ctx context.Context, f broker.ReportFilter) ([]broke
 	if err != nil {
 		return nil, err
 	}
-	w := s.q.NewFilter()
+	q, args := s.d.ListReportsSQL(f, limit)
+	return list(ctx, s, "list reports", s.scanReport, q, args...)
+}
+
+// ReportColumns names, in a source of reports, what the conditions of a
+// broker.ReportFilter compare: a column, or an expression.
+type ReportColumns struct{ ID, MessageID, Task, Status, Schedule string }
+
+// TableReportColumns are a table of reports' own columns.
+var TableReportColumns = ReportColumns{ID: "id", MessageID: "message_id", Task: "task", Status: "status", Schedule: "schedule"}
+
+// ReportFilter adds the conditions of f (checked) on the columns c.
+func (w *Filter) ReportFilter(f broker.ReportFilter, c ReportColumns) {
 	if f.MessageID != 0 {
-		w.Add("message_id = ?", f.MessageID)
+		w.Add(c.MessageID+" = ?", f.MessageID)
 	}
 	if f.Task != "" {
-		w.Add("task = ?", f.Task)
+		w.Add(c.Task+" = ?", f.Task)
 	}
 	if f.Status != "" {
 		// A literal (the status is one of broker.ReportStatuses): an
 		// index that holds some statuses only is usable only when the
 		// plan knows which status it is.
-		w.AddLiteral("status = '" + f.Status + "'")
+		w.AddLiteral(c.Status + " = '" + f.Status + "'")
 	}
 	if f.Schedule != "" {
-		w.Add("schedule = ?", f.Schedule)
+		w.Add(c.Schedule+" = ?", f.Schedule)
 	}
 	if f.Before > 0 {
-		w.Add("id < ?", f.Before)
+		w.Add(c.ID+" < ?", f.Before)
 	}
-	q, args := w.Select(s.q.ReportCols, "tw_reports", limit)
-	return list(ctx, s, "list reports", s.scanReport, q, args...)
 }
 
 // GetReport returns the report; broker.ErrNotFound when there is none with
