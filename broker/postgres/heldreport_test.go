@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 // heldFixture is a claimed message acked with a plain success report (kept in its
@@ -200,5 +201,62 @@ func TestListReportsPlansUseIndexes(t *testing.T) {
 		if strings.Contains(plan, "Seq Scan on tw_messages") {
 			t.Errorf("ListReports(%+v) reads tw_messages whole:\n%s", f, plan)
 		}
+	}
+}
+
+// TestUpgradeTo019KeepsReports: a database whose reports are in the table
+// tw_reports (before migration 019) keeps them, with their ids, readable as
+// before; new acks keep their reports in the rows, with ids after them.
+func TestUpgradeTo019KeepsReports(t *testing.T) {
+	f := newHeldFixture(t)
+	ctx := t.Context()
+	c := schemaConn(t, f.b)
+	// Roll back to version 18, with a report in the table of that time.
+	execAll(t, c,
+		`DROP VIEW tw_reports`,
+		`ALTER TABLE tw_report_rows RENAME TO tw_reports`,
+		`DELETE FROM tw_reports`,
+		`ALTER TABLE tw_messages DROP COLUMN report_id, DROP COLUMN report_attempt, DROP COLUMN report_worker,
+			DROP COLUMN report_started_at, DROP COLUMN report_ended_at, DROP COLUMN report_duration, DROP COLUMN report_progress`,
+		`DELETE FROM tw_schema_migrations WHERE version >= 19`)
+	var old int64
+	if err := c.QueryRow(ctx, `INSERT INTO tw_reports (message_id, task, topic, attempt, worker, status, started_at, ended_at, report_key)
+		VALUES ($1, 'plain', 't', 1, 'w', 'success', now(), now(), 'k') RETURNING id`, f.plain.ID).Scan(&old); err != nil {
+		t.Fatal(err)
+	}
+	if err := Migrate(ctx, testdb.DSN(), f.b.schema); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	b2, err := New(ctx, Options{DSN: testdb.DSN(), Schema: f.b.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	if r, err := b2.GetReport(ctx, old); err != nil || r.MessageID != f.plain.ID || r.Task != "plain" {
+		t.Fatalf("report %d after the upgrade: %+v, %v", old, r, err)
+	}
+	if id, err := b2.AddReport(ctx, broker.Report{MessageID: f.plain.ID, Task: "plain", Topic: "t", Attempt: 1,
+		Status: broker.ReportLost, Key: "k"}); err != nil || id != old {
+		t.Errorf("a report with the upgraded one's key = %d, %v; want %d", id, err, old)
+	}
+	if _, err := b2.Submit(ctx, broker.SubmitRequest{Topic: "t2", Task: "new"}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := b2.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t2"}, Max: 1})
+	if err != nil || len(msgs) != 1 {
+		t.Fatalf("claim: %v, %v", msgs, err)
+	}
+	m := msgs[0]
+	now := time.Now()
+	if errs, err := b2.Ack(ctx, []broker.Outcome{{Claim: m.ClaimOf(), Report: &broker.Report{MessageID: m.ID, Task: m.Task,
+		Topic: m.Topic, Attempt: m.Attempts, Worker: "w", Status: broker.ReportSuccess, StartedAt: now, EndedAt: now}}}); err != nil || errs[0] != nil {
+		t.Fatalf("ack: %v %v", errs, err)
+	}
+	if rows, inRow := rowsOf(t, b2, m.ID); rows != 0 || !inRow {
+		t.Errorf("the new ack's report: %d in tw_report_rows, in its row %v; want 0 and true", rows, inRow)
+	}
+	list, err := b2.ListReports(ctx, broker.ReportFilter{})
+	if err != nil || len(list) != 2 || list[0].MessageID != m.ID || list[1].ID != old {
+		t.Errorf("ListReports after the upgrade = %+v, %v; want the new ack's report, then %d", list, err, old)
 	}
 }
