@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -74,13 +76,13 @@ const reportArrayCols = `mid, task, topic, sched, att, worker, status, st, en, d
 // reportArrays is the parameter list of the arrays of reportCTEs from
 // $first, with their types.
 func reportArrays(first int) string {
-	p := make([]any, 16)
-	for i := range p {
-		p[i] = first + i
+	types := []string{"bigint", "text", "text", "text", "int", "text", "text",
+		"timestamptz", "timestamptz", "float8", "text", "text", "float8", "text", "text", "int"}
+	params := make([]string, len(types))
+	for i, t := range types {
+		params[i] = "$" + strconv.Itoa(first+i) + "::" + t + "[]"
 	}
-	return fmt.Sprintf(`$%d::bigint[], $%d::text[], $%d::text[], $%d::text[], $%d::int[], $%d::text[], $%d::text[],
-			$%d::timestamptz[], $%d::timestamptz[], $%d::float8[], $%d::text[], $%d::text[], $%d::float8[], $%d::text[],
-			$%d::text[], $%d::int[]`, p...)
+	return strings.Join(params, ", ")
 }
 
 // addReportsSQL stores every report of its arrays (reportCTEs) and
