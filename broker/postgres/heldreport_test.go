@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/internal/testdb"
 )
@@ -173,7 +172,6 @@ func TestPurgesKeepReportsToTheirOwnRetention(t *testing.T) {
 // reading the message table whole.
 func TestListReportsPlansUseIndexes(t *testing.T) {
 	b := newTestBroker(t, Options{})
-	ctx := t.Context()
 	c := schemaConn(t, b)
 	execAll(t, c,
 		`INSERT INTO tw_messages (topic, task, state, finished_at, claimed_by, attempts, report_id, report_attempt,
@@ -186,15 +184,7 @@ func TestListReportsPlansUseIndexes(t *testing.T) {
 	for _, f := range []broker.ReportFilter{{}, {Task: "task7"}, {Task: "task7", Before: 30000}, {MessageID: 1234},
 		{Status: broker.ReportSuccess}, {Status: "failed"}, {Before: 20000}} {
 		q, args := dialect{}.ListReportsSQL(f, broker.DefaultReportLimit)
-		rows, err := c.Query(ctx, `EXPLAIN `+q, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		plan := strings.Join(lines, "\n")
+		plan := explain(t, c, q, args...)
 		if testing.Verbose() {
 			t.Logf("%+v:\n%s", f, plan)
 		}

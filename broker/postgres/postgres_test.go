@@ -465,15 +465,7 @@ func TestClaimPlansUseIndexes(t *testing.T) {
 		}
 		for _, run := range []string{"claim_stmt('big', 10, 'w')", "claim_stmt('small', 10, 'w')", "serial_claim_stmt('small', 10, 'w')",
 			"claim_from_stmt('big', 10, 'w', now() - interval '1 hour', 100, 0)", "serial_claim_from_stmt('small', 10, 'w', now() - interval '1 hour', 100, 0)"} {
-			rows, err := c.Query(ctx, `EXPLAIN EXECUTE `+run)
-			if err != nil {
-				t.Fatal(err)
-			}
-			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			if err != nil {
-				t.Fatal(err)
-			}
-			plan := strings.Join(lines, "\n")
+			plan := explain(t, c, `EXECUTE `+run)
 			if testing.Verbose() {
 				t.Logf("%s, %s:\n%s", mode, run, plan)
 			}
@@ -485,6 +477,20 @@ func TestClaimPlansUseIndexes(t *testing.T) {
 			}
 		}
 	}
+}
+
+// explain returns the plan of sql, with args, on c.
+func explain(t *testing.T, c *pgx.Conn, sql string, args ...any) string {
+	t.Helper()
+	rows, err := c.Query(t.Context(), `EXPLAIN `+sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
 }
 
 func ptr[T any](v T) *T { return &v }
