@@ -17,6 +17,10 @@
 -- no key column: a keyed report stored later for the same message and
 -- attempt (a lost report of an attempt whose ack committed) is known by
 -- them. report_worker is NULL when the worker is the claim's (claimed_by).
+--
+-- Upgrading: the new columns cost nothing, but each of the two indexes
+-- reads tw_messages whole while writes to it wait (purge finished
+-- messages first on a large table to make that short).
 DO $$
 BEGIN
 	IF to_regclass(quote_ident(current_schema()) || '.tw_report_rows') IS NULL THEN
