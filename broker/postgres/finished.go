@@ -40,11 +40,9 @@ var MoveHeldReportsSQL = moveHeldReports("tw_messages")
 // report_ columns, id, task, topic, result and claimed_by).
 func moveHeldReports(from string) string {
 	return `
-		INSERT INTO tw_report_rows (id, message_id, task, topic, attempt, worker, status, started_at, ended_at,
-			duration_seconds, result, progress)
-		SELECT report_id, id, task, topic, report_attempt, coalesce(report_worker, claimed_by), 'success',
-			report_started_at, report_ended_at, report_duration, result, report_progress
-		FROM ` + from + ` WHERE report_id IS NOT NULL`
+		INSERT INTO tw_report_rows (id, message_id, task, topic, schedule, attempt, worker, status, started_at,
+			ended_at, duration_seconds, error, result, progress, logs)
+		SELECT ` + heldReportSelect + ` FROM ` + from + ` WHERE report_id IS NOT NULL`
 }
 
 // PurgeFinished deletes the done and cancelled messages that finished

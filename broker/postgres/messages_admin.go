@@ -13,39 +13,6 @@ func (dialect) ListMessagesSQL(f broker.MessageFilter, limit int) (string, []any
 	return listSQL(f, limit)
 }
 
-// ListReportsSQL is ListReports's statement for f (checked) and limit:
-// the reports of tw_report_rows and those kept in the rows of tw_messages
-// (migration 019), each newest first through its own index, merged. (The
-// view tw_reports reads both too, but PostgreSQL cannot walk its second
-// branch in index order: a branch of a UNION ALL with a WHERE clause is
-// planned apart, and sorts.) A filter on a status other than success or
-// on a schedule leaves the second branch empty without reading it.
-func (dialect) ListReportsSQL(f broker.ReportFilter, limit int) (string, []any) {
-	rows := queries.NewFilter()
-	rows.ReportFilter(f, sqlstore.TableReportColumns)
-	held := rows.Next()
-	held.AddLiteral("report_id IS NOT NULL")
-	held.ReportFilter(f, heldReportColumns)
-	lim := held.Limit(limit)
-	where := ""
-	if w := rows.Where(); w != "" {
-		where = ` WHERE ` + w
-	}
-	return `(SELECT ` + reportCols + ` FROM tw_report_rows` + where + ` ORDER BY id DESC LIMIT ` + lim + `)
-		UNION ALL
-		(SELECT ` + heldReportCols + ` FROM tw_messages WHERE ` + held.Where() + ` ORDER BY report_id DESC LIMIT ` + lim + `)
-		ORDER BY id DESC LIMIT ` + lim, held.Args()
-}
-
-// heldReportCols are reportCols of a report kept in its message's row
-// (migration 019), as the view tw_reports reads them.
-const heldReportCols = `report_id, id, task, topic, NULL::text, report_attempt, coalesce(report_worker, claimed_by),
-	'success', report_started_at, report_ended_at, report_duration, '', result::text, report_progress, '[]'`
-
-// heldReportColumns are the columns of a report kept in its message's
-// row, for ListReportsSQL's filters.
-var heldReportColumns = sqlstore.ReportColumns{ID: "report_id", MessageID: "id", Task: "task", Status: "'success'", Schedule: "NULL::text"}
-
 // listSQL is ListMessages's statement for f (checked) and limit.
 //
 // Only the filters in use go into the SQL, so each combination gets a plan

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/sqlstore"
 )
 
 // The schedule store lives in tw_schedules, tw_schedule_fires and the
@@ -300,6 +301,43 @@ func hasDupKeys(rs []broker.Report) bool {
 	}
 	return false
 }
+
+// ListReportsSQL is ListReports's statement for f (checked) and limit:
+// the reports of tw_report_rows and those kept in the rows of tw_messages
+// (migration 019), each newest first through its own index, merged. (The
+// view tw_reports reads both too, but PostgreSQL cannot walk its second
+// branch in index order: a branch of a UNION ALL with a WHERE clause is
+// planned apart, and sorts.) A filter on a status other than success or
+// on a schedule leaves the second branch empty without reading it.
+func (dialect) ListReportsSQL(f broker.ReportFilter, limit int) (string, []any) {
+	rows := queries.NewFilter()
+	rows.ReportFilter(f, sqlstore.TableReportColumns)
+	held := rows.Next()
+	held.AddLiteral("report_id IS NOT NULL")
+	held.ReportFilter(f, heldReportColumns)
+	lim := held.Limit(limit)
+	where := ""
+	if w := rows.Where(); w != "" {
+		where = ` WHERE ` + w
+	}
+	return `(SELECT ` + reportCols + ` FROM tw_report_rows` + where + ` ORDER BY id DESC LIMIT ` + lim + `)
+		UNION ALL
+		(SELECT ` + reportCols + ` FROM (SELECT ` + heldReportSelect + ` FROM tw_messages
+			WHERE ` + held.Where() + ` ORDER BY report_id DESC LIMIT ` + lim + `) h)
+		ORDER BY id DESC LIMIT ` + lim, held.Args()
+}
+
+// heldReportSelect is a report kept in its message's row (migration 019)
+// as a row of tw_report_rows, column for column, as the view tw_reports
+// reads it: what ListReportsSQL lists and moveHeldReports moves.
+const heldReportSelect = `report_id AS id, id AS message_id, task, topic, NULL::text AS schedule,
+	report_attempt AS attempt, coalesce(report_worker, claimed_by) AS worker, 'success'::text AS status,
+	report_started_at AS started_at, report_ended_at AS ended_at, report_duration AS duration_seconds,
+	''::text AS error, result, report_progress AS progress, '[]'::jsonb AS logs`
+
+// heldReportColumns are the columns of a report kept in its message's
+// row, for ListReportsSQL's filters.
+var heldReportColumns = sqlstore.ReportColumns{ID: "report_id", MessageID: "id", Task: "task", Status: "'success'", Schedule: "NULL::text"}
 
 // clearHeldReportsSQL clears up to $2 of the success reports kept in
 // their messages' rows that ended before $1, oldest first.
