@@ -64,6 +64,17 @@ func rowsOf(t *testing.T, b *Broker, id int64) (rows int, inRow bool) {
 	return rows, inRow
 }
 
+// onlyReport returns the one report ListReports gives for message id,
+// failing t unless there is exactly one.
+func onlyReport(t *testing.T, b *Broker, id int64) broker.Report {
+	t.Helper()
+	list, err := b.ListReports(t.Context(), broker.ReportFilter{MessageID: id})
+	if err != nil || len(list) != 1 {
+		t.Fatalf("reports of message %d: %v, %v; want one", id, list, err)
+	}
+	return list[0]
+}
+
 // TestPlainSuccessReportIsKeptInItsMessagesRow: the ack keeps a success
 // report that says no more than the acked row in that row, and reads give
 // it back as they give the others.
@@ -76,11 +87,7 @@ func TestPlainSuccessReportIsKeptInItsMessagesRow(t *testing.T) {
 	if rows, inRow := rowsOf(t, f.b, f.other.ID); rows != 1 || inRow {
 		t.Fatalf("report with logs: %d in tw_report_rows, in its row %v; want 1 and false", rows, inRow)
 	}
-	got, err := f.b.ListReports(ctx, broker.ReportFilter{MessageID: f.plain.ID})
-	if err != nil || len(got) != 1 {
-		t.Fatalf("list by message: %v, %v", got, err)
-	}
-	r := got[0]
+	r := onlyReport(t, f.b, f.plain.ID)
 	if r.Task != "plain" || r.Topic != "t" || r.Status != broker.ReportSuccess || r.Worker != "w" || r.Attempt != 1 ||
 		r.Duration != 1 || r.Progress != 1 || string(r.Result) != `{"ok": true}` || len(r.Logs) != 0 || r.EndedAt.Sub(r.StartedAt) != time.Second {
 		t.Errorf("report kept in the row reads back as %+v", r)
@@ -117,14 +124,11 @@ func TestPlainSuccessReportIsKeptInItsMessagesRow(t *testing.T) {
 func TestLostReportOfAnAttemptKeptInItsRowIsNotStoredAgain(t *testing.T) {
 	f := newHeldFixture(t)
 	ctx := t.Context()
-	list, err := f.b.ListReports(ctx, broker.ReportFilter{MessageID: f.plain.ID})
-	if err != nil || len(list) != 1 {
-		t.Fatalf("list: %v, %v", list, err)
-	}
+	kept := onlyReport(t, f.b, f.plain.ID)
 	id, err := f.b.AddReport(ctx, broker.Report{MessageID: f.plain.ID, Task: "plain", Topic: "t", Attempt: 1, Worker: "w",
 		Status: broker.ReportLost, Error: "claim lost", Key: f.plainKey})
-	if err != nil || id != list[0].ID {
-		t.Fatalf("AddReport with the held key = %d, %v; want %d", id, err, list[0].ID)
+	if err != nil || id != kept.ID {
+		t.Fatalf("AddReport with the held key = %d, %v; want %d", id, err, kept.ID)
 	}
 	if rows, inRow := rowsOf(t, f.b, f.plain.ID); rows != 0 || !inRow {
 		t.Errorf("after it: %d in tw_report_rows, in its row %v; want 0 and true", rows, inRow)
@@ -137,16 +141,12 @@ func TestLostReportOfAnAttemptKeptInItsRowIsNotStoredAgain(t *testing.T) {
 func TestPurgesKeepReportsToTheirOwnRetention(t *testing.T) {
 	f := newHeldFixture(t)
 	ctx := t.Context()
-	before, err := f.b.ListReports(ctx, broker.ReportFilter{MessageID: f.plain.ID})
-	if err != nil || len(before) != 1 {
-		t.Fatalf("list: %v, %v", before, err)
-	}
+	before := onlyReport(t, f.b, f.plain.ID)
 	if n, err := f.b.PurgeFinished(ctx, time.Now().Add(time.Hour)); err != nil || n != 2 {
 		t.Fatalf("PurgeFinished = %d, %v; want 2", n, err)
 	}
-	after, err := f.b.ListReports(ctx, broker.ReportFilter{MessageID: f.plain.ID})
-	if err != nil || len(after) != 1 || after[0].ID != before[0].ID || after[0].Worker != "w" || string(after[0].Result) != `{"ok": true}` {
-		t.Fatalf("after the message's purge its report is %v, %v; want %+v", after, err, before[0])
+	if after := onlyReport(t, f.b, f.plain.ID); after.ID != before.ID || after.Worker != "w" || string(after.Result) != `{"ok": true}` {
+		t.Fatalf("after the message's purge its report is %+v; want %+v", after, before)
 	}
 	if rows, _ := rowsOf(t, f.b, f.plain.ID); rows != 1 {
 		t.Errorf("tw_report_rows holds %d of the purged message's reports, want 1", rows)
