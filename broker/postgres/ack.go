@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
@@ -67,6 +68,74 @@ var ackReportsSQL = `WITH a AS (
 ), ` + reportCTEs(5, "x.status <> '' AND x.ref IN (SELECT ord FROM a WHERE NOT held)") + `
 	SELECT ord, topic FROM a`
 
+// ackKeptSQL is ackReportsSQL for the common batch, in which every claim
+// carries a plain success report (plainReport): such a report is kept in
+// its message's row when it names the row's task and topic, so only the
+// columns the row keeps are sent, 13 arrays instead of 20, and the other
+// reports' arrays are not read at all. A report that names another task
+// or topic is stored in tw_report_rows instead, from what the UPDATE
+// returns (a kept report never lands there, so its key needs no check
+// against the held one, as in ackReportsSQL).
+var ackKeptSQL = `WITH a AS (
+	UPDATE tw_messages m
+	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL,
+		` + heldReportSet("v.task = m.task AND v.topic = m.topic") + `
+	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[], $7::int[], $8::text[],
+			$9::timestamptz[], $10::timestamptz[], $11::float8[], $12::float8[], $13::text[])
+		AS v(id, tok, ares, ord, task, topic, att, worker, st, en, dur, prog, key)
+	WHERE m.id = ANY ($1::bigint[]) AND m.id = v.id AND m.token::text = v.tok
+	RETURNING v.*, m.report_id IS NOT NULL AS held
+), r AS (
+	INSERT INTO tw_report_rows (id, message_id, task, topic, attempt, worker, status,
+		started_at, ended_at, duration_seconds, result, progress, report_key)
+	SELECT nextval('tw_reports_id_seq'), id, task, topic, att, worker, 'success',
+		coalesce(st, en, now()), coalesce(en, now()), dur, ares::jsonb, prog, key
+	FROM a WHERE NOT held ORDER BY ord
+	ON CONFLICT (report_key) DO NOTHING
+)
+	SELECT ord, topic FROM a`
+
+// plainReport reports whether r, the report of an outcome whose result is
+// res, says no more than its message's row says once acked: a success
+// with no schedule, no logs, no error, and the outcome's result. Such a
+// report can be kept in the row (ackKeptSQL); ackReportsSQL works out the
+// same in SQL.
+func plainReport(r *broker.Report, res *string) bool {
+	if r == nil || r.Status != broker.ReportSuccess || r.Schedule != "" || len(r.Logs) > 0 ||
+		broker.CleanText(r.Error) != "" {
+		return false
+	}
+	if len(r.Result) == 0 || res == nil {
+		return len(r.Result) == 0 && res == nil
+	}
+	return string(r.Result) == *res
+}
+
+// keptArgs are the arrays of ackKeptSQL after the ack's own four: the
+// plain reports reps, one per claim sent.
+func keptArgs(reps []*broker.Report) []any {
+	n := len(reps)
+	var (
+		tasks   = make([]string, n)
+		topics  = make([]string, n)
+		atts    = make([]int32, n)
+		workers = make([]string, n)
+		starts  = make([]*time.Time, n)
+		ends    = make([]*time.Time, n)
+		durs    = make([]float64, n)
+		progs   = make([]float64, n)
+		keys    = make([]*string, n)
+	)
+	for i, r := range reps {
+		tasks[i], topics[i], atts[i], workers[i] = r.Task, r.Topic, int32(r.Attempt), r.Worker
+		starts[i], ends[i], durs[i], progs[i] = nullTime(r.StartedAt), nullTime(r.EndedAt), r.Duration, r.Progress
+		if r.Key != "" {
+			keys[i] = &r.Key
+		}
+	}
+	return []any{tasks, topics, atts, workers, starts, ends, durs, progs, keys}
+}
+
 // heldReportSet is the SET list that keeps the report of v (the columns
 // of ackReportsSQL's v) in the message's row when keep holds, and leaves
 // the report_ columns NULL otherwise.
@@ -106,16 +175,19 @@ type ackBatch struct {
 	results []*string
 	ords    []int32
 	// reports of the claims sent, if any, one per claim, with their
-	// outcomes' ordinals.
+	// outcomes' ordinals: the arrays of ackKeptSQL when kept is set (every
+	// claim sent carries a plain report), of ackReportsSQL otherwise.
 	reports reportArgs
 	withRep bool
+	kept    []any
 	// topics the applied outcomes freed a slot of, read by read.
 	topics map[string]bool
 }
 
 // newAckBatch checks outcomes (a result that is not JSON, or an invalid
-// report, is broker.ErrInvalid) and arranges them for ackSQL, or
-// ackReportsSQL when some carry a report.
+// report, is broker.ErrInvalid) and arranges them for ackSQL, ackKeptSQL
+// when every claim carries a plain report, or ackReportsSQL when some
+// carry a report.
 func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 	if err := broker.CheckOutcomes(outcomes); err != nil {
 		return nil, err
@@ -154,11 +226,19 @@ func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 	// The reports line up with the claims sent (ackReportsSQL): a claim
 	// without one has an empty report, which its status (none) marks.
 	reps := make([]broker.Report, len(send))
+	plain := make([]*broker.Report, len(send))
+	allPlain := len(send) > 0
 	for i, e := range send {
 		a.ids[i], a.toks[i], a.results[i], a.ords[i] = e.id, e.tok, e.res, e.ord
 		if e.rep != nil {
 			reps[i], a.withRep = *e.rep, true
 		}
+		plain[i] = e.rep
+		allPlain = allPlain && plainReport(e.rep, e.res)
+	}
+	if allPlain {
+		a.kept = keptArgs(plain)
+		return a, nil
 	}
 	if a.withRep {
 		var err error
@@ -181,10 +261,13 @@ func (a *ackBatch) lostAll() []error {
 // queue adds the ack (with the reports) and the release of the claims'
 // locks to batch.
 func (a *ackBatch) queue(batch *pgx.Batch) {
-	if a.withRep {
+	switch {
+	case a.kept != nil:
+		batch.Queue(ackKeptSQL, append([]any{a.ids, a.toks, a.results, a.ords}, a.kept...)...)
+	case a.withRep:
 		a.reports.queueLocks(batch)
 		batch.Queue(ackReportsSQL, append([]any{a.ids, a.toks, a.results, a.ords}, a.reports.arrays...)...)
-	} else {
+	default:
 		batch.Queue(ackSQL, a.ids, a.toks, a.results, a.ords)
 	}
 	batch.Queue(releaseLocksSQL, a.ids, a.toks)
@@ -193,7 +276,7 @@ func (a *ackBatch) queue(batch *pgx.Batch) {
 // read reads the answers of the statements queue added.
 func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 	errs := a.lostAll()
-	if a.withRep {
+	if a.withRep && a.kept == nil {
 		if err := a.reports.readLocks(br); err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -115,6 +116,76 @@ func TestPlainSuccessReportIsKeptInItsMessagesRow(t *testing.T) {
 	}
 	if list, err := f.b.ListReports(ctx, broker.ReportFilter{Schedule: "s"}); err != nil || len(list) != 0 {
 		t.Errorf("ListReports(schedule s) = %v, %v; want none", list, err)
+	}
+}
+
+// TestAckWithPlainReportsOnly: a batch in which every outcome carries a
+// plain success report takes the lean statement (ackKeptSQL). A report
+// that names its message's task is kept in the row; one that names
+// another task is stored apart, once, as it says; a stale claim stores
+// none.
+func TestAckWithPlainReportsOnly(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	if _, err := b.SubmitMany(ctx, []broker.SubmitRequest{{Topic: "t", Task: "a"}, {Topic: "t", Task: "a"}, {Topic: "t", Task: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 3})
+	if err != nil || len(msgs) != 3 {
+		t.Fatalf("claim: %d, %v", len(msgs), err)
+	}
+	res := json.RawMessage(`{"n":1}`)
+	end := time.Now()
+	outcomes := make([]broker.Outcome, len(msgs))
+	for i, m := range msgs {
+		r := &broker.Report{MessageID: m.ID, Task: m.Task, Topic: m.Topic, Attempt: m.Attempts, Worker: "w",
+			Status: broker.ReportSuccess, StartedAt: end.Add(-time.Second), EndedAt: end, Duration: 1, Result: res,
+			Key: broker.ReportKey(*m.ClaimedAt, m.Token)}
+		outcomes[i] = broker.Outcome{Claim: m.ClaimOf(), Result: res, Report: r}
+	}
+	if a, err := newAckBatch(outcomes); err != nil || a.kept == nil {
+		t.Fatalf("a batch of plain reports does not take ackKeptSQL (%v)", err)
+	}
+	outcomes[1].Report.Task = "renamed"
+	outcomes[2].Claim.Token = broker.NewToken()
+	errs, err := b.Ack(ctx, outcomes)
+	if err != nil || errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], broker.ErrClaimLost) {
+		t.Fatalf("ack: %v, %v; want nil, nil, claim lost", errs, err)
+	}
+	if rows, inRow := rowsOf(t, b, msgs[0].ID); rows != 0 || !inRow {
+		t.Errorf("report naming its task: %d in tw_report_rows, in its row %v; want 0 and true", rows, inRow)
+	}
+	if rows, inRow := rowsOf(t, b, msgs[1].ID); rows != 1 || inRow {
+		t.Errorf("report naming another task: %d in tw_report_rows, in its row %v; want 1 and false", rows, inRow)
+	}
+	if r := onlyReport(t, b, msgs[1].ID); r.Task != "renamed" || r.Status != broker.ReportSuccess || string(r.Result) != `{"n": 1}` ||
+		r.Worker != "w" || r.Attempt != 1 || r.Duration != 1 {
+		t.Errorf("report naming another task reads back as %+v", r)
+	}
+	if rows, inRow := rowsOf(t, b, msgs[2].ID); rows != 0 || inRow {
+		t.Errorf("stale claim: %d reports in tw_report_rows, in its row %v; want none", rows, inRow)
+	}
+	for i, want := range []bool{true, true, false, false, false} {
+		o := broker.Outcome{Claim: msgs[0].ClaimOf(), Result: res, Report: &broker.Report{MessageID: msgs[0].ID,
+			Task: "a", Topic: "t", Status: broker.ReportSuccess, Result: res}}
+		switch i {
+		case 1:
+			o.Result, o.Report.Result = nil, nil
+		case 2:
+			o.Report.Logs = []string{"x"}
+		case 3:
+			o.Report.Result = json.RawMessage(`{"n":2}`)
+		case 4:
+			o.Report.Schedule = "s"
+		}
+		var res *string
+		if len(o.Result) > 0 {
+			s := string(o.Result)
+			res = &s
+		}
+		if got := plainReport(o.Report, res); got != want {
+			t.Errorf("case %d: plainReport = %v, want %v", i, got, want)
+		}
 	}
 }
 

@@ -25,7 +25,7 @@ func scanMessage(row pgx.Row, tok bool, extra ...any) (broker.Message, error) {
 		claimedBy, lastErr, tkn pgtype.Text
 		uniqueKey               pgtype.Text
 	)
-	dest := append(make([]any, 0, 20), &m.ID, &m.Topic, &m.Task, (*[]byte)(&m.Payload), &headers, &m.State, &m.Attempts, &m.MaxAttempts,
+	dest := append(make([]any, 0, 21+len(extra)), &m.ID, &m.Topic, &m.Task, (*[]byte)(&m.Payload), &headers, &m.State, &m.Attempts, &m.MaxAttempts,
 		&claimedBy, &m.ClaimedAt, &m.AvailableAt, &m.CreatedAt, &m.FinishedAt, &lastErr, (*[]byte)(&m.Result),
 		&m.Suspect, &m.WaitingSince,
 		&m.CancelRequestedAt, &m.Priority, &uniqueKey)
