@@ -228,11 +228,13 @@ func BenchmarkStatsWithQueued1M(b *testing.B) {
 // exchange costs whatever it carries (size 1) and per message.
 func BenchmarkAckAndClaim(b *testing.B) {
 	for _, size := range []int{1, 10, 50, 100} {
-		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) { benchAckAndClaim(b, size) })
+		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) { benchAckAndClaim(b, size, nil) })
 	}
 }
 
-func benchAckAndClaim(b *testing.B, half int) {
+// benchAckAndClaim runs the cycle with half messages per op, each ack
+// carrying report(m) when report is not nil.
+func benchAckAndClaim(b *testing.B, half int, report func(broker.Message) *broker.Report) {
 	br := newTestBroker(b, Options{})
 	ctx := context.Background()
 	limit := 2 * half
@@ -250,7 +252,11 @@ func benchAckAndClaim(b *testing.B, half int) {
 	for range b.N {
 		outcomes = outcomes[:0]
 		for _, m := range held {
-			outcomes = append(outcomes, broker.Outcome{Claim: m.ClaimOf()})
+			o := broker.Outcome{Claim: m.ClaimOf()}
+			if report != nil {
+				o.Report = report(m)
+			}
+			outcomes = append(outcomes, o)
 		}
 		held = ackAndClaim(b, br, outcomes, req)
 	}
@@ -262,32 +268,7 @@ func benchAckAndClaim(b *testing.B, half int) {
 // ack carrying a plain success report, as the worker's acks do (kept in
 // the message's row: ackKeptSQL). The difference to size=50 is what the
 // reports cost.
-func BenchmarkAckAndClaimWithReports(b *testing.B) {
-	const half = 50
-	br := newTestBroker(b, Options{})
-	ctx := context.Background()
-	limit := 2 * half
-	if _, err := br.SetTopic(ctx, "bench", broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
-		b.Fatal(err)
-	}
-	seed(b, br, "bench", (b.N+2)*half)
-	req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"bench"}, Max: half}
-	msgs, err := br.Claim(ctx, req)
-	if err != nil || len(msgs) != half {
-		b.Fatalf("first claim: %d, %v", len(msgs), err)
-	}
-	outcomes := make([]broker.Outcome, 0, half)
-	b.ResetTimer()
-	for range b.N {
-		outcomes = outcomes[:0]
-		for _, m := range msgs {
-			outcomes = append(outcomes, broker.Outcome{Claim: m.ClaimOf(), Report: plainReportOf(m)})
-		}
-		msgs = ackAndClaim(b, br, outcomes, req)
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*half), "ns/msg")
-}
+func BenchmarkAckAndClaimWithReports(b *testing.B) { benchAckAndClaim(b, 50, plainReportOf) }
 
 // plainReportOf is the success report of a no-op attempt of m, keyed as
 // the worker keys it.
