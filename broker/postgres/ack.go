@@ -39,30 +39,22 @@ const ackSQL = `
 // report rides on its outcome, and is stored only when the outcome is.
 // The report arrays line up with the ack's (element i is the report of
 // outcome i; its ref is the outcome's ordinal, and its status is empty
-// when the outcome has none), so that one unnest reads both. The OFFSET 0
-// keeps v whole, so that keep is worked out once per element, not once
-// per column it sets.
+// when the outcome has none), so that one unnest reads both.
 //
-// A success report that says no more than its message's row does once
-// acked (no schedule, no logs, no error, the message's task and topic, the
-// result the ack stores) is kept in the row, in the report_ columns, with
-// an id from the reports' sequence (migration 019); every other report is
-// inserted into tw_report_rows by reportCTEs (a ends with whether the row
-// kept one). A kept report is not checked against tw_report_rows for its
-// key: a report of the same attempt is stored apart only after its outcome
-// failed (a lost report), and AddReports checks the rows (held).
+// A report that $21 marks plain (plainReport) and that names the
+// message's task and topic is kept in the row, in the report_ columns,
+// with an id from the reports' sequence (migration 019); every other
+// report is inserted into tw_report_rows by reportCTEs (a ends with
+// whether the row kept one). A kept report is not checked against
+// tw_report_rows for its key: a report of the same attempt is stored apart
+// only after its outcome failed (a lost report), and AddReports checks the
+// rows (held).
 var ackReportsSQL = `WITH a AS (
 	UPDATE tw_messages m
 	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL,
 		` + heldReportSet("v.keep AND v.task = m.task AND v.topic = m.topic") + `
-	FROM (
-		SELECT x.*,
-			(x.status = 'success' AND x.sched IS NULL AND x.logs = '[]' AND x.err = ''
-				AND x.res IS NOT DISTINCT FROM x.ares) AS keep
-		FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], ` + reportArrays(5) + `)
-			AS x(id, tok, ares, ord, ` + reportArrayCols + `)
-		OFFSET 0
-	) v
+	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], ` + reportArrays(5) + `, $21::bool[])
+		AS v(id, tok, ares, ord, ` + reportArrayCols + `, keep)
 	WHERE m.id = ANY ($1::bigint[]) AND m.id = v.id AND m.token::text = v.tok
 	RETURNING v.ord, m.topic, m.report_id IS NOT NULL AS held
 ), ` + reportCTEs(5, "x.status <> '' AND x.ref IN (SELECT ord FROM a WHERE NOT held)") + `
@@ -98,8 +90,8 @@ var ackKeptSQL = `WITH a AS (
 // plainReport reports whether r, the report of an outcome whose result is
 // res, says no more than its message's row says once acked: a success
 // with no schedule, no logs, no error, and the outcome's result. Such a
-// report can be kept in the row (ackKeptSQL); ackReportsSQL works out the
-// same in SQL.
+// report can be kept in the row: ackKeptSQL when every report of a batch
+// is plain, ackReportsSQL for the ones it marks.
 func plainReport(r *broker.Report, res *string) bool {
 	if r == nil || r.Status != broker.ReportSuccess || r.Schedule != "" || len(r.Logs) > 0 ||
 		broker.CleanText(r.Error) != "" {
@@ -176,9 +168,11 @@ type ackBatch struct {
 	ords    []int32
 	// reports of the claims sent, if any, one per claim, with their
 	// outcomes' ordinals: the arrays of ackKeptSQL when kept is set (every
-	// claim sent carries a plain report), of ackReportsSQL otherwise.
+	// claim sent carries a plain report), else of ackReportsSQL, with
+	// plain marking the plain ones.
 	reports reportArgs
 	withRep bool
+	plain   []bool
 	kept    []any
 	// topics the applied outcomes freed a slot of, read by read.
 	topics map[string]bool
@@ -225,24 +219,28 @@ func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 	}
 	// The reports line up with the claims sent (ackReportsSQL): a claim
 	// without one has an empty report, which its status (none) marks.
-	reps := make([]broker.Report, len(send))
-	plain := make([]*broker.Report, len(send))
+	reps := make([]*broker.Report, len(send))
+	a.plain = make([]bool, len(send))
 	allPlain := len(send) > 0
 	for i, e := range send {
 		a.ids[i], a.toks[i], a.results[i], a.ords[i] = e.id, e.tok, e.res, e.ord
-		if e.rep != nil {
-			reps[i], a.withRep = *e.rep, true
-		}
-		plain[i] = e.rep
-		allPlain = allPlain && plainReport(e.rep, e.res)
+		reps[i], a.plain[i] = e.rep, plainReport(e.rep, e.res)
+		a.withRep = a.withRep || e.rep != nil
+		allPlain = allPlain && a.plain[i]
 	}
 	if allPlain {
-		a.kept = keptArgs(plain)
+		a.kept = keptArgs(reps)
 		return a, nil
 	}
 	if a.withRep {
+		vals := make([]broker.Report, len(reps))
+		for i, r := range reps {
+			if r != nil {
+				vals[i] = *r
+			}
+		}
 		var err error
-		if a.reports, err = newReportArgs(reps, a.ords); err != nil {
+		if a.reports, err = newReportArgs(vals, a.ords); err != nil {
 			return nil, err
 		}
 	}
@@ -266,7 +264,8 @@ func (a *ackBatch) queue(batch *pgx.Batch) {
 		batch.Queue(ackKeptSQL, append([]any{a.ids, a.toks, a.results, a.ords}, a.kept...)...)
 	case a.withRep:
 		a.reports.queueLocks(batch)
-		batch.Queue(ackReportsSQL, append([]any{a.ids, a.toks, a.results, a.ords}, a.reports.arrays...)...)
+		args := append([]any{a.ids, a.toks, a.results, a.ords}, a.reports.arrays...)
+		batch.Queue(ackReportsSQL, append(args, a.plain)...)
 	default:
 		batch.Queue(ackSQL, a.ids, a.toks, a.results, a.ords)
 	}
