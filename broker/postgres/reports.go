@@ -327,28 +327,6 @@ func (dialect) ListReportsSQL(f broker.ReportFilter, limit int) (string, []any) 
 		ORDER BY id DESC LIMIT ` + lim, held.Args()
 }
 
-// heldReportSelect is a report kept in its message's row (migration 019)
-// as a row of tw_report_rows, column for column, as the view tw_reports
-// reads it: what ListReportsSQL lists and moveHeldReports moves.
-const heldReportSelect = `report_id AS id, id AS message_id, task, topic, NULL::text AS schedule,
-	report_attempt AS attempt, coalesce(report_worker, claimed_by) AS worker, 'success'::text AS status,
-	report_started_at AS started_at, report_ended_at AS ended_at, report_duration AS duration_seconds,
-	''::text AS error, result, report_progress AS progress, '[]'::jsonb AS logs`
-
-// heldReportColumns are the columns of a report kept in its message's
-// row, for ListReportsSQL's filters.
-var heldReportColumns = sqlstore.ReportColumns{ID: "report_id", MessageID: "id", Task: "task", Status: "'success'", Schedule: "NULL::text"}
-
-// clearHeldReportsSQL clears up to $2 of the success reports kept in
-// their messages' rows that ended before $1, oldest first.
-const clearHeldReportsSQL = `
-	UPDATE tw_messages SET report_id = NULL, report_attempt = NULL, report_worker = NULL,
-		report_started_at = NULL, report_ended_at = NULL, report_duration = NULL, report_progress = NULL
-	WHERE id = ANY (ARRAY (
-		SELECT id FROM tw_messages
-		WHERE report_id IS NOT NULL AND report_ended_at < $1
-		ORDER BY report_id LIMIT $2))`
-
 // PurgeReports deletes the reports that ended before the cutoff and
 // returns how many (after an error, with the count of those deleted
 // before it): the rows of tw_report_rows, then the reports kept in their
