@@ -44,7 +44,8 @@ func newIsolation(p *Pool) *isolation {
 }
 
 // settle moves the suspect on before a claim, given how many messages the
-// workers have (inflight): it runs the held one once the pool is idle, or
+// workers have (inflight): it runs the held one once the pool is idle and
+// every outcome is written, or
 // gives it back when the pool stays busy. It returns inflight, counting
 // what it handed to the workers.
 func (s *isolation) settle(inflight int) int {
@@ -52,7 +53,7 @@ func (s *isolation) settle(inflight int) int {
 	if s.alone && inflight == 0 {
 		s.alone = false
 	}
-	if s.held != nil && inflight > 0 && time.Since(s.since) >= suspectHoldMax {
+	if s.held != nil && (inflight > 0 || p.out.pending.Load() > 0) && time.Since(s.since) >= suspectHoldMax {
 		// The pool stayed busy (long tasks): rather than claim
 		// nothing for as long, give the suspect back for a while,
 		// for an idle worker, or for this one later.
@@ -63,7 +64,11 @@ func (s *isolation) settle(inflight int) int {
 		s.held = nil
 		inflight++
 	}
-	if !s.alone && s.held != nil && inflight == 0 {
+	// Alone means nothing else claimed by this pool: no handler busy, and
+	// no outcome still being written (a message given back, or acked, is
+	// claimed by this worker until its write returns, and would be
+	// orphaned with the suspect if it is the poison).
+	if !s.alone && s.held != nil && inflight == 0 && p.out.pending.Load() == 0 {
 		p.log.Info("running a message whose last worker died while running it on its own, so that if it kills this process too, nothing else is lost with it",
 			"message_id", s.held.ID, "task", s.held.Task)
 		p.toWorkers(*s.held)

@@ -125,6 +125,59 @@ func TestOnlyOneSuspectIsHeld(t *testing.T) {
 	}
 }
 
+// slowNacks is a broker whose Nack is slow to return, as on a loaded
+// machine: a suspect given back stays claimed by this worker for as long.
+type slowNacks struct {
+	*local.Broker
+}
+
+func (b slowNacks) Nack(ctx context.Context, req broker.NackRequest) error {
+	time.Sleep(300 * time.Millisecond)
+	return b.Broker.Nack(ctx, req)
+}
+
+// TestASuspectRunsOnlyOnceTheOthersAreBack: the suspect held runs alone
+// only once the others given back are back in the queue, not as soon as
+// the handlers are idle: while a give-back is still being written, its
+// message is still claimed by this worker, and a poison run then would
+// orphan it once more without its having run.
+func TestASuspectRunsOnlyOnceTheOthersAreBack(t *testing.T) {
+	ctx := context.Background()
+	lb, ids := orphans(t, 3)
+	b := slowNacks{lb}
+	var (
+		mu        sync.Mutex
+		claimedBy []int64 // messages still claimed when a suspect started
+	)
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "s", Handler: func(_ context.Context, tc *TaskContext) (any, error) {
+		for _, id := range ids {
+			if id == tc.MessageID {
+				continue
+			}
+			m, err := lb.GetMessage(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			if m.State == broker.StateRunning {
+				mu.Lock()
+				claimedBy = append(claimedBy, id)
+				mu.Unlock()
+			}
+		}
+		return nil, nil
+	}})
+	startPool(t, b, reg, Options{Concurrency: 4})
+	for _, id := range ids {
+		waitState(t, b, id, broker.StateDone)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(claimedBy) > 0 {
+		t.Errorf("a suspect started while messages %v were still claimed (given back, not yet requeued)", claimedBy)
+	}
+}
+
 // orphans opens a local store in a temporary file and leaves n messages
 // of task "s" in it as the reaper leaves a dead worker's: requeued, their
 // last error saying they were orphaned.
