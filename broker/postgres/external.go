@@ -238,7 +238,8 @@ func takeMessages(ctx context.Context, tx pgx.Tx, worker string, ds []sqlstore.D
 	}
 	rows, err = tx.Query(ctx, `UPDATE tw_messages
 		SET state = 'running', claimed_by = $2, claimed_at = statement_timestamp(), attempts = attempts + 1,
-			token = gen_random_uuid()
+			token = `+claimTokenSQL("s.salt", "id")+`
+		FROM (SELECT `+tokenSaltSQL+` AS salt) s
 		WHERE id = ANY ($1) RETURNING `+msgCols+`, token::text`, freshIDs, worker)
 	if err != nil {
 		return nil, err

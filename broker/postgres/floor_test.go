@@ -149,3 +149,34 @@ func ids(msgs []broker.Message) []int64 {
 	}
 	return out
 }
+
+// The tokens of one claim statement are the md5 of a salt drawn once per
+// statement and each row's id (claimTokenSQL): they differ between the
+// rows of a claim, and a message claimed again gets a token unrelated to
+// its earlier ones. A salt fixed for good would give a message claimed
+// twice the same token, and a stale claim's ack would pass the fence.
+func TestClaimTokensDifferPerRowAndPerClaim(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := context.Background()
+	submitN(t, b, "tok", 5)
+	seen := map[string]int64{}
+	req := broker.ClaimRequest{WorkerID: "w", Topics: []string{"tok"}, Max: 5}
+	for round := range 3 {
+		msgs, err := b.Claim(ctx, req)
+		if err != nil || len(msgs) != 5 {
+			t.Fatalf("round %d: claimed %d, %v; want 5", round, len(msgs), err)
+		}
+		for _, m := range msgs {
+			if len(m.Token) != 36 {
+				t.Fatalf("token %q is not a uuid", m.Token)
+			}
+			if id, dup := seen[m.Token]; dup {
+				t.Fatalf("round %d: message %d got token %s, already given to message %d", round, m.ID, m.Token, id)
+			}
+			seen[m.Token] = m.ID
+			if err := b.Nack(ctx, broker.NackRequest{Claim: m.ClaimOf(), Requeue: true, NotRun: true}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
