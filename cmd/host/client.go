@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"os"
 	"os/signal"
 	"strings"
@@ -94,10 +95,19 @@ func addCommonFlags(fs *flag.FlagSet, noTimeout bool) commonFlags {
 	}
 }
 
-func (f commonFlags) client() *client.Client {
+// client is the client the flags ask for. What -addr and -token leave
+// out comes from the config file; a file named explicitly (-config, or
+// $TASKHOST_CONFIG) that cannot be read or is invalid is an error, as is
+// an invalid default file: only a missing default file (taskhost.yaml) is
+// no config at all, and then the address is $TASKHOST_LISTEN, else
+// 127.0.0.1:8080, with no token.
+func (f commonFlags) client(fs *flag.FlagSet) (*client.Client, error) {
 	base, token := *f.addr, *f.token
 	if base == "" || token == "" {
 		cfg, err := host.LoadConfig(*f.config)
+		if err != nil && (configExplicit(fs) || !errors.Is(err, iofs.ErrNotExist)) {
+			return nil, configError{err}
+		}
 		if base == "" {
 			switch {
 			case err == nil:
@@ -112,8 +122,31 @@ func (f commonFlags) client() *client.Client {
 			token = cfg.AdminToken
 		}
 	}
-	return client.New(base, client.WithToken(token))
+	return client.New(base, client.WithToken(token)), nil
 }
+
+// configExplicit reports whether the config file was named, by -config
+// on the command line or by $TASKHOST_CONFIG, rather than being the
+// default taskhost.yaml.
+func configExplicit(fs *flag.FlagSet) bool {
+	set := os.Getenv("TASKHOST_CONFIG") != ""
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "config" {
+			set = true
+		}
+	})
+	return set
+}
+
+// configError: the config file a client command would read its address
+// and token from cannot be used. err names the file.
+type configError struct{ err error }
+
+func (c configError) Error() string {
+	return fmt.Sprintf("%v (name a valid config file with -config FILE or $TASKHOST_CONFIG, or give both -addr and -token)", c.err)
+}
+
+func (c configError) Unwrap() error { return c.err }
 
 // findClientCommand is the command named by the start of args, and the
 // rest of args.
@@ -168,7 +201,12 @@ func (cl *cli) clientCmd(args []string) int {
 		ctx, cancel = context.WithTimeout(ctx, *common.timeout)
 		defer cancel()
 	}
-	e := &env{c: common.client(), json: *common.json, stdin: cl.stdin, stdout: cl.stdout, stderr: cl.stderr}
+	c, err := common.client(fs)
+	if err != nil {
+		fmt.Fprintf(cl.stderr, "host %s: %v\n", cmd.name, err)
+		return 2
+	}
+	e := &env{c: c, json: *common.json, stdin: cl.stdin, stdout: cl.stdout, stderr: cl.stderr}
 	err = run(ctx, e, pos)
 	var ue usageError
 	switch {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -248,5 +249,84 @@ func TestNoConfigFileSaysWhatToDo(t *testing.T) {
 				t.Errorf("host %v: stderr lacks %q:\n%s", args, want, errOut)
 			}
 		}
+	}
+}
+
+// TestClientConfigFile: a client command takes the address and token the
+// flags leave out from the config file. A file named with -config or
+// $TASKHOST_CONFIG that cannot be read or is invalid is a mistake in the
+// command line (exit 2, naming the file and the problem), never a silent
+// fall back to 127.0.0.1:8080 without a token; only a missing default
+// taskhost.yaml means no config.
+func TestClientConfigFile(t *testing.T) {
+	addr := fakeHost(t)
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	good := write("good.yaml", "listen: "+strings.TrimPrefix(addr, "http://")+"\n")
+	bad := write("bad.yaml", "listen: 127.0.0.1:18084\nbogus_key: 1\n")
+	unsetEnv := write("unset.yaml", "listen: 0.0.0.0:18084\nadmin_token: ${TASKHOST_TEST_UNSET_TOKEN}\n")
+	missing := filepath.Join(dir, "none.yaml")
+	t.Setenv("TASKHOST_ADMIN_TOKEN", "")
+	t.Setenv("TASKHOST_LISTEN", "")
+	t.Setenv("TASKHOST_TEST_UNSET_TOKEN", "")
+	os.Unsetenv("TASKHOST_TEST_UNSET_TOKEN")
+
+	cases := []struct {
+		name      string
+		configEnv string
+		args      []string
+		code      int
+		stderr    []string
+	}{
+		{name: "-config gives the address", args: []string{"tasks", "get", "17", "-config", good}},
+		{name: "$TASKHOST_CONFIG gives the address", configEnv: good, args: []string{"tasks", "get", "17"}},
+		{name: "-config with an unknown key", args: []string{"tasks", "list", "-config", bad},
+			code: 2, stderr: []string{bad + ":2: bogus_key: unknown setting", "-config FILE"}},
+		{name: "-config that is not there", args: []string{"tasks", "list", "-config", missing},
+			code: 2, stderr: []string{missing, "no such file"}},
+		{name: "-config invalid for an unset variable", args: []string{"tasks", "list", "-config", unsetEnv},
+			code: 2, stderr: []string{unsetEnv + ":1: admin_token", "${TASKHOST_TEST_UNSET_TOKEN}, which is not set"}},
+		{name: "$TASKHOST_CONFIG that is not there", configEnv: missing, args: []string{"tasks", "list", "-addr", addr},
+			code: 2, stderr: []string{missing, "no such file"}},
+		{name: "$TASKHOST_CONFIG that is invalid", configEnv: bad, args: []string{"tasks", "list"},
+			code: 2, stderr: []string{bad + ":2: bogus_key"}},
+		{name: "-addr and -token need no config", args: []string{"tasks", "get", "17", "-config", missing, "-addr", addr, "-token", "t"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("TASKHOST_CONFIG", c.configEnv)
+			code, out, errOut := runCLI("", c.args...)
+			if code != c.code {
+				t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", code, c.code, out, errOut)
+			}
+			for _, s := range c.stderr {
+				if !strings.Contains(errOut, s) {
+					t.Errorf("stderr lacks %q:\n%s", s, errOut)
+				}
+			}
+			if c.code == 0 && !strings.Contains(out, "done") {
+				t.Errorf("stdout lacks the task:\n%s", out)
+			}
+		})
+	}
+
+	// The default taskhost.yaml: missing, it is no config; there but
+	// invalid, it is an error as a named one is.
+	t.Setenv("TASKHOST_CONFIG", "")
+	t.Chdir(t.TempDir())
+	if code, out, errOut := runCLI("", "tasks", "get", "17", "-addr", addr); code != 0 {
+		t.Fatalf("no taskhost.yaml: exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if err := os.WriteFile("taskhost.yaml", []byte("bogus_key: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errOut := runCLI("", "tasks", "get", "17", "-addr", addr); code != 2 || !strings.Contains(errOut, "taskhost.yaml:1: bogus_key") {
+		t.Fatalf("an invalid taskhost.yaml: exit %d, want 2\nstderr:\n%s", code, errOut)
 	}
 }
