@@ -336,14 +336,21 @@ func tasksWait(*flag.FlagSet) func(context.Context, *env, []string) error {
 	}
 }
 
+// maxListLimit is the most tasks the API lists at once (broker.MaxListLimit;
+// the host links no broker).
+const maxListLimit = 1000
+
 func tasksList(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	var f client.Filter
 	fs.StringVar(&f.State, "state", "", "only tasks in `STATE`: queued, running, done, failed, dead or cancelled")
 	fs.StringVar(&f.Topic, "topic", "", "only tasks of `TOPIC`")
 	fs.StringVar(&f.Task, "task", "", "only tasks named `NAME`")
-	fs.IntVar(&f.Limit, "limit", 20, "`N` tasks, 1 to 1000")
+	fs.IntVar(&f.Limit, "limit", 20, fmt.Sprintf("`N` tasks, 1 to %d", maxListLimit))
 	fs.StringVar(&f.Before, "before", "", "the tasks older than task `ID` (the next page)")
 	return func(ctx context.Context, e *env, _ []string) error {
+		if f.Limit < 1 || f.Limit > maxListLimit {
+			return usageError{fmt.Sprintf("-limit must be from 1 to %d, got %d", maxListLimit, f.Limit)}
+		}
 		p, err := e.c.List(ctx, f)
 		if err != nil {
 			return err

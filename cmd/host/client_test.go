@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/taskhost/taskhost/broker"
 )
 
 // runCLI runs the command line with stdin and returns its exit status,
@@ -169,6 +171,10 @@ func TestClientCommands(t *testing.T) {
 			code: 2, stderr: []string{`-run-at "tomorrow" is not an RFC 3339 time`}},
 		{name: "-file and -priority do not go together", args: []string{"tasks", "submit", "-file", "-", "-priority", "3"},
 			code: 2, stderr: []string{"-priority and -file do not go together"}},
+		{name: "-limit 0 is refused", args: []string{"tasks", "list", "-addr", addr, "-limit", "0"},
+			code: 2, stderr: []string{"-limit must be from 1 to 1000, got 0"}},
+		{name: "-limit over 1000 is refused", args: []string{"tasks", "list", "-addr", addr, "-limit", "1001"},
+			code: 2, stderr: []string{"-limit must be from 1 to 1000, got 1001"}},
 		{name: "get without an id", args: []string{"tasks", "get"}, code: 2, stderr: []string{"takes 1 argument(s) (ID), got 0"}},
 		{name: "an unknown flag", args: []string{"tasks", "list", "-bogus"}, code: 2, stderr: []string{"flag provided but not defined: -bogus"}},
 		{name: "an unknown tasks command", args: []string{"tasks", "frobnicate"}, code: 2, stderr: []string{`unknown command "frobnicate"`, "host tasks submit"}},
@@ -328,5 +334,12 @@ func TestClientConfigFile(t *testing.T) {
 	}
 	if code, _, errOut := runCLI("", "tasks", "get", "17", "-addr", addr); code != 2 || !strings.Contains(errOut, "taskhost.yaml:1: bogus_key") {
 		t.Fatalf("an invalid taskhost.yaml: exit %d, want 2\nstderr:\n%s", code, errOut)
+	}
+}
+
+// TestListLimitIsTheBrokers: -limit's range is the API's.
+func TestListLimitIsTheBrokers(t *testing.T) {
+	if maxListLimit != broker.MaxListLimit {
+		t.Fatalf("maxListLimit is %d, broker.MaxListLimit %d", maxListLimit, broker.MaxListLimit)
 	}
 }
