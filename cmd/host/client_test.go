@@ -175,6 +175,8 @@ func TestClientCommands(t *testing.T) {
 			code: 2, stderr: []string{"-limit must be from 1 to 1000, got 0"}},
 		{name: "-limit over 1000 is refused", args: []string{"tasks", "list", "-addr", addr, "-limit", "1001"},
 			code: 2, stderr: []string{"-limit must be from 1 to 1000, got 1001"}},
+		{name: "-ids without -file is refused", args: []string{"tasks", "submit", "-addr", addr, "-ids", "-task", "demo.echo"},
+			code: 2, stderr: []string{"-ids goes only with -file"}},
 		{name: "get without an id", args: []string{"tasks", "get"}, code: 2, stderr: []string{"takes 1 argument(s) (ID), got 0"}},
 		{name: "an unknown flag", args: []string{"tasks", "list", "-bogus"}, code: 2, stderr: []string{"flag provided but not defined: -bogus"}},
 		{name: "an unknown tasks command", args: []string{"tasks", "frobnicate"}, code: 2, stderr: []string{`unknown command "frobnicate"`, "host tasks submit"}},

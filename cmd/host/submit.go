@@ -42,6 +42,9 @@ func tasksSubmit(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			}
 			return e.submitFile(ctx, *file, *ids)
 		}
+		if *ids {
+			return usageError{"-ids goes only with -file: a single task's id is printed anyway"}
+		}
 		if *task == "" {
 			return usageError{"-task NAME or -file FILE is required"}
 		}
