@@ -88,7 +88,7 @@ func addCommonFlags(fs *flag.FlagSet, noTimeout bool) commonFlags {
 	}
 	return commonFlags{
 		config:  configFlag(fs),
-		addr:    fs.String("addr", "", "host address `URL`, such as http://127.0.0.1:8080 (default: the listen of -config's file, else $TASKHOST_LISTEN, else 127.0.0.1:8080)"),
+		addr:    fs.String("addr", "", "host address `URL`, such as http://127.0.0.1:8080 (default: $TASKHOST_LISTEN, else the listen of -config's file, else 127.0.0.1:8080)"),
 		token:   fs.String("token", os.Getenv("TASKHOST_ADMIN_TOKEN"), "admin `TOKEN` (default $TASKHOST_ADMIN_TOKEN, else -config's admin_token)"),
 		json:    fs.Bool("json", false, "print the answer as JSON"),
 		timeout: fs.Duration("timeout", def, "give up after `D`, such as 30s; 0: never (default 2m; never for tasks submit and tasks wait)"),

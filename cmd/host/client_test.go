@@ -345,3 +345,23 @@ func TestListLimitIsTheBrokers(t *testing.T) {
 		t.Fatalf("maxListLimit is %d, broker.MaxListLimit %d", maxListLimit, broker.MaxListLimit)
 	}
 }
+
+// TestListenEnvBeforeTheConfigFile: $TASKHOST_LISTEN replaces the listen
+// of -config's file, for the client commands as for the host, and -addr's
+// help says so.
+func TestListenEnvBeforeTheConfigFile(t *testing.T) {
+	addr := fakeHost(t)
+	path := filepath.Join(t.TempDir(), "taskhost.yaml")
+	if err := os.WriteFile(path, []byte("listen: 127.0.0.1:1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TASKHOST_LISTEN", strings.TrimPrefix(addr, "http://"))
+	t.Setenv("TASKHOST_ADMIN_TOKEN", "")
+	if code, out, errOut := runCLI("", "tasks", "get", "17", "-config", path); code != 0 || !strings.Contains(out, "done") {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	_, out, _ := runCLI("", "tasks", "get", "-h")
+	if !strings.Contains(out, "default: $TASKHOST_LISTEN, else the listen of -config's file, else 127.0.0.1:8080") {
+		t.Fatalf("-addr's help does not give the order of $TASKHOST_LISTEN and the file:\n%s", out)
+	}
+}
