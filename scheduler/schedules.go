@@ -54,7 +54,9 @@ type TaskLookup func(task, topic string) (string, bool)
 // Logs are summaries: one line per kind of event (late, skipped, waiting
 // for a worker, invalid timing, failed fire) with its count and a few
 // names, at most once per LogEvery; never a line per schedule per
-// pass.
+// pass. The count is of schedules, not of passes: a schedule that waits
+// through 60 passes between two lines is one schedule waiting, named
+// once (see note).
 type Ticker struct {
 	Store  broker.ScheduleStore
 	Lookup TaskLookup
@@ -82,10 +84,17 @@ type Ticker struct {
 	notes   map[string]*note
 }
 
-// note accumulates one kind of event between two summary lines.
+// note accumulates one kind of event between two summary lines. count is
+// the number of distinct schedules that had the event since the last
+// line, however many passes saw it (a waiting or invalid schedule is read
+// by every pass); examples names the first maxExamples of them, each
+// once. slots adds up the slots of every event, as each one is a fire (or
+// a skip) of its own, so a schedule late at two passes adds its missed
+// slots of both.
 type note struct {
 	count, slots int
 	examples     []string
+	seen         map[string]bool // the schedules counted, by name
 	err          error
 	logged       time.Time
 	from         time.Time
@@ -200,7 +209,7 @@ const fireChunk = 100
 func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule, at time.Time) (broker.FireRequest, bool, error) {
 	tm, err := ParseTiming(s.IntervalSeconds, s.Cron)
 	if err != nil {
-		t.add("invalid", s.Name, 0, err)
+		t.add("invalid", s.Name, "", 0, err)
 		return broker.FireRequest{}, false, nil
 	}
 	slot := slotOf(s, tm)
@@ -209,7 +218,7 @@ func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule
 		// lower bound of its first slot; move it to the slot.
 		if s.ExpectedNextRun == nil && !slot.IsZero() {
 			if _, err := t.Store.DeferSchedule(ctx, s, slot); err != nil && ctx.Err() == nil {
-				t.add("failed", s.Name, 0, err)
+				t.add("failed", s.Name, "", 0, err)
 			}
 		}
 		return broker.FireRequest{}, false, ctx.Err()
@@ -220,7 +229,7 @@ func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule
 	}
 	if !known || topic == "" {
 		// Held for a worker: see the type's comment.
-		t.add("waiting", s.Name+" (task "+s.Task+")", 0, nil)
+		t.add("waiting", s.Name, "task "+s.Task, 0, nil)
 		return broker.FireRequest{}, false, nil
 	}
 	latest, missed := tm.latestDue(slot, at)
@@ -232,12 +241,12 @@ func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule
 	submit := true
 	switch {
 	case missed > 0 && busy:
-		t.add("late", s.Name, missed, nil)
+		t.add("late", s.Name, "", missed, nil)
 	case missed > 0 && s.MissedPolicy == broker.MissedSkip:
-		t.add("skipped", s.Name, missed+1, nil)
+		t.add("skipped", s.Name, "", missed+1, nil)
 		submit = false
 	case missed > 0:
-		t.add("fire_once", s.Name, missed, nil)
+		t.add("fire_once", s.Name, "", missed, nil)
 	}
 	if submit {
 		payload := s.Payload
@@ -270,7 +279,7 @@ func (t *Ticker) fireAll(ctx context.Context, reqs []broker.FireRequest) error {
 			case err != nil && ctx.Err() != nil:
 				return ctx.Err()
 			case err != nil:
-				t.add("failed", req.Name, 0, err)
+				t.add("failed", req.Name, "", 0, err)
 			default:
 				t.fired(req, res)
 			}
@@ -290,7 +299,7 @@ func (t *Ticker) fired(req broker.FireRequest, res broker.FireResult) {
 	}
 	if res.Duplicate {
 		// The schedule's unique key is held: nothing was submitted.
-		t.add("duplicate", req.Name+" (key "+req.Submit.UniqueKey+")", 1, nil)
+		t.add("duplicate", req.Name, "key "+req.Submit.UniqueKey, 1, nil)
 		return
 	}
 	if l := t.Logger; l != nil {
@@ -301,8 +310,10 @@ func (t *Ticker) fired(req broker.FireRequest, res broker.FireResult) {
 	}
 }
 
-// add counts one event of kind for the next summary line.
-func (t *Ticker) add(kind, name string, slots int, err error) {
+// add records one event of kind for schedule name for the next summary
+// line: the schedule counts once however many events it has (see note),
+// and is named with detail in parentheses when detail is not empty.
+func (t *Ticker) add(kind, name, detail string, slots int, err error) {
 	if t.notes == nil {
 		t.notes = map[string]*note{}
 	}
@@ -314,10 +325,20 @@ func (t *Ticker) add(kind, name string, slots int, err error) {
 	if n.count == 0 {
 		n.from = time.Now()
 	}
-	n.count++
 	n.slots += slots
-	if len(n.examples) < maxExamples {
-		n.examples = append(n.examples, name)
+	if !n.seen[name] {
+		if n.seen == nil {
+			n.seen = map[string]bool{}
+		}
+		n.seen[name] = true
+		n.count++
+		if len(n.examples) < maxExamples {
+			example := name
+			if detail != "" {
+				example += " (" + detail + ")"
+			}
+			n.examples = append(n.examples, example)
+		}
 	}
 	if n.err == nil {
 		n.err = err

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -92,5 +93,72 @@ func TestWaitingSchedulesHaveTheirOwnGauge(t *testing.T) {
 	}
 	if o := got["fastpluggy_schedule_overdue_seconds"]; o < 119 || o > 121 {
 		t.Errorf("overdue = %v, want about 120 (schedule ok alone)", o)
+	}
+}
+
+// The summary of waiting schedules counts schedules, not passes: two
+// schedules that wait through a minute of passes are count=2, each named
+// once, in every line; and the line is still written at most once a
+// minute.
+func TestWaitingSummaryCountsSchedules(t *testing.T) {
+	b := memory.New()
+	ctx := context.Background()
+	var first time.Time
+	for _, name := range []string{"a", "b"} {
+		s, err := b.PutSchedule(ctx, broker.Schedule{Name: name, Task: "late", Topic: "q", IntervalSeconds: 3600, Enabled: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first = s.UpdatedAt.UTC().Truncate(time.Second)
+	}
+	tk, _, clock, fence := clockTicker(t, b)
+	tk.Lookup = func(task, topic string) (string, bool) { return topic, task != "late" }
+	var log testhost.SyncBuffer
+	tk.Logger = hclog.New(&hclog.LoggerOptions{Output: &log, Level: hclog.Debug})
+	for i := range 125 { // a pass a second: lines at 0 s, 60 s and 120 s
+		*clock = first.Add(time.Duration(i)*time.Second + 500*time.Millisecond)
+		tick(t, tk, fence)
+	}
+	var lines []string
+	for _, l := range strings.Split(log.String(), "\n") {
+		if strings.Contains(l, "wait for a live worker") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 3 {
+		t.Fatalf("%d summary lines about waiting schedules in 125 passes, want 3 (one a minute):\n%s", len(lines), log.String())
+	}
+	for _, l := range lines {
+		if !strings.Contains(l, "count=2 ") || !strings.Contains(l, `examples="a (task late), b (task late)"`) {
+			t.Errorf("want count=2 and each schedule named once:\n%s", l)
+		}
+	}
+}
+
+// Every kind of summary counts a schedule once between two lines, and
+// adds up the slots of all its events: a schedule late at three passes
+// is one schedule, its missed slots of all three.
+func TestSummaryCountsEachScheduleOnce(t *testing.T) {
+	var log testhost.SyncBuffer
+	logger := hclog.New(&hclog.LoggerOptions{Output: &log, Level: hclog.Debug})
+	tk := &Ticker{}
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	tk.summarize(logger, at) // nothing yet
+	for range 3 {
+		tk.add("late", "a", "", 2, nil)
+		tk.add("failed", "a", "", 0, errors.New("boom"))
+		tk.add("duplicate", "d", "key k", 1, nil)
+	}
+	tk.add("late", "b", "", 1, nil)
+	tk.summarize(logger, at)
+	out := log.String()
+	for _, want := range []string{
+		`schedules fired late: the beat's passes are slower than their periods; each fired its latest due slot: count=2 examples="a, b" slots=7`,
+		`schedules could not fire: count=1 examples=a error=boom`,
+		`nothing submitted: count=1 examples="d (key k)" slots=3`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
 	}
 }
