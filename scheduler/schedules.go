@@ -151,10 +151,7 @@ func (t *Ticker) pass(ctx context.Context, fence broker.Fence, gap time.Duration
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	now := time.Now
-	if t.Now != nil {
-		now = t.Now
-	}
+	now := t.now
 	at := now().UTC()
 	if fence.Term != t.term || t.lastEnd.IsZero() || at.Sub(t.lastEnd) > gap {
 		t.term, t.since = fence.Term, at
@@ -310,6 +307,14 @@ func (t *Ticker) fired(req broker.FireRequest, res broker.FireResult) {
 	}
 }
 
+// now is the Ticker's clock: Now, else time.Now.
+func (t *Ticker) now() time.Time {
+	if t.Now != nil {
+		return t.Now()
+	}
+	return time.Now()
+}
+
 // add records one event of kind for schedule name for the next summary
 // line: the schedule counts once however many events it has (see note),
 // and is named with detail in parentheses when detail is not empty.
@@ -323,7 +328,7 @@ func (t *Ticker) add(kind, name, detail string, slots int, err error) {
 		t.notes[kind] = n
 	}
 	if n.count == 0 {
-		n.from = time.Now()
+		n.from = t.now()
 	}
 	n.slots += slots
 	if !n.seen[name] {

@@ -128,9 +128,18 @@ func TestWaitingSummaryCountsSchedules(t *testing.T) {
 	if len(lines) != 3 {
 		t.Fatalf("%d summary lines about waiting schedules in 125 passes, want 3 (one a minute):\n%s", len(lines), log.String())
 	}
-	for _, l := range lines {
+	for i, l := range lines {
 		if !strings.Contains(l, "count=2 ") || !strings.Contains(l, `examples="a (task late), b (task late)"`) {
 			t.Errorf("want count=2 and each schedule named once:\n%s", l)
+		}
+		// A line after the first says since when it counts: the Ticker's
+		// clock at the pass after the line before it, not the wall clock.
+		if i == 0 {
+			continue
+		}
+		since := first.Add(time.Duration(60*(i-1)+1)*time.Second + 500*time.Millisecond)
+		if want := "since=" + since.Format(time.RFC3339); !strings.Contains(l, want) {
+			t.Errorf("want %s:\n%s", want, l)
 		}
 	}
 }
