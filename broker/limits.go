@@ -40,6 +40,9 @@ const (
 	// MaxAttempts bounds a message's max_attempts (0 is the task's
 	// default).
 	MaxAttempts = 1000
+	// MaxConcurrencyLimit bounds a topic's concurrency_limit (0 is
+	// unlimited; a 32-bit column in the SQL stores).
+	MaxConcurrencyLimit = 1<<31 - 1
 	// MaxIntervalSeconds bounds a schedule's interval (a 32-bit column in
 	// the SQL stores; some 68 years).
 	MaxIntervalSeconds = 1<<31 - 1

@@ -84,10 +84,11 @@ func ValidateSubmit(req SubmitRequest, maxPayload int) error {
 	return ValidateIntake(req, time.Now())
 }
 
-// ValidatePatch checks a topic patch.
+// ValidatePatch checks a topic patch: its concurrency_limit, when set,
+// is from 0 (unlimited) to MaxConcurrencyLimit.
 func ValidatePatch(p TopicPatch) error {
-	if p.ConcurrencyLimit != nil && *p.ConcurrencyLimit < 0 {
-		return Invalid("concurrency_limit is negative (%d); use 0 for unlimited", *p.ConcurrencyLimit)
+	if n := p.ConcurrencyLimit; n != nil && (*n < 0 || *n > MaxConcurrencyLimit) {
+		return Invalid("concurrency_limit must be from 0 (unlimited) to %d, got %d", MaxConcurrencyLimit, *n)
 	}
 	return nil
 }

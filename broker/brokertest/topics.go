@@ -15,6 +15,13 @@ func testTopics(t *testing.T, b broker.Broker) {
 	if _, err := b.SetTopic(ctx, "x", broker.TopicPatch{ConcurrencyLimit: ptr(-1)}); !errors.Is(err, broker.ErrInvalid) {
 		t.Fatalf("SetTopic(limit -1): %v, want ErrInvalid", err)
 	}
+	// Over the limit (a 32-bit column in the SQL stores): refused as
+	// invalid by every broker, never a store's failure.
+	over := broker.MaxConcurrencyLimit
+	over++
+	if _, err := b.SetTopic(ctx, "x", broker.TopicPatch{ConcurrencyLimit: &over}); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("SetTopic(limit %d): %v, want ErrInvalid", over, err)
+	}
 	if _, err := b.SetTopic(ctx, "", broker.TopicPatch{}); !errors.Is(err, broker.ErrInvalid) {
 		t.Fatalf("SetTopic(empty name): %v, want ErrInvalid", err)
 	}

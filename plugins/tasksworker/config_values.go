@@ -93,9 +93,9 @@ func topicsSetting(v json.RawMessage) (map[string]TopicSetting, error) {
 			fk := key + "." + f
 			switch f {
 			case "concurrency_limit":
-				n, err := intSetting(fk, fields[f], 0, math.MaxInt32)
+				n, err := intSetting(fk, fields[f], 0, broker.MaxConcurrencyLimit)
 				if err != nil {
-					return nil, invalid(fk, "must be a whole number, 0 for unlimited, got %s", clip(fields[f]))
+					return nil, invalid(fk, "must be a whole number from 0 (unlimited) to %d, got %s", broker.MaxConcurrencyLimit, clip(fields[f]))
 				}
 				p.ConcurrencyLimit = &n
 			case "dead_letter_enabled":

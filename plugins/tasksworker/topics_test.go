@@ -113,3 +113,23 @@ func TestTopicDiff(t *testing.T) {
 		})
 	}
 }
+
+// A concurrency_limit out of range is refused with a 400 naming the field
+// and its range, before the broker is asked: the same bound as the config
+// file's (broker.MaxConcurrencyLimit), never a broker failure (a 503 that
+// tells the client to retry).
+func TestSetTopicRefusesALimitOutOfRange(t *testing.T) {
+	f := start(t, nil)
+	for _, limit := range []string{"-1", "2147483648", "9223372036854775807"} {
+		res := f.do("PUT", "/api/topics/default", `{"concurrency_limit": `+limit+`}`)
+		if res.status != http.StatusBadRequest || !strings.Contains(string(res.body), "concurrency_limit must be from 0 (unlimited) to 2147483647") {
+			t.Errorf("limit %s: %d %s, want 400 naming concurrency_limit and its range", limit, res.status, res.body)
+		}
+	}
+	if res := f.do("PUT", "/api/topics/default", `{"concurrency_limit": 2147483647}`); res.status != http.StatusOK {
+		t.Errorf("limit 2147483647: %d %s, want 200", res.status, res.body)
+	}
+	if _, err := ParseConfig(json.RawMessage(`{"topics": {"a": {"concurrency_limit": 2147483647}}}`)); err != nil {
+		t.Errorf("the config refuses the largest limit the API takes: %v", err)
+	}
+}

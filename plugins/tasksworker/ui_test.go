@@ -362,8 +362,10 @@ func flowUITopics(t *testing.T, cfg map[string]any) {
 	if tp := f.topic("default"); tp["concurrency_limit"] != 3.0 {
 		t.Errorf("topic %v", tp)
 	}
-	if got := post("limit", "limit", "-2"); !strings.Contains(got, "must be a whole number, 0 for unlimited") {
-		t.Errorf("negative limit flash %q", got)
+	for _, bad := range []string{"-2", "2147483648"} {
+		if got := post("limit", "limit", bad); !strings.Contains(got, "must be a whole number from 0 (unlimited) to 2147483647") {
+			t.Errorf("limit %s flash %q", bad, got)
+		}
 	}
 	if got := post("pause", "paused", "true"); !strings.HasPrefix(got, "Topic default paused") || f.topic("default")["paused"] != true {
 		t.Errorf("pause: %q %v", got, f.topic("default"))

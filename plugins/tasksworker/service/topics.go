@@ -7,17 +7,19 @@ package service
 
 import (
 	"context"
+	"strings"
 
 	"github.com/taskhost/taskhost/broker"
 )
 
 // SetTopic changes the settings patch names (creating the topic when it
-// does not exist) and returns them all. The name is checked as every
-// stored one is (broker.ValidateTopicName); a client's new name should
-// pass CheckTopic first.
+// does not exist) and returns them all. The patch is checked as every
+// broker checks it (broker.ValidatePatch), before the broker is called;
+// the name is checked as every stored one is (broker.ValidateTopicName);
+// a client's new name should pass CheckTopic first.
 func (s *Service) SetTopic(ctx context.Context, topic string, patch broker.TopicPatch) (broker.TopicConfig, error) {
-	if patch.ConcurrencyLimit != nil && *patch.ConcurrencyLimit < 0 {
-		return broker.TopicConfig{}, invalid("concurrency_limit must be 0 (unlimited) or more, got %d", *patch.ConcurrencyLimit)
+	if err := broker.ValidatePatch(patch); err != nil {
+		return broker.TopicConfig{}, invalid("%s", strings.TrimPrefix(err.Error(), broker.ErrInvalid.Error()+": "))
 	}
 	if err := broker.ValidateTopicName(topic); err != nil {
 		return broker.TopicConfig{}, err

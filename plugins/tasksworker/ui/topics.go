@@ -53,8 +53,8 @@ func (u *UI) topicAction(w http.ResponseWriter, r *http.Request, svc *service.Se
 	case "limit":
 		s := strings.TrimSpace(r.PostForm.Get("limit"))
 		n, perr := strconv.Atoi(s)
-		if perr != nil || n < 0 {
-			u.redirect(w, r, "/topics", "error", fmt.Sprintf("The concurrency limit of %s must be a whole number, 0 for unlimited; %q is not.", topic, s), "")
+		if perr != nil || broker.ValidatePatch(broker.TopicPatch{ConcurrencyLimit: &n}) != nil {
+			u.redirect(w, r, "/topics", "error", fmt.Sprintf("The concurrency limit of %s must be a whole number from 0 (unlimited) to %d; %q is not.", topic, broker.MaxConcurrencyLimit, s), "")
 			return
 		}
 		_, err = svc.SetTopic(ctx, topic, broker.TopicPatch{ConcurrencyLimit: &n})
