@@ -115,3 +115,17 @@ func TestCheckConfigAcceptsSchedulesOfTasksNotRegistered(t *testing.T) {
 		t.Errorf("a malformed task name: %v, want an error naming schedules[0]", err)
 	}
 }
+
+// TestCheckConfigChecksSchedulePayloadsAsTheStore: a schedule payload the
+// store refuses at start (a NUL character, which PostgreSQL cannot
+// store) is refused by check-config too, naming the schedule, instead of
+// passing and then failing every start of the plugin.
+func TestCheckConfigChecksSchedulePayloadsAsTheStore(t *testing.T) {
+	p := New(testLogger(t))
+	for _, payload := range []string{`{"a": "x\u0000y"}`, `{"a": "\udc00"}`} {
+		err := p.CheckConfig(json.RawMessage(`{"broker": "local", "schedules": [{"name": "nul", "task": "demo.echo", "interval_seconds": 5, "payload": ` + payload + `}]}`))
+		if err == nil || !strings.Contains(err.Error(), "schedules[0]") || !strings.Contains(err.Error(), "payload") {
+			t.Errorf("payload %s: %v, want an error naming schedules[0] and its payload", payload, err)
+		}
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -44,8 +43,9 @@ const (
 var scheduleName = regexp.MustCompile(fmt.Sprintf(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,%d}$`, broker.MaxScheduleNameLen-1))
 
 // Check makes the checks that need no running worker: name, a task name
-// that a task can have, timing, missed policy and payload; it returns the payload to store. Its error
-// says which field is wrong and why.
+// that a task can have, timing, missed policy and payload (as the store
+// checks it); it returns the payload to store. Its error says which field
+// is wrong and why.
 func (b ScheduleSpec) Check() (json.RawMessage, error) {
 	if !scheduleName.MatchString(b.Name) {
 		return nil, invalid("name %q: use letters, digits and . _ : -, starting with a letter or digit, at most %d characters", b.Name, broker.MaxScheduleNameLen)
@@ -71,11 +71,12 @@ func (b ScheduleSpec) Check() (json.RawMessage, error) {
 	if len(payload) == 0 || string(payload) == "null" {
 		payload = []byte("{}")
 	}
-	if err := broker.CheckJSONDepth(payload); errors.Is(err, broker.ErrTooDeep) {
+	// The check every store makes of a schedule's payload
+	// (broker.NormalizeSchedule), so that a config check passes only what
+	// the store takes at start: valid JSON in UTF-8, no \u0000, not too
+	// deep.
+	if err := broker.CheckJSON(payload); err != nil {
 		return nil, invalid("payload: %v", err)
-	}
-	if !json.Valid(payload) {
-		return nil, invalid("payload is not valid JSON")
 	}
 	return payload, nil
 }
