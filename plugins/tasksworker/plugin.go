@@ -124,7 +124,7 @@ func (p *Plugin) CheckConfig(raw json.RawMessage) error {
 		return err
 	}
 	for i, b := range cfg.Schedules {
-		if _, err := b.Check(); err != nil {
+		if _, err := b.Check(cfg.MaxPayloadBytes); err != nil {
 			return invalid(fmt.Sprintf("schedules[%d]", i), "%v", err)
 		}
 	}

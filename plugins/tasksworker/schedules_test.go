@@ -208,3 +208,26 @@ func TestScheduleShowsItsNextRunBeforeItFires(t *testing.T) {
 		t.Fatalf("next_run = %s, want the next 03:00 UTC", next)
 	}
 }
+
+// max_payload_bytes bounds a schedule's payload as it bounds a task's:
+// POST schedules answers 400 and a config schedule fails check-config,
+// both saying so as a submit does.
+func TestSchedulePayloadOverTheLimitIsRefused(t *testing.T) {
+	f := start(t, map[string]any{"max_payload_bytes": 64})
+	payload := `{"s": "` + strings.Repeat("a", 64) + `"}`
+	want := "payload is 72 bytes, the limit is 64 (max_payload_bytes)"
+	if res := f.do("POST", "/api/tasks", `{"task": "demo.echo", "payload": `+payload+`}`); res.status != http.StatusBadRequest || !strings.Contains(string(res.body), want) {
+		t.Errorf("POST tasks: %d %s, want 400 saying %q", res.status, res.body, want)
+	}
+	res := f.do("POST", "/api/schedules", `{"name": "big", "task": "demo.echo", "interval_seconds": 5, "payload": `+payload+`}`)
+	if res.status != http.StatusBadRequest || !strings.Contains(string(res.body), want) {
+		t.Errorf("POST schedules: %d %s, want 400 saying %q", res.status, res.body, want)
+	}
+	if res := f.do("GET", "/api/schedules/big", ""); res.status != http.StatusNotFound {
+		t.Errorf("the refused schedule: %d %s, want 404", res.status, res.body)
+	}
+	err := New(testLogger(t)).CheckConfig(json.RawMessage(`{"max_payload_bytes": 64, "schedules": [{"name": "big", "task": "demo.echo", "interval_seconds": 5, "payload": ` + payload + `}]}`))
+	if err == nil || !strings.Contains(err.Error(), "schedules[0]") || !strings.Contains(err.Error(), want) {
+		t.Errorf("check-config: %v, want an error naming schedules[0] saying %q", err, want)
+	}
+}

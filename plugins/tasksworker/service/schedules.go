@@ -5,7 +5,6 @@ package service
 // lookup of where a schedule fires.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,9 +43,10 @@ var scheduleName = regexp.MustCompile(fmt.Sprintf(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0
 
 // Check makes the checks that need no running worker: name, a task name
 // that a task can have, timing, missed policy and payload (as the store
-// checks it); it returns the payload to store. Its error says which field
-// is wrong and why.
-func (b ScheduleSpec) Check() (json.RawMessage, error) {
+// checks it, and at most maxPayload bytes, max_payload_bytes, as a
+// submit's; 0 means broker.MaxPayloadSize); it returns the payload to
+// store, compacted. Its error says which field is wrong and why.
+func (b ScheduleSpec) Check(maxPayload int) (json.RawMessage, error) {
 	if !scheduleName.MatchString(b.Name) {
 		return nil, invalid("name %q: use letters, digits and . _ : -, starting with a letter or digit, at most %d characters", b.Name, broker.MaxScheduleNameLen)
 	}
@@ -67,18 +67,11 @@ func (b ScheduleSpec) Check() (json.RawMessage, error) {
 	if len(b.UniqueKey) > broker.MaxUniqueKeyLen {
 		return nil, invalid("unique_key is %d bytes long, the limit is %d", len(b.UniqueKey), broker.MaxUniqueKeyLen)
 	}
-	payload := bytes.TrimSpace(b.Payload)
-	if len(payload) == 0 || string(payload) == "null" {
-		payload = []byte("{}")
-	}
-	// The check every store makes of a schedule's payload
-	// (broker.NormalizeSchedule), so that a config check passes only what
-	// the store takes at start: valid JSON in UTF-8, no \u0000, not too
-	// deep.
-	if err := broker.CheckJSON(payload); err != nil {
-		return nil, invalid("payload: %v", err)
-	}
-	return payload, nil
+	// The payload of the tasks it submits, checked as a submit's: as
+	// every store checks it (broker.CheckJSON, as
+	// broker.NormalizeSchedule does), so that a config check passes only
+	// what the store takes at start, and within maxPayload.
+	return checkPayload(b.Payload, maxPayload)
 }
 
 // ScheduleOf checks a declared schedule and returns it as it is stored,
@@ -91,7 +84,7 @@ func (s *Service) ScheduleOf(b ScheduleSpec, source string) (broker.Schedule, er
 	if b.Task == "" {
 		return broker.Schedule{}, invalid("task is required; the tasks are %s", strings.Join(s.reg.Names(), ", "))
 	}
-	payload, err := b.Check()
+	payload, err := b.Check(s.settings.MaxPayloadBytes)
 	if err != nil {
 		return broker.Schedule{}, err
 	}

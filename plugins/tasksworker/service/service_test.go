@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -193,5 +194,31 @@ func TestSubmitManyChecksEachAndStoresAllOrNothing(t *testing.T) {
 	b, err := s.Check(ctx, []SubmitRequest{{Task: "t.echo"}, {Task: "t.echo", DelaySeconds: -1}, {Task: "t.echo"}})
 	if !errors.As(err, &item) || item.Index != 1 || b.Len() != 1 {
 		t.Fatalf("Check = %d checked, %v; want 1 and item 1 refused", b.Len(), err)
+	}
+}
+
+// A schedule's payload is bounded by max_payload_bytes as a submit's is:
+// every task it fires must be one a client could submit.
+func TestSchedulePayloadWithinTheSubmitLimit(t *testing.T) {
+	ctx := context.Background()
+	s := newTestService(t, nil)
+	big := json.RawMessage(`"` + strings.Repeat("a", 100) + `"`)
+	want := "payload is 102 bytes, the limit is 100 (max_payload_bytes)"
+	if _, err := s.CreateSchedule(ctx, ScheduleSpec{Name: "big", Task: "t.echo", IntervalSeconds: 60, Payload: big}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+		t.Errorf("CreateSchedule: %v, want ErrInvalid saying %q", err, want)
+	}
+	if err := s.ApplySchedules(ctx, []ScheduleSpec{{Name: "big", Task: "t.echo", IntervalSeconds: 60, Payload: big}}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+		t.Errorf("ApplySchedules: %v, want ErrInvalid saying %q", err, want)
+	}
+	if _, err := (ScheduleSpec{Name: "big", Task: "t.echo", IntervalSeconds: 60, Payload: big}).Check(100); !strings.Contains(fmt.Sprint(err), want) {
+		t.Errorf("Check: %v, want %q", err, want)
+	}
+	if list, _ := s.Schedules(ctx); len(list) != 0 {
+		t.Errorf("stored %+v", list)
+	}
+	// Measured compacted, as a submit's.
+	if _, err := s.CreateSchedule(ctx, ScheduleSpec{Name: "fits", Task: "t.echo", IntervalSeconds: 60,
+		Payload: json.RawMessage(`{"a":   ` + `"` + strings.Repeat("a", 80) + `"   }`)}); err != nil {
+		t.Errorf("a payload within the limit once compacted: %v", err)
 	}
 }

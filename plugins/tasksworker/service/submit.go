@@ -241,22 +241,9 @@ func (s *Service) prepare(ctx context.Context, req SubmitRequest, placed placeme
 		return broker.SubmitRequest{}, p.err
 	}
 	task, _ := s.reg.Lookup(req.Task) // zero for a task only another worker runs
-	payload := bytes.TrimSpace(req.Payload)
-	if len(payload) == 0 || string(payload) == "null" {
-		payload = []byte("{}")
-	}
-	// CheckJSON reads the payload first, in memory bounded by the depth:
-	// a payload nested thousands deep is refused before anything else
-	// reads it.
-	if err := broker.CheckJSON(payload); err != nil {
-		return broker.SubmitRequest{}, invalid("payload: %v", err)
-	}
-	var compact bytes.Buffer
-	if err := json.Compact(&compact, payload); err == nil {
-		payload = compact.Bytes()
-	}
-	if max := s.settings.MaxPayloadBytes; len(payload) > max {
-		return broker.SubmitRequest{}, invalid("payload is %d bytes, the limit is %d (max_payload_bytes); send less, or store the data elsewhere and pass a reference", len(payload), max)
+	payload, err := checkPayload(req.Payload, s.settings.MaxPayloadBytes)
+	if err != nil {
+		return broker.SubmitRequest{}, err
 	}
 	if req.DelaySeconds < 0 || req.DelaySeconds > broker.MaxDelay.Seconds() {
 		return broker.SubmitRequest{}, invalid("delay_seconds must be from 0 to %.0f, got %v", broker.MaxDelay.Seconds(), req.DelaySeconds)
@@ -283,6 +270,35 @@ func (s *Service) prepare(ctx context.Context, req SubmitRequest, placed placeme
 		return broker.SubmitRequest{}, err
 	}
 	return m, nil
+}
+
+// checkPayload checks a payload a client gives, for a task or a
+// schedule's tasks, and returns it as it is stored: compacted, {} when
+// empty or null. It must pass broker.CheckJSON (what every store checks)
+// and be at most maxPayload bytes compacted (max_payload_bytes; 0 means
+// broker.MaxPayloadSize).
+func checkPayload(raw json.RawMessage, maxPayload int) (json.RawMessage, error) {
+	if maxPayload <= 0 {
+		maxPayload = broker.MaxPayloadSize
+	}
+	payload := bytes.TrimSpace(raw)
+	if len(payload) == 0 || string(payload) == "null" {
+		payload = []byte("{}")
+	}
+	// CheckJSON reads the payload first, in memory bounded by the depth:
+	// a payload nested thousands deep is refused before anything else
+	// reads it.
+	if err := broker.CheckJSON(payload); err != nil {
+		return nil, invalid("payload: %v", err)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, payload); err == nil {
+		payload = compact.Bytes()
+	}
+	if len(payload) > maxPayload {
+		return nil, invalid("payload is %d bytes, the limit is %d (max_payload_bytes); send less, or store the data elsewhere and pass a reference", len(payload), maxPayload)
+	}
+	return payload, nil
 }
 
 // checkIntake checks req's unique key, priority and run-at time, filling
