@@ -139,9 +139,12 @@ func ValidateIntake(req SubmitRequest, now time.Time) error {
 	if req.UniqueFor > MaxDelay {
 		return Invalid("unique_for_seconds is %s, the limit is %s (%s)", req.UniqueFor, MaxDelay, maxDelayText)
 	}
-	for _, s := range req.UniqueStates {
+	for i, s := range req.UniqueStates {
 		if !slices.Contains(uniqueStateNames, s) {
 			return Invalid("unique_states: unknown state %q (the states are %v)", s, uniqueStateNames)
+		}
+		if slices.Contains(req.UniqueStates[:i], s) {
+			return Invalid("unique_states %v names %q twice; name each state once", req.UniqueStates, s)
 		}
 	}
 	if len(req.UniqueStates) > 0 && (!slices.Contains(req.UniqueStates, StateQueued) || !slices.Contains(req.UniqueStates, StateRunning)) {

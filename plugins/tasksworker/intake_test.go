@@ -113,6 +113,9 @@ func TestIntakeBadInput(t *testing.T) {
 		{"run_at with delay", `"run_at": "` + soon + `", "delay_seconds": 5`, "run_at and delay_seconds are both set"},
 		{"unknown unique state", `"unique_key": "k", "unique_states": ["queued", "running", "sleeping"]`, `unknown state "sleeping"`},
 		{"states without running", `"unique_key": "k", "unique_states": ["queued"]`, "must include queued and running"},
+		{"empty states", `"unique_key": "k", "unique_states": []`, "unique_states is empty: it must include queued and running"},
+		{"empty states without a key", `"unique_states": []`, "unique_states is empty"},
+		{"a state twice", `"unique_key": "k", "unique_states": ["queued", "running", "queued"]`, `names "queued" twice`},
 		{"negative window", `"unique_key": "k", "unique_for_seconds": -1`, "unique_for_seconds must be from 0"},
 		{"window without key", `"unique_for_seconds": 60`, "without a unique_key"},
 	}
@@ -153,5 +156,18 @@ func TestScheduleUniqueKeyAPI(t *testing.T) {
 		strings.NewReader(`{"name": "long", "task": "demo.echo", "interval_seconds": 3600, "unique_key": "`+strings.Repeat("k", 201)+`"}`))
 	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "unique_key is 201 bytes long") {
 		t.Fatalf("a long key: %d %s, want 400 naming unique_key", rec.Code, rec.Body)
+	}
+	// An empty key is refused as a submit's is, not dropped.
+	rec = serve(p, "POST", "/api/schedules", "application/json",
+		strings.NewReader(`{"name": "empty", "task": "demo.echo", "interval_seconds": 3600, "unique_key": ""}`))
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "unique_key is empty") {
+		t.Fatalf("an empty key: %d %s, want 400 saying unique_key is empty", rec.Code, rec.Body)
+	}
+	if rec = serve(p, "GET", "/api/schedules/empty", "", nil); rec.Code != http.StatusNotFound {
+		t.Fatalf("the refused schedule: %d %s, want 404", rec.Code, rec.Body)
+	}
+	err := New(testLogger(t)).CheckConfig(json.RawMessage(`{"schedules": [{"name": "empty", "task": "demo.echo", "interval_seconds": 60, "unique_key": ""}]}`))
+	if err == nil || !strings.Contains(err.Error(), "schedules[0]") || !strings.Contains(err.Error(), "unique_key is empty") {
+		t.Fatalf("check-config of an empty key: %v, want an error naming schedules[0]", err)
 	}
 }

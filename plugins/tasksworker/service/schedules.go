@@ -26,8 +26,9 @@ type ScheduleSpec struct {
 	Enabled         *bool           `json:"enabled"`
 	MissedPolicy    string          `json:"missed_policy"`
 	// UniqueKey: the unique key of the tasks it submits (a fire while an
-	// earlier fire's task still holds it submits nothing).
-	UniqueKey string `json:"unique_key,omitempty"`
+	// earlier fire's task still holds it submits nothing); nil for none.
+	// A key given empty is refused, as a submit's.
+	UniqueKey *string `json:"unique_key,omitempty"`
 }
 
 // ScheduleExample is a good schedule, for messages.
@@ -64,8 +65,8 @@ func (b ScheduleSpec) Check(maxPayload int) (json.RawMessage, error) {
 	default:
 		return nil, invalid("missed_policy %q: use %q or %q", b.MissedPolicy, broker.MissedSkip, broker.MissedFireOnce)
 	}
-	if len(b.UniqueKey) > broker.MaxUniqueKeyLen {
-		return nil, invalid("unique_key is %d bytes long, the limit is %d", len(b.UniqueKey), broker.MaxUniqueKeyLen)
+	if err := checkUniqueKey(b.uniqueKey(), b.UniqueKey != nil); err != nil {
+		return nil, err
 	}
 	// The payload of the tasks it submits, checked as a submit's: as
 	// every store checks it (broker.CheckJSON, as
@@ -99,15 +100,28 @@ func (s *Service) ScheduleOf(b ScheduleSpec, source string) (broker.Schedule, er
 	return broker.Schedule{
 		Name: b.Name, Task: b.Task, Topic: topic, Payload: payload,
 		IntervalSeconds: b.IntervalSeconds, Cron: strings.TrimSpace(b.Cron),
-		Enabled: enabled, MissedPolicy: b.MissedPolicy, Source: source, UniqueKey: b.UniqueKey,
+		Enabled: enabled, MissedPolicy: b.MissedPolicy, Source: source, UniqueKey: b.uniqueKey(),
 	}, nil
+}
+
+// uniqueKey is the unique key of b's tasks, "" for none.
+func (b ScheduleSpec) uniqueKey() string {
+	if b.UniqueKey == nil {
+		return ""
+	}
+	return *b.UniqueKey
 }
 
 // SpecOf is the declaration of a stored schedule.
 func SpecOf(s broker.Schedule) ScheduleSpec {
 	enabled := s.Enabled
-	return ScheduleSpec{Name: s.Name, Task: s.Task, Topic: s.Topic, Payload: s.Payload, IntervalSeconds: s.IntervalSeconds,
-		Cron: s.Cron, Enabled: &enabled, MissedPolicy: s.MissedPolicy, UniqueKey: s.UniqueKey}
+	spec := ScheduleSpec{Name: s.Name, Task: s.Task, Topic: s.Topic, Payload: s.Payload, IntervalSeconds: s.IntervalSeconds,
+		Cron: s.Cron, Enabled: &enabled, MissedPolicy: s.MissedPolicy}
+	if s.UniqueKey != "" {
+		key := s.UniqueKey
+		spec.UniqueKey = &key
+	}
+	return spec
 }
 
 // Schedules lists the stored schedules.

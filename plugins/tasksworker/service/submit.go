@@ -301,11 +301,27 @@ func checkPayload(raw json.RawMessage, maxPayload int) (json.RawMessage, error) 
 	return payload, nil
 }
 
+// checkUniqueKey checks a unique key a client gives, for a task or a
+// schedule's tasks; given says the client named one, so that an empty
+// key is refused rather than dropped.
+func checkUniqueKey(key string, given bool) error {
+	if given && key == "" {
+		return invalid("unique_key is empty: give a key of 1 to %d bytes, or leave the field out", broker.MaxUniqueKeyLen)
+	}
+	if len(key) > broker.MaxUniqueKeyLen {
+		return invalid("unique_key is %d bytes long, the limit is %d", len(key), broker.MaxUniqueKeyLen)
+	}
+	return nil
+}
+
 // checkIntake checks req's unique key, priority and run-at time, filling
 // in m's window; the messages name the API's fields.
 func checkIntake(req SubmitRequest, m *broker.SubmitRequest) error {
-	if req.UniqueKeySet && req.UniqueKey == "" {
-		return invalid("unique_key is empty: give a key of 1 to %d bytes, or leave the field out", broker.MaxUniqueKeyLen)
+	if err := checkUniqueKey(req.UniqueKey, req.UniqueKeySet); err != nil {
+		return err
+	}
+	if req.UniqueStates != nil && len(req.UniqueStates) == 0 {
+		return invalid("unique_states is empty: it must include %s; leave the field out for the default, %v", strings.Join(broker.DefaultUniqueStates, " and "), broker.DefaultUniqueStates)
 	}
 	if f := req.UniqueForSeconds; f < 0 || f > broker.MaxDelay.Seconds() {
 		return invalid("unique_for_seconds must be from 0 to %.0f, got %v", broker.MaxDelay.Seconds(), f)
