@@ -148,6 +148,12 @@ func TestSchedules(t *testing.T) {
 	if err != nil || s.Name != spec.Name || !s.Enabled || s.Timing == "" || s.NextRun == nil || s.Source != "api" {
 		t.Fatalf("CreateSchedule: %+v, %v", s, err)
 	}
+	// The list carries the next run as the single get does, also before
+	// the first fire.
+	list, err := c.Schedules(ctx)
+	if i := slices.IndexFunc(list, func(l client.Schedule) bool { return l.Name == spec.Name }); err != nil || i < 0 || list[i].NextRun == nil || !list[i].NextRun.Equal(*s.NextRun) {
+		t.Fatalf("Schedules: %+v, %v; want %s with next run %s", list, err, spec.Name, s.NextRun)
+	}
 	if _, err := c.CreateSchedule(ctx, spec); !client.IsConflict(err) {
 		t.Fatalf("creating it again: %v; want a conflict", err)
 	}
@@ -155,8 +161,8 @@ func TestSchedules(t *testing.T) {
 	if s, err = c.UpdateSchedule(ctx, spec); err != nil || s.Enabled || s.NextRun != nil {
 		t.Fatalf("UpdateSchedule (disable): %+v, %v", s, err)
 	}
-	list, err := c.Schedules(ctx)
-	if err != nil || !slices.ContainsFunc(list, func(s client.Schedule) bool { return s.Name == spec.Name && !s.Enabled }) {
+	list, err = c.Schedules(ctx)
+	if err != nil || !slices.ContainsFunc(list, func(s client.Schedule) bool { return s.Name == spec.Name && !s.Enabled && s.NextRun == nil }) {
 		t.Fatalf("Schedules: %+v, %v", list, err)
 	}
 	if _, err := c.CreateSchedule(ctx, client.ScheduleSpec{Name: "bad", Task: "demo.echo"}); !client.IsBadRequest(err) || !strings.Contains(err.Error(), "interval") {

@@ -37,9 +37,10 @@ type Schedule struct {
 	// does.
 	Waiting *ScheduleWaiting `json:"waiting,omitempty"`
 
-	// Timing ("every 30s", "cron 0 3 * * *") and NextRun (the next slot
-	// the beat fires, nil when disabled) are filled by GetSchedule,
-	// CreateSchedule and UpdateSchedule, not by Schedules.
+	// NextRun (the next slot the beat fires, also before the first; nil
+	// when disabled) is filled by Schedules, GetSchedule, CreateSchedule
+	// and UpdateSchedule; Timing ("every 30s", "cron 0 3 * * *") by all
+	// but Schedules.
 	Timing  string     `json:"-"`
 	NextRun *time.Time `json:"-"`
 }
@@ -89,10 +90,21 @@ func schedulePath(name string) string { return apiPrefix + "/schedules/" + url.P
 // Schedules lists every schedule.
 func (c *Client) Schedules(ctx context.Context) ([]Schedule, error) {
 	var out struct {
-		Schedules []Schedule `json:"schedules"`
+		Schedules []struct {
+			Schedule
+			NextRun *time.Time `json:"next_run"`
+		} `json:"schedules"`
 	}
 	err := c.call(ctx, request{method: http.MethodGet, path: apiPrefix + "/schedules"}, &out)
-	return out.Schedules, err
+	if out.Schedules == nil {
+		return nil, err
+	}
+	list := make([]Schedule, len(out.Schedules))
+	for i, item := range out.Schedules {
+		list[i] = item.Schedule
+		list[i].NextRun = item.NextRun
+	}
+	return list, err
 }
 
 // GetSchedule reads one schedule; IsNotFound(err) when there is none.

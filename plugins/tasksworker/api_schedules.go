@@ -26,10 +26,27 @@ func scheduleView(svc *service.Service, s broker.Schedule) map[string]any {
 		v["timing"] = tm.String()
 		v["period_seconds"] = tm.Period(time.Now()).Seconds()
 	}
-	if next, ok := scheduler.NextRun(s); ok && s.Enabled {
-		v["next_run"] = next
+	if next := nextRun(s); next != nil {
+		v["next_run"] = *next
 	}
 	return v
+}
+
+// nextRun is the next slot the beat fires s, also before its first; nil
+// when it is disabled (or its timing does not parse).
+func nextRun(s broker.Schedule) *time.Time {
+	if next, ok := scheduler.NextRun(s); ok && s.Enabled {
+		return &next
+	}
+	return nil
+}
+
+// scheduleListItem is a schedule as GET schedules lists it: the stored
+// row with its waiting status, and next_run as GET schedules/{name}
+// shows it.
+type scheduleListItem struct {
+	service.ScheduleStatus
+	NextRun *time.Time `json:"next_run,omitempty"`
 }
 
 func listSchedules(w http.ResponseWriter, r *http.Request, rt *runtime) {
@@ -38,9 +55,9 @@ func listSchedules(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		writeBrokerError(w, "list schedules", err)
 		return
 	}
-	out := make([]service.ScheduleStatus, 0, len(list))
+	out := make([]scheduleListItem, 0, len(list))
 	for _, s := range list {
-		out = append(out, rt.svc.StatusOf(s))
+		out = append(out, scheduleListItem{ScheduleStatus: rt.svc.StatusOf(s), NextRun: nextRun(s)})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"schedules": out})
 }

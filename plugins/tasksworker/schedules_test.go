@@ -207,6 +207,24 @@ func TestScheduleShowsItsNextRunBeforeItFires(t *testing.T) {
 	if next.UTC().Hour() != 3 || next.Minute() != 0 || !next.After(time.Now()) || next.After(time.Now().Add(24*time.Hour)) {
 		t.Fatalf("next_run = %s, want the next 03:00 UTC", next)
 	}
+	// The list shows it as the single get does; a disabled schedule has
+	// none.
+	if res := f.do("POST", "/api/schedules", `{"name": "off", "task": "demo.echo", "cron": "0 3 * * *", "enabled": false}`); res.status != http.StatusCreated {
+		t.Fatalf("create a disabled one: %d %s", res.status, res.body)
+	}
+	var list struct {
+		Schedules []map[string]any `json:"schedules"`
+	}
+	if err := json.Unmarshal(f.do("GET", "/api/schedules", "").body, &list); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]any{}
+	for _, item := range list.Schedules {
+		got[item["name"].(string)] = item["next_run"]
+	}
+	if got["at-three"] != s || got["off"] != nil || len(got) != 2 {
+		t.Fatalf("next_run in the list = %v, want at-three's %s and none for off", got, s)
+	}
 }
 
 // max_payload_bytes bounds a schedule's payload as it bounds a task's:
