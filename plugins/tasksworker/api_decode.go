@@ -50,6 +50,11 @@ func decodeJSON(data []byte, v any, example, what string) error {
 	case keys.tooDeep:
 		return fmt.Errorf("%s must be a JSON object, such as %s", what, example)
 	}
+	if string(bytes.TrimSpace(data)) == "null" {
+		// Decoding null into v would leave it as it is, as an empty
+		// object does, and be refused later for a missing field.
+		return fmt.Errorf("%s must be a JSON object, such as %s; got null", what, example)
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)

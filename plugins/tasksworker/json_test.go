@@ -71,3 +71,23 @@ func TestUIShowsDeepStoredJSONInBoundedMemory(t *testing.T) {
 		t.Errorf("the Run again form does not hold the stored payload")
 	}
 }
+
+// A null body, or a null item of a batch, is refused as what it is (not
+// an object), not as an object missing its task.
+func TestNullBodyIsNotAnObject(t *testing.T) {
+	f := start(t, nil)
+	for _, c := range []struct{ path, body, want string }{
+		{"/api/tasks", `null`, "the request body must be a JSON object"},
+		{"/api/tasks", ` null `, "the request body must be a JSON object"},
+		{"/api/tasks/batch", `[{"task": "demo.echo"}, null]`, "item 1: the item must be a JSON object"},
+		{"/api/schedules", `null`, "the request body must be a JSON object"},
+	} {
+		res := f.do("POST", c.path, c.body)
+		if res.status != http.StatusBadRequest || !strings.Contains(string(res.body), c.want) {
+			t.Errorf("POST %s %s: %d %s, want 400 saying %q", c.path, c.body, res.status, res.body, c.want)
+		}
+	}
+	if res := f.do("GET", "/api/tasks", ""); !strings.Contains(string(res.body), `"tasks":[]`) {
+		t.Errorf("the refused requests stored something: %s", res.body)
+	}
+}
