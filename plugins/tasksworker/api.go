@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -25,13 +27,15 @@ func (p *Plugin) routes() chi.Router {
 	r := chi.NewRouter()
 	r.Use(escapedRouting)
 	r.Use(middleware.GetHead) // HEAD answers as GET does, without the body
+	// sections names the API's first path segments, from its routes.
+	var sections string
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "no such endpoint: %s %s; the API is under /api (tasks, topics, workers, locks, health)", r.Method, r.URL.Path)
+		writeError(w, http.StatusNotFound, "no such endpoint: %s %s; the API is under /api (%s)", r.Method, r.URL.Path, sections)
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, "%s is not allowed on %s", r.Method, r.URL.Path)
 	})
-	r.Route("/api", func(r chi.Router) {
+	api := r.Route("/api", func(r chi.Router) {
 		r.Post("/tasks", p.withRuntime(submitTask))
 		r.Post("/tasks/batch", p.withRuntime(p.submitBatch))
 		r.Get("/tasks", p.withRuntime(listTasks))
@@ -51,6 +55,7 @@ func (p *Plugin) routes() chi.Router {
 		r.Get("/reports", p.withRuntime(listReports))
 		r.Get("/reports/{id}", p.withRuntime(getReport))
 	})
+	sections = apiSections(api)
 	u := ui.New(ui.Options{
 		Current: func() *service.Service {
 			if rt := p.current(); rt != nil {
@@ -65,6 +70,21 @@ func (p *Plugin) routes() chi.Router {
 	})
 	r.Route("/ui", u.Routes)
 	return r
+}
+
+// apiSections lists the first path segments of api's routes ("health,
+// locks, ..., workers"), for the 404 answer to name them all.
+func apiSections(api chi.Routes) string {
+	var names []string
+	_ = chi.Walk(api, func(_, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		seg, _, _ := strings.Cut(strings.TrimPrefix(route, "/"), "/")
+		if seg != "" && !slices.Contains(names, seg) {
+			names = append(names, seg)
+		}
+		return nil
+	})
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }
 
 // escapedRouting makes the router match the path as the client escaped

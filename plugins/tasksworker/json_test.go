@@ -91,3 +91,18 @@ func TestNullBodyIsNotAnObject(t *testing.T) {
 		t.Errorf("the refused requests stored something: %s", res.body)
 	}
 }
+
+// The 404 of an unknown path names every section the API routes.
+func TestNotFoundNamesEveryAPISection(t *testing.T) {
+	f := start(t, nil)
+	res := f.do("GET", "/api/nope", "")
+	if res.status != http.StatusNotFound {
+		t.Fatalf("GET /api/nope: %d %s", res.status, res.body)
+	}
+	msg, _ := res.json(t)["error"].(string)
+	for _, section := range []string{"health", "locks", "reports", "schedules", "tasks", "topics", "workers"} {
+		if !strings.Contains(msg, section) {
+			t.Errorf("the 404 %q does not name %s", msg, section)
+		}
+	}
+}
