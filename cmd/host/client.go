@@ -390,7 +390,7 @@ func schedulesList(*flag.FlagSet) func(context.Context, *env, []string) error {
 				timing = fmt.Sprintf("every %ds", s.IntervalSeconds)
 			}
 			fmt.Fprintf(w, "%s\t%s\t%s\t%v\t%s\t%s\t%s\n", s.Name, s.Task, timing, s.Enabled,
-				timeOrDash(s.LastAttempt), timeOrDash(s.LastSuccess), timeOrDash(s.ExpectedNextRun))
+				timeOrDash(s.LastAttempt), timeOrDash(s.LastSuccess), timeOrDash(s.NextRun))
 		}
 		return w.Flush()
 	}

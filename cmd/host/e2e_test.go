@@ -89,6 +89,10 @@ func TestCommandLineOnAHost(t *testing.T) {
 		t.Fatalf("schedules get -json after disable:\n%s", out)
 	}
 	must("", "schedules", "enable", "nightly")
+	// Its next run shows before its first fire: the next 03:00 UTC.
+	if out, _ := must("", "schedules", "list"); !regexp.MustCompile(`(?m)^nightly\s.*\s\S*T03:00:00Z\s*$`).MatchString(out) {
+		t.Fatalf("schedules list: no next run for nightly before its first fire:\n%s", out)
+	}
 	must("", "schedules", "delete", "nightly")
 	// A schedule of a task no worker runs says it waits, and why.
 	if _, err := client.New(hostURL).CreateSchedule(context.Background(), client.ScheduleSpec{Name: "later", Task: "images.resize", IntervalSeconds: 3600}); err != nil && !client.IsConflict(err) {
