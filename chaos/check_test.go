@@ -130,7 +130,7 @@ func terminal(c *pgx.Conn, ids []int64) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var n int
-	err := c.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE id = ANY($1) AND state IN ('done', 'failed', 'dead')`, ids).Scan(&n)
+	err := c.QueryRow(ctx, `SELECT count(*) FROM tw_messages_all WHERE id = ANY($1) AND state IN ('done', 'failed', 'dead')`, ids).Scan(&n)
 	return n, err
 }
 
@@ -394,7 +394,7 @@ func explain(hs []*host, c *pgx.Conn, id int64) string {
 	var state, claimedBy string
 	var attempts int
 	var claimedAt, finishedAt *time.Time
-	_ = c.QueryRow(context.Background(), `SELECT state, coalesce(claimed_by, ''), attempts, claimed_at, finished_at FROM tw_messages WHERE id = $1`, id).
+	_ = c.QueryRow(context.Background(), `SELECT state, coalesce(claimed_by, ''), attempts, claimed_at, finished_at FROM tw_messages_all WHERE id = $1`, id).
 		Scan(&state, &claimedBy, &attempts, &claimedAt, &finishedAt)
 	fmt.Fprintf(&b, "message %d: %s, claimed by %s at %v, attempts %d, finished %v\n", id, state, claimedBy, claimedAt, attempts, finishedAt)
 	rows, err := c.Query(context.Background(), `SELECT attempt, worker, status, started_at, ended_at, error FROM tw_reports WHERE message_id = $1 ORDER BY id`, id)
@@ -430,7 +430,7 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		var missing int
-		err := c.QueryRow(context.Background(), `SELECT count(*) FROM tw_messages m WHERE m.id = ANY($1) AND m.state = 'done'
+		err := c.QueryRow(context.Background(), `SELECT count(*) FROM tw_messages_all m WHERE m.id = ANY($1) AND m.state = 'done'
 			AND NOT EXISTS (SELECT 1 FROM tw_reports r WHERE r.message_id = m.id AND r.attempt = m.attempts AND r.worker = m.claimed_by)`, ids).Scan(&missing)
 		if err == nil && missing == 0 {
 			break
@@ -468,7 +468,7 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 		attempts         int
 	}
 	finals := map[int64]final{}
-	rows, err := c.Query(context.Background(), `SELECT id, state, coalesce(claimed_by, ''), attempts FROM tw_messages WHERE id = ANY($1)`, ids)
+	rows, err := c.Query(context.Background(), `SELECT id, state, coalesce(claimed_by, ''), attempts FROM tw_messages_all WHERE id = ANY($1)`, ids)
 	if err != nil {
 		t.Fatal(err)
 	}

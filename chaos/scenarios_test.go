@@ -152,7 +152,7 @@ func scenarioWorkerCutOff(t *testing.T, e *env) {
 		for _, x := range snap {
 			var claimedBy string
 			var attempts int
-			if err := c.QueryRow(context.Background(), `SELECT coalesce(claimed_by, ''), attempts FROM tw_messages WHERE id = $1`, x.id).Scan(&claimedBy, &attempts); err != nil {
+			if err := c.QueryRow(context.Background(), `SELECT coalesce(claimed_by, ''), attempts FROM tw_messages_all WHERE id = $1`, x.id).Scan(&claimedBy, &attempts); err != nil {
 				return false
 			}
 			if claimedBy == vh.WorkerID && attempts == x.attempts {

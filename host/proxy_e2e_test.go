@@ -122,7 +122,7 @@ func TestSubmitsWhileThePluginDiesAreNeverMisreported(t *testing.T) {
 	c := pgConn(t, schema)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	rows, err := c.Query(ctx, `SELECT id, payload->>'m' FROM tw_messages WHERE task = 'demo.echo'`)
+	rows, err := c.Query(ctx, `SELECT id, payload->>'m' FROM tw_messages_all WHERE task = 'demo.echo'`)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -875,7 +875,7 @@ func BenchmarkKillToRequeue(b *testing.B) {
 		for {
 			var state string
 			var attempts int
-			if err := c.QueryRow(ctx, `SELECT state, attempts FROM tw_messages WHERE id = $1`, id).Scan(&state, &attempts); err != nil {
+			if err := c.QueryRow(ctx, `SELECT state, attempts FROM tw_messages_all WHERE id = $1`, id).Scan(&state, &attempts); err != nil {
 				b.Fatal(err)
 			}
 			if state == "queued" || attempts >= 2 {

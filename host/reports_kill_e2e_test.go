@@ -48,7 +48,7 @@ func TestReportsSurviveSIGKILL(t *testing.T) {
 	count := func(where string) int {
 		t.Helper()
 		var n int
-		if err := db.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE `+where).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM tw_messages_all WHERE `+where).Scan(&n); err != nil {
 			t.Fatalf("count messages where %s: %v", where, err)
 		}
 		return n
@@ -80,8 +80,8 @@ func TestReportsSurviveSIGKILL(t *testing.T) {
 		SELECT m.id, m.attempts, m.claimed_by,
 			count(r.id), count(r.id) FILTER (WHERE r.status = 'success'),
 			coalesce(string_agg(r.status || ' of attempt ' || r.attempt || ' by ' || r.worker, ', ' ORDER BY r.id), '')
-		FROM tw_messages m LEFT JOIN tw_reports r ON r.message_id = m.id
-		GROUP BY m.id
+		FROM tw_messages_all m LEFT JOIN tw_reports r ON r.message_id = m.id
+		GROUP BY m.id, m.attempts, m.claimed_by
 		HAVING count(r.id) <> 1 OR count(r.id) FILTER (WHERE r.status = 'success') <> 1
 			OR bool_or(r.attempt <> m.attempts OR r.worker <> m.claimed_by)
 		ORDER BY m.id`)

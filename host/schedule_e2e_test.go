@@ -158,7 +158,7 @@ plugins:
 					(SELECT count(*) FROM `+schema+`.tw_reports r
 						WHERE r.message_id = f.message_id AND r.status = 'success') AS n
 				FROM `+schema+`.tw_schedule_fires f
-				LEFT JOIN `+schema+`.tw_messages m ON m.id = f.message_id
+				LEFT JOIN `+schema+`.tw_messages_all m ON m.id = f.message_id
 				WHERE f.name = 'failover' AND f.fired_at < now() - interval '3 seconds') x`,
 			killedWorker).Scan(&old, &multi, &pending, &unreported)
 		if err != nil {
@@ -184,7 +184,7 @@ func scheduleFiresWithoutSuccess(t *testing.T, conn *pgx.Conn, schema, name stri
 			coalesce((SELECT string_agg(r.status || ' by ' || r.worker, ', ' ORDER BY r.id)
 				FROM `+schema+`.tw_reports r WHERE r.message_id = f.message_id), '')
 		FROM `+schema+`.tw_schedule_fires f
-		LEFT JOIN `+schema+`.tw_messages m ON m.id = f.message_id
+		LEFT JOIN `+schema+`.tw_messages_all m ON m.id = f.message_id
 		WHERE f.name = $1 AND f.fired_at < now() - interval '3 seconds'
 			AND NOT EXISTS (SELECT 1 FROM `+schema+`.tw_reports r WHERE r.message_id = f.message_id AND r.status = 'success')
 		ORDER BY f.slot`, name)

@@ -10,7 +10,7 @@
 # "remote" through host A's API at RATE/s for DURATION, each submit at its own
 # time on a fixed schedule. A accepts it because a live worker elsewhere runs
 # demo.echo on that topic, so every task is claimed by host B. Latency is
-# tw_messages.finished_at - created_at, both PostgreSQL's now(): from the start
+# tw_messages_all.finished_at - created_at, both PostgreSQL's now(): from the start
 # of the submit's transaction to the start of the ack's transaction (it leaves
 # out the HTTP request around the submit and the ack's commit). It prints p50,
 # p90, p99, max, the count and how many host B claimed, per run, then the
@@ -127,10 +127,10 @@ if [ "$MODE" = across ]; then
 	A_ID=$(sql "SELECT id FROM tw_workers WHERE NOT 'remote' = ANY(topics)")
 	echo "host A: 127.0.0.1:$((PORT + 1)), worker $A_ID (does not claim topic remote)"
 	echo "host B: 127.0.0.1:$((PORT + 2)), worker $B_ID (claims topic remote)"
-	echo "latency = finished_at - created_at of tw_messages (PostgreSQL now(): submit's transaction start to ack's transaction start)"
+	echo "latency = finished_at - created_at of tw_messages_all (PostgreSQL now(): submit's transaction start to ack's transaction start)"
 	: >"$TMP/results"
 	for run in $(seq 1 "$RUNS"); do
-		FROM=$(sql "SELECT coalesce(max(id), 0) FROM tw_messages")
+		FROM=$(sql "SELECT coalesce(max(id), 0) FROM tw_messages_all")
 		"$TMP/acrosshosts" -addr "http://127.0.0.1:$((PORT + 1))" -topic remote -rate "$RATE" -duration "$DURATION"
 		for _ in $(seq 1 1200); do
 			[ "$(sql "SELECT count(*) FROM tw_messages WHERE id > $FROM AND finished_at IS NULL")" = 0 ] && break
@@ -142,7 +142,7 @@ if [ "$MODE" = across ]; then
 			FROM (SELECT percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY ms) AS p, max(ms) AS mx, count(*) AS n,
 			             count(*) FILTER (WHERE claimed_by = '$B_ID') AS byb, count(*) FILTER (WHERE state = 'done') AS ndone
 			      FROM (SELECT extract(epoch FROM finished_at - created_at) * 1000 AS ms, claimed_by, state
-			            FROM tw_messages WHERE id > $FROM) m) s" | tr '|' ' ')
+			            FROM tw_messages_all WHERE id > $FROM) m) s" | tr '|' ' ')
 		read -r P50 P90 P99 MAX N BYB NDONE <<<"$LINE"
 		echo "run $run: p50 $P50 ms, p90 $P90 ms, p99 $P99 ms, max $MAX ms; $N tasks, $NDONE done, $BYB claimed by host B"
 		echo "$P50 $P90 $P99 $MAX" >>"$TMP/results"

@@ -81,7 +81,7 @@ func TestDatabaseConnectionsKilled(t *testing.T) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		if err := admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'running')
-			FROM tw_messages`).Scan(&done, &running); err != nil {
+			FROM tw_messages_all`).Scan(&done, &running); err != nil {
 			t.Fatal(err)
 		}
 		if done == n || time.Now().After(deadline) {

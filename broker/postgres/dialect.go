@@ -141,7 +141,7 @@ var queries = sqlstore.Queries{
 	Locks:            `SELECT name, holder, message_id, acquired_at FROM tw_locks ORDER BY name`,
 
 	MessageCols: msgCols,
-	GetMessage:  `SELECT ` + msgCols + ` FROM tw_messages WHERE id = $1`,
+	GetMessage:  getMessageSQL,
 
 	// Cancel locks the row first: a claim (FOR UPDATE SKIP LOCKED) passes
 	// it by, an ack or nack waits and then sees the request.
@@ -193,7 +193,7 @@ var queries = sqlstore.Queries{
 			WHERE name = $1 AND holder = $2 AND term = $3 AND expires_at > now()`,
 
 	ReportCols: reportCols,
-	GetReport:  `SELECT ` + reportCols + ` FROM tw_reports WHERE id = $1`,
+	GetReport:  getReportSQL,
 
 	Placeholder: func(n int) string { return "$" + strconv.Itoa(n) },
 }

@@ -67,6 +67,19 @@ func (b *Broker) PurgeFinished(ctx context.Context, before time.Time) (int, erro
 			break
 		}
 	}
+	for {
+		var n, batches int64
+		err := b.run(ctx, "purge finished messages", func(c *pgx.Conn) error {
+			return c.QueryRow(ctx, purgeDoneSQL, before, purgeBatches).Scan(&n, &batches)
+		})
+		if err != nil {
+			return total, err
+		}
+		total += int(n)
+		if batches < purgeBatches {
+			break
+		}
+	}
 	err := b.run(ctx, "purge schedule fires", func(c *pgx.Conn) error {
 		_, err := c.Exec(ctx, `DELETE FROM tw_schedule_fires WHERE fired_at < $1`, before)
 		return err

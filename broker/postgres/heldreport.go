@@ -13,33 +13,6 @@ import (
 // keeps them (heldReportSet, ackKeptSQL), and how reads, moves and purges
 // see them as report rows.
 
-// ackKeptSQL is ackReportsSQL for the common batch, in which every claim
-// carries a plain success report (plainReport): such a report is kept in
-// its message's row when it names the row's task and topic, so only the
-// columns the row keeps are sent, 13 arrays instead of 20, and the other
-// reports' arrays are not read at all. A report that names another task
-// or topic is stored in tw_report_rows instead, from what the UPDATE
-// returns (a kept report never lands there, so its key needs no check
-// against the held one, as in ackReportsSQL).
-var ackKeptSQL = `WITH a AS (
-	UPDATE tw_messages m
-	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL,
-		` + heldReportSet("v.task = m.task AND v.topic = m.topic") + `
-	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[], $7::int[], $8::text[],
-			$9::timestamptz[], $10::timestamptz[], $11::float8[], $12::float8[], $13::text[])
-		AS v(id, tok, ares, ord, task, topic, att, worker, st, en, dur, prog, key)
-	WHERE m.id = ANY ($1::bigint[]) AND m.id = v.id AND m.token::text = v.tok
-	RETURNING v.*, m.report_id IS NOT NULL AS held
-), r AS (
-	INSERT INTO tw_report_rows (id, message_id, task, topic, attempt, worker, status,
-		started_at, ended_at, duration_seconds, result, progress, report_key)
-	SELECT nextval('tw_reports_id_seq'), id, task, topic, att, worker, 'success',
-		coalesce(st, en, now()), coalesce(en, now()), dur, ares::jsonb, prog, key
-	FROM a WHERE NOT held ORDER BY ord
-	ON CONFLICT (report_key) DO NOTHING
-)
-	SELECT ord, topic FROM a`
-
 // plainReport reports whether r, the report of an outcome whose result is
 // res, says no more than its message's row says once acked: a success
 // with no schedule, no logs, no error, and the outcome's result. Such a
@@ -85,21 +58,32 @@ func keptArgs(reps []*broker.Report) []any {
 // of ackReportsSQL's v) in the message's row when keep holds, and leaves
 // the report_ columns NULL otherwise.
 func heldReportSet(keep string) string {
+	cols := heldReportValues(keep)
+	set := make([]string, len(cols))
+	for i, c := range cols {
+		set[i] = c[0] + " = " + c[1]
+	}
+	return strings.Join(set, ",\n\t\t")
+}
+
+// heldReportValues are the report_ columns of a message that keeps the
+// report of v when keep holds, each with its value (NULL otherwise), in
+// the order of the type tw_done_message (migration 020).
+func heldReportValues(keep string) [][2]string {
 	cols := [][2]string{
 		{"report_id", "nextval('tw_reports_id_seq')"},
 		{"report_attempt", "v.att"},
+		// The worker, only when it is not the claim's.
+		{"report_worker", "CASE WHEN v.worker IS DISTINCT FROM m.claimed_by THEN v.worker END"},
 		{"report_started_at", "coalesce(v.st, v.en, now())"},
 		{"report_ended_at", "coalesce(v.en, now())"},
 		{"report_duration", "v.dur"},
 		{"report_progress", "v.prog"},
 	}
-	set := make([]string, len(cols))
 	for i, c := range cols {
-		set[i] = c[0] + " = CASE WHEN " + keep + " THEN " + c[1] + " END"
+		cols[i][1] = "CASE WHEN " + keep + " THEN " + c[1] + " END"
 	}
-	// The worker, only when it is not the claim's.
-	set = append(set, "report_worker = CASE WHEN "+keep+" AND v.worker IS DISTINCT FROM m.claimed_by THEN v.worker END")
-	return strings.Join(set, ",\n\t\t")
+	return cols
 }
 
 // heldReportSelect is a report kept in its message's row (migration 019)

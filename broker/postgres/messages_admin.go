@@ -13,13 +13,44 @@ func (dialect) ListMessagesSQL(f broker.MessageFilter, limit int) (string, []any
 	return listSQL(f, limit)
 }
 
-// listSQL is ListMessages's statement for f (checked) and limit.
+// listSQL is ListMessages's statement for f (checked) and limit: the
+// messages of tw_messages and, unless the state filter excludes done, those
+// of the batches (migration 020), each newest first, merged.
+func listSQL(f broker.MessageFilter, limit int) (string, []any) {
+	q, w := listRowsSQL(f, limit)
+	if f.State != "" && f.State != broker.StateDone {
+		return q, w.Args()
+	}
+	b := w.Next()
+	var conds []string
+	if f.Topic != "" {
+		b.Add("topic = ?", f.Topic)
+	}
+	if f.Task != "" {
+		b.Add("task = ?", f.Task)
+	}
+	conds = append(conds, b.Where())
+	before, elem := "", "true"
+	if f.Before > 0 {
+		before = b.Limit(int(f.Before))
+		elem = "x.id < " + before
+	}
+	lim := b.Limit(limit)
+	return `SELECT * FROM ((` + q + `)
+		UNION ALL
+		(SELECT ` + msgCols + ` FROM ` + doneRows(doneBatches(conds, "max_id", "ids", before, lim), elem, "m") + `
+			ORDER BY id DESC LIMIT ` + lim + `)) u ORDER BY id DESC LIMIT ` + lim, b.Args()
+}
+
+// listRowsSQL is the statement of the messages of tw_messages that f
+// selects, newest first, at most limit, and the filter holding its
+// arguments.
 //
 // Only the filters in use go into the SQL, so each combination gets a plan
 // (and a cached statement) of its own. The state goes in as a literal (it
 // is one of broker.States): the partial indexes that serve a state are usable
 // only when the plan knows which state it is.
-func listSQL(f broker.MessageFilter, limit int) (string, []any) {
+func listRowsSQL(f broker.MessageFilter, limit int) (string, *sqlstore.Filter) {
 	w := queries.NewFilter()
 	if f.State != "" {
 		w.AddLiteral("state = '" + f.State + "'")
@@ -34,9 +65,10 @@ func listSQL(f broker.MessageFilter, limit int) (string, []any) {
 			(SELECT * FROM tw_messages WHERE ` + where + ` AND state <> 'running' ORDER BY id DESC LIMIT ` + limitArg + `)
 			UNION ALL
 			(SELECT * FROM tw_messages WHERE ` + where + ` AND state = 'running' ORDER BY id DESC LIMIT ` + limitArg + `)
-		) AS m ORDER BY id DESC LIMIT ` + limitArg, w.Args()
+		) AS m ORDER BY id DESC LIMIT ` + limitArg, w
 	}
-	return w.Select(msgCols, "tw_messages", limit)
+	q, _ := w.Select(msgCols, "tw_messages", limit)
+	return q, w
 }
 
 // Requeue puts message id back in the queue, available now, if it is dead
@@ -55,7 +87,8 @@ func (d dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {
 			WHERE id = $1 AND state IN ('dead', 'failed')
 			RETURNING topic
 		)
-		SELECT (SELECT state FROM tw_messages WHERE id = $1), EXISTS (SELECT 1 FROM u), (SELECT topic FROM u)`,
+		SELECT coalesce((SELECT state FROM tw_messages WHERE id = $1), (SELECT state FROM `+doneByID("$1", "m")+`)),
+			EXISTS (SELECT 1 FROM u), (SELECT topic FROM u)`,
 		id).Scan(&state, &updated, &topic)
 	if isUniqueViolation(err) {
 		return "", false, broker.Invalid("message %d is not requeued: another task holds its unique key now", id)

@@ -213,7 +213,7 @@ func TestConcurrencyLimitAcrossProcesses(t *testing.T) {
 		}
 	}
 	var done, other int
-	if err := c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state <> 'done') FROM tw_messages`).
+	if err := c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state <> 'done') FROM tw_messages_all`).
 		Scan(&done, &other); err != nil {
 		t.Fatal(err)
 	}

@@ -160,7 +160,7 @@ func TestMigrateFreshSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"tw_amqp_orphans", "tw_amqp_outbox", "tw_leases", "tw_locks", "tw_messages", "tw_report_rows", "tw_reports", "tw_schedule_fires", "tw_schedules",
+	want := []string{"tw_amqp_orphans", "tw_amqp_outbox", "tw_done", "tw_leases", "tw_locks", "tw_messages", "tw_messages_all", "tw_report_rows", "tw_reports", "tw_schedule_fires", "tw_schedules",
 		"tw_schema_migrations", "tw_topics", "tw_unique_keys", "tw_workers"}
 	if !slices.Equal(tables, want) {
 		t.Fatalf("tables %v, want %v", tables, want)
@@ -395,7 +395,7 @@ func TestReclaimRacesAck(t *testing.T) {
 		t.Fatalf("%d acked + %d reclaimed, want %d in all", acked, res.Reclaimed, n)
 	}
 	var done, queued int
-	if err := c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'queued') FROM tw_messages`).
+	if err := c.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'done'), count(*) FILTER (WHERE state = 'queued') FROM tw_messages_all`).
 		Scan(&done, &queued); err != nil {
 		t.Fatal(err)
 	}

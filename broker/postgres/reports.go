@@ -43,8 +43,10 @@ func reportCTEs(first int, keep string) string {
 		SELECT nextval('tw_reports_id_seq') AS id, x.ord, x.mid, x.task, x.topic,
 			x.sched, x.att, x.worker, x.status, coalesce(x.st, x.en, now()) AS st, coalesce(x.en, now()) AS en,
 			x.dur, x.err, x.res, x.prog, x.logs, x.key,
-			(SELECT m.report_id FROM tw_messages m
-				WHERE x.key IS NOT NULL AND m.id = x.mid AND m.report_attempt = x.att) AS held
+			coalesce((SELECT m.report_id FROM tw_messages m
+				WHERE x.key IS NOT NULL AND m.id = x.mid AND m.report_attempt = x.att),
+				(SELECT e.report_id FROM tw_done d, unnest(d.messages) e
+				WHERE x.key IS NOT NULL AND d.ids @> x.mid AND e.id = x.mid AND e.report_attempt = x.att)) AS held
 		FROM ` + reportUnnest(first, "x") + `
 		WHERE ` + keep + `
 		ORDER BY x.ord
@@ -320,11 +322,48 @@ func (dialect) ListReportsSQL(f broker.ReportFilter, limit int) (string, []any) 
 	if w := rows.Where(); w != "" {
 		where = ` WHERE ` + w
 	}
-	return `(SELECT ` + reportCols + ` FROM tw_report_rows` + where + ` ORDER BY id DESC LIMIT ` + lim + `)
+	q := `(SELECT ` + reportCols + ` FROM tw_report_rows` + where + ` ORDER BY id DESC LIMIT ` + lim + `)
 		UNION ALL
 		(SELECT ` + reportCols + ` FROM (SELECT ` + heldReportSelect + ` FROM tw_messages
-			WHERE ` + held.Where() + ` ORDER BY report_id DESC LIMIT ` + lim + `) h)
-		ORDER BY id DESC LIMIT ` + lim, held.Args()
+			WHERE ` + held.Where() + ` ORDER BY report_id DESC LIMIT ` + lim + `) h)`
+	if (f.Status != "" && f.Status != broker.ReportSuccess) || f.Schedule != "" {
+		return q + ` ORDER BY id DESC LIMIT ` + lim, held.Args()
+	}
+	// The reports of the batches (migration 020): plain successes, with
+	// no schedule.
+	batch := held.Next()
+	batch.AddLiteral("reports IS NOT NULL")
+	if f.Task != "" {
+		batch.Add("task = ?", f.Task)
+	}
+	if f.MessageID != 0 {
+		batch.Add("ids @> ?::bigint", f.MessageID)
+	}
+	before := ""
+	if f.Before > 0 {
+		before = batch.Limit(int(f.Before))
+	}
+	elem := batch.Next()
+	elem.AddLiteral("x.report_id IS NOT NULL")
+	if f.MessageID != 0 {
+		elem.Add("x.id = ?", f.MessageID)
+	}
+	if before != "" {
+		elem.AddLiteral("x.report_id < " + before)
+	}
+	// A message is in one batch, which the GiST index finds among the
+	// few whose ranges hold its id; otherwise the batches are read newest
+	// first (doneBatches).
+	batches := `(SELECT * FROM tw_done WHERE ` + batch.Where() + `) d`
+	if f.MessageID == 0 {
+		batches = doneBatches([]string{batch.Where()}, "max_report", "reports", before, lim)
+	}
+	return q + `
+		UNION ALL
+		(SELECT ` + reportCols + ` FROM (SELECT ` + heldReportSelect + ` FROM ` +
+		doneRows(batches, elem.Where(), "b") + `
+			ORDER BY report_id DESC LIMIT ` + lim + `) h)
+		ORDER BY id DESC LIMIT ` + lim, elem.Args()
 }
 
 // PurgeReports deletes the reports that ended before the cutoff and
@@ -347,6 +386,16 @@ func (d dialect) PurgeReports(ctx context.Context, before time.Time) (int, error
 		})
 		total += int(n)
 		if n < purgeChunk {
+			break
+		}
+	}
+	for err == nil {
+		var n, batches int64
+		err = d.b.run(ctx, "purge reports", func(c *pgx.Conn) error {
+			return c.QueryRow(ctx, clearDoneReportsSQL, before, purgeBatches).Scan(&n, &batches)
+		})
+		total += int(n)
+		if batches < purgeBatches {
 			break
 		}
 	}

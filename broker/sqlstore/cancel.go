@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"errors"
 
 	"github.com/taskhost/taskhost/broker"
 )
@@ -24,7 +25,17 @@ func (s *Store) Cancel(ctx context.Context, id int64) (broker.Message, error) {
 		state string // as found
 	)
 	err := s.d.Tx(ctx, "cancel", func(c Conn) error {
-		if err := c.QueryRow(s.q.CancelLock, id).Scan(&state); err != nil {
+		err := c.QueryRow(s.q.CancelLock, id).Scan(&state)
+		if errors.Is(err, ErrNoRows) {
+			// A message can leave its table as it ends (the PostgreSQL
+			// store's batches of done messages, read by GetMessage): the
+			// statement that waited for its row lock saw it go, and the
+			// next one, in a snapshot of its own, sees where it went.
+			var got broker.Message
+			got, err = s.d.ScanMessage(c.QueryRow(s.q.GetMessage, id))
+			state = got.State
+		}
+		if err != nil {
 			return notFound(err, "message %d", id)
 		}
 		switch state {
@@ -42,7 +53,6 @@ func (s *Store) Cancel(ctx context.Context, id int64) (broker.Message, error) {
 				}
 			}
 		}
-		var err error
 		m, err = s.d.ScanMessage(c.QueryRow(s.q.GetMessage, id))
 		return err
 	})

@@ -46,7 +46,7 @@ func assertReported(t *testing.T, schema, like string, want int, messagesKept bo
 		return
 	}
 	var msgs, done int
-	if err := c.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE state = 'done') FROM tw_messages WHERE topic LIKE $1`, like).Scan(&msgs, &done); err != nil {
+	if err := c.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE state = 'done') FROM tw_messages_all WHERE topic LIKE $1`, like).Scan(&msgs, &done); err != nil {
 		t.Fatal(err)
 	}
 	if msgs != want || done != want {

@@ -173,7 +173,7 @@ func (bn *bench) realHostRun(ctx context.Context, c *client.Client, topic string
 	n := bn.cfg.jobs
 	r := realHostResult{Run: run}
 	// The reports too: the run counts those of topic.
-	if _, err := bn.admin.Exec(ctx, `TRUNCATE tw_messages, tw_locks, tw_report_rows`); err != nil {
+	if _, err := bn.admin.Exec(ctx, `TRUNCATE tw_messages, tw_locks, tw_report_rows, tw_done`); err != nil {
 		return r, err
 	}
 	// A checkpoint, as after the main phases' seed, but no ANALYZE: the

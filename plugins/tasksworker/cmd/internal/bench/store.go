@@ -280,7 +280,7 @@ func (bn *bench) openSchema(ctx context.Context, schema string) (broker.Broker, 
 // of topic (postgres): the database's own account of a phase.
 func (bn *bench) finished(ctx context.Context, topic string) (done, reports int64, err error) {
 	err = bn.admin.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'done'),
+		(SELECT count(*) FROM tw_messages_all WHERE topic = $1 AND state = 'done'),
 		(SELECT count(*) FROM tw_reports WHERE topic = $1 AND status = $2)`, topic, broker.ReportSuccess).Scan(&done, &reports)
 	return done, reports, err
 }

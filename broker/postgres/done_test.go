@@ -1,0 +1,378 @@
+package postgres
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/taskhost/taskhost/broker"
+)
+
+// doneFixture: messages of two topics and two tasks, acked with plain
+// success reports in acks whose id ranges overlap (so their batches'
+// ranges do), and a few that stay in tw_messages: failed ones, one acked
+// with a report that has logs, and queued ones.
+type doneFixture struct {
+	b       *Broker
+	all     map[int64]broker.Message // every message as stored now, by id
+	batched map[int64]bool           // the messages acked into batches
+	reports map[int64]int64          // report id of each batched message
+}
+
+func newDoneFixture(t *testing.T, n int) doneFixture {
+	t.Helper()
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	var reqs []broker.SubmitRequest
+	for i := range n {
+		reqs = append(reqs, broker.SubmitRequest{Topic: fmt.Sprintf("t%d", i%2), Task: fmt.Sprintf("k%d", i%3),
+			Payload: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))})
+	}
+	if _, err := b.SubmitMany(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	var claimed []broker.Message
+	for _, topic := range []string{"t0", "t1"} {
+		msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{topic}, Max: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		claimed = append(claimed, msgs...)
+	}
+	slices.SortFunc(claimed, func(a, b broker.Message) int { return int(a.ID - b.ID) })
+	f := doneFixture{b: b, batched: map[int64]bool{}}
+	res := json.RawMessage(`{"ok":1}`)
+	end := time.Now()
+	plain := func(m broker.Message) broker.Outcome {
+		return broker.Outcome{Claim: m.ClaimOf(), Result: res, Report: &broker.Report{MessageID: m.ID, Task: m.Task,
+			Topic: m.Topic, Attempt: m.Attempts, Worker: "w", Status: broker.ReportSuccess, StartedAt: end.Add(-time.Second),
+			EndedAt: end, Duration: 1, Result: res, Progress: 1, Key: broker.ReportKey(*m.ClaimedAt, m.Token)}}
+	}
+	// Acks of plain reports: the even positions in groups of 7, then the
+	// odd ones in groups of 5, so each ack's range spans the others'.
+	// Every 10th message is left out for the other outcomes.
+	var groups [][]broker.Outcome
+	for _, parity := range []int{0, 1} {
+		size := 7 - 2*parity
+		var g []broker.Outcome
+		for i, m := range claimed {
+			if i%2 != parity || i%10 == 9 {
+				continue
+			}
+			g = append(g, plain(m))
+			f.batched[m.ID] = true
+			if len(g) == size {
+				groups, g = append(groups, g), nil
+			}
+		}
+		if len(g) > 0 {
+			groups = append(groups, g)
+		}
+	}
+	for _, g := range groups {
+		if errs, err := b.Ack(ctx, g); err != nil || errors.Join(errs...) != nil {
+			t.Fatalf("ack: %v, %v", errs, err)
+		}
+	}
+	for i, m := range claimed {
+		if i%10 != 9 {
+			continue
+		}
+		switch i % 20 {
+		case 9:
+			if err := b.Nack(ctx, broker.NackRequest{Claim: m.ClaimOf(), Error: "boom"}); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			o := plain(m)
+			o.Report.Logs = []string{"a line"}
+			if errs, err := b.Ack(ctx, []broker.Outcome{o}); err != nil || errs[0] != nil {
+				t.Fatalf("ack with logs: %v, %v", errs, err)
+			}
+		}
+	}
+	var batches, inRows int
+	c := schemaConn(t, b)
+	if err := c.QueryRow(ctx, `SELECT (SELECT count(*) FROM tw_done), (SELECT count(*) FROM tw_messages WHERE id = ANY ($1))`,
+		slices.Collect(func(yield func(int64) bool) {
+			for id := range f.batched {
+				if !yield(id) {
+					return
+				}
+			}
+		})).Scan(&batches, &inRows); err != nil {
+		t.Fatal(err)
+	}
+	if batches < len(groups) || inRows != 0 {
+		t.Fatalf("%d batches for %d acks, %d of their messages still in tw_messages; want at least one a topic and task each, and none", batches, len(groups), inRows)
+	}
+	f.all = map[int64]broker.Message{}
+	f.reports = map[int64]int64{}
+	for id := int64(1); id <= int64(n); id++ {
+		m, err := b.GetMessage(ctx, id)
+		if err != nil {
+			t.Fatalf("GetMessage(%d): %v", id, err)
+		}
+		f.all[id] = m
+	}
+	rows, err := c.Query(ctx, `SELECT id, report_id FROM tw_messages_all WHERE report_id IS NOT NULL`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, rid int64
+		if err := rows.Scan(&id, &rid); err != nil {
+			t.Fatal(err)
+		}
+		if f.batched[id] {
+			f.reports[id] = rid
+		}
+	}
+	if len(f.reports) != len(f.batched) {
+		t.Fatalf("%d of %d batched messages keep a report", len(f.reports), len(f.batched))
+	}
+	return f
+}
+
+// TestDoneBatchesReadAsMessages: a message acked into a batch reads as it
+// would from its row: GetMessage, Cancel (finished) and Requeue (refused).
+func TestDoneBatchesReadAsMessages(t *testing.T) {
+	f := newDoneFixture(t, 60)
+	ctx := t.Context()
+	for id := range f.batched {
+		m := f.all[id]
+		if m.State != broker.StateDone || string(m.Result) != `{"ok": 1}` || m.Attempts != 1 || m.ClaimedBy != "w" ||
+			m.FinishedAt == nil || m.ClaimedAt == nil || m.Topic != fmt.Sprintf("t%d", (id-1)%2) ||
+			m.Task != fmt.Sprintf("k%d", (id-1)%3) || string(m.Payload) != fmt.Sprintf(`{"i": %d}`, id-1) {
+			t.Fatalf("batched message %d reads as %+v", id, m)
+		}
+		got, err := f.b.Cancel(ctx, id)
+		if !errors.Is(err, broker.ErrFinished) || got.ID != id || got.State != broker.StateDone {
+			t.Fatalf("Cancel(%d) = %+v, %v; want it finished", id, got, err)
+		}
+		if err := f.b.Requeue(ctx, id); !errors.Is(err, broker.ErrInvalid) {
+			t.Fatalf("Requeue(%d) = %v; want invalid (it is done)", id, err)
+		}
+	}
+	if _, err := f.b.GetMessage(ctx, 1000); !errors.Is(err, broker.ErrNotFound) {
+		t.Fatalf("GetMessage of no message: %v", err)
+	}
+}
+
+// TestDoneBatchesListNewestFirst: every filter of ListMessages, paged
+// with small limits, gives exactly the messages it selects from
+// tw_messages and the batches, newest first, though the batches' id
+// ranges overlap.
+func TestDoneBatchesListNewestFirst(t *testing.T) {
+	f := newDoneFixture(t, 90)
+	ctx := t.Context()
+	for _, state := range []string{"", broker.StateDone, broker.StateFailed} {
+		for _, topic := range []string{"", "t1"} {
+			for _, task := range []string{"", "k2"} {
+				var want []int64
+				for id := int64(90); id >= 1; id-- {
+					m := f.all[id]
+					if (state == "" || m.State == state) && (topic == "" || m.Topic == topic) && (task == "" || m.Task == task) {
+						want = append(want, id)
+					}
+				}
+				for _, limit := range []int{1, 4, 50} {
+					var got []int64
+					filter := broker.MessageFilter{State: state, Topic: topic, Task: task, Limit: limit}
+					for {
+						page, err := f.b.ListMessages(ctx, filter)
+						if err != nil {
+							t.Fatalf("%+v: %v", filter, err)
+						}
+						for _, m := range page {
+							got = append(got, m.ID)
+							if m.State != f.all[m.ID].State || m.Task != f.all[m.ID].Task {
+								t.Fatalf("%+v: message %d reads as %+v, alone as %+v", filter, m.ID, m, f.all[m.ID])
+							}
+						}
+						if len(page) < limit {
+							break
+						}
+						filter.Before = page[len(page)-1].ID
+					}
+					if !slices.Equal(got, want) {
+						t.Fatalf("state %q topic %q task %q limit %d:\n got %v\nwant %v", state, topic, task, limit, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestDoneBatchesReports: the reports kept in batches read by id, and list
+// newest first under every filter, paged, merged with the others.
+func TestDoneBatchesReports(t *testing.T) {
+	f := newDoneFixture(t, 60)
+	ctx := t.Context()
+	for id, rid := range f.reports {
+		r, err := f.b.GetReport(ctx, rid)
+		if err != nil || r.MessageID != id || r.Status != broker.ReportSuccess || r.Worker != "w" || r.Attempt != 1 ||
+			r.Duration != 1 || r.Progress != 1 || string(r.Result) != `{"ok": 1}` || r.Task != f.all[id].Task {
+			t.Fatalf("report %d of message %d: %+v, %v", rid, id, r, err)
+		}
+	}
+	all, err := f.b.ListReports(ctx, broker.ReportFilter{Limit: broker.MaxReportLimit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != len(f.reports)+3 {
+		t.Fatalf("%d reports, want %d kept in batches and 3 with logs", len(all), len(f.reports))
+	}
+	for _, filter := range []broker.ReportFilter{{}, {Task: "k1"}, {Status: broker.ReportSuccess}, {Status: broker.ReportFailed},
+		{MessageID: 7}, {MessageID: 10}, {Schedule: "s"}} {
+		var want []int64
+		for _, r := range all {
+			if (filter.Task == "" || r.Task == filter.Task) && (filter.Status == "" || r.Status == filter.Status) &&
+				(filter.MessageID == 0 || r.MessageID == filter.MessageID) && filter.Schedule == "" {
+				want = append(want, r.ID)
+			}
+		}
+		for _, limit := range []int{1, 3, 100} {
+			var got []int64
+			page := filter
+			page.Limit = limit
+			for {
+				list, err := f.b.ListReports(ctx, page)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range list {
+					got = append(got, r.ID)
+				}
+				if len(list) < limit {
+					break
+				}
+				page.Before = list[len(list)-1].ID
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%+v limit %d:\n got %v\nwant %v", filter, limit, got, want)
+			}
+		}
+	}
+	// A report stored again with the key of one kept in a batch (its
+	// ack's answer was lost) gets that report's id, and nothing more is
+	// stored.
+	m := f.all[1]
+	id, err := f.b.AddReport(ctx, broker.Report{MessageID: 1, Task: m.Task, Topic: m.Topic, Attempt: 1, Worker: "w",
+		Status: broker.ReportLost, Error: "claim lost", Key: "another key of the same attempt"})
+	if err != nil || id != f.reports[1] {
+		t.Fatalf("a lost report of an attempt kept in a batch = %d, %v; want %d", id, err, f.reports[1])
+	}
+	if list, err := f.b.ListReports(ctx, broker.ReportFilter{MessageID: 1}); err != nil || len(list) != 1 {
+		t.Fatalf("reports of message 1: %+v, %v; want one", list, err)
+	}
+}
+
+// TestDoneBatchesPurges: PurgeReports clears the reports of a batch that
+// ended before the cutoff and keeps the others and the messages;
+// PurgeFinished deletes the batches that finished before the cutoff and
+// moves the reports they still hold to tw_report_rows, with their ids.
+func TestDoneBatchesPurges(t *testing.T) {
+	f := newDoneFixture(t, 60)
+	ctx := t.Context()
+	c := schemaConn(t, f.b)
+	// Half the batched reports (the odd messages') ended 10 days ago.
+	execAll(t, c, `UPDATE tw_done d SET messages = ARRAY (
+			SELECT CASE WHEN x.id % 2 = 1 THEN jsonb_populate_record(x, jsonb_build_object('report_ended_at', now() - interval '10 days'))
+				ELSE x END
+			FROM unnest(d.messages) x),
+		first_ended = now() - interval '10 days'
+		WHERE EXISTS (SELECT 1 FROM unnest(d.messages) x WHERE x.id % 2 = 1)`)
+	var old []int64
+	for id := range f.reports {
+		if id%2 == 1 {
+			old = append(old, id)
+		}
+	}
+	n, err := f.b.PurgeReports(ctx, time.Now().Add(-24*time.Hour))
+	if err != nil || n != len(old) {
+		t.Fatalf("PurgeReports = %d, %v; want %d", n, err, len(old))
+	}
+	for id, rid := range f.reports {
+		_, err := f.b.GetReport(ctx, rid)
+		if id%2 == 1 && !errors.Is(err, broker.ErrNotFound) {
+			t.Fatalf("purged report %d of message %d: %v", rid, id, err)
+		}
+		if id%2 == 0 && err != nil {
+			t.Fatalf("report %d of message %d: %v", rid, id, err)
+		}
+		if m, err := f.b.GetMessage(ctx, id); err != nil || m.State != broker.StateDone {
+			t.Fatalf("message %d after its report's purge: %+v, %v", id, m, err)
+		}
+	}
+	list, err := f.b.ListReports(ctx, broker.ReportFilter{Limit: 2})
+	if err != nil || len(list) != 2 {
+		t.Fatalf("newest reports after the purge: %+v, %v", list, err)
+	}
+	if n, err := f.b.PurgeReports(ctx, time.Now().Add(-24*time.Hour)); err != nil || n != 0 {
+		t.Fatalf("PurgeReports again = %d, %v; want 0", n, err)
+	}
+	// The batches finished 10 days ago; their messages go, their reports
+	// move.
+	execAll(t, c, `UPDATE tw_done SET finished_at = now() - interval '10 days'`)
+	n, err = f.b.PurgeFinished(ctx, time.Now().Add(-24*time.Hour))
+	if err != nil || n != len(f.batched) {
+		t.Fatalf("PurgeFinished = %d, %v; want %d", n, err, len(f.batched))
+	}
+	for id, rid := range f.reports {
+		if _, err := f.b.GetMessage(ctx, id); !errors.Is(err, broker.ErrNotFound) {
+			t.Fatalf("purged message %d: %v", id, err)
+		}
+		r, err := f.b.GetReport(ctx, rid)
+		if id%2 == 0 && (err != nil || r.MessageID != id) {
+			t.Fatalf("report %d of purged message %d: %+v, %v", rid, id, r, err)
+		}
+	}
+	var batches int
+	if err := c.QueryRow(ctx, `SELECT count(*) FROM tw_done`).Scan(&batches); err != nil || batches != 0 {
+		t.Fatalf("%d batches left, %v", batches, err)
+	}
+}
+
+// TestDoneKeyedMessagesStayInTheirRows: a message that keeps its unique key
+// while done stays in tw_messages, so the key still refuses a second
+// submit; its report is kept in its row.
+func TestDoneKeyedMessagesStayInTheirRows(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	req := broker.SubmitRequest{Topic: "t", Task: "x", UniqueKey: "once", UniqueStates: []string{broker.StateQueued,
+		broker.StateRunning, broker.StateDone}}
+	first, err := b.SubmitBatch(ctx, []broker.SubmitRequest{req, {Topic: "t", Task: "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 2})
+	if err != nil || len(msgs) != 2 {
+		t.Fatalf("claim: %v, %v", msgs, err)
+	}
+	var outs []broker.Outcome
+	for _, m := range msgs {
+		outs = append(outs, broker.Outcome{Claim: m.ClaimOf(), Report: &broker.Report{MessageID: m.ID, Task: m.Task,
+			Topic: m.Topic, Attempt: 1, Worker: "w", Status: broker.ReportSuccess}})
+	}
+	if errs, err := b.Ack(ctx, outs); err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("ack: %v, %v", errs, err)
+	}
+	c := schemaConn(t, b)
+	var keyedInRow, plainInRow bool
+	if err := c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tw_messages WHERE id = $1 AND state = 'done' AND report_id IS NOT NULL),
+		EXISTS (SELECT 1 FROM tw_messages WHERE id = $2)`, first[0].ID, first[1].ID).Scan(&keyedInRow, &plainInRow); err != nil {
+		t.Fatal(err)
+	}
+	if !keyedInRow || plainInRow {
+		t.Fatalf("keyed message in its row with its report: %v; unkeyed one still in tw_messages: %v", keyedInRow, plainInRow)
+	}
+	again, err := b.SubmitBatch(ctx, []broker.SubmitRequest{req})
+	if err != nil || again[0].ID != first[0].ID || !again[0].Duplicate {
+		t.Fatalf("second submit of the key = %+v, %v; want the done holder %d", again, err, first[0].ID)
+	}
+}
