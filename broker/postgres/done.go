@@ -9,7 +9,8 @@ import (
 // (ackKeptSQL), and the FROM items through which the readers of finished
 // messages and of reports see a batch's messages as rows.
 //
-// A batch is one row of tw_done per ack, topic and task: the messages as
+// A batch is one row of tw_done per ack, topic, task and block of ids
+// (doneBlock): the messages as
 // they are once done, each with its kept report, in an array of
 // tw_done_message, with the ranges of their ids and report ids. A
 // listing newest first reads the batches in the order of their last id
@@ -42,11 +43,19 @@ func doneMessageRow() string {
 	return `ROW(` + strings.Join(vals, ", ") + `)::tw_done_message`
 }
 
+// doneBlock bounds the id range of a batch: an ack's messages are grouped
+// by blocks of this many ids too, so a message acked far from the others
+// (a retry of an old one) does not widen its batch's range over every
+// batch acked meanwhile, which a page boundary would then cut (see
+// doneBatches).
+const doneBlock = "4096"
+
 // ackKeptSQL is ackReportsSQL for the common batch, in which every claim
 // carries a plain success report (plainReport): only the columns a
 // message keeps of its report are sent, 13 arrays instead of 20. The
 // messages leave tw_messages (a): each batch, topic and task becomes one
-// row of tw_done (b), the messages with their reports kept. A message
+// row of tw_done (b), the messages with their reports kept (and per block
+// of ids: doneBlock). A message
 // whose unique key it keeps stays in tw_messages, updated to done with
 // its report in its row (k). A report that names another task or topic
 // than its message's is stored in tw_report_rows (r) from what a and k
@@ -61,7 +70,7 @@ var ackKeptSQL = `WITH a AS (
 	SELECT mtopic, mtask, now(), int8range(min((x).id), max((x).id), '[]'), max((x).id),
 		CASE WHEN count((x).report_id) > 0 THEN int8range(min((x).report_id), max((x).report_id), '[]') END,
 		max((x).report_id), min((x).report_ended_at), array_agg(x)
-	FROM a GROUP BY mtopic, mtask
+	FROM a GROUP BY mtopic, mtask, (x).id / ` + doneBlock + `
 ), k AS (
 	UPDATE tw_messages m
 	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL,

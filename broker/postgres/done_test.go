@@ -376,3 +376,50 @@ func TestDoneKeyedMessagesStayInTheirRows(t *testing.T) {
 		t.Fatalf("second submit of the key = %+v, %v; want the done holder %d", again, err, first[0].ID)
 	}
 }
+
+// TestDoneBatchRangesStayNarrow: an ack of messages far apart in id (a
+// retry of an old one among new ones) writes a batch per block of ids,
+// so no batch's range spans the batches acked in between.
+func TestDoneBatchRangesStayNarrow(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	c := schemaConn(t, b)
+	if _, err := b.SubmitMany(ctx, []broker.SubmitRequest{{Topic: "t", Task: "x"}, {Topic: "t", Task: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	execAll(t, c, `SELECT setval('tw_messages_id_seq', 100000)`)
+	if _, err := b.SubmitMany(ctx, []broker.SubmitRequest{{Topic: "t", Task: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 3})
+	if err != nil || len(msgs) != 3 {
+		t.Fatalf("claim: %v, %v", msgs, err)
+	}
+	var outs []broker.Outcome
+	for _, m := range msgs {
+		outs = append(outs, broker.Outcome{Claim: m.ClaimOf(), Report: &broker.Report{MessageID: m.ID, Task: m.Task,
+			Topic: m.Topic, Attempt: 1, Worker: "w", Status: broker.ReportSuccess}})
+	}
+	if errs, err := b.Ack(ctx, outs); err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("ack: %v, %v", errs, err)
+	}
+	var ranges []string
+	rows, err := c.Query(ctx, `SELECT ids::text FROM tw_done ORDER BY max_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var r string
+		if err := rows.Scan(&r); err != nil {
+			t.Fatal(err)
+		}
+		ranges = append(ranges, r)
+	}
+	if want := []string{"[1,3)", "[100001,100002)"}; !slices.Equal(ranges, want) {
+		t.Fatalf("batch ranges %v, want %v", ranges, want)
+	}
+	list, err := b.ListMessages(ctx, broker.MessageFilter{Limit: 2})
+	if err != nil || len(list) != 2 || list[0].ID != 100001 || list[1].ID != 2 {
+		t.Fatalf("newest two: %+v, %v", list, err)
+	}
+}
