@@ -57,7 +57,11 @@ const doneBlock = "4096"
 // row of tw_done (b), the messages with their reports kept (and per block
 // of ids: doneBlock). A message
 // whose unique key it keeps stays in tw_messages, updated to done with
-// its report in its row (k). A report that names another task or topic
+// its report in its row (k; it looks up only the claims a did not
+// delete, usually none; such rows are locked after the others, out of
+// id order, so a reaper pass reclaiming them at once may deadlock with
+// the ack, which PostgreSQL detects and run retries). A report that
+// names another task or topic
 // than its message's is stored in tw_report_rows (r) from what a and k
 // return.
 var ackKeptSQL = `WITH a AS (
@@ -76,7 +80,8 @@ var ackKeptSQL = `WITH a AS (
 	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL,
 		` + heldReportSet(keepReport) + `
 	FROM ` + keptArrays + `
-	WHERE ` + keptMatch + ` AND m.unique_key IS NOT NULL
+	WHERE m.id = ANY (ARRAY (SELECT i FROM unnest($1::bigint[]) i EXCEPT ALL SELECT id FROM a))
+		AND m.id = v.id AND m.token::text = v.tok AND m.unique_key IS NOT NULL
 	RETURNING v.*, m.topic AS mtopic, m.report_id IS NOT NULL AS held
 ), o AS (
 	SELECT id, tok, ares, ord, task, topic, att, worker, st, en, dur, prog, key, mtopic, held FROM a
