@@ -350,18 +350,7 @@ func TestDoneKeyedMessagesStayInTheirRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 2})
-	if err != nil || len(msgs) != 2 {
-		t.Fatalf("claim: %v, %v", msgs, err)
-	}
-	var outs []broker.Outcome
-	for _, m := range msgs {
-		outs = append(outs, broker.Outcome{Claim: m.ClaimOf(), Report: &broker.Report{MessageID: m.ID, Task: m.Task,
-			Topic: m.Topic, Attempt: 1, Worker: "w", Status: broker.ReportSuccess}})
-	}
-	if errs, err := b.Ack(ctx, outs); err != nil || errors.Join(errs...) != nil {
-		t.Fatalf("ack: %v, %v", errs, err)
-	}
+	claimAndAckPlain(t, b, "t", 2)
 	c := schemaConn(t, b)
 	var keyedInRow, plainInRow bool
 	if err := c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tw_messages WHERE id = $1 AND state = 'done' AND report_id IS NOT NULL),
@@ -391,18 +380,7 @@ func TestDoneBatchRangesStayNarrow(t *testing.T) {
 	if _, err := b.SubmitMany(ctx, []broker.SubmitRequest{{Topic: "t", Task: "x"}}); err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 3})
-	if err != nil || len(msgs) != 3 {
-		t.Fatalf("claim: %v, %v", msgs, err)
-	}
-	var outs []broker.Outcome
-	for _, m := range msgs {
-		outs = append(outs, broker.Outcome{Claim: m.ClaimOf(), Report: &broker.Report{MessageID: m.ID, Task: m.Task,
-			Topic: m.Topic, Attempt: 1, Worker: "w", Status: broker.ReportSuccess}})
-	}
-	if errs, err := b.Ack(ctx, outs); err != nil || errors.Join(errs...) != nil {
-		t.Fatalf("ack: %v, %v", errs, err)
-	}
+	claimAndAckPlain(t, b, "t", 3)
 	var ranges []string
 	rows, err := c.Query(ctx, `SELECT ids::text FROM tw_done ORDER BY max_id`)
 	if err != nil {
@@ -421,5 +399,24 @@ func TestDoneBatchRangesStayNarrow(t *testing.T) {
 	list, err := b.ListMessages(ctx, broker.MessageFilter{Limit: 2})
 	if err != nil || len(list) != 2 || list[0].ID != 100001 || list[1].ID != 2 {
 		t.Fatalf("newest two: %+v, %v", list, err)
+	}
+}
+
+// claimAndAckPlain claims the n messages of topic as worker w and acks them
+// in one ack, each with a plain success report, failing t unless all n
+// are claimed and acked.
+func claimAndAckPlain(t *testing.T, b *Broker, topic string, n int) {
+	t.Helper()
+	msgs, err := b.Claim(t.Context(), broker.ClaimRequest{WorkerID: "w", Topics: []string{topic}, Max: n})
+	if err != nil || len(msgs) != n {
+		t.Fatalf("claim: %v, %v", msgs, err)
+	}
+	var outs []broker.Outcome
+	for _, m := range msgs {
+		outs = append(outs, broker.Outcome{Claim: m.ClaimOf(), Report: &broker.Report{MessageID: m.ID, Task: m.Task,
+			Topic: m.Topic, Attempt: 1, Worker: "w", Status: broker.ReportSuccess}})
+	}
+	if errs, err := b.Ack(t.Context(), outs); err != nil || errors.Join(errs...) != nil {
+		t.Fatalf("ack: %v, %v", errs, err)
 	}
 }

@@ -22,14 +22,13 @@ func listSQL(f broker.MessageFilter, limit int) (string, []any) {
 		return q, w.Args()
 	}
 	b := w.Next()
-	var conds []string
 	if f.Topic != "" {
 		b.Add("topic = ?", f.Topic)
 	}
 	if f.Task != "" {
 		b.Add("task = ?", f.Task)
 	}
-	conds = append(conds, b.Where())
+	conds := []string{b.Where()}
 	before, elem := "", "true"
 	if f.Before > 0 {
 		before = b.Limit(int(f.Before))
