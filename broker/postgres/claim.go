@@ -30,9 +30,13 @@ const (
 // queued messages for worker $3: none when the topic is paused or unknown,
 // at most limit - running when it is limited. The inner SELECT walks the
 // partial queued index in (-priority, available_at, id) order (the highest
-// priority first); the outer UPDATE finds the rows by primary key. The
-// From variants start the walk at the key ($6 -priority, $4 available_at,
-// $5 id) (see claimFloors).
+// priority first); the outer UPDATE finds the rows by their ctid, with a
+// TID scan rather than a descent of the primary key for each row (about
+// 7% of the statement's time in claims of 50). A row changed since the
+// statement's snapshot has its newest version elsewhere, which
+// PostgreSQL's recheck of the ctid condition then skips: that message is
+// left for a later claim. The From variants start the walk at the key ($6
+// -priority, $4 available_at, $5 id) (see claimFloors).
 //
 // claimSQL and claimFromSQL lock the rows they pick FOR UPDATE SKIP
 // LOCKED, so claimers of an unlimited topic, which run side by side, pass
@@ -86,8 +90,8 @@ func claimStatement(from, lock string) string {
 		UPDATE tw_messages m
 		SET state = 'running', claimed_by = $3, claimed_at = statement_timestamp(), attempts = m.attempts + 1,
 			token = ` + claimTokenSQL("(SELECT salt FROM gate)", "m.id") + `
-		WHERE m.id = ANY (ARRAY (
-				SELECT q.id FROM tw_messages q
+		WHERE m.ctid = ANY (ARRAY (
+				SELECT q.ctid FROM tw_messages q
 				WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now() ` + from + `
 				ORDER BY -q.priority, q.available_at, q.id
 				LIMIT (SELECT n FROM gate)

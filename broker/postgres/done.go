@@ -58,7 +58,7 @@ const doneBlock = "4096"
 // of ids: doneBlock). A message
 // whose unique key it keeps stays in tw_messages, updated to done with
 // its report in its row (k; it looks up only the claims a did not
-// delete, usually none; such rows are locked after the others, out of
+// delete, usually none, and nothing at all when a deleted them all; such rows are locked after the others, out of
 // id order, so a reaper pass reclaiming them at once may deadlock with
 // the ack, which PostgreSQL detects and run retries). A report that
 // names another task or topic
@@ -80,7 +80,8 @@ var ackKeptSQL = `WITH a AS (
 	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL,
 		` + heldReportSet(keepReport) + `
 	FROM ` + keptArrays + `
-	WHERE m.id = ANY (ARRAY (SELECT i FROM unnest($1::bigint[]) i EXCEPT ALL SELECT id FROM a))
+	WHERE (SELECT count(*) FROM a) < cardinality($1::bigint[])
+		AND m.id = ANY (ARRAY (SELECT i FROM unnest($1::bigint[]) i EXCEPT ALL SELECT id FROM a))
 		AND m.id = v.id AND m.token::text = v.tok AND m.unique_key IS NOT NULL
 	RETURNING v.*, m.topic AS mtopic, m.report_id IS NOT NULL AS held
 ), o AS (
