@@ -91,6 +91,7 @@ func (p *pool) acquire(ctx context.Context) (*pgx.Conn, error) {
 	// nobody. PostgreSQL 14+ on Linux, BSD and macOS; elsewhere the
 	// setting is refused and the broker goes without.
 	_, _ = c.Exec(ctx, `SET client_connection_check_interval = '1s'`)
+	registerArrays(c.TypeMap())
 	return c, nil
 }
 
