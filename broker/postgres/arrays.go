@@ -3,7 +3,6 @@ package postgres
 import (
 	"encoding/binary"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -114,10 +113,20 @@ func fixedArray(buf []byte, elem uint32, n, size int, put func(buf []byte, i int
 	return buf
 }
 
-// growBy makes room in buf for n more bytes, growing it as append does
-// (pgx starts each statement's parameters in a buffer of 256 bytes; an
-// ack's take about 5 kB).
-func growBy(buf []byte, n int) []byte { return slices.Grow(buf, n) }
+// growBy makes room in buf for n more bytes. pgx starts each statement's
+// parameters in a buffer of 256 bytes, and an ack's take about 5 kB: the
+// first array grows it to at least minParamBuffer, so an ack's arrays
+// grow it once or twice rather than at every array.
+func growBy(buf []byte, n int) []byte {
+	if cap(buf)-len(buf) >= n {
+		return buf
+	}
+	grown := make([]byte, len(buf), max(2*cap(buf), len(buf)+n, minParamBuffer))
+	copy(grown, buf)
+	return grown
+}
+
+const minParamBuffer = 4096
 
 // setNulls marks the array whose has-nulls flag is at flag as holding a
 // NULL.
