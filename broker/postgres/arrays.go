@@ -58,32 +58,50 @@ func (c directArrays) PlanEncode(m *pgtype.Map, oid uint32, format int16, value 
 	return c.Codec.PlanEncode(m, oid, format, value)
 }
 
+// The direct plans, one per slice type.
+var (
+	int8Plan = &fixedArray[int64]{elem: pgtype.Int8OID, size: 8, put: func(b []byte, v int64) []byte {
+		return binary.BigEndian.AppendUint64(b, uint64(v))
+	}}
+	int4Plan = &fixedArray[int32]{elem: pgtype.Int4OID, size: 4, put: func(b []byte, v int32) []byte {
+		return binary.BigEndian.AppendUint32(b, uint32(v))
+	}}
+	float8Plan = &fixedArray[float64]{elem: pgtype.Float8OID, size: 8, put: func(b []byte, v float64) []byte {
+		return binary.BigEndian.AppendUint64(b, math.Float64bits(v))
+	}}
+	textPlan     = &varArray[string]{elem: pgtype.TextOID, size: textSize, put: appendText}
+	nullTextPlan = &varArray[*string]{elem: pgtype.TextOID, null: isNilPtr[string],
+		size: func(s *string) int { return textSize(*s) }, put: func(b []byte, s *string) []byte { return appendText(b, *s) }}
+	timestamptzPlan = &varArray[*time.Time]{elem: pgtype.TimestamptzOID, null: isNilPtr[time.Time],
+		size: func(*time.Time) int { return 8 }, put: appendTimestamptz}
+)
+
 // directPlan is the direct plan of value's slice type for elements of
 // type elem, or nil when there is none.
 func directPlan(elem uint32, value any) pgtype.EncodePlan {
 	switch elem {
 	case pgtype.Int8OID:
 		if _, ok := value.([]int64); ok {
-			return int8Array{}
+			return int8Plan
 		}
 	case pgtype.Int4OID:
 		if _, ok := value.([]int32); ok {
-			return int4Array{}
+			return int4Plan
 		}
 	case pgtype.Float8OID:
 		if _, ok := value.([]float64); ok {
-			return float8Array{}
+			return float8Plan
 		}
 	case pgtype.TextOID:
 		switch value.(type) {
 		case []string:
-			return textArray{}
+			return textPlan
 		case []*string:
-			return nullTextArray{}
+			return nullTextPlan
 		}
 	case pgtype.TimestamptzOID:
 		if _, ok := value.([]*time.Time); ok {
-			return timestamptzArray{}
+			return timestamptzPlan
 		}
 	}
 	return nil
@@ -101,18 +119,6 @@ func arrayHeader(buf []byte, elem uint32, n int) ([]byte, int) {
 	return binary.BigEndian.AppendUint32(buf, 1), flag
 }
 
-// fixedArray appends the array of n fixed-size elements, each appended by
-// put.
-func fixedArray(buf []byte, elem uint32, n, size int, put func(buf []byte, i int) []byte) []byte {
-	buf, _ = arrayHeader(buf, elem, n)
-	buf = growBy(buf, n*(4+size))
-	for i := range n {
-		buf = binary.BigEndian.AppendUint32(buf, uint32(size))
-		buf = put(buf, i)
-	}
-	return buf
-}
-
 // growBy makes room in buf for n more bytes. pgx starts each statement's
 // parameters in a buffer of 256 bytes, and an ack's take about 5 kB: the
 // first array grows it to at least minParamBuffer, so an ack's arrays
@@ -128,119 +134,78 @@ func growBy(buf []byte, n int) []byte {
 
 const minParamBuffer = 4096
 
-// setNulls marks the array whose has-nulls flag is at flag as holding a
-// NULL.
-func setNulls(buf []byte, flag int) { binary.BigEndian.PutUint32(buf[flag:], 1) }
-
-// appendNull appends a NULL element.
-func appendNull(buf []byte) []byte { return binary.BigEndian.AppendUint32(buf, math.MaxUint32) }
-
-type int8Array struct{}
-
-func (int8Array) Encode(value any, buf []byte) ([]byte, error) {
-	v := value.([]int64)
-	if v == nil {
-		return nil, nil
-	}
-	return fixedArray(buf, pgtype.Int8OID, len(v), 8, func(b []byte, i int) []byte {
-		return binary.BigEndian.AppendUint64(b, uint64(v[i]))
-	}), nil
+// fixedArray is the plan of a []T whose elements are never NULL and take
+// size bytes each, appended by put.
+type fixedArray[T any] struct {
+	elem uint32
+	size int
+	put  func(buf []byte, v T) []byte
 }
 
-type int4Array struct{}
-
-func (int4Array) Encode(value any, buf []byte) ([]byte, error) {
-	v := value.([]int32)
+func (p *fixedArray[T]) Encode(value any, buf []byte) ([]byte, error) {
+	v := value.([]T)
 	if v == nil {
 		return nil, nil
 	}
-	return fixedArray(buf, pgtype.Int4OID, len(v), 4, func(b []byte, i int) []byte {
-		return binary.BigEndian.AppendUint32(b, uint32(v[i]))
-	}), nil
-}
-
-type float8Array struct{}
-
-func (float8Array) Encode(value any, buf []byte) ([]byte, error) {
-	v := value.([]float64)
-	if v == nil {
-		return nil, nil
-	}
-	return fixedArray(buf, pgtype.Float8OID, len(v), 8, func(b []byte, i int) []byte {
-		return binary.BigEndian.AppendUint64(b, math.Float64bits(v[i]))
-	}), nil
-}
-
-type textArray struct{}
-
-func (textArray) Encode(value any, buf []byte) ([]byte, error) {
-	v := value.([]string)
-	if v == nil {
-		return nil, nil
-	}
-	buf, _ = arrayHeader(buf, pgtype.TextOID, len(v))
-	size := 4 * len(v)
-	for _, s := range v {
-		size += len(s)
-	}
-	buf = growBy(buf, size)
-	for _, s := range v {
-		buf = binary.BigEndian.AppendUint32(buf, uint32(len(s)))
-		buf = append(buf, s...)
+	buf, _ = arrayHeader(buf, p.elem, len(v))
+	buf = growBy(buf, len(v)*(4+p.size))
+	for _, x := range v {
+		buf = binary.BigEndian.AppendUint32(buf, uint32(p.size))
+		buf = p.put(buf, x)
 	}
 	return buf, nil
 }
 
-type nullTextArray struct{}
+// varArray is the plan of a []T whose elements are NULL when null says so
+// (never when null is nil) and otherwise take size bytes, appended by put.
+type varArray[T any] struct {
+	elem uint32
+	null func(v T) bool
+	size func(v T) int
+	put  func(buf []byte, v T) []byte
+}
 
-func (nullTextArray) Encode(value any, buf []byte) ([]byte, error) {
-	v := value.([]*string)
+func (p *varArray[T]) Encode(value any, buf []byte) ([]byte, error) {
+	v := value.([]T)
 	if v == nil {
 		return nil, nil
 	}
-	buf, flag := arrayHeader(buf, pgtype.TextOID, len(v))
-	size := 4 * len(v)
-	for _, s := range v {
-		if s != nil {
-			size += len(*s)
+	buf, flag := arrayHeader(buf, p.elem, len(v))
+	total := 4 * len(v)
+	for _, x := range v {
+		if p.null == nil || !p.null(x) {
+			total += p.size(x)
 		}
 	}
-	buf = growBy(buf, size)
-	for _, s := range v {
-		if s == nil {
-			buf = appendNull(buf)
-			setNulls(buf, flag)
+	buf = growBy(buf, total)
+	for _, x := range v {
+		if p.null != nil && p.null(x) {
+			buf = binary.BigEndian.AppendUint32(buf, math.MaxUint32) // NULL
+			binary.BigEndian.PutUint32(buf[flag:], 1)                // the array has nulls
 			continue
 		}
-		buf = binary.BigEndian.AppendUint32(buf, uint32(len(*s)))
-		buf = append(buf, *s...)
+		buf = binary.BigEndian.AppendUint32(buf, uint32(p.size(x)))
+		buf = p.put(buf, x)
 	}
 	return buf, nil
 }
+
+// isNilPtr reports whether v is nil.
+func isNilPtr[E any](v *E) bool { return v == nil }
+
+// textSize is the size of a text element.
+func textSize(s string) int { return len(s) }
+
+// appendText appends a text element's bytes.
+func appendText(buf []byte, s string) []byte { return append(buf, s...) }
 
 // microsFromUnixToY2K is PostgreSQL's epoch (2000-01-01 UTC) in
 // microseconds since the Unix epoch.
 const microsFromUnixToY2K = 946_684_800 * 1_000_000
 
-type timestamptzArray struct{}
-
-func (timestamptzArray) Encode(value any, buf []byte) ([]byte, error) {
-	v := value.([]*time.Time)
-	if v == nil {
-		return nil, nil
-	}
-	buf, flag := arrayHeader(buf, pgtype.TimestamptzOID, len(v))
-	buf = growBy(buf, 12*len(v))
-	for _, t := range v {
-		if t == nil {
-			buf = appendNull(buf)
-			setNulls(buf, flag)
-			continue
-		}
-		// As pgx writes a time.Time: the sub-microsecond part is dropped.
-		us := t.Unix()*1_000_000 + int64(t.Nanosecond())/1000 - microsFromUnixToY2K
-		buf = binary.BigEndian.AppendUint32(buf, 8)
-		buf = binary.BigEndian.AppendUint64(buf, uint64(us))
-	}
-	return buf, nil
+// appendTimestamptz appends a timestamptz element, as pgx writes a
+// time.Time: the sub-microsecond part is dropped.
+func appendTimestamptz(buf []byte, t *time.Time) []byte {
+	us := t.Unix()*1_000_000 + int64(t.Nanosecond())/1000 - microsFromUnixToY2K
+	return binary.BigEndian.AppendUint64(buf, uint64(us))
 }

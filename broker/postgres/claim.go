@@ -31,12 +31,12 @@ const (
 // at most limit - running when it is limited. The inner SELECT walks the
 // partial queued index in (-priority, available_at, id) order (the highest
 // priority first); the outer UPDATE finds the rows by their ctid, with a
-// TID scan rather than a descent of the primary key for each row (about
-// 7% of the statement's time in claims of 50). A row changed since the
-// statement's snapshot has its newest version elsewhere, which
-// PostgreSQL's recheck of the ctid condition then skips: that message is
-// left for a later claim. The From variants start the walk at the key ($6
-// -priority, $4 available_at, $5 id) (see claimFloors).
+// TID scan rather than a descent of the primary key for each row. A row
+// changed since the statement's snapshot has its newest version
+// elsewhere, which PostgreSQL's recheck of the ctid condition then skips:
+// that message is left for a later claim. The From variants start the
+// walk at the key ($6 -priority, $4 available_at, $5 id) (see
+// claimFloors).
 //
 // claimSQL and claimFromSQL lock the rows they pick FOR UPDATE SKIP
 // LOCKED, so claimers of an unlimited topic, which run side by side, pass
