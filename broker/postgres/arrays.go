@@ -28,8 +28,10 @@ var arrayEncoders = []struct{ array, elem uint32 }{
 }
 
 // registerArrays wraps the codecs of arrayEncoders's types in m with
-// directArrays.
+// directArrays, whose plans share one paramScratch: m must be one
+// connection's, as each connection's statements are built one at a time.
 func registerArrays(m *pgtype.Map) {
+	s := new(paramScratch)
 	for _, a := range arrayEncoders {
 		t, ok := m.TypeForOID(a.array)
 		if !ok {
@@ -38,7 +40,7 @@ func registerArrays(m *pgtype.Map) {
 		if _, done := t.Codec.(directArrays); done {
 			continue
 		}
-		m.RegisterType(&pgtype.Type{Name: t.Name, OID: t.OID, Codec: directArrays{Codec: t.Codec, elem: a.elem}})
+		m.RegisterType(&pgtype.Type{Name: t.Name, OID: t.OID, Codec: directArrays{Codec: t.Codec, elem: a.elem, scratch: s}})
 	}
 }
 
@@ -46,16 +48,33 @@ func registerArrays(m *pgtype.Map) {
 // Go slices whose elements match the type's element type (elem).
 type directArrays struct {
 	pgtype.Codec
-	elem uint32
+	elem    uint32
+	scratch *paramScratch
 }
 
 func (c directArrays) PlanEncode(m *pgtype.Map, oid uint32, format int16, value any) pgtype.EncodePlan {
 	if format == pgtype.BinaryFormatCode {
 		if p := directPlan(c.elem, value); p != nil {
-			return p
+			return scratchPlan{arrayEncoder: p, scratch: c.scratch}
 		}
 	}
 	return c.Codec.PlanEncode(m, oid, format, value)
+}
+
+// arrayEncoder appends one slice type's array to buf, making room with s.
+type arrayEncoder interface {
+	encode(value any, buf []byte, s *paramScratch) ([]byte, error)
+}
+
+// scratchPlan is a direct plan as a connection's Map uses it: with the
+// connection's scratch buffer.
+type scratchPlan struct {
+	arrayEncoder
+	scratch *paramScratch
+}
+
+func (p scratchPlan) Encode(value any, buf []byte) ([]byte, error) {
+	return p.encode(value, buf, p.scratch)
 }
 
 // The direct plans, one per slice type.
@@ -76,9 +95,9 @@ var (
 		size: func(*time.Time) int { return 8 }, put: appendTimestamptz}
 )
 
-// directPlan is the direct plan of value's slice type for elements of
+// directPlan is the direct encoder of value's slice type for elements of
 // type elem, or nil when there is none.
-func directPlan(elem uint32, value any) pgtype.EncodePlan {
+func directPlan(elem uint32, value any) arrayEncoder {
 	switch elem {
 	case pgtype.Int8OID:
 		if _, ok := value.([]int64); ok {
@@ -107,6 +126,9 @@ func directPlan(elem uint32, value any) pgtype.EncodePlan {
 	return nil
 }
 
+// arrayHeaderSize is the size of what arrayHeader appends.
+const arrayHeaderSize = 20
+
 // arrayHeader appends the header of a one-dimensional array of n elements
 // of type elem (lower bound 1), as pgx writes it, and returns where the
 // has-nulls flag is.
@@ -119,15 +141,31 @@ func arrayHeader(buf []byte, elem uint32, n int) ([]byte, int) {
 	return binary.BigEndian.AppendUint32(buf, 1), flag
 }
 
-// growBy makes room in buf for n more bytes. pgx starts each statement's
-// parameters in a buffer of 256 bytes, and an ack's take about 5 kB: the
-// first array grows it to at least minParamBuffer, so an ack's arrays
-// grow it once or twice rather than at every array.
-func growBy(buf []byte, n int) []byte {
+// paramScratch is the buffer a connection's array parameters are written
+// to when the one pgx gives is too small. pgx starts each statement's
+// parameters in a buffer of 256 bytes (it drops a bigger one at the next
+// statement), and an ack's take about 5 kB: growing a new buffer for each
+// statement was a seventh of the bytes a burn-down allocated. pgx builds a
+// statement's parameters and copies them into its Bind message before it
+// builds the next statement's (Conn.SendBatch, Query and Exec alike), so
+// a statement's parameters are dead once the next one's are built, and
+// the next one reuses the scratch from its start.
+type paramScratch struct{ buf []byte }
+
+// growBy returns buf with room for n more bytes: buf itself when it has
+// the room, else buf's bytes copied to the start of the scratch, grown to
+// at least minParamBuffer when too small.
+func (s *paramScratch) growBy(buf []byte, n int) []byte {
 	if cap(buf)-len(buf) >= n {
 		return buf
 	}
-	grown := make([]byte, len(buf), max(2*cap(buf), len(buf)+n, minParamBuffer))
+	need := len(buf) + n
+	if cap(s.buf) < need {
+		s.buf = make([]byte, 0, max(2*cap(s.buf), need, minParamBuffer))
+	}
+	// buf is pgx's buffer, or the scratch itself when it is too small: copy
+	// handles both.
+	grown := s.buf[:len(buf)]
 	copy(grown, buf)
 	return grown
 }
@@ -142,13 +180,13 @@ type fixedArray[T any] struct {
 	put  func(buf []byte, v T) []byte
 }
 
-func (p *fixedArray[T]) Encode(value any, buf []byte) ([]byte, error) {
+func (p *fixedArray[T]) encode(value any, buf []byte, s *paramScratch) ([]byte, error) {
 	v := value.([]T)
 	if v == nil {
 		return nil, nil
 	}
+	buf = s.growBy(buf, arrayHeaderSize+len(v)*(4+p.size))
 	buf, _ = arrayHeader(buf, p.elem, len(v))
-	buf = growBy(buf, len(v)*(4+p.size))
 	for _, x := range v {
 		buf = binary.BigEndian.AppendUint32(buf, uint32(p.size))
 		buf = p.put(buf, x)
@@ -165,19 +203,19 @@ type varArray[T any] struct {
 	put  func(buf []byte, v T) []byte
 }
 
-func (p *varArray[T]) Encode(value any, buf []byte) ([]byte, error) {
+func (p *varArray[T]) encode(value any, buf []byte, s *paramScratch) ([]byte, error) {
 	v := value.([]T)
 	if v == nil {
 		return nil, nil
 	}
-	buf, flag := arrayHeader(buf, p.elem, len(v))
-	total := 4 * len(v)
+	total := arrayHeaderSize + 4*len(v)
 	for _, x := range v {
 		if p.null == nil || !p.null(x) {
 			total += p.size(x)
 		}
 	}
-	buf = growBy(buf, total)
+	buf = s.growBy(buf, total)
+	buf, flag := arrayHeader(buf, p.elem, len(v))
 	for _, x := range v {
 		if p.null != nil && p.null(x) {
 			buf = binary.BigEndian.AppendUint32(buf, math.MaxUint32) // NULL

@@ -3,10 +3,13 @@ package postgres
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -76,10 +79,10 @@ func TestDirectArraysEncodeAsPgx(t *testing.T) {
 		found := false
 		for _, a := range arrayEncoders {
 			plan := direct.PlanEncode(a.array, pgtype.BinaryFormatCode, v)
-			if directPlan(a.elem, v) != nil {
+			if want := directPlan(a.elem, v); want != nil {
 				found = true
-				if plan != directPlan(a.elem, v) {
-					t.Errorf("%T as %d: plan %T, want the direct one", v, a.array, plan)
+				if sp, ok := plan.(scratchPlan); !ok || sp.arrayEncoder != want || sp.scratch == nil {
+					t.Errorf("%T as %d: plan %#v, want the direct one with the connection's scratch", v, a.array, plan)
 				}
 			}
 		}
@@ -115,6 +118,52 @@ func TestDirectArraysRoundTrip(t *testing.T) {
 	}
 	if n != 3 || sum != 12 {
 		t.Errorf("unnest read %d elements summing to %d, want 3 and 12", n, sum)
+	}
+}
+
+// TestDirectArraysScratchAcrossABatch: the statements of one batch, and
+// the batches after it, share the connection's scratch buffer (each
+// statement's arrays outgrow pgx's own buffer), and the server still reads
+// each statement's own values: pgx copies a statement's parameters into
+// its Bind message before it builds the next statement's.
+func TestDirectArraysScratchAcrossABatch(t *testing.T) {
+	ctx := context.Background()
+	conn := connect(t)
+	registerArrays(conn.TypeMap())
+	const stmts, n = 5, 3000
+	for round := range 3 {
+		batch := &pgx.Batch{}
+		want := make([][2]int64, stmts)
+		for i := range stmts {
+			// Sizes differ, so a statement also grows the scratch that a
+			// smaller one before it left.
+			size := n * (1 + (i+round)%3)
+			ids := make([]int64, size)
+			names := make([]string, size)
+			for j := range ids {
+				ids[j] = int64(round*1_000_000 + i*10_000 + j)
+				names[j] = strings.Repeat("x", 1+(i+j)%7)
+				want[i][0] += ids[j]
+				want[i][1] += int64(len(names[j]))
+			}
+			batch.Queue(`SELECT (SELECT sum(x) FROM unnest($1::int8[]) x)::int8, $2::text,
+				(SELECT sum(length(s)) FROM unnest($3::text[]) s)::int8`, ids, fmt.Sprint("statement ", i), names)
+		}
+		br := conn.SendBatch(ctx, batch)
+		for i := range stmts {
+			var sum, lens int64
+			var label string
+			if err := br.QueryRow().Scan(&sum, &label, &lens); err != nil {
+				t.Fatalf("round %d statement %d: %v", round, i, err)
+			}
+			if sum != want[i][0] || lens != want[i][1] || label != fmt.Sprint("statement ", i) {
+				t.Errorf("round %d statement %d: the server read sum %d, lengths %d, %q; want %d, %d, %q",
+					round, i, sum, lens, label, want[i][0], want[i][1], fmt.Sprint("statement ", i))
+			}
+		}
+		if err := br.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

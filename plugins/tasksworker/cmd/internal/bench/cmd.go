@@ -38,6 +38,7 @@ type benchConfig struct {
 	timeout      time.Duration
 	verbose      bool
 	cpuProfile   string
+	memProfile   string
 	acrossHosts  bool
 	idlePools    int
 	idleFor      time.Duration
@@ -84,6 +85,7 @@ func Main(args []string) int {
 	fs.BoolVar(&c.realHost, "real-host", false, "postgres: instead of the main phases, start the real host and tasks_worker plugin processes on the bench's schema, submit -jobs tasks through POST tasks/batch (NDJSON) and time them from the first submit until the database has them all done, with their reports")
 	fs.StringVar(&c.hostBin, "host-bin", "", "-real-host: the `path` of the host binary, with the tasks_worker plugin in plugins/ beside it (default: the build this bench runs from, laid out as make build does: bin/host and bin/plugins)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process to this file")
+	fs.StringVar(&c.memProfile, "memprofile", "", "write the bench process's allocation profile (every allocation since it started) to this file when it ends")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: host bench [flags]\n\nMeasures the broker and the worker pool with their default settings.\n\n")
 		fs.PrintDefaults()
@@ -135,6 +137,9 @@ func Main(args []string) int {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if c.memProfile != "" {
+		defer writeAllocProfile(c.memProfile)
+	}
 	if err := runBench(ctx, c, os.Stdout); err != nil {
 		if ctx.Err() != nil {
 			err = errors.New("interrupted")
@@ -146,4 +151,19 @@ func Main(args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// writeAllocProfile writes the process's allocation profile to path; a
+// failure is reported, not fatal: the bench's figures are already out.
+func writeAllocProfile(path string) {
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.Lookup("allocs").WriteTo(f, 0)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "host bench: the allocation profile: %v\n", err)
+	}
 }

@@ -42,17 +42,20 @@ func (bn *bench) run(ctx context.Context, run int) (benchResult, error) {
 	if err := wal.start(ctx, bn.admin); err != nil {
 		return r, err
 	}
+	var cpu cpuMeter
+	cpu.start()
 	d, err = bn.burnDown(ctx, topic, cfg.jobs)
 	if err != nil {
 		return r, fmt.Errorf("burn-down: %w", err)
 	}
+	r.BurnCPUPerMsg, r.BurnMachineCPUPerMsg = cpu.perMessage(cfg.jobs)
 	r.BurnSecs = d.Seconds()
 	r.BurnPerSec = float64(cfg.jobs) / d.Seconds()
 	if r.BurnWALPerMsg, err = wal.perMessage(ctx, cfg.jobs); err != nil {
 		return r, err
 	}
-	fmt.Fprintf(bn.out, "  burn-down     %8d jobs in %7.3fs  %10s jobs/s  %s%s  (%s)\n", cfg.jobs, d.Seconds(), fmtNum(r.BurnPerSec),
-		bn.mode(), wal.note(r.BurnWALPerMsg), bn.calls)
+	fmt.Fprintf(bn.out, "  burn-down     %8d jobs in %7.3fs  %10s jobs/s  %s%s%s  (%s)\n", cfg.jobs, d.Seconds(), fmtNum(r.BurnPerSec),
+		bn.mode(), wal.note(r.BurnWALPerMsg), cpuNote(r.BurnCPUPerMsg, r.BurnMachineCPUPerMsg), bn.calls)
 	if err := bn.checkReports(ctx, topic, cfg.jobs); err != nil {
 		return r, fmt.Errorf("burn-down: %w", err)
 	}

@@ -42,14 +42,20 @@ type benchResult struct {
 	// BurnWALPerMsg is the WAL the database cluster wrote during the
 	// burn-down per message (postgres).
 	BurnWALPerMsg float64 `json:"burn_wal_bytes_per_msg,omitempty"`
-	SteadyN       int     `json:"steady_n"`
-	SteadyRate    float64 `json:"steady_achieved_rate"`
-	SteadyP50     float64 `json:"steady_p50_ms"`
-	SteadyP95     float64 `json:"steady_p95_ms"`
-	SteadyP99     float64 `json:"steady_p99_ms"`
-	SteadyMax     float64 `json:"steady_max_ms"`
-	SubmitP50     float64 `json:"steady_submit_p50_ms"`
-	SubmitP99     float64 `json:"steady_submit_p99_ms"`
+	// BurnCPUPerMsg is the bench process's CPU time (user and system)
+	// during the burn-down per message, in microseconds;
+	// BurnMachineCPUPerMsg the whole machine's busy CPU time (Linux; with
+	// a local database it includes the server's).
+	BurnCPUPerMsg        float64 `json:"burn_cpu_us_per_msg"`
+	BurnMachineCPUPerMsg float64 `json:"burn_machine_cpu_us_per_msg,omitempty"`
+	SteadyN              int     `json:"steady_n"`
+	SteadyRate           float64 `json:"steady_achieved_rate"`
+	SteadyP50            float64 `json:"steady_p50_ms"`
+	SteadyP95            float64 `json:"steady_p95_ms"`
+	SteadyP99            float64 `json:"steady_p99_ms"`
+	SteadyMax            float64 `json:"steady_max_ms"`
+	SubmitP50            float64 `json:"steady_submit_p50_ms"`
+	SubmitP99            float64 `json:"steady_submit_p99_ms"`
 }
 
 // claimResult is one run of the claim-latency phase at one depth.
@@ -234,6 +240,11 @@ func runBench(ctx context.Context, cfg benchConfig, out io.Writer) (err error) {
 		{"steady submit p50", "steady_submit_p50_ms", func(r benchResult) float64 { return r.SubmitP50 }, "ms"},
 		{"steady achieved rate", "steady_achieved_rate", func(r benchResult) float64 { return r.SteadyRate }, "/s"},
 	}
+	cpuRows := []medianRow{{"burn-down CPU, process", "burn_cpu_us_per_msg", func(r benchResult) float64 { return r.BurnCPUPerMsg }, "us/msg"}}
+	if results[0].BurnMachineCPUPerMsg > 0 {
+		cpuRows = append(cpuRows, medianRow{"burn-down CPU, machine", "burn_machine_cpu_us_per_msg", func(r benchResult) float64 { return r.BurnMachineCPUPerMsg }, "us/msg"})
+	}
+	rows = slices.Insert(rows, 2, cpuRows...)
 	if bn.admin != nil {
 		rows = slices.Insert(rows, 2, medianRow{"burn-down WAL", "burn_wal_bytes_per_msg", func(r benchResult) float64 { return r.BurnWALPerMsg }, "B/msg"})
 	}
