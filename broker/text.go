@@ -2,10 +2,12 @@ package broker
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/go-json-experiment/json/jsontext"
@@ -68,7 +70,26 @@ var errNotJSON = errors.New("it is not valid JSON")
 // check UTF-8, escapes or duplicate names (CheckJSON checks the first
 // two; duplicate names are JSON, which jsonb stores keeping the last).
 func CheckJSONDepth(raw []byte) error {
-	d := jsontext.NewDecoder(bytes.NewBuffer(raw), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	// Nothing nests deeper than its brackets' count: most JSON a task
+	// carries has few, and is checked by encoding/json's scanner, which
+	// allocates nothing. (Brackets inside strings count too; that only
+	// sends more JSON down the token reader's path.)
+	if opens := bytes.Count(raw, []byte{'{'}) + bytes.Count(raw, []byte{'['}); opens <= MaxJSONDepth {
+		if !json.Valid(raw) {
+			return errNotJSON
+		}
+		return nil
+	}
+	return checkDepthTokens(raw)
+}
+
+// checkDepthTokens is CheckJSONDepth's check of any JSON: a token reader
+// that stops at the first level too deep.
+func checkDepthTokens(raw []byte) error {
+	d := depthDecoders.Get().(*jsontext.Decoder)
+	defer depthDecoders.Put(d)
+	d.Reset(bytes.NewReader(raw), jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true))
+	defer d.Reset(bytes.NewReader(nil)) // do not keep raw alive in the pool
 	for {
 		if _, err := d.ReadToken(); err != nil {
 			return errNotJSON
@@ -86,6 +107,10 @@ func CheckJSONDepth(raw []byte) error {
 	}
 	return nil
 }
+
+// depthDecoders keeps CheckJSONDepth's token readers: a new one costs
+// more than a small document's check.
+var depthDecoders = sync.Pool{New: func() any { return jsontext.NewDecoder(bytes.NewReader(nil)) }}
 
 // ErrTooDeep is CheckJSONDepth's answer to JSON nested deeper than
 // MaxJSONDepth: what is wrong and what to do, for the caller to wrap.

@@ -3,6 +3,7 @@ package broker
 import (
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"runtime"
 	"strings"
 	"testing"
@@ -132,5 +133,57 @@ func BenchmarkCheckJSONDeep(b *testing.B) {
 				_ = CheckJSON(data)
 			}
 		})
+	}
+}
+
+// TestCheckJSONDepthPathsAgree: JSON with at most MaxJSONDepth brackets
+// takes encoding/json's scanner, the rest the token reader; on text both
+// can take, they agree. The texts are valid and broken JSON, and 20,000
+// random edits of them (a fixed seed: the same every run).
+func TestCheckJSONDepthPathsAgree(t *testing.T) {
+	seeds := []string{
+		`{"a":1}`, `[]`, `"x"`, ` 1 `, "\t\r\n1\n", `null`, `true`, `false`, `{"a":{"b":[1,2,{"c":null}]}}`,
+		`{"a":1,"a":2}`, `"\u0000"`, `"\ud83d"`, "\"\xff\"", `{"a":`, `1 2`, `[1,]`, `1e400`, `-0.0e-0`,
+		`"\/\b\f\n\r\t\""`, `{"a":[1,2.5e-3,-7,"s",{"t":[]}],"b":{}}`, `01`, `1.`, `.5`, `-`, `+1`, `"a`, `'a'`,
+		`{"a" 1}`, `{,}`, `[1 2]`, `nul`, `NaN`, "\"\x01\"", `{"a":1}}`, `[[[]]]`, nested(MaxJSONDepth, `[`, ``, `]`),
+		nested(MaxJSONDepth/2, `{"k":`, `[0]`, `}`), ``, ` `,
+	}
+	alphabet := []byte("{}[]\":,0123456789.eE+- \tatrufnl\\\x00\xff")
+	rng := rand.New(rand.NewPCG(1, 2))
+	inputs := make([][]byte, 0, 20_000+len(seeds))
+	for _, s := range seeds {
+		inputs = append(inputs, []byte(s))
+	}
+	for len(inputs) < cap(inputs) {
+		b := []byte(seeds[rng.IntN(len(seeds))])
+		for range 1 + rng.IntN(3) {
+			switch i := rng.IntN(len(b) + 1); rng.IntN(3) {
+			case 0: // insert
+				b = append(b[:i], append([]byte{alphabet[rng.IntN(len(alphabet))]}, b[i:]...)...)
+			case 1: // delete
+				if i < len(b) {
+					b = append(b[:i], b[i+1:]...)
+				}
+			default: // replace
+				if i < len(b) {
+					b[i] = alphabet[rng.IntN(len(alphabet))]
+				}
+			}
+		}
+		inputs = append(inputs, b)
+	}
+	checked := 0
+	for _, raw := range inputs {
+		if strings.Count(string(raw), "{")+strings.Count(string(raw), "[") > MaxJSONDepth {
+			continue
+		}
+		checked++
+		fast, slow := CheckJSONDepth(raw), checkDepthTokens(raw)
+		if (fast == nil) != (slow == nil) {
+			t.Fatalf("%q: the scanner's path says %v, the token reader's %v", raw, fast, slow)
+		}
+	}
+	if checked < 19_000 {
+		t.Fatalf("only %d inputs were checked on both paths", checked)
 	}
 }

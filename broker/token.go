@@ -4,6 +4,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -28,5 +30,21 @@ func NewToken() string {
 // wrote, instead of dirtying a random page of a large index per report
 // (which after every checkpoint also writes that page whole to the WAL).
 func ReportKey(claimedAt time.Time, token string) string {
-	return fmt.Sprintf("%012x-%s", claimedAt.UnixMilli(), token)
+	ms := claimedAt.UnixMilli()
+	if ms < 0 {
+		return fmt.Sprintf("%012x-%s", ms, token)
+	}
+	// What the Sprintf above writes, in one allocation: each attempt
+	// makes a key.
+	var digits [16]byte
+	hex := strconv.AppendInt(digits[:0], ms, 16)
+	var b strings.Builder
+	b.Grow(max(len(hex), 12) + 1 + len(token))
+	for range 12 - len(hex) {
+		b.WriteByte('0')
+	}
+	b.Write(hex)
+	b.WriteByte('-')
+	b.WriteString(token)
+	return b.String()
 }

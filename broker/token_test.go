@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -27,5 +28,19 @@ func TestNewTokenIsRandom(t *testing.T) {
 			t.Fatalf("token %q: %d digits or made twice", tok, len(tok))
 		}
 		seen[tok] = true
+	}
+}
+
+// TestReportKeyFormat: the key is the claim's time in milliseconds as at
+// least 12 hex digits, a dash and the token, for times before 1970, at
+// 1970, now, and past the twelve digits.
+func TestReportKeyFormat(t *testing.T) {
+	for _, ms := range []int64{-1, -123456, 0, 1, 0xabc, 1_764_000_000_000, 1<<48 - 1, 1 << 48, 1<<62 + 5} {
+		at := time.UnixMilli(ms).Add(999 * time.Microsecond)
+		for _, tok := range []string{"", "6f1c0e4a-9d51-4b0e-8a39-2b5c4f3d2e10"} {
+			if got, want := ReportKey(at, tok), fmt.Sprintf("%012x-%s", ms, tok); got != want {
+				t.Errorf("ReportKey(%d ms, %q) = %q, want %q", ms, tok, got, want)
+			}
+		}
 	}
 }

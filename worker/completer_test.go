@@ -29,7 +29,8 @@ func TestCompleterWritesEverythingAndStopsTwice(t *testing.T) {
 	o := newCompleter(b, hclog.NewNullLogger(), "w", rec, nil, &claims, 1)
 	o.start()
 	o.closeAcks() // no dispatcher
-	for _, m := range msgs {
+	for i := range msgs {
+		m := &msgs[i]
 		c := &completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, msg: m}
 		if m.ID == ackID {
 			c.ack, c.status = true, StatusDone

@@ -34,16 +34,20 @@ type completion struct {
 	dur          time.Duration
 	// For the attempt's report: the message as claimed, the handler's
 	// context (nil when the handler never ran) and whether it timed out.
-	msg      broker.Message
+	msg      *broker.Message // the claim's, shared: never changed
 	tc       *TaskContext
 	timedOut bool
+	// The attempt's logger and handler context live here, so an attempt
+	// allocates one object for the three.
+	logger  msgLogger
+	taskCtx TaskContext
 }
 
 // notRun requeues a message whose task never ran, giving its attempt back
 // (broker.NackRequest.NotRun).
 func (c *completion) notRun(d time.Duration, reason, status string) *completion {
 	c.notRan = true
-	if suspect(c.msg) {
+	if suspect(*c.msg) {
 		// It did not run here: it stays a suspect (see suspect), and its
 		// error still says why for the people who read it.
 		c.suspect = true

@@ -29,7 +29,7 @@ type TaskContext struct {
 	logs     []string
 	dropped  int
 	progress float64
-	onLog    func(line string)
+	log      *msgLogger // the attempt's: Logf lines go to its debug log too
 }
 
 // Logf adds a line to the attempt's log.
@@ -41,10 +41,10 @@ func (tc *TaskContext) Logf(format string, args ...any) {
 	} else {
 		tc.dropped++
 	}
-	onLog := tc.onLog
+	log := tc.log
 	tc.mu.Unlock()
-	if onLog != nil {
-		onLog(line)
+	if log != nil {
+		log.Debug("task log", "line", line)
 	}
 }
 

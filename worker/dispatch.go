@@ -230,8 +230,10 @@ func (x *exchanges) land(p *Pool, iso *isolation, r exchanged) {
 	x.reserved -= r.max
 	x.acks -= r.acks
 	p.claims.hold(r.msgs)
-	for _, m := range r.msgs {
-		if iso.admit(m) {
+	// The messages go to the workers by pointer: each is then one of the
+	// claim's slice, which lives until its last attempt is done.
+	for i := range r.msgs {
+		if m := &r.msgs[i]; iso.admit(m) {
 			p.toWorkers(m)
 		}
 	}
@@ -322,7 +324,7 @@ func (a *announcements) claiming() {
 }
 
 // toWorkers hands a claimed message to the workers.
-func (p *Pool) toWorkers(m broker.Message) {
+func (p *Pool) toWorkers(m *broker.Message) {
 	p.inflight.Add(1)
 	p.jobs <- m
 }

@@ -53,7 +53,7 @@ type taskTopic struct{ task, topic string }
 // unknownTask decides the outcome of c, a message of a task the registry
 // does not know (see the file's comment).
 func (p *Pool) unknownTask(c *completion, log *msgLogger) *completion {
-	m := c.msg
+	m := *c.msg
 	// Another live worker that runs the task gets it at once, even during
 	// this worker's start-up grace: holding it here for the grace would
 	// only delay it, and could keep it from that worker for as long.

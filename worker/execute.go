@@ -71,10 +71,11 @@ type handlerResult struct {
 }
 
 // handle runs one message and says how it ended.
-func (p *Pool) handle(m broker.Message) (out *completion) {
+func (p *Pool) handle(m *broker.Message) (out *completion) {
 	p.obs.TaskStarted(m.Topic)
 	c := &completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, started: time.Now(), msg: m}
-	log := &msgLogger{base: p.log, m: &c.msg}
+	c.logger = msgLogger{base: p.log, m: m}
+	log := &c.logger
 	// The handler's panics are caught where it runs (run); this catches
 	// those of the task's other code: its lock key, its backoff, its
 	// result's MarshalJSON. Left alone, one would end the process and
@@ -129,11 +130,9 @@ func (p *Pool) handle(m broker.Message) (out *completion) {
 		}
 	}
 
-	tc := &TaskContext{
-		Payload: m.Payload, MessageID: m.ID, Task: m.Task, Topic: m.Topic,
-		Attempt: attempt, MaxAttempts: maxAttempts,
-		onLog: func(line string) { log.Debug("task log", "line", line) },
-	}
+	tc := &c.taskCtx
+	tc.Payload, tc.MessageID, tc.Task, tc.Topic = m.Payload, m.ID, m.Task, m.Topic
+	tc.Attempt, tc.MaxAttempts, tc.log = attempt, maxAttempts, log
 	res, ran, abandoned, timedOut, cancelled := p.run(t, tc, log)
 	c.dur = time.Since(c.started)
 	if ran {

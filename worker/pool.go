@@ -55,7 +55,7 @@ type Pool struct {
 	wake      chan struct{}       // Wake: claim now
 	notices   broker.Subscription // the broker's announcements (broker.Notifier), or nil
 	slotFreed chan struct{}       // a worker finished a message
-	jobs      chan broker.Message
+	jobs      chan *broker.Message
 	abandon   chan struct{} // closed: stop waiting on handlers
 	out       *completer    // writes every outcome
 
@@ -182,7 +182,7 @@ func (p *Pool) Start(ctx context.Context) error {
 
 	n := p.opts.Concurrency
 	p.slotFreed = make(chan struct{}, 1)
-	p.jobs = make(chan broker.Message, n)
+	p.jobs = make(chan *broker.Message, n)
 	p.abandon = make(chan struct{})
 	p.claimCtx, p.stopClaim = context.WithCancel(context.Background())
 	p.runCtx, p.cancelRun = context.WithCancel(context.Background())

@@ -60,7 +60,7 @@ func (s *isolation) settle(inflight int) int {
 		p.log.Info("giving back a message whose last worker died running it: this worker stays busy and would claim nothing until it is idle",
 			"message_id", s.held.ID, "task", s.held.Task, "retry_in", suspectHoldMax.String())
 		p.giveBackAfter(s.held.ClaimOf(), suspectHoldMax)
-		p.toWorkers(*s.held)
+		p.toWorkers(s.held)
 		s.held = nil
 		inflight++
 	}
@@ -71,7 +71,7 @@ func (s *isolation) settle(inflight int) int {
 	if !s.alone && s.held != nil && inflight == 0 && p.out.pending.Load() == 0 {
 		p.log.Info("running a message whose last worker died while running it on its own, so that if it kills this process too, nothing else is lost with it",
 			"message_id", s.held.ID, "task", s.held.Task)
-		p.toWorkers(*s.held)
+		p.toWorkers(s.held)
 		s.held = nil
 		s.alone, inflight = true, 1
 	}
@@ -96,11 +96,11 @@ func (s *isolation) holdOver() <-chan time.Time {
 
 // admit takes a claimed message: false when it is a suspect that it holds
 // (it goes to the workers later), true when it goes to the workers now.
-func (s *isolation) admit(m broker.Message) bool {
+func (s *isolation) admit(m *broker.Message) bool {
 	p := s.p
-	if p.opts.Concurrency > 1 && suspect(m) && p.runs(m.Task) {
+	if p.opts.Concurrency > 1 && suspect(*m) && p.runs(m.Task) {
 		if s.held == nil {
-			s.held, s.since = &m, time.Now()
+			s.held, s.since = m, time.Now()
 			return false
 		}
 		// One suspect is held at a time: held, the others
@@ -116,7 +116,7 @@ func (s *isolation) admit(m broker.Message) bool {
 func (s *isolation) stop() {
 	s.timer.Stop()
 	if s.held != nil {
-		s.p.toWorkers(*s.held)
+		s.p.toWorkers(s.held)
 		s.held = nil
 	}
 }
@@ -162,7 +162,7 @@ func (p *Pool) takeBack(c broker.Claim) (time.Duration, bool) {
 // givenBack is the outcome of c when the dispatcher gave its message back
 // (giveBack): requeued without running. Nil when it did not.
 func (p *Pool) givenBack(c *completion) *completion {
-	if !suspect(c.msg) {
+	if !suspect(*c.msg) {
 		return nil
 	}
 	d, ok := p.takeBack(c.claim)

@@ -477,6 +477,7 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 			br.Close()
 			return err
 		}
+		var scan *messageScanner
 		for rows.Next() {
 			if rows.RawValues()[0] == nil { // nothing claimed: the gate alone
 				if err := rows.Scan(gateOnly(len(rows.FieldDescriptions()), &allowed, &limited, &room)...); err != nil {
@@ -486,7 +487,10 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 				}
 				continue
 			}
-			m, err := scanMessage(rows, true, &allowed, &limited, &room)
+			if scan == nil {
+				scan = newMessageScanner(true, &allowed, &limited, &room)
+			}
+			m, err := scan.scan(rows)
 			if err != nil {
 				rows.Close()
 				br.Close()

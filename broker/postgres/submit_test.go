@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -109,4 +111,55 @@ func jsonEqual(t *testing.T, got json.RawMessage, want string) bool {
 		t.Fatal(err)
 	}
 	return fmt.Sprint(a) == fmt.Sprint(b)
+}
+
+// TestClaimedMessagesShareNothing: the messages of one claim, read with one
+// scanner, each keep their own headers, payload and token: none carries
+// over from the row read before it.
+func TestClaimedMessagesShareNothing(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	headers := []map[string]string{{"a": "1", "b": "2"}, nil, {"c": "3"}, {}, {"a": "4"}}
+	var reqs []broker.SubmitRequest
+	for i, h := range headers {
+		reqs = append(reqs, broker.SubmitRequest{Topic: "share", Task: "x", Headers: h, Payload: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))})
+	}
+	ids, err := b.SubmitMany(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"share"}, Max: len(reqs)})
+	if err != nil || len(msgs) != len(reqs) {
+		t.Fatalf("claimed %d messages of %d (%v)", len(msgs), len(reqs), err)
+	}
+	tokens := map[string]bool{}
+	for _, m := range msgs {
+		i := slices.Index(ids, m.ID)
+		want := headers[i]
+		if len(want) == 0 {
+			want = nil
+		}
+		if !maps.Equal(m.Headers, want) || (m.Headers == nil) != (want == nil) {
+			t.Errorf("message %d: headers %v, want %v", i, m.Headers, want)
+		}
+		if !jsonEqual(t, m.Payload, fmt.Sprintf(`{"i":%d}`, i)) {
+			t.Errorf("message %d: payload %s", i, m.Payload)
+		}
+		if m.Token == "" || tokens[m.Token] {
+			t.Errorf("message %d: token %q is empty or another message's", i, m.Token)
+		}
+		tokens[m.Token] = true
+	}
+	// The headers are the message's own: changing one message's map
+	// changes no other's.
+	for _, m := range msgs {
+		if m.Headers != nil {
+			m.Headers["changed"] = "yes"
+		}
+	}
+	for _, m := range msgs {
+		if i := slices.Index(ids, m.ID); len(m.Headers) != 0 && len(m.Headers) != len(headers[i])+1 {
+			t.Errorf("message %d: headers %v after changing each message's map once", i, m.Headers)
+		}
+	}
 }

@@ -157,9 +157,19 @@ func (in *Inserter) insertBatch(ctx context.Context, q Querier, reqs []broker.Su
 	return out, nil
 }
 
-// stored returns the requests of reqs that stored a message, by out.
+// stored returns the requests of reqs that stored a message, by out:
+// reqs itself when all did.
 func stored(reqs []broker.SubmitRequest, out []broker.Submitted) []broker.SubmitRequest {
-	var s []broker.SubmitRequest
+	dups := 0
+	for _, o := range out {
+		if o.Duplicate {
+			dups++
+		}
+	}
+	if dups == 0 {
+		return reqs
+	}
+	s := make([]broker.SubmitRequest, 0, len(reqs)-dups)
 	for i, r := range reqs {
 		if !out[i].Duplicate {
 			s = append(s, r)
