@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,30 +34,69 @@ type attempts struct {
 	// early: cancel requests for messages held but not running yet (their
 	// handler is about to start), by when they came.
 	early map[int64]time.Time
+	// abandoning: Stop gave up on the running handlers (abandon); no
+	// handler starts any more.
+	abandoning bool
 }
 
-// attempt is one running handler's cancellation.
+// attempt is one running handler's cancellation, and its fate at Stop.
 type attempt struct {
 	cancel    context.CancelCauseFunc
 	requested bool // guarded by attempts.mu
+	c         *completion
+	// state: attemptRunning until the handler returns (finish) or Stop
+	// gives up on it (abandon), whichever comes first.
+	state atomic.Int32
 }
 
-// start records that the handler of message id starts under a context
-// that cancel cancels; requested says a cancel request came for it
-// already (the handler must not run).
-func (as *attempts) start(id int64, cancel context.CancelCauseFunc) (a *attempt, requested bool) {
+const (
+	attemptRunning int32 = iota
+	attemptFinished
+	attemptAbandoned
+)
+
+// finish records that a's handler returned; false when Stop abandoned it
+// first (its outcome is written: the result must be dropped).
+func (a *attempt) finish() bool {
+	return a.state.CompareAndSwap(attemptRunning, attemptFinished)
+}
+
+// start records that the handler of c's message (id) starts under a
+// context that cancel cancels; requested says a cancel request came for it
+// already, stopping that Stop abandons handlers already: either way the
+// handler must not run.
+func (as *attempts) start(id int64, cancel context.CancelCauseFunc, c *completion) (a *attempt, requested, stopping bool) {
 	as.mu.Lock()
 	defer as.mu.Unlock()
+	if as.abandoning {
+		return nil, false, true
+	}
 	if as.running == nil {
 		as.running = map[int64]*attempt{}
 	}
-	a = &attempt{cancel: cancel}
+	a = &attempt{cancel: cancel, c: c}
 	if _, ok := as.early[id]; ok {
 		delete(as.early, id)
 		a.requested = true
 	}
 	as.running[id] = a
-	return a, a.requested
+	return a, a.requested, false
+}
+
+// abandon gives up on every running handler, for Stop: it returns the
+// completions of those that had not returned yet, which their workers no
+// longer write (see attempt.finish), and from then on no handler starts.
+func (as *attempts) abandon() []*completion {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	as.abandoning = true
+	var out []*completion
+	for _, a := range as.running {
+		if a.state.CompareAndSwap(attemptRunning, attemptAbandoned) {
+			out = append(out, a.c)
+		}
+	}
+	return out
 }
 
 // end forgets a's handler, which returned (or was abandoned), and says

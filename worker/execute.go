@@ -19,17 +19,21 @@ import (
 // the completer, and how one message is run (handle, run). The pool starts
 // the workers in Start; they end once the dispatcher closes jobs, and Stop
 // waits for them (workers), cancelling (runCtx) and then abandoning
-// (abandon) handlers that outlast the drain.
+// (abandonHandlers) handlers that outlast the drain. A handler runs on its
+// worker's goroutine: no goroutine, channel or switch per attempt.
 
 // lockErrorRetryDelay is the requeue delay when a lock could not be
 // taken because the broker failed.
 const lockErrorRetryDelay = time.Second
 
-// work runs messages until jobs is closed and empty.
+// work runs messages until jobs is closed and empty, or until Stop
+// abandons the handler it runs (which counts it out of workers then).
 func (p *Pool) work() {
-	defer p.workers.Done()
 	for m := range p.jobs {
 		c := p.handle(m)
+		if c == nil {
+			return
+		}
 		p.out.add(c)
 		p.inflight.Add(-1)
 		select {
@@ -37,6 +41,7 @@ func (p *Pool) work() {
 		default:
 		}
 	}
+	p.workers.Done()
 }
 
 // msgLogger logs about one message, with its id, task, topic and attempt;
@@ -70,7 +75,8 @@ type handlerResult struct {
 	err   error
 }
 
-// handle runs one message and says how it ended.
+// handle runs one message and says how it ended: nil when Stop abandoned
+// its handler, and wrote its outcome itself (see run).
 func (p *Pool) handle(m *broker.Message) (out *completion) {
 	p.obs.TaskStarted(m.Topic)
 	c := &completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, started: time.Now(), msg: m}
@@ -133,18 +139,23 @@ func (p *Pool) handle(m *broker.Message) (out *completion) {
 	tc := &c.taskCtx
 	tc.Payload, tc.MessageID, tc.Task, tc.Topic = m.Payload, m.ID, m.Task, m.Topic
 	tc.Attempt, tc.MaxAttempts, tc.log = attempt, maxAttempts, log
-	res, ran, abandoned, timedOut, cancelled := p.run(t, tc, log)
+	r := p.run(t, c, log)
+	if r.abandoned {
+		// Stop wrote the outcome and counted this worker out: c is its.
+		return nil
+	}
+	res, cancelled := r.handlerResult, r.cancelled
 	c.dur = time.Since(c.started)
-	if ran {
-		c.tc, c.timedOut = tc, timedOut
+	if r.ran {
+		c.tc, c.timedOut = tc, r.timedOut
 	}
 
 	switch {
-	case !ran:
+	case r.stopped:
+		return c.notRun(0, "worker stopped before the task started", StatusStopped)
+	case !r.ran:
 		log.Info("task cancelled before it ran")
 		return c.cancelled(cancelledBeforeRun)
-	case abandoned:
-		return c.requeueNow("worker stopped (the task ignored cancellation)", StatusStopped)
 	case res.err == nil:
 		// Success wins over a cancel request that came too late.
 		body, err := marshalResult(res.value)
@@ -165,7 +176,7 @@ func (p *Pool) handle(m *broker.Message) (out *completion) {
 	}
 
 	msg := res.err.Error()
-	if timedOut {
+	if r.timedOut {
 		msg = fmt.Sprintf("timed out after %s: %s", t.Timeout, msg)
 	}
 	if msg == "" {
@@ -197,10 +208,6 @@ func (p *Pool) handle(m *broker.Message) (out *completion) {
 	return c.fail(msg, false, 0)
 }
 
-// run calls the handler in its own goroutine, so a handler that ignores
-// cancellation can be abandoned, and turns a panic into an error. ran is
-// false when a cancel request came before the handler started (it did
-// not), cancelled true when one came while it ran (CancelRunning).
 // pastDeadline reports whether ctx's deadline has passed: its Err says so,
 // or the clock does. A handler that failed because a context of its own
 // with the same deadline ended (a gRPC call's, say) can return before
@@ -213,13 +220,40 @@ func pastDeadline(ctx context.Context) bool {
 	return ok && !time.Now().Before(d)
 }
 
-func (p *Pool) run(t Task, tc *TaskContext, log *msgLogger) (res handlerResult, ran, abandoned, timedOut, cancelled bool) {
+// runResult is how run ended.
+type runResult struct {
+	handlerResult
+	// ran: the handler was called (false: a cancel request came before it
+	// started, or the pool was abandoning handlers already).
+	ran bool
+	// stopped: the pool was abandoning handlers before this one started,
+	// which then never ran.
+	stopped bool
+	// abandoned: Stop gave up on the handler while it ran and wrote its
+	// outcome (see attempts.abandon); the worker has nothing left to do.
+	abandoned bool
+	timedOut  bool
+	// cancelled: a cancel request came while it ran (CancelRunning), or
+	// before it started (with ran false).
+	cancelled bool
+}
+
+// run calls the handler of c's attempt on the worker's own goroutine and
+// turns a panic into an error. A handler that ignores cancellation at
+// Stop is abandoned by Stop itself (attempts.abandon), which requeues its
+// message and counts its worker out: this goroutine then runs on until
+// the handler returns, and drops its result.
+func (p *Pool) run(t Task, c *completion, log *msgLogger) (r runResult) {
+	tc := &c.taskCtx
 	base, cancelBase := context.WithCancelCause(p.runCtx)
 	defer cancelBase(nil)
-	a, requested := p.attempts.start(tc.MessageID, cancelBase)
-	defer func() { cancelled = p.attempts.end(tc.MessageID, a) }()
+	a, requested, stopping := p.attempts.start(tc.MessageID, cancelBase, c)
+	if stopping {
+		return runResult{stopped: true}
+	}
+	defer func() { r.cancelled = p.attempts.end(tc.MessageID, a) }()
 	if requested {
-		return handlerResult{}, false, false, false, true
+		return runResult{}
 	}
 	ctx := base
 	if t.Timeout > 0 {
@@ -230,24 +264,24 @@ func (p *Pool) run(t Task, tc *TaskContext, log *msgLogger) (res handlerResult, 
 	p.running.Add(1)
 	defer p.running.Add(-1)
 
-	done := make(chan handlerResult, 1) // buffered: an abandoned handler never blocks
-	go func() {
-		defer func() {
-			if r := recover(); r != nil {
-				log.Error("task panicked", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-				done <- handlerResult{err: fmt.Errorf("panic: %v", r)}
-			}
-		}()
-		v, err := t.Handler(ctx, tc)
-		done <- handlerResult{value: v, err: err}
-	}()
-	select {
-	case res = <-done:
-	case <-p.abandon:
-		return handlerResult{}, true, true, false, false
+	res := callHandler(ctx, t, tc, log)
+	if !a.finish() {
+		return runResult{ran: true, abandoned: true}
 	}
-	timedOut = res.err != nil && t.Timeout > 0 && pastDeadline(ctx) && base.Err() == nil && p.runCtx.Err() == nil
-	return res, true, false, timedOut, false
+	timedOut := res.err != nil && t.Timeout > 0 && pastDeadline(ctx) && base.Err() == nil && p.runCtx.Err() == nil
+	return runResult{handlerResult: res, ran: true, timedOut: timedOut}
+}
+
+// callHandler calls t's handler and turns a panic into an error.
+func callHandler(ctx context.Context, t Task, tc *TaskContext, log *msgLogger) (res handlerResult) {
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("task panicked", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			res = handlerResult{err: fmt.Errorf("panic: %v", r)}
+		}
+	}()
+	v, err := t.Handler(ctx, tc)
+	return handlerResult{value: v, err: err}
 }
 
 func marshalResult(v any) (json.RawMessage, error) {

@@ -56,8 +56,7 @@ type Pool struct {
 	notices   broker.Subscription // the broker's announcements (broker.Notifier), or nil
 	slotFreed chan struct{}       // a worker finished a message
 	jobs      chan *broker.Message
-	abandon   chan struct{} // closed: stop waiting on handlers
-	out       *completer    // writes every outcome
+	out       *completer // writes every outcome
 
 	claimCtx  context.Context // cancelled: stop claiming
 	stopClaim context.CancelFunc
@@ -183,7 +182,6 @@ func (p *Pool) Start(ctx context.Context) error {
 	n := p.opts.Concurrency
 	p.slotFreed = make(chan struct{}, 1)
 	p.jobs = make(chan *broker.Message, n)
-	p.abandon = make(chan struct{})
 	p.claimCtx, p.stopClaim = context.WithCancel(context.Background())
 	p.runCtx, p.cancelRun = context.WithCancel(context.Background())
 	p.hbCtx, p.stopHB = context.WithCancel(context.Background())
@@ -293,11 +291,12 @@ func (p *Pool) Stop(ctx context.Context) error {
 		if !waitFor(context.Background(), workersDone, grace) {
 			p.log.Error("tasks ignored cancellation: requeueing their messages; their goroutines run on until they return",
 				"running", p.running.Load())
-			close(p.abandon)
-			// The workers may be blocked handing outcomes to a collector
-			// that retries a dead broker: bound that too.
+			// The workers (and the requeues below) may be blocked handing
+			// outcomes to a collector that retries a dead broker: bound
+			// that too.
 			t := time.AfterFunc(flushTimeout, p.out.giveUp)
 			defer t.Stop()
+			p.abandonHandlers()
 			<-workersDone
 		}
 	}
@@ -322,6 +321,20 @@ func (p *Pool) Stop(ctx context.Context) error {
 	}
 	p.log.Info("worker pool stopped")
 	return nil
+}
+
+// abandonHandlers gives up on the handlers still running at Stop, which
+// ignored their cancelled contexts: each one's message is requeued, as a
+// stopped attempt, and its worker is counted out of workers (it runs on
+// until the handler returns, then drops the result: see run).
+func (p *Pool) abandonHandlers() {
+	for _, c := range p.attempts.abandon() {
+		c.dur = time.Since(c.started)
+		c.tc = &c.taskCtx
+		p.out.add(c.requeueNow("worker stopped (the task ignored cancellation)", StatusStopped))
+		p.inflight.Add(-1)
+		p.workers.Done()
+	}
 }
 
 // waitFor waits up to d for done; false if d or ctx ran out first.

@@ -479,7 +479,6 @@ func TestStopAbandonsTasksThatIgnoreCancellation(t *testing.T) {
 	reg := NewRegistry()
 	started := make(chan struct{})
 	stuck := make(chan struct{})
-	defer close(stuck)
 	reg.MustRegister(Task{Name: "stubborn", Handler: func(context.Context, *TaskContext) (any, error) {
 		close(started)
 		<-stuck
@@ -496,6 +495,19 @@ func TestStopAbandonsTasksThatIgnoreCancellation(t *testing.T) {
 	}
 	if m, _ := b.GetMessage(context.Background(), id); m.State != broker.StateQueued {
 		t.Errorf("state = %s, want queued", m.State)
+	}
+	// The handler returns after Stop: its worker drops the result (the
+	// message was requeued) and writes nothing to the stopped pool.
+	close(stuck)
+	deadline := time.Now().Add(10 * time.Second)
+	for p.Running() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the abandoned handler returned, but the pool still counts %d running", p.Running())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if m, _ := b.GetMessage(context.Background(), id); m.State != broker.StateQueued || len(m.Result) != 0 {
+		t.Errorf("after the abandoned handler returned: state %s, result %s; want queued, no result", m.State, m.Result)
 	}
 }
 
