@@ -18,7 +18,9 @@
 //     stops the clock at the last done message. On postgres it also
 //     prints the WAL written per message (pg_stat_wal, wal.go) and checks
 //     that every done message has its success report;
-//   - steady stream: -rate submits a second for -duration on a fresh
+//   - steady stream: after a checkpoint (postgres, untimed: the
+//     burn-down's dirty pages are not flushed inside the window),
+//     -rate submits a second for -duration on a fresh
 //     topic, one Submit per message from an open-loop schedule (each call
 //     starts at its planned time in a goroutine of its own, at most 64 in
 //     flight), followed by Pool.Wake as the tasks_worker plugin's submit
