@@ -142,6 +142,14 @@ func (p *Pool) dispatch() {
 		if failed {
 			backoffC = backoff.C
 		}
+		// A freed slot can launch nothing while every exchange is out: the
+		// next one to land brings the dispatcher back to the top, where it
+		// reads the slots afresh. Not waking for each finished message
+		// then saves a wake-up of the dispatcher per message.
+		var slotFreed <-chan struct{}
+		if x.flying < maxExchanges && !failed {
+			slotFreed = p.slotFreed
+		}
 		select {
 		case r := <-x.results:
 			x.land(p, iso, r)
@@ -174,7 +182,7 @@ func (p *Pool) dispatch() {
 			idle.Reset(time.Until(deadline))
 		case <-backoffC:
 			failed = false
-		case <-p.slotFreed:
+		case <-slotFreed:
 		case <-written:
 			wakeUp()
 		case <-p.out.acksReady:
