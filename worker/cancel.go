@@ -61,11 +61,12 @@ func (a *attempt) finish() bool {
 	return a.state.CompareAndSwap(attemptRunning, attemptFinished)
 }
 
-// start records that the handler of c's message (id) starts under a
-// context that cancel cancels; requested says a cancel request came for it
+// start records that the handler of c's message starts under a context
+// that cancel cancels; requested says a cancel request came for it
 // already, stopping that Stop abandons handlers already: either way the
 // handler must not run.
-func (as *attempts) start(id int64, cancel context.CancelCauseFunc, c *completion) (a *attempt, requested, stopping bool) {
+func (as *attempts) start(c *completion, cancel context.CancelCauseFunc) (a *attempt, requested, stopping bool) {
+	id := c.claim.ID
 	as.mu.Lock()
 	defer as.mu.Unlock()
 	if as.abandoning {

@@ -139,7 +139,7 @@ func (p *Pool) handle(m *broker.Message) (out *completion) {
 	tc := &c.taskCtx
 	tc.Payload, tc.MessageID, tc.Task, tc.Topic = m.Payload, m.ID, m.Task, m.Topic
 	tc.Attempt, tc.MaxAttempts, tc.log = attempt, maxAttempts, log
-	r := p.run(t, c, log)
+	r := p.run(t, c)
 	if r.abandoned {
 		// Stop wrote the outcome and counted this worker out: c is its.
 		return nil
@@ -243,15 +243,15 @@ type runResult struct {
 // Stop is abandoned by Stop itself (attempts.abandon), which requeues its
 // message and counts its worker out: this goroutine then runs on until
 // the handler returns, and drops its result.
-func (p *Pool) run(t Task, c *completion, log *msgLogger) (r runResult) {
+func (p *Pool) run(t Task, c *completion) (r runResult) {
 	tc := &c.taskCtx
 	base, cancelBase := context.WithCancelCause(p.runCtx)
 	defer cancelBase(nil)
-	a, requested, stopping := p.attempts.start(tc.MessageID, cancelBase, c)
+	a, requested, stopping := p.attempts.start(c, cancelBase)
 	if stopping {
 		return runResult{stopped: true}
 	}
-	defer func() { r.cancelled = p.attempts.end(tc.MessageID, a) }()
+	defer func() { r.cancelled = p.attempts.end(c.claim.ID, a) }()
 	if requested {
 		return runResult{}
 	}
@@ -264,7 +264,7 @@ func (p *Pool) run(t Task, c *completion, log *msgLogger) (r runResult) {
 	p.running.Add(1)
 	defer p.running.Add(-1)
 
-	res := callHandler(ctx, t, tc, log)
+	res := callHandler(ctx, t, tc, &c.logger)
 	if !a.finish() {
 		return runResult{ran: true, abandoned: true}
 	}
