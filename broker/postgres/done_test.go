@@ -420,3 +420,54 @@ func claimAndAckPlain(t *testing.T, b *Broker, topic string, n int) {
 		t.Fatalf("ack: %v, %v", errs, err)
 	}
 }
+
+// TestDoneBatchesStayInTheirRow: a batch of 100 messages compresses with
+// lz4 where the server has it (migration 021) and stays in its row of
+// tw_done, not in the TOAST table, and reads back whole.
+func TestDoneBatchesStayInTheirRow(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	c := schemaConn(t, b)
+	const n = 100
+	var reqs []broker.SubmitRequest
+	for i := range n {
+		reqs = append(reqs, broker.SubmitRequest{Topic: "t", Task: "x",
+			Payload: json.RawMessage(fmt.Sprintf(`{"i":%d,"pad":"%0100d"}`, i, i))})
+	}
+	if _, err := b.SubmitMany(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	claimAndAckPlain(t, b, "t", n)
+	var (
+		count, toasted int
+		compression    string
+	)
+	err := c.QueryRow(ctx, `SELECT cardinality(messages), coalesce(pg_column_compression(messages), 'none'),
+		(SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = 'tw_done'::regclass)
+		FROM tw_done`).Scan(&count, &compression, &toasted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lz4 bool
+	if err := c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_settings
+		WHERE name = 'default_toast_compression' AND 'lz4' = ANY (enumvals))`).Scan(&lz4); err != nil {
+		t.Fatal(err)
+	}
+	want := "pglz"
+	if lz4 {
+		want = "lz4"
+	}
+	if count != n || compression != want || toasted != 0 {
+		t.Fatalf("batch of %d messages, compression %s, TOAST table %d bytes; want %d, %s, 0", count, compression, toasted, n, want)
+	}
+	list, err := b.ListMessages(ctx, broker.MessageFilter{Topic: "t", Limit: n})
+	if err != nil || len(list) != n {
+		t.Fatalf("listing: %d messages, %v", len(list), err)
+	}
+	for _, m := range list {
+		var p struct{ I int64 }
+		if err := json.Unmarshal(m.Payload, &p); err != nil || p.I != m.ID-list[n-1].ID || m.State != broker.StateDone {
+			t.Fatalf("message %d read back as %s %s (%v)", m.ID, m.State, m.Payload, err)
+		}
+	}
+}
