@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -11,7 +10,7 @@ import (
 )
 
 // TestAckAndClaim: the acks are written before the claim in the same
-// round trip, so on a topic at its limit the claim gets the slots they
+// transaction, so on a topic at its limit the claim gets the slots they
 // free; a stale claim is ErrClaimLost; a refused call writes nothing.
 func TestAckAndClaim(t *testing.T) {
 	b := newTestBroker(t, Options{})
@@ -80,83 +79,6 @@ func TestAckAndClaim(t *testing.T) {
 	}
 	if _, _, err := b.AckAndClaim(ctx, nil, broker.ClaimRequest{Topics: []string{"ac"}}); !errors.Is(err, broker.ErrInvalid) {
 		t.Fatalf("AckAndClaim without a worker id: %v", err)
-	}
-}
-
-// TestAckAndClaimKeepsItsAcksWhenTheClaimFails: the acks commit before
-// the claim waits for the topic lock, and when the claim then fails (here
-// its context ends while another transaction holds the lock) the acks'
-// answers come back, with no messages and no error; the claim's messages
-// stay queued for the next claim.
-func TestAckAndClaimKeepsItsAcksWhenTheClaimFails(t *testing.T) {
-	b := newTestBroker(t, Options{})
-	ctx := t.Context()
-	if _, err := b.SetTopic(ctx, "held", broker.TopicPatch{ConcurrencyLimit: ptr(5)}); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if _, err := b.Submit(ctx, broker.SubmitRequest{Topic: "held", Task: "x"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	first, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"held"}, Max: 2})
-	if err != nil || len(first) != 2 {
-		t.Fatalf("claim = %d messages, %v", len(first), err)
-	}
-
-	holder := schemaConn(t, b)
-	tx, err := holder.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM tw_topics WHERE name = 'held' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
-	type result struct {
-		errs []error
-		msgs []broker.Message
-		err  error
-	}
-	claimCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan result, 1)
-	go func() {
-		errs, msgs, err := b.AckAndClaim(claimCtx, []broker.Outcome{{Claim: first[0].ClaimOf()}, {Claim: first[1].ClaimOf()}},
-			broker.ClaimRequest{WorkerID: "w", Topics: []string{"held"}, Max: 5})
-		done <- result{errs, msgs, err}
-	}()
-	// The acks are visible while the claim waits for the topic lock.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var acked int
-		if err := holder.QueryRow(ctx, `SELECT count(*) FROM tw_messages_all WHERE id = ANY ($1) AND state = 'done'`,
-			[]int64{first[0].ID, first[1].ID}).Scan(&acked); err != nil {
-			t.Fatal(err)
-		}
-		if acked == 2 {
-			break
-		}
-		select {
-		case r := <-done:
-			t.Fatalf("AckAndClaim returned while another transaction held the topic lock: %+v", r)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the acks are not visible while the claim waits (%d of 2 done)", acked)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	r := <-done
-	if r.err != nil || len(r.msgs) != 0 || len(r.errs) != 2 || r.errs[0] != nil || r.errs[1] != nil {
-		t.Fatalf("AckAndClaim whose claim failed = %v, %d messages, %v; want the acks' nil answers alone", r.errs, len(r.msgs), r.err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"held"}, Max: 5})
-	if err != nil || len(msgs) != 1 || msgs[0].Attempts != 1 {
-		t.Fatalf("the next claim = %+v, %v; want the third message, on its first attempt", msgs, err)
 	}
 }
 

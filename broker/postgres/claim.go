@@ -26,29 +26,6 @@ const (
 	serialLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 FOR UPDATE`
 )
 
-// claimTxLockSQL and serialTxLockSQL are claimLockSQL and serialLockSQL as
-// the claim transactions take them: asyncCommit.
-var (
-	claimTxLockSQL  = asyncCommit(claimLockSQL)
-	serialTxLockSQL = asyncCommit(serialLockSQL)
-)
-
-// asyncCommit is the lock statement lock that also makes its transaction
-// commit without waiting for its WAL to reach the disk (synchronous_commit
-// off, for this transaction only). A claim commits so (claimFrom): its
-// topic lock is released as soon as it commits, rather than after the
-// flush, so the claims of a limited topic wait less for each other. If the
-// server crashes in the moment before the WAL writer (or any later
-// synchronous commit) flushes it, the claim is undone: its messages are
-// queued again with their earlier attempts and token, and the ack of a
-// worker that ran one is refused as stale (its token no longer matches),
-// so the message runs again, as for any claim whose ack a crash lost. The
-// acks that go with a claim commit first, in a transaction of their own
-// that waits for the flush: nothing acked is undone.
-func asyncCommit(lock string) string {
-	return `SELECT set_config('synchronous_commit', 'off', true), (` + lock + `)`
-}
-
 // The claim statements claim up to $2 of topic $1's oldest available
 // queued messages for worker $3: none when the topic is paused or unknown,
 // at most limit - running when it is limited. The inner SELECT walks the
@@ -268,15 +245,16 @@ func (b *Broker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.M
 var _ broker.AckClaimer = (*Broker)(nil)
 
 // AckAndClaim acks outcomes as Ack does and claims as Claim does, in one
-// round trip: the ack statements go first, in a transaction of their own
-// that commits (and waits for its WAL flush) just before the transaction
-// that claims from the first topic served, in the same batch. So the count
-// of running messages that gates the claim no longer includes the acked
-// ones, one flush serves both (the claim commits without waiting for one:
-// see asyncCommitSQL), and no transaction holds acked rows while it waits
-// for a topic lock. When err is set nothing was written; when the claim
-// fails after the acks committed, their answers come back with no
-// messages and no error, and the claim's error shows on the next call.
+// round trip: the ack statements go first in the transaction that claims
+// from the first topic served, so the count of running messages that gates
+// the claim no longer includes the acked ones, and one commit serves both.
+// When err is set nothing was written.
+//
+// The transaction locks the acked rows (in id order) before it waits for
+// the topic lock. That cannot deadlock: a transaction holding a topic lock
+// only ever waits for queued rows (the acked ones are running), and the
+// only writer that holds queued rows and waits for anything, Purge, takes
+// the topic lock first.
 func (b *Broker) AckAndClaim(ctx context.Context, outcomes []broker.Outcome, req broker.ClaimRequest) ([]error, []broker.Message, error) {
 	a, err := newAckBatch(outcomes)
 	if err != nil {
@@ -393,9 +371,8 @@ func stillFree(freed map[string]bool, topic string, got claimTx) map[string]bool
 // claimTopic claims up to n messages of topic in one transaction: the
 // topic lock and the claim go as one batch (one round trip), which pgx runs
 // as one implicit transaction. With a, the acks go first in the same
-// batch, in a transaction of their own that commits first, and their
-// errors come back (in the first transaction's claimTx, whose msgs are all
-// the messages claimed).
+// batch, and their errors come back (in the first transaction's claimTx,
+// whose msgs are all the messages claimed).
 //
 // The claim starts at the topic's floor when it has one (claimFloors);
 // when that comes back short, a second transaction claims the rest walking
@@ -407,9 +384,6 @@ func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker str
 	first, err := b.claimFrom(ctx, topic, n, worker, a, serial, hinted, floor)
 	if err != nil {
 		return claimTx{}, err
-	}
-	if first.failed {
-		return first, nil
 	}
 	b.floors.claimed(topic, !hinted, started, first.allowed, first.limited, first.msgs)
 	if !hinted || len(first.msgs) >= first.allowed {
@@ -452,9 +426,6 @@ type claimTx struct {
 	// claim).
 	room int
 	errs []error // the acks' errors, when acks went first
-	// failed: the claim failed after the acks that went first committed
-	// (msgs is empty; errs holds their answers).
-	failed bool
 }
 
 // full reports whether t left its topic with no free slot: it is limited
@@ -472,20 +443,16 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		limited bool
 		room    pgtype.Int4
 	)
-	lockSQL, fullSQL, fromSQL := claimTxLockSQL, claimSQL, claimFromSQL
+	lockSQL, fullSQL, fromSQL := claimLockSQL, claimSQL, claimFromSQL
 	if serial {
-		lockSQL, fullSQL, fromSQL = serialTxLockSQL, serialClaimSQL, serialClaimFromSQL
+		lockSQL, fullSQL, fromSQL = serialLockSQL, serialClaimSQL, serialClaimFromSQL
 	}
 	out := make([]broker.Message, 0, n)
-	acked := false // the acks committed: a retry claims alone
 	err := b.run(ctx, "claim", func(c *pgx.Conn) error {
 		out = out[:0]
 		batch := &pgx.Batch{}
-		acks := a != nil && !acked
-		if acks {
-			batch.Queue("BEGIN")
+		if a != nil {
 			a.queue(batch)
-			batch.Queue("COMMIT")
 		}
 		batch.Queue(lockSQL, topic)
 		if hinted {
@@ -494,21 +461,12 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 			batch.Queue(fullSQL, topic, n, worker)
 		}
 		br := c.SendBatch(ctx, batch)
-		if acks {
-			if _, err := br.Exec(); err != nil {
+		if a != nil {
+			var err error
+			if errs, err = a.read(br); err != nil {
 				br.Close()
 				return err
 			}
-			got, err := a.read(br)
-			if err != nil {
-				br.Close()
-				return err
-			}
-			if _, err := br.Exec(); err != nil {
-				br.Close()
-				return err
-			}
-			errs, acked = got, true
 		}
 		if _, err := br.Exec(); err != nil {
 			br.Close()
@@ -548,12 +506,6 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		return br.Close()
 	})
 	if err != nil {
-		if acked {
-			// The acks' answers must reach the caller: they committed.
-			// The claim's error shows again on the next claim.
-			b.log.Warn("claim: failed after the acks that went first committed", "topic", topic, "error", err)
-			return claimTx{errs: errs, failed: true}, nil
-		}
 		return claimTx{}, err
 	}
 	sortByKey(out)
