@@ -9,9 +9,10 @@
 -- MAIN the compressed value stays in the row unless the row could not fit
 -- in a page any other way.
 --
--- A server built without lz4, or older than PostgreSQL 14, keeps pglz (the ALTER fails, the migration
--- goes on); MAIN applies either way. Values written before keep their
--- compression: both read back the same.
+-- A server built without lz4, or older than PostgreSQL 14, keeps pglz
+-- (the ALTER fails, the migration goes on); MAIN applies either way.
+-- Values written before keep their compression: both read back the same.
+-- Both ALTERs change the catalog only; nothing is rewritten.
 ALTER TABLE tw_done ALTER COLUMN messages SET STORAGE MAIN;
 DO $$
 BEGIN
