@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
 )
 
@@ -469,5 +471,92 @@ func TestDoneBatchesStayInTheirRow(t *testing.T) {
 		if err := json.Unmarshal(m.Payload, &p); err != nil || p.I != m.ID-list[n-1].ID || m.State != broker.StateDone {
 			t.Fatalf("message %d read back as %s %s (%v)", m.ID, m.State, m.Payload, err)
 		}
+	}
+}
+
+// TestLookupsByID: tw_message(id) and tw_report(id) (migration 022)
+// return what filtering tw_messages_all and tw_reports by id returns, for
+// a message and a report in each place they can be (a done batch,
+// tw_messages, tw_report_rows), and reach the batches through their
+// ranges' indexes, which filtering the views cannot.
+func TestLookupsByID(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	keyed := broker.SubmitRequest{Topic: "t", Task: "x", UniqueKey: "once", UniqueStates: []string{broker.StateQueued,
+		broker.StateRunning, broker.StateDone}}
+	subs, err := b.SubmitBatch(ctx, []broker.SubmitRequest{keyed, {Topic: "t", Task: "x"}, {Topic: "t", Task: "x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimAndAckPlain(t, b, "t", 3)
+	queued, err := b.Submit(ctx, broker.SubmitRequest{Topic: "t", Task: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := time.Now()
+	reportIDs, err := b.AddReports(ctx, []broker.Report{{MessageID: queued, Task: "x", Topic: "t", Attempt: 1,
+		Worker: "w", Status: broker.ReportFailed, Error: "boom", StartedAt: ended, EndedAt: ended}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := schemaConn(t, b)
+	// In a batch: subs[1] and subs[2]; in tw_messages: subs[0] (done,
+	// keyed, its report in its row) and queued; the failure report in
+	// tw_report_rows.
+	ids := []int64{subs[0].ID, subs[1].ID, subs[2].ID, queued}
+	var reports []int64
+	if err := c.QueryRow(ctx, `SELECT array_agg(report_id ORDER BY id) FROM tw_messages_all WHERE report_id IS NOT NULL`).
+		Scan(&reports); err != nil {
+		t.Fatal(err)
+	}
+	if len(reports) != 3 {
+		t.Fatalf("held reports %v, want 3", reports)
+	}
+	reports = append(reports, reportIDs...)
+	same := func(fn, view string, id int64) {
+		t.Helper()
+		var got, want []string
+		if err := c.QueryRow(ctx, `SELECT coalesce(array_agg(to_jsonb(f)::text), '{}') FROM `+fn+`($1) f`, id).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.QueryRow(ctx, `SELECT coalesce(array_agg(to_jsonb(v)::text), '{}') FROM `+view+` v WHERE id = $1`, id).Scan(&want); err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || len(want) != 1 || got[0] != want[0] {
+			t.Fatalf("%s(%d) = %v; the view has %v", fn, id, got, want)
+		}
+	}
+	for _, id := range ids {
+		same("tw_message", "tw_messages_all", id)
+	}
+	for _, id := range reports {
+		same("tw_report", "tw_reports", id)
+	}
+	// Through the indexes: with sequential scans priced out, the batches
+	// are read by their ranges; a filtered view still reads them all.
+	if _, err := c.Exec(ctx, `SET enable_seqscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []struct{ sql, index string }{
+		{`SELECT * FROM tw_message($1)`, "tw_done_ids"},
+		{`SELECT * FROM tw_report($1)`, "tw_done_reports"},
+	} {
+		if plan := explain(t, c, q.sql, int64(1)); !strings.Contains(plan, q.index) || strings.Contains(plan, "Seq Scan") {
+			t.Errorf("%s does not read tw_done through %s:\n%s", q.sql, q.index, plan)
+		}
+	}
+	if plan := explain(t, c, `SELECT * FROM tw_messages_all WHERE id = $1`, int64(1)); strings.Contains(plan, "tw_done_ids") {
+		t.Errorf("the view reads tw_done through its index after all; tw_message is not needed:\n%s", plan)
+	}
+	// Called from a session whose search_path leads elsewhere, they still
+	// read their own schema's tables.
+	if _, err := c.Exec(ctx, `SET search_path = pg_catalog`); err != nil {
+		t.Fatal(err)
+	}
+	s := pgx.Identifier{b.schema}.Sanitize()
+	var messages, reps int
+	if err := c.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+s+`.tw_message($1)), (SELECT count(*) FROM `+s+`.tw_report($2))`,
+		ids[1], reports[0]).Scan(&messages, &reps); err != nil || messages != 1 || reps != 1 {
+		t.Fatalf("from another search_path: %d messages, %d reports, %v; want 1, 1", messages, reps, err)
 	}
 }

@@ -275,6 +275,7 @@ func TestUpgradeTo019KeepsReports(t *testing.T) {
 	c := schemaConn(t, f.b)
 	// Roll back to version 18, with a report in the table of that time.
 	execAll(t, c,
+		`DROP FUNCTION tw_message(bigint), tw_report(bigint)`,
 		`DROP VIEW tw_reports`, `DROP VIEW tw_messages_all`, `DROP TABLE tw_done`, `DROP TYPE tw_done_message`,
 		`ALTER TABLE tw_report_rows RENAME TO tw_reports`,
 		`DELETE FROM tw_reports`,

@@ -129,6 +129,7 @@ func TestTablesBeforeMigration12(t *testing.T) {
 		`DROP INDEX ` + s + `.tw_messages_unique`,
 		`DROP INDEX ` + s + `.tw_messages_queued`,
 		`CREATE INDEX tw_messages_queued ON ` + s + `.tw_messages (topic, available_at, id) WHERE state = 'queued'`,
+		`DROP FUNCTION ` + s + `.tw_message(bigint), ` + s + `.tw_report(bigint)`,
 		`DROP VIEW ` + s + `.tw_reports, ` + s + `.tw_messages_all`,
 		`ALTER TABLE ` + s + `.tw_messages DROP COLUMN priority, DROP COLUMN unique_key, DROP COLUMN unique_states`,
 		`DROP TABLE ` + s + `.tw_unique_keys`,
