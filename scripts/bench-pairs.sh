@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Compare two builds of the tasks_worker plugin by alternating burn-downs.
+#
+#   scripts/bench-pairs.sh BASE TRIAL [PAIRS] [JOBS]     (defaults: 20 50000)
+#
+# BASE and TRIAL are plugin binaries (make build writes
+# bin/plugins/fp-plugin-tasks_worker; build the other from a worktree). Each
+# pair runs `BIN bench -broker postgres -jobs JOBS -workers 100 -limit 100
+# -runs 1` once with each, the order flipping every pair so that neither
+# build always runs second, and prints both burn-downs' jobs/s and the ratio
+# TRIAL/BASE; then the median, smallest and largest ratio. On a shared
+# machine one pair's ratio moves by a third either way: judge the median of
+# many pairs, never one.
+#
+# Environment:
+#   DSN   the database (default postgres://postgres@127.0.0.1:5432/hostbench?sslmode=disable);
+#         each run makes and drops a schema of its own there
+set -euo pipefail
+
+BASE=${1:?usage: $0 BASE TRIAL [PAIRS] [JOBS]}
+TRIAL=${2:?usage: $0 BASE TRIAL [PAIRS] [JOBS]}
+PAIRS=${3:-20}
+JOBS=${4:-50000}
+DSN=${DSN:-postgres://postgres@127.0.0.1:5432/hostbench?sslmode=disable}
+
+one() {
+	"$1" bench -dsn "$DSN" -broker postgres -jobs "$JOBS" -workers 100 -limit 100 -runs 1 -duration 1s 2>&1 |
+		awk '/burn-down / { for (i = 1; i < NF; i++) if ($(i+1) == "jobs/s") { print $i; found = 1; exit } }
+			END { if (!found) exit 1 }'
+}
+
+ratios=()
+for i in $(seq 1 "$PAIRS"); do
+	if (( i % 2 )); then b=$(one "$BASE"); t=$(one "$TRIAL"); else t=$(one "$TRIAL"); b=$(one "$BASE"); fi
+	r=$(awk -v t="$t" -v b="$b" 'BEGIN { printf "%.3f", t / b }')
+	ratios+=("$r")
+	echo "pair $i  base $b  trial $t  ratio $r"
+done
+printf '%s\n' "${ratios[@]}" | sort -n | awk '{ a[NR] = $1 }
+	END { m = (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2
+		printf "median ratio %.3f over %d pairs (smallest %.3f, largest %.3f)\n", m, NR, a[1], a[NR] }'
