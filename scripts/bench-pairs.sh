@@ -24,9 +24,19 @@ JOBS=${4:-50000}
 DSN=${DSN:-postgres://postgres@127.0.0.1:5432/hostbench?sslmode=disable}
 
 one() {
-	"$1" bench -dsn "$DSN" -broker postgres -jobs "$JOBS" -workers 100 -limit 100 -runs 1 -duration 1s 2>&1 |
-		awk '/burn-down / { for (i = 1; i < NF; i++) if ($(i+1) == "jobs/s") { print $i; found = 1; exit } }
-			END { if (!found) exit 1 }'
+	local out rate
+	out=$("$1" bench -dsn "$DSN" -broker postgres -jobs "$JOBS" -workers 100 -limit 100 -runs 1 -duration 1s 2>&1) || {
+		printf '%s\n' "$out" | tail -5 >&2
+		echo "$1 bench failed" >&2
+		return 1
+	}
+	rate=$(printf '%s\n' "$out" | awk '!found && /burn-down / {
+		for (i = 1; i < NF; i++) if ($(i+1) == "jobs/s") { print $i; found = 1; break } }')
+	if [ -z "$rate" ]; then
+		echo "$1 bench printed no burn-down line" >&2
+		return 1
+	fi
+	echo "$rate"
 }
 
 ratios=()
