@@ -288,6 +288,12 @@ type Outcome struct {
 	// message; an invalid report fails the call with ErrInvalid, as an
 	// invalid result does, before anything changes.
 	Report *Report
+	// Keyed says the claim's message has a unique key (Message.UniqueKey).
+	// It is a hint: the PostgreSQL broker, which acks keyed messages
+	// apart from the others, then locks every message of the call in id
+	// order first, as the reaper does, so the two cannot deadlock. Left
+	// unset on a keyed message, the ack still applies.
+	Keyed bool
 }
 
 // NackRequest ends an attempt without success.

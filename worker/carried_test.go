@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/memory"
 )
 
 // losingBroker loses the claim of the first attempt of each message of
@@ -122,5 +123,40 @@ func TestReportsRideOnOutcomes(t *testing.T) {
 				t.Errorf("%d reports dropped", dropped.Load())
 			}
 		})
+	}
+}
+
+// keyWatch records, per message, whether its outcome came marked keyed.
+type keyWatch struct {
+	broker.Broker
+	keyed sync.Map // message id: Outcome.Keyed
+}
+
+func (b *keyWatch) Ack(ctx context.Context, outcomes []broker.Outcome) ([]error, error) {
+	for _, o := range outcomes {
+		b.keyed.Store(o.Claim.ID, o.Keyed)
+	}
+	return b.Broker.Ack(ctx, outcomes)
+}
+
+// TestOutcomesSayWhichMessagesAreKeyed: the pool marks the outcome of a
+// message with a unique key (Outcome.Keyed), and only those, so the
+// PostgreSQL broker locks such an ack's rows in id order.
+func TestOutcomesSayWhichMessagesAreKeyed(t *testing.T) {
+	b := &keyWatch{Broker: memory.New()}
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "ok", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
+	startPool(t, b, reg, Options{})
+	keyed, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: DefaultTopic, Task: "ok", UniqueKey: "one"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain := submit(t, b, "ok", `{}`)
+	for id, want := range map[int64]bool{keyed: true, plain: false} {
+		waitState(t, b, id, broker.StateDone)
+		got, ok := b.keyed.Load(id)
+		if !ok || got != want {
+			t.Errorf("message %d: acked %v with Keyed %v, want %v", id, ok, got, want)
+		}
 	}
 }

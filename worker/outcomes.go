@@ -73,11 +73,11 @@ func (o *completer) exchange(parent context.Context, acks []*completion, req bro
 }
 
 // outcomesOf is what the broker is told of acks, with their reports when
-// they ride on them.
+// they ride on them, and which of their messages have a unique key.
 func (o *completer) outcomesOf(acks []*completion) []broker.Outcome {
 	outcomes := make([]broker.Outcome, len(acks))
 	for i, c := range acks {
-		outcomes[i] = broker.Outcome{Claim: c.claim, Result: c.result, Report: o.carried(c)}
+		outcomes[i] = broker.Outcome{Claim: c.claim, Result: c.result, Report: o.carried(c), Keyed: c.msg != nil && c.msg.UniqueKey != ""}
 	}
 	return outcomes
 }

@@ -67,6 +67,14 @@ func withReport(sql string, params int) string {
 	SELECT * FROM a`
 }
 
+// lockInIDOrderSQL locks the messages $1 (sorted) in id order. It goes
+// before ackKeptSQL when the call acks keyed messages (Outcome.Keyed):
+// that statement deletes the unkeyed ones first and updates the keyed ones
+// after, which would lock them out of id order, and a reaper pass, which
+// locks in id order, could deadlock with it. A call without keyed
+// messages locks its rows in id order without it.
+const lockInIDOrderSQL = `SELECT 1 FROM tw_messages WHERE id = ANY ($1::bigint[]) ORDER BY id FOR UPDATE`
+
 // ackBatch is an Ack call's outcomes as its statements take them: the
 // distinct claims with a token, sorted by id.
 type ackBatch struct {
@@ -83,6 +91,9 @@ type ackBatch struct {
 	withRep bool
 	plain   []bool
 	kept    []any
+	// keyed: some claim sent is of a keyed message (Outcome.Keyed), so
+	// ackKeptSQL goes after lockInIDOrderSQL.
+	keyed bool
 	// topics the applied outcomes freed a slot of, read by read.
 	topics map[string]bool
 }
@@ -101,6 +112,7 @@ func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 		tok string
 		res *string
 		rep *broker.Report
+		key bool
 	}
 	var send []entry
 	seen := make(map[broker.Claim]bool, len(outcomes))
@@ -114,7 +126,7 @@ func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 			s := string(o.Result)
 			res = &s
 		}
-		send = append(send, entry{ord: int32(i), id: o.Claim.ID, tok: o.Claim.Token, res: res, rep: o.Report})
+		send = append(send, entry{ord: int32(i), id: o.Claim.ID, tok: o.Claim.Token, res: res, rep: o.Report, key: o.Keyed})
 	}
 	// Lock the rows in id order, as the reaper does, so the two never
 	// deadlock.
@@ -135,6 +147,7 @@ func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 		a.ids[i], a.toks[i], a.results[i], a.ords[i] = e.id, e.tok, e.res, e.ord
 		reps[i], a.plain[i] = e.rep, plainReport(e.rep, e.res)
 		a.withRep = a.withRep || e.rep != nil
+		a.keyed = a.keyed || e.key
 		allPlain = allPlain && a.plain[i]
 	}
 	if allPlain {
@@ -170,6 +183,9 @@ func (a *ackBatch) lostAll() []error {
 func (a *ackBatch) queue(batch *pgx.Batch) {
 	switch {
 	case a.kept != nil:
+		if a.keyed {
+			batch.Queue(lockInIDOrderSQL, a.ids)
+		}
 		batch.Queue(ackKeptSQL, append([]any{a.ids, a.toks, a.results, a.ords}, a.kept...)...)
 	case a.withRep:
 		a.reports.queueLocks(batch)
@@ -184,6 +200,11 @@ func (a *ackBatch) queue(batch *pgx.Batch) {
 // read reads the answers of the statements queue added.
 func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 	errs := a.lostAll()
+	if a.kept != nil && a.keyed {
+		if _, err := br.Exec(); err != nil {
+			return nil, err
+		}
+	}
 	if a.withRep && a.kept == nil {
 		if err := a.reports.readLocks(br); err != nil {
 			return nil, err

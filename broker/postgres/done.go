@@ -55,15 +55,14 @@ const doneBlock = "4096"
 // message keeps of its report are sent, 13 arrays instead of 20. The
 // messages leave tw_messages (a): each batch, topic and task becomes one
 // row of tw_done (b), the messages with their reports kept (and per block
-// of ids: doneBlock). A message
-// whose unique key it keeps stays in tw_messages, updated to done with
-// its report in its row (k; it looks up only the claims a did not
-// delete, usually none, and nothing at all when a deleted them all; such
-// rows are locked after the others, out of id order, so a reaper pass
-// reclaiming them at once may deadlock with the ack, which PostgreSQL
-// detects and run retries). A report that names another task or topic
-// than its message's is stored in tw_report_rows (r) from what a and k
-// return.
+// of ids: doneBlock). A message whose unique key it keeps stays in
+// tw_messages, updated to done with its report in its row (k; it looks
+// up only the claims a did not delete, usually none, and nothing at all
+// when a deleted them all; such rows are locked after the others, out of
+// id order, so a call that acks keyed messages locks them all in id
+// order first: lockInIDOrderSQL). A report that names another task or
+// topic than its message's is stored in tw_report_rows (r) from what a
+// and k return.
 var ackKeptSQL = `WITH a AS (
 	DELETE FROM tw_messages m
 	USING ` + keptArrays + `

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -558,5 +559,77 @@ func TestLookupsByID(t *testing.T) {
 	if err := c.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+s+`.tw_message($1)), (SELECT count(*) FROM `+s+`.tw_report($2))`,
 		ids[1], reports[0]).Scan(&messages, &reps); err != nil || messages != 1 || reps != 1 {
 		t.Fatalf("from another search_path: %d messages, %d reports, %v; want 1, 1", messages, reps, err)
+	}
+}
+
+// TestAckLocksKeyedMessagesInIDOrder: an ack of a keyed message and of an
+// unkeyed one with a higher id, told which is keyed (Outcome.Keyed), locks
+// them in id order, as the reaper does. While another transaction holds
+// the keyed row, the ack waits for it holding nothing, so that
+// transaction can still take the unkeyed row: before, the ack deleted the
+// unkeyed row first and then waited, and the two deadlocked.
+func TestAckLocksKeyedMessagesInIDOrder(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	keyed := broker.SubmitRequest{Topic: "t", Task: "x", UniqueKey: "k", UniqueStates: []string{broker.StateQueued,
+		broker.StateRunning, broker.StateDone}}
+	if _, err := b.SubmitBatch(ctx, []broker.SubmitRequest{keyed, {Topic: "t", Task: "x"}}); err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 2})
+	if err != nil || len(msgs) != 2 {
+		t.Fatalf("claim: %v, %v", msgs, err)
+	}
+	slices.SortFunc(msgs, func(x, y broker.Message) int { return int(x.ID - y.ID) })
+	if msgs[0].UniqueKey != "k" || msgs[1].UniqueKey != "" {
+		t.Fatalf("want the keyed message first: %+v", msgs)
+	}
+	var outs []broker.Outcome
+	for _, m := range msgs {
+		outs = append(outs, broker.Outcome{Claim: m.ClaimOf(), Keyed: m.UniqueKey != "", Report: &broker.Report{
+			MessageID: m.ID, Task: m.Task, Topic: m.Topic, Attempt: 1, Worker: "w", Status: broker.ReportSuccess}})
+	}
+
+	c := schemaConn(t, b)
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM tw_messages WHERE id = $1 FOR UPDATE`, msgs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	type acked struct {
+		errs []error
+		err  error
+	}
+	done := make(chan acked, 1)
+	go func() {
+		errs, err := b.Ack(ctx, outs)
+		done <- acked{errs, err}
+	}()
+	waitFor(t, "the ack to wait for the keyed message's row", func() bool {
+		var waiting bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
+			WHERE NOT granted AND locktype = 'transactionid' AND transactionid = pg_current_xact_id()::xid)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting
+	})
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM tw_messages WHERE id = $1 FOR UPDATE NOWAIT`, msgs[1].ID); err != nil {
+		t.Fatalf("the unkeyed message's row, while the ack waits for the keyed one's: %v (the ack took it first)", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || errors.Join(r.errs...) != nil {
+		t.Fatalf("ack: %v, %v", r.errs, r.err)
+	}
+	for _, m := range msgs {
+		got, err := b.GetMessage(ctx, m.ID)
+		if err != nil || got.State != broker.StateDone {
+			t.Fatalf("message %d: %+v, %v", m.ID, got, err)
+		}
 	}
 }
