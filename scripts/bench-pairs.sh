@@ -13,15 +13,16 @@
 # many pairs, never one.
 #
 # Environment:
-#   DSN   the database (default postgres://postgres@127.0.0.1:5432/hostbench?sslmode=disable);
-#         each run makes and drops a schema of its own there
+#   DSN   the database (default postgres:///hostbench?host=/var/run/postgresql&user=root&sslmode=disable,
+#         over the Unix socket, as the side bench runs it: over TCP, each round trip
+#         costs the process more); each run makes and drops a schema of its own there
 set -euo pipefail
 
 BASE=${1:?usage: $0 BASE TRIAL [PAIRS] [JOBS]}
 TRIAL=${2:?usage: $0 BASE TRIAL [PAIRS] [JOBS]}
 PAIRS=${3:-20}
 JOBS=${4:-50000}
-DSN=${DSN:-postgres://postgres@127.0.0.1:5432/hostbench?sslmode=disable}
+DSN=${DSN:-postgres:///hostbench?host=/var/run/postgresql&user=root&sslmode=disable}
 
 one() {
 	local out rate
