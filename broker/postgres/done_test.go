@@ -564,11 +564,27 @@ func TestLookupsByID(t *testing.T) {
 
 // TestAckLocksKeyedMessagesInIDOrder: an ack of a keyed message and of an
 // unkeyed one with a higher id, told which is keyed (Outcome.Keyed), locks
-// them in id order, as the reaper does. While another transaction holds
-// the keyed row, the ack waits for it holding nothing, so that
-// transaction can still take the unkeyed row: before, the ack deleted the
-// unkeyed row first and then waited, and the two deadlocked.
+// them in id order, as the reaper does, alone (Ack) or with a claim
+// (AckAndClaim). While another transaction holds the keyed row, the ack
+// waits for it holding nothing, so that transaction can still take the
+// unkeyed row: before, the ack deleted the unkeyed row first and then
+// waited, and the two deadlocked.
 func TestAckLocksKeyedMessagesInIDOrder(t *testing.T) {
+	acks := map[string]func(ctx context.Context, b *Broker, outs []broker.Outcome) ([]error, error){
+		"Ack": func(ctx context.Context, b *Broker, outs []broker.Outcome) ([]error, error) {
+			return b.Ack(ctx, outs)
+		},
+		"AckAndClaim": func(ctx context.Context, b *Broker, outs []broker.Outcome) ([]error, error) {
+			errs, _, err := b.AckAndClaim(ctx, outs, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 1})
+			return errs, err
+		},
+	}
+	for name, ack := range acks {
+		t.Run(name, func(t *testing.T) { testAckLocksInIDOrder(t, ack) })
+	}
+}
+
+func testAckLocksInIDOrder(t *testing.T, ack func(ctx context.Context, b *Broker, outs []broker.Outcome) ([]error, error)) {
 	b := newTestBroker(t, Options{})
 	ctx := t.Context()
 	keyed := broker.SubmitRequest{Topic: "t", Task: "x", UniqueKey: "k", UniqueStates: []string{broker.StateQueued,
@@ -605,7 +621,7 @@ func TestAckLocksKeyedMessagesInIDOrder(t *testing.T) {
 	}
 	done := make(chan acked, 1)
 	go func() {
-		errs, err := b.Ack(ctx, outs)
+		errs, err := ack(ctx, b, outs)
 		done <- acked{errs, err}
 	}()
 	waitFor(t, "the ack to wait for the keyed message's row", func() bool {
