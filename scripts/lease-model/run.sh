@@ -7,9 +7,10 @@
 #
 # Each round loads MESSAGES fresh messages per variant and runs the three
 # variants one after the other, the order rotating each round, with pgbench
-# (one client, prepared statements): row.sql (the floor model's claim and
-# ack), lease.sql (a lease row per claim, the ack deletes the range) and
-# append.sql (a lease row per claim, the ack only records the range). It
+# (one client, prepared statements): row (row.sql, the floor model's claim
+# and ack), lease (claim.sql, a lease row per claim, then ack-delete.sql,
+# which deletes the range) and append (claim.sql, then ack-append.sql,
+# which only records the range). It
 # prints, per variant, the cycle's time and the machine's CPU per message,
 # each round and their medians. A model, not the product: see
 # docs/architecture.md for what it leaves out.
@@ -24,6 +25,11 @@ N=${2:-50000}
 DSN=${DSN:-postgres:///hostbench?host=/var/run/postgresql&user=root}
 here=$(cd "$(dirname "$0")" && pwd)
 variants=(row lease append)
+scripts=$(mktemp -d)
+trap 'rm -rf "$scripts"' EXIT
+cp "$here/row.sql" "$scripts/row.sql"
+cat "$here/claim.sql" "$here/ack-delete.sql" > "$scripts/lease.sql"
+cat "$here/claim.sql" "$here/ack-append.sql" > "$scripts/append.sql"
 
 busy() { awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat; }
 hz=$(getconf CLK_TCK)
@@ -34,7 +40,7 @@ for r in $(seq 1 "$ROUNDS"); do
 		psql "$DSN" -qX -v ON_ERROR_STOP=1 -v n="$N" -f "$here/schema.sql" >/dev/null
 		psql "$DSN" -qX -c "VACUUM ANALYZE lease_model.q" -c "VACUUM ANALYZE lease_model.q2" -c CHECKPOINT >/dev/null
 		b0=$(busy)
-		out=$(pgbench "$DSN" -n -M prepared -f "$here/$v.sql" -t $(( N / 50 )) 2>&1) || { printf '%s\n' "$out" >&2; exit 1; }
+		out=$(pgbench "$DSN" -n -M prepared -f "$scripts/$v.sql" -t $(( N / 50 )) 2>&1) || { printf '%s\n' "$out" >&2; exit 1; }
 		b1=$(busy)
 		lat=$(printf '%s\n' "$out" | awk '/latency average/ { print $4 }')
 		t=$(awk -v l="$lat" 'BEGIN { printf "%.2f", l * 1000 / 50 }')
