@@ -13,8 +13,9 @@
 # which only records the range). It
 # prints, per variant, the cycle's time and the machine's CPU per message,
 # each round and their medians. A model, not the product: see
-# docs/architecture.md for what it leaves out. `go run ./pipeline` (beside
-# this script) runs the lease model as a pool does, for jobs/s.
+# docs/architecture.md for what it leaves out.
+# `go run ./scripts/lease-model/pipeline` runs the lease model as a pool
+# does, for jobs/s.
 #
 # Environment:
 #   DSN   the database (default postgres:///hostbench?host=/var/run/postgresql&user=root);
