@@ -77,7 +77,12 @@ func main() {
 	workers := flag.Int("workers", 100, "workers, and the topic's concurrency limit")
 	maxClaim := flag.Int("claim", 100, "most messages a claim leases (the limit: a claim leases every free slot)")
 	writers := flag.Int("writers", 4, "ack writers")
+	product := flag.Bool("product", false, "on the product's tables, with a success report a message (product.go)")
 	flag.Parse()
+	run := run
+	if *product {
+		run = runProduct
+	}
 	if err := run(*dsn, *n, *workers, *maxClaim, *writers); err != nil {
 		fmt.Fprintln(os.Stderr, "pipeline:", err)
 		os.Exit(1)
