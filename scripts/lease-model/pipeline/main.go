@@ -19,9 +19,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -66,9 +63,31 @@ WITH d AS (DELETE FROM lease_pipeline.q WHERE id BETWEEN $2 AND $3 RETURNING id)
 l AS (DELETE FROM lease_pipeline.leases WHERE topic = $1 AND lo = $2)
 INSERT INTO lease_pipeline.done SELECT $1, min(id), max(id), now() FROM d`
 
-type lease struct {
-	lo, hi int64
-	left   atomic.Int64
+// rangeLease is a lease of the model's own tables: a range of ids.
+type rangeLease struct{ lo, hi int64 }
+
+func (l rangeLease) size() int { return int(l.hi - l.lo + 1) }
+func (rangeLease) run(int)     {}
+func (l rangeLease) ack(ctx context.Context, conn *pgx.Conn) error {
+	_, err := conn.Exec(ctx, ackSQL, "t", l.lo, l.hi)
+	return err
+}
+
+// claimRange leases a range of the model's own tables.
+func claimRange(ctx context.Context, conn *pgx.Conn, want int) (lease, error) {
+	var got []int64
+	err := lockAndClaim(ctx, conn, `SELECT 1 FROM lease_pipeline.topics WHERE name = 't' FOR UPDATE`, claimSQL,
+		[]any{"t", want}, func(rows pgx.Rows) error {
+			var id int64
+			var task, payload string
+			err := rows.Scan(&id, &task, &payload)
+			got = append(got, id)
+			return err
+		})
+	if err != nil || len(got) == 0 {
+		return nil, err
+	}
+	return rangeLease{got[0], got[len(got)-1]}, nil
 }
 
 func main() {
@@ -99,11 +118,7 @@ func run(dsn string, n, workers, maxClaim, writers int) error {
 	if _, err := admin.Exec(ctx, setupSQL); err != nil {
 		return fmt.Errorf("setup: %w", err)
 	}
-	defer func() {
-		if _, err := admin.Exec(context.Background(), `DROP SCHEMA lease_pipeline CASCADE`); err != nil {
-			fmt.Fprintln(os.Stderr, "pipeline: dropping the schema:", err)
-		}
-	}()
+	defer dropOnExit(admin, "lease_pipeline")
 	for _, sql := range []string{
 		`INSERT INTO lease_pipeline.topics VALUES ('t', ` + fmt.Sprint(workers) + `)`,
 		`INSERT INTO lease_pipeline.q (id, topic, task, payload) SELECT i, 't', 'noop', '{"n": 1}' FROM generate_series(1, ` + fmt.Sprint(n) + `) i`,
@@ -114,142 +129,16 @@ func run(dsn string, n, workers, maxClaim, writers int) error {
 			return fmt.Errorf("seed: %w", err)
 		}
 	}
-	// One connection each: the claimer's and the ack writers'.
-	conns := make([]*pgx.Conn, 1+writers)
-	for i := range conns {
-		if conns[i], err = pgx.Connect(ctx, dsn); err != nil {
-			return err
-		}
-		defer conns[i].Close(context.Background())
-	}
-
-	type job struct {
-		l  *lease
-		id int64
-	}
-	jobs := make(chan job, workers)
-	finished := make(chan *lease, workers)
-	wake := make(chan struct{}, 1)
-	var acked, claims, ackWrites atomic.Int64
-	var inflight atomic.Int64 // claimed, not yet run
-	done := make(chan struct{})
-	var doneOnce sync.Once
-	errc := make(chan error, 1+writers)
-
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for j := range jobs {
-				inflight.Add(-1)
-				if j.l.left.Add(-1) == 0 {
-					finished <- j.l
-				}
-			}
-		})
-	}
-	var writing sync.WaitGroup
-	for i := range writers {
-		conn := conns[1+i]
-		writing.Go(func() {
-			for l := range finished {
-				if _, err := conn.Exec(ctx, ackSQL, "t", l.lo, l.hi); err != nil {
-					errc <- fmt.Errorf("ack: %w", err)
-					return
-				}
-				ackWrites.Add(1)
-				if acked.Add(l.hi-l.lo+1) >= int64(n) {
-					doneOnce.Do(func() { close(done) })
-				}
-				select {
-				case wake <- struct{}{}:
-				default:
-				}
-			}
-		})
-	}
-
-	start := time.Now()
-	claimErr := make(chan error, 1)
-	go func() {
-		defer close(jobs)
-		conn := conns[0]
-		for {
-			select {
-			case <-done:
-				claimErr <- nil
-				return
-			default:
-			}
-			want := min(maxClaim, workers-int(inflight.Load()))
-			var got []int64
-			if want > 0 {
-				b := &pgx.Batch{}
-				b.Queue(`SELECT 1 FROM lease_pipeline.topics WHERE name = 't' FOR UPDATE`)
-				b.Queue(claimSQL, "t", want)
-				br := conn.SendBatch(ctx, b)
-				if _, err := br.Exec(); err != nil {
-					br.Close()
-					claimErr <- err
-					return
-				}
-				rows, err := br.Query()
-				if err != nil {
-					br.Close()
-					claimErr <- err
-					return
-				}
-				for rows.Next() {
-					var id int64
-					var task, payload string
-					if err := rows.Scan(&id, &task, &payload); err != nil {
-						rows.Close()
-						br.Close()
-						claimErr <- err
-						return
-					}
-					got = append(got, id)
-				}
-				rows.Close()
-				if err := br.Close(); err != nil {
-					claimErr <- err
-					return
-				}
-				claims.Add(1)
-			}
-			if len(got) == 0 {
-				select {
-				case <-wake:
-				case <-time.After(2 * time.Millisecond):
-				case <-done:
-				}
-				continue
-			}
-			l := &lease{lo: got[0], hi: got[len(got)-1]}
-			l.left.Store(int64(len(got)))
-			inflight.Add(int64(len(got)))
-			for _, id := range got {
-				jobs <- job{l, id}
-			}
-		}
-	}()
-
-	select {
-	case <-done:
-	case err := <-errc:
+	conns, err := connect(ctx, dsn, 1+writers, nil)
+	if err != nil {
 		return err
-	case err := <-claimErr:
-		if err != nil {
-			return fmt.Errorf("claim: %w", err)
-		}
 	}
-	elapsed := time.Since(start)
-	if err := <-claimErr; err != nil {
-		return fmt.Errorf("claim: %w", err)
+	defer closeAll(conns)
+	elapsed, claims, acks, err := burnDown(ctx, conns, n, workers, maxClaim, claimRange)
+	if err != nil {
+		return err
 	}
-	wg.Wait()
-	close(finished)
-	writing.Wait()
 	fmt.Printf("lease pipeline  %d messages in %.3fs  %.0f jobs/s  (%d claims, %d ack writes; %d workers, limit %d, claims of at most %d, %d ack writers)\n",
-		n, elapsed.Seconds(), float64(n)/elapsed.Seconds(), claims.Load(), ackWrites.Load(), workers, workers, maxClaim, writers)
+		n, elapsed.Seconds(), float64(n)/elapsed.Seconds(), claims, acks, workers, workers, maxClaim, writers)
 	return nil
 }

@@ -13,9 +13,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -73,7 +70,8 @@ SELECT mtopic, mtask, now(), int8range(min((x).id), max((x).id), '[]'), max((x).
 	int8range(min((x).report_id), max((x).report_id), '[]'), max((x).report_id), min((x).report_ended_at), array_agg(x)
 FROM a GROUP BY mtopic, mtask, (x).id / 4096`
 
-// productLease is a lease as the model's workers and ack writers see it.
+// productLease is a lease of the product's tables, with its messages'
+// reports.
 type productLease struct {
 	id    int64
 	token string
@@ -81,7 +79,59 @@ type productLease struct {
 	st    []time.Time
 	en    []time.Time
 	dur   []float64
-	left  atomic.Int64
+}
+
+func (l *productLease) size() int { return len(l.ids) }
+
+func (l *productLease) run(i int) {
+	l.st[i] = time.Now()
+	l.en[i] = time.Now()
+	l.dur[i] = l.en[i].Sub(l.st[i]).Seconds()
+}
+
+func (l *productLease) ack(ctx context.Context, conn *pgx.Conn) error {
+	tag, err := conn.Exec(ctx, productAckSQL, l.id, l.token, l.ids, l.st, l.en, l.dur)
+	if err == nil && tag.RowsAffected() == 0 {
+		err = fmt.Errorf("lease %d wrote no batch", l.id)
+	}
+	return err
+}
+
+// productClaimer leases messages of the product's tables past its floor,
+// the key of the last message it took.
+type productClaimer struct {
+	prio  int
+	at    time.Time
+	after int64
+}
+
+func (c *productClaimer) claim(ctx context.Context, conn *pgx.Conn, want int) (lease, error) {
+	l := &productLease{}
+	err := lockAndClaim(ctx, conn, `SELECT 1 FROM tw_topics WHERE name = 't' FOR UPDATE`, productClaimSQL,
+		[]any{"t", want, c.prio, c.at, c.after}, func(rows pgx.Rows) error {
+			var (
+				id, leaseID                int64
+				task, payload, token       string
+				headers                    *string
+				attempts, maxAttempts, pri int
+				availableAt, createdAt     time.Time
+			)
+			if err := rows.Scan(&id, &task, &payload, &headers, &attempts, &maxAttempts, &availableAt, &createdAt, &pri,
+				&leaseID, &token); err != nil {
+				return err
+			}
+			l.id, l.token = leaseID, token
+			l.ids = append(l.ids, id)
+			c.prio, c.at, c.after = -pri, availableAt, id
+			return nil
+		})
+	if err != nil || len(l.ids) == 0 {
+		return nil, err
+	}
+	l.st = make([]time.Time, len(l.ids))
+	l.en = make([]time.Time, len(l.ids))
+	l.dur = make([]float64, len(l.ids))
+	return l, nil
 }
 
 func runProduct(dsn string, n, workers, maxClaim, writers int) error {
@@ -94,11 +144,7 @@ func runProduct(dsn string, n, workers, maxClaim, writers int) error {
 	if _, err := admin.Exec(ctx, `SET client_min_messages = warning; DROP SCHEMA IF EXISTS `+productSchema+` CASCADE`); err != nil {
 		return err
 	}
-	defer func() {
-		if _, err := admin.Exec(context.Background(), `DROP SCHEMA `+productSchema+` CASCADE`); err != nil {
-			fmt.Fprintln(os.Stderr, "pipeline: dropping the schema:", err)
-		}
-	}()
+	defer dropOnExit(admin, productSchema)
 	b, err := postgres.New(ctx, postgres.Options{DSN: dsn, Schema: productSchema})
 	if err != nil {
 		return err
@@ -106,7 +152,7 @@ func runProduct(dsn string, n, workers, maxClaim, writers int) error {
 	reqs := make([]broker.SubmitRequest, 0, 1000)
 	for i := 0; i < n; i += len(reqs) {
 		reqs = reqs[:0]
-		for j := i; j < min(n, i+1000); j++ {
+		for range min(n-i, 1000) {
 			reqs = append(reqs, broker.SubmitRequest{Topic: "t", Task: "noop", Payload: json.RawMessage(`{"n": 1}`)})
 		}
 		if _, err := b.SubmitMany(ctx, reqs); err != nil {
@@ -126,176 +172,21 @@ func runProduct(dsn string, n, workers, maxClaim, writers int) error {
 			return fmt.Errorf("setup: %w", err)
 		}
 	}
-	conns := make([]*pgx.Conn, 1+writers)
-	for i := range conns {
-		cfg, err := pgx.ParseConfig(dsn)
-		if err != nil {
-			return err
-		}
-		cfg.RuntimeParams["search_path"] = productSchema
-		cfg.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-		if conns[i], err = pgx.ConnectConfig(ctx, cfg); err != nil {
-			return err
-		}
-		defer conns[i].Close(context.Background())
-	}
-
-	type job struct {
-		l *productLease
-		i int
-	}
-	jobs := make(chan job, workers)
-	finished := make(chan *productLease, workers)
-	wake := make(chan struct{}, 1)
-	var acked, claims, ackWrites, inflight atomic.Int64
-	done := make(chan struct{})
-	var doneOnce sync.Once
-	errc := make(chan error, 1+writers)
-
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for j := range jobs {
-				inflight.Add(-1)
-				j.l.st[j.i] = time.Now()
-				j.l.en[j.i] = time.Now()
-				j.l.dur[j.i] = j.l.en[j.i].Sub(j.l.st[j.i]).Seconds()
-				if j.l.left.Add(-1) == 0 {
-					finished <- j.l
-				}
-			}
-		})
-	}
-	var writing sync.WaitGroup
-	for i := range writers {
-		conn := conns[1+i]
-		writing.Go(func() {
-			for l := range finished {
-				tag, err := conn.Exec(ctx, productAckSQL, l.id, l.token, l.ids, l.st, l.en, l.dur)
-				if err != nil {
-					errc <- fmt.Errorf("ack: %w", err)
-					return
-				}
-				if tag.RowsAffected() == 0 {
-					errc <- fmt.Errorf("ack of lease %d wrote no batch", l.id)
-					return
-				}
-				ackWrites.Add(1)
-				if acked.Add(int64(len(l.ids))) >= int64(n) {
-					doneOnce.Do(func() { close(done) })
-				}
-				select {
-				case wake <- struct{}{}:
-				default:
-				}
-			}
-		})
-	}
-
-	start := time.Now()
-	claimErr := make(chan error, 1)
-	go func() {
-		defer close(jobs)
-		conn := conns[0]
-		var (
-			prio  = -1 << 31
-			at    = time.Time{}
-			after int64
-		)
-		for {
-			select {
-			case <-done:
-				claimErr <- nil
-				return
-			default:
-			}
-			want := min(maxClaim, workers-int(inflight.Load()))
-			l := &productLease{}
-			if want > 0 {
-				batch := &pgx.Batch{}
-				batch.Queue(`SELECT 1 FROM tw_topics WHERE name = 't' FOR UPDATE`)
-				batch.Queue(productClaimSQL, "t", want, prio, at, after)
-				br := conn.SendBatch(ctx, batch)
-				err := func() error {
-					if _, err := br.Exec(); err != nil {
-						return err
-					}
-					rows, err := br.Query()
-					if err != nil {
-						return err
-					}
-					defer rows.Close()
-					for rows.Next() {
-						var (
-							id, leaseID                int64
-							task, payload, token       string
-							headers                    *string
-							attempts, maxAttempts, pri int
-							availableAt, createdAt     time.Time
-						)
-						if err := rows.Scan(&id, &task, &payload, &headers, &attempts, &maxAttempts, &availableAt, &createdAt, &pri,
-							&leaseID, &token); err != nil {
-							return err
-						}
-						l.id, l.token = leaseID, token
-						l.ids = append(l.ids, id)
-						prio, at, after = -pri, availableAt, id
-					}
-					return rows.Err()
-				}()
-				if cerr := br.Close(); err == nil {
-					err = cerr
-				}
-				if err != nil {
-					claimErr <- err
-					return
-				}
-				claims.Add(1)
-			}
-			if len(l.ids) == 0 {
-				select {
-				case <-wake:
-				case <-time.After(2 * time.Millisecond):
-				case <-done:
-				}
-				continue
-			}
-			l.st = make([]time.Time, len(l.ids))
-			l.en = make([]time.Time, len(l.ids))
-			l.dur = make([]float64, len(l.ids))
-			l.left.Store(int64(len(l.ids)))
-			inflight.Add(int64(len(l.ids)))
-			for i := range l.ids {
-				jobs <- job{l, i}
-			}
-		}
-	}()
-
-	select {
-	case <-done:
-	case err := <-errc:
-		return err
-	case err := <-claimErr:
-		if err != nil {
-			return fmt.Errorf("claim: %w", err)
-		}
-	}
-	elapsed := time.Since(start)
-	if err := <-claimErr; err != nil {
-		return fmt.Errorf("claim: %w", err)
-	}
-	wg.Wait()
-	close(finished)
-	writing.Wait()
-	var left int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM tw_messages`).Scan(&left); err != nil {
+	conns, err := connect(ctx, dsn, 1+writers, map[string]string{"search_path": productSchema, "plan_cache_mode": "force_generic_plan"})
+	if err != nil {
 		return err
 	}
-	var reports int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM tw_reports`).Scan(&reports); err != nil {
+	defer closeAll(conns)
+	c := &productClaimer{prio: -1 << 31}
+	elapsed, claims, acks, err := burnDown(ctx, conns, n, workers, maxClaim, c.claim)
+	if err != nil {
+		return err
+	}
+	var left, reports int
+	if err := admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM tw_messages), (SELECT count(*) FROM tw_reports)`).Scan(&left, &reports); err != nil {
 		return err
 	}
 	fmt.Printf("lease product   %d messages in %.3fs  %.0f jobs/s  (%d claims, %d ack writes; %d left in tw_messages, %d reports; %d workers, limit %d, claims of at most %d, %d ack writers)\n",
-		n, elapsed.Seconds(), float64(n)/elapsed.Seconds(), claims.Load(), ackWrites.Load(), left, reports, workers, workers, maxClaim, writers)
+		n, elapsed.Seconds(), float64(n)/elapsed.Seconds(), claims, acks, left, reports, workers, workers, maxClaim, writers)
 	return nil
 }
