@@ -12,6 +12,7 @@
 // writers deletes its range of messages and the lease and records the
 // range done, and the claimer is woken. Left out, as in ../run.sh:
 // failures and retries inside a lease, priorities and delays, the reaper.
+// With -product it runs on the product's own tables (product.go).
 package main
 
 import (
