@@ -186,6 +186,9 @@ func runProduct(dsn string, n, workers, maxClaim, writers int) error {
 	if err := admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM tw_messages), (SELECT count(*) FROM tw_reports)`).Scan(&left, &reports); err != nil {
 		return err
 	}
+	if left != 0 || reports != n {
+		return fmt.Errorf("after the burn-down %d messages are left in tw_messages and %d reports are stored, want 0 and %d", left, reports, n)
+	}
 	fmt.Printf("lease product   %d messages in %.3fs  %.0f jobs/s  (%d claims, %d ack writes; %d left in tw_messages, %d reports; %d workers, limit %d, claims of at most %d, %d ack writers)\n",
 		n, elapsed.Seconds(), float64(n)/elapsed.Seconds(), claims, acks, left, reports, workers, workers, maxClaim, writers)
 	return nil
