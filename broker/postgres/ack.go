@@ -91,8 +91,8 @@ type ackBatch struct {
 	withRep bool
 	plain   []bool
 	kept    []any
-	// keyed: some claim sent is of a keyed message (Outcome.Keyed), so
-	// ackKeptSQL goes after lockInIDOrderSQL.
+	// keyed: some claim sent is of a keyed message (Outcome.Keyed); see
+	// lockFirst.
 	keyed bool
 	// topics the applied outcomes freed a slot of, read by read.
 	topics map[string]bool
@@ -178,12 +178,16 @@ func (a *ackBatch) lostAll() []error {
 	return errs
 }
 
+// lockFirst reports whether the ack goes after lockInIDOrderSQL: when it
+// is ackKeptSQL and some claim is of a keyed message.
+func (a *ackBatch) lockFirst() bool { return a.kept != nil && a.keyed }
+
 // queue adds the ack (with the reports) and the release of the claims'
 // locks to batch.
 func (a *ackBatch) queue(batch *pgx.Batch) {
 	switch {
 	case a.kept != nil:
-		if a.keyed {
+		if a.lockFirst() {
 			batch.Queue(lockInIDOrderSQL, a.ids)
 		}
 		batch.Queue(ackKeptSQL, append([]any{a.ids, a.toks, a.results, a.ords}, a.kept...)...)
@@ -200,7 +204,7 @@ func (a *ackBatch) queue(batch *pgx.Batch) {
 // read reads the answers of the statements queue added.
 func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 	errs := a.lostAll()
-	if a.kept != nil && a.keyed {
+	if a.lockFirst() {
 		if _, err := br.Exec(); err != nil {
 			return nil, err
 		}

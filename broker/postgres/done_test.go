@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -596,7 +597,7 @@ func testAckLocksInIDOrder(t *testing.T, ack func(ctx context.Context, b *Broker
 	if err != nil || len(msgs) != 2 {
 		t.Fatalf("claim: %v, %v", msgs, err)
 	}
-	slices.SortFunc(msgs, func(x, y broker.Message) int { return int(x.ID - y.ID) })
+	slices.SortFunc(msgs, func(x, y broker.Message) int { return cmp.Compare(x.ID, y.ID) })
 	if msgs[0].UniqueKey != "k" || msgs[1].UniqueKey != "" {
 		t.Fatalf("want the keyed message first: %+v", msgs)
 	}
