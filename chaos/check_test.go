@@ -117,7 +117,8 @@ func (s *dbSampler) running(topic string) (int, error) {
 		s.c = c
 	}
 	var n int
-	err := s.c.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, topic).Scan(&n)
+	err := s.c.QueryRow(ctx, `SELECT (SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running')
+		+ (SELECT coalesce(sum(cardinality(ids)), 0) FROM tw_claims WHERE topic = $1)`, topic).Scan(&n)
 	if err != nil {
 		s.c.Close(ctx)
 		s.c = nil

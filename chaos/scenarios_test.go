@@ -80,7 +80,10 @@ type claim struct {
 
 // runningUnder lists the messages running under worker's claims.
 func runningUnder(c *pgx.Conn, worker string) ([]claim, error) {
-	rows, err := c.Query(context.Background(), `SELECT id, attempts FROM tw_messages WHERE state = 'running' AND claimed_by = $1 ORDER BY id`, worker)
+	rows, err := c.Query(context.Background(), `SELECT id, attempts FROM tw_messages WHERE state = 'running' AND claimed_by = $1
+		UNION ALL
+		SELECT m.id, m.attempts + 1 FROM tw_claims c JOIN tw_messages m ON m.id = ANY (c.ids) WHERE c.worker = $1
+		ORDER BY 1`, worker)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/taskhost/taskhost/broker"
@@ -11,28 +12,40 @@ import (
 
 // releaseLocksSQL deletes the locks held under the claims ($1 ids, $2
 // tokens) that no longer hold their message. It runs as its own statement
-// after the claim-ending one, so it reads a snapshot that includes any lock
-// an AcquireLock committed while the claim-ending statement waited for it
-// (AcquireLock holds the message row FOR SHARE).
-const releaseLocksSQL = `
+// after the claim-ending one (and releaseClaimsSQL), so it reads a
+// snapshot that includes any lock an AcquireLock committed while the
+// claim-ending statement waited for it (AcquireLock holds the message row
+// FOR SHARE).
+var releaseLocksSQL = `
 	DELETE FROM tw_locks l
 	USING unnest($1::bigint[], $2::text[]) AS u(id, tok)
 	WHERE l.message_id = u.id AND l.token::text = u.tok
-		AND NOT EXISTS (
+		AND NOT ` + lockHeld
+
+// lockHeld is the condition that the lock l is held under a claim that
+// still holds its message.
+var lockHeld = `(EXISTS (
 			SELECT 1 FROM tw_messages m
-			WHERE m.id = l.message_id AND m.token = l.token)`
+			WHERE m.id = l.message_id AND m.token = l.token)
+		OR EXISTS (
+			SELECT 1 FROM tw_claims c
+			WHERE c.id = ` + claimOf("l.token::text") + ` AND l.message_id = ANY (c.ids)
+				AND (c.key # l.message_id) = ` + keyOf("l.token::text") + `))`
 
 // ackSQL marks done the messages whose claims are in the arrays $1 ids
-// and $2 tokens, storing the results $3, and returns the ordinals $4 of
-// the outcomes it applied, with their messages' topics.
-const ackSQL = `
+// and $2 tokens (their claim rows and keys $5 and $6: takeCTEs), storing
+// the results $3, and returns the ordinals $4 of the outcomes it applied,
+// with their messages' topics.
+var ackSQL = `WITH ` + takeCTEs("$1", "$5", "$6") + `
 	UPDATE tw_messages m
-	SET state = 'done', finished_at = now(), result = u.res::jsonb, token = NULL
-	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[]) AS u(id, tok, res, ord)
-	WHERE m.id = ANY ($1::bigint[]) AND m.id = u.id AND m.token::text = u.tok
+	SET state = 'done', finished_at = now(), result = u.res::jsonb, token = NULL, ` + heldSet + `
+	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint[]) AS u(id, tok, res, ord, cid, ckey)
+		LEFT JOIN ` + hJoin("u") + `
+	WHERE m.id = ANY ($1::bigint[]) AND m.id = u.id AND ` + heldBy("u.tok") + `
 	RETURNING u.ord, m.topic`
 
-// ackReportsSQL is ackSQL storing, in the same statement, the reports
+// ackReportsSQL is ackSQL (its claim rows and keys $22 and $23) storing,
+// in the same statement, the reports
 // given as the arrays of reportCTEs from $5 of the outcomes it applied: a
 // report rides on its outcome, and is stored only when the outcome is.
 // The report arrays line up with the ack's (element i is the report of
@@ -47,23 +60,33 @@ const ackSQL = `
 // tw_report_rows for its key: a report of the same attempt is stored apart
 // only after its outcome failed (a lost report), and AddReports checks the
 // rows (held).
-var ackReportsSQL = `WITH a AS (
+var ackReportsSQL = `WITH ` + takeCTEs("$1", "$22", "$23") + `, a AS (
 	UPDATE tw_messages m
-	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL,
+	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL, ` + heldSet + `,
 		` + heldReportSet("v.keep AND v.task = m.task AND v.topic = m.topic") + `
-	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], ` + reportArrays(5) + `, $21::bool[])
-		AS v(id, tok, ares, ord, ` + reportArrayCols + `, keep)
-	WHERE m.id = ANY ($1::bigint[]) AND m.id = v.id AND m.token::text = v.tok
+	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], ` + reportArrays(5) + `, $21::bool[], $22::bigint[], $23::bigint[])
+		AS v(id, tok, ares, ord, ` + reportArrayCols + `, keep, cid, ckey) LEFT JOIN ` + hJoin("v") + `
+	WHERE m.id = ANY ($1::bigint[]) AND m.id = v.id AND ` + heldBy("v.tok") + `
 	RETURNING v.ord, m.topic, m.report_id IS NOT NULL AS held
 ), ` + reportCTEs(5, "x.status <> '' AND x.ref IN (SELECT ord FROM a WHERE NOT held)") + `
 	SELECT ord, topic FROM a`
 
-// withReport wraps the claim-ending UPDATE sql, which takes params
-// parameters, so that the same statement also stores the report given as
-// the arrays of reportCTEs that follow them, only when the UPDATE matched
-// (applied); it returns what sql returns.
-func withReport(sql string, params int) string {
-	return `WITH a AS (` + sql + `), ` + reportCTEs(params+1, "EXISTS (SELECT 1 FROM a)") + `
+// endOneSQL wraps the claim-ending UPDATE sql of message $1 under token
+// $2, which takes params parameters and reads the claim that held it as
+// h (takeCTEs, heldBy), into one statement that takes the message out of
+// its claim row first (the row's id and key are the two parameters after
+// params, or after the report's arrays) and, with withReport, also stores
+// the report given as the arrays of reportCTEs that follow the params,
+// only when the UPDATE matched (applied); it returns what sql returns.
+func endOneSQL(sql string, params int, withReport bool) string {
+	next := params + 1
+	reports := ""
+	if withReport {
+		reports = `, ` + reportCTEs(next, "EXISTS (SELECT 1 FROM a)")
+		next += reportParams
+	}
+	return `WITH ` + takeCTEs("ARRAY[$1::bigint]", "ARRAY[$"+strconv.Itoa(next)+"::bigint]", "ARRAY[$"+strconv.Itoa(next+1)+"::bigint]") + `,
+	a AS (` + sql + `)` + reports + `
 	SELECT * FROM a`
 }
 
@@ -83,6 +106,8 @@ type ackBatch struct {
 	toks    []string
 	results []*string
 	ords    []int32
+	// cids and keys: the claim rows and keys of toks (claimArgs).
+	cids, keys []int64
 	// reports of the claims sent, if any, one per claim, with their
 	// outcomes' ordinals: the arrays of ackKeptSQL when kept is set (every
 	// claim sent carries a plain report), else of ackReportsSQL, with
@@ -150,6 +175,7 @@ func newAckBatch(outcomes []broker.Outcome) (*ackBatch, error) {
 		a.keyed = a.keyed || e.key
 		allPlain = allPlain && a.plain[i]
 	}
+	a.cids, a.keys = claimArgs(a.toks)
 	if allPlain {
 		a.kept = keptArgs(reps)
 		return a, nil
@@ -182,22 +208,23 @@ func (a *ackBatch) lostAll() []error {
 // is ackKeptSQL and some claim is of a keyed message.
 func (a *ackBatch) lockFirst() bool { return a.kept != nil && a.keyed }
 
-// queue adds the ack (with the reports) and the release of the claims'
-// locks to batch.
+// queue adds the ack (with the reports), the deletion of the claim rows
+// it emptied and the release of the claims' locks to batch.
 func (a *ackBatch) queue(batch *pgx.Batch) {
 	switch {
 	case a.kept != nil:
 		if a.lockFirst() {
 			batch.Queue(lockInIDOrderSQL, a.ids)
 		}
-		batch.Queue(ackKeptSQL, append([]any{a.ids, a.toks, a.results, a.ords}, a.kept...)...)
+		batch.Queue(ackKeptSQL, append(append([]any{a.ids, a.toks, a.results, a.ords}, a.kept...), a.cids, a.keys)...)
 	case a.withRep:
 		a.reports.queueLocks(batch)
 		args := append([]any{a.ids, a.toks, a.results, a.ords}, a.reports.arrays...)
-		batch.Queue(ackReportsSQL, append(args, a.plain)...)
+		batch.Queue(ackReportsSQL, append(args, a.plain, a.cids, a.keys)...)
 	default:
-		batch.Queue(ackSQL, a.ids, a.toks, a.results, a.ords)
+		batch.Queue(ackSQL, a.ids, a.toks, a.results, a.ords, a.cids, a.keys)
 	}
+	batch.Queue(deleteEmptyClaimsSQL, a.cids)
 	batch.Queue(releaseLocksSQL, a.ids, a.toks)
 }
 
@@ -233,8 +260,10 @@ func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	if _, err := br.Exec(); err != nil {
-		return nil, err
+	for range 2 {
+		if _, err := br.Exec(); err != nil {
+			return nil, err
+		}
 	}
 	return errs, nil
 }
@@ -306,14 +335,16 @@ func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, r
 		return err
 	}
 	var ra reportArgs
+	sql = endOneSQL(sql, 2+len(args), report != nil)
 	if report != nil {
 		var err error
 		if ra, err = newReportArgs([]broker.Report{*report}, nil); err != nil {
 			return err
 		}
-		sql = withReport(sql, 2+len(args))
 		args = append(args, ra.arrays...)
 	}
+	cid, key := parseClaimToken(c.Token)
+	args = append(args, cid, key)
 	if c.Token == "" {
 		if b.closed.Load() {
 			return broker.ErrClosed
@@ -327,6 +358,7 @@ func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, r
 		batch := &pgx.Batch{}
 		ra.queueLocks(batch)
 		batch.Queue(sql, append([]any{c.ID, c.Token}, args...)...)
+		batch.Queue(deleteEmptyClaimsSQL, []int64{cid})
 		batch.Queue(releaseLocksSQL, []int64{c.ID}, []string{c.Token})
 		br := conn.SendBatch(ctx, batch)
 		if err := ra.readLocks(br); err != nil {
@@ -342,9 +374,11 @@ func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, r
 			br.Close()
 			return err
 		}
-		if _, err := br.Exec(); err != nil {
-			br.Close()
-			return err
+		for range 2 {
+			if _, err := br.Exec(); err != nil {
+				br.Close()
+				return err
+			}
 		}
 		if err := br.Close(); err != nil {
 			return err
@@ -368,10 +402,12 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 	req.Error = broker.CleanText(req.Error)
 	if req.Cancel {
 		return b.endClaimFreeing(ctx, "nack", req.Claim, req.Report, `
-			UPDATE tw_messages
-			SET state = 'cancelled', finished_at = now(), token = NULL, last_error = $3, suspect = $4, waiting_since = NULL
-			WHERE id = $1 AND token::text = $2
-			RETURNING topic`,
+			UPDATE tw_messages m
+			SET state = 'cancelled', finished_at = now(), token = NULL, last_error = $3, suspect = $4, waiting_since = NULL,
+				`+heldSet+`
+			FROM (SELECT 1) one LEFT JOIN t h ON $1 = ANY (h.took)
+			WHERE m.id = $1 AND `+heldBy("$2::text")+`
+			RETURNING m.topic`,
 			cancelReason(req.Error), req.Suspect)
 	}
 	if req.Requeue {
@@ -382,20 +418,21 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		// slot.
 		var topic, state string
 		err := b.endClaimTopic(ctx, "nack", req.Claim, req.Report, []any{&topic, &state}, `
-			UPDATE tw_messages
-			SET state = CASE WHEN cancel_requested_at IS NULL THEN 'queued' ELSE 'cancelled' END,
-				claimed_by = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE claimed_by END,
-				claimed_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE claimed_at END,
+			UPDATE tw_messages m
+			SET state = CASE WHEN m.cancel_requested_at IS NULL THEN 'queued' ELSE 'cancelled' END,
+				claimed_by = CASE WHEN m.cancel_requested_at IS NULL THEN NULL ELSE `+heldClaimedBy+` END,
+				claimed_at = CASE WHEN m.cancel_requested_at IS NULL THEN NULL ELSE `+heldClaimedAt+` END,
 				token = NULL,
-				finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END,
-				available_at = CASE WHEN cancel_requested_at IS NULL
-					THEN now() + $3::bigint * interval '1 microsecond' ELSE available_at END,
-				last_error = CASE WHEN cancel_requested_at IS NULL THEN $4 ELSE $8 END,
-				attempts = CASE WHEN $5 AND cancel_requested_at IS NULL THEN greatest(attempts - 1, 0) ELSE attempts END,
+				finished_at = CASE WHEN m.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+				available_at = CASE WHEN m.cancel_requested_at IS NULL
+					THEN now() + $3::bigint * interval '1 microsecond' ELSE m.available_at END,
+				last_error = CASE WHEN m.cancel_requested_at IS NULL THEN $4 ELSE $8 END,
+				attempts = CASE WHEN $5 AND m.cancel_requested_at IS NULL THEN `+notRunAttempts+` ELSE `+heldAttempts+` END,
 				suspect = $6,
-				waiting_since = CASE WHEN cancel_requested_at IS NULL THEN $7::timestamptz END
-			WHERE id = $1 AND token::text = $2
-			RETURNING topic, state`,
+				waiting_since = CASE WHEN m.cancel_requested_at IS NULL THEN $7::timestamptz END
+			FROM (SELECT 1) one LEFT JOIN t h ON $1 = ANY (h.took)
+			WHERE m.id = $1 AND `+heldBy("$2::text")+`
+			RETURNING m.topic, m.state`,
 			micros(req.Delay), req.Error, req.NotRun, req.Suspect, req.WaitingSince, cancelReason(req.Error))
 		switch {
 		case err != nil:
@@ -411,8 +448,9 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 		SET state = CASE
 				WHEN coalesce((SELECT t.dead_letter_enabled FROM tw_topics t WHERE t.name = m.topic), true)
 				THEN 'dead' ELSE 'failed' END,
-			finished_at = now(), token = NULL, last_error = $3, suspect = $4, waiting_since = NULL
-		WHERE m.id = $1 AND m.token::text = $2
+			finished_at = now(), token = NULL, last_error = $3, suspect = $4, waiting_since = NULL, `+heldSet+`
+		FROM (SELECT 1) one LEFT JOIN t h ON $1 = ANY (h.took)
+			WHERE m.id = $1 AND `+heldBy("$2::text")+`
 		RETURNING m.topic`,
 		req.Error, req.Suspect)
 }
@@ -442,9 +480,11 @@ func (b *Broker) endClaimFreeing(ctx context.Context, op string, c broker.Claim,
 func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string, report *broker.Report) error {
 	reason = broker.CleanText(reason)
 	return b.endClaimFreeing(ctx, "dead letter", c, report, `
-		UPDATE tw_messages
-		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3, suspect = false, waiting_since = NULL
-		WHERE id = $1 AND token::text = $2
-		RETURNING topic`,
+		UPDATE tw_messages m
+		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3, suspect = false, waiting_since = NULL,
+			`+heldSet+`
+		FROM (SELECT 1) one LEFT JOIN t h ON $1 = ANY (h.took)
+			WHERE m.id = $1 AND `+heldBy("$2::text")+`
+		RETURNING m.topic`,
 		reason)
 }

@@ -11,115 +11,79 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-// claimLockSQL takes a limited topic's serialisation lock. It is a
-// statement of its own, before the count: in READ COMMITTED each statement
-// reads a snapshot taken when it starts, so the count that follows sees
-// every claim committed by the lock's previous holders. (Locking in the
-// same statement as the count would count from a snapshot taken before the
-// lock was granted, and admit too many.) Unlimited topics match nothing and
-// lock nothing.
-//
-// serialLockSQL takes the same lock whatever the topic's limit: it goes
-// with the claim statements that lock no rows (see claimStatement).
-const (
-	claimLockSQL  = `SELECT 1 FROM tw_topics WHERE name = $1 AND concurrency_limit > 0 FOR UPDATE`
-	serialLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 FOR UPDATE`
-)
+// serialLockSQL takes a topic's serialisation lock: every claim of the
+// topic takes it first, in a statement of its own. In READ COMMITTED each
+// statement reads a snapshot taken when it starts, so the claim that
+// follows sees every claim row the lock's previous holders committed:
+// the limit's count is exact, and no message is claimed twice. (Locking
+// in the same statement as the claim would read a snapshot taken before
+// the lock was granted.) The other writers of queued rows that could race
+// a claim take it too: Purge, and a cancel of queued messages.
+const serialLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 FOR UPDATE`
 
 // The claim statements claim up to $2 of topic $1's oldest available
 // queued messages for worker $3: none when the topic is paused or unknown,
-// at most limit - running when it is limited. The inner SELECT walks the
+// at most limit - running when it is limited (running: the messages claim
+// rows hold, and rows made running otherwise). The walk reads the
 // partial queued index in (-priority, available_at, id) order (the highest
-// priority first); the outer UPDATE finds the rows by their ctid, with a
-// TID scan rather than a descent of the primary key for each row. A row
-// changed since the statement's snapshot has its newest version
-// elsewhere, which PostgreSQL's recheck of the ctid condition then skips:
-// that message is left for a later claim. The From variants start the
-// walk at the key ($6 -priority, $4 available_at, $5 id) (see
-// claimFloors).
-//
-// claimSQL and claimFromSQL lock the rows they pick FOR UPDATE SKIP
-// LOCKED, so claimers of an unlimited topic, which run side by side, pass
-// each other's rows by. serialClaimSQL and serialClaimFromSQL lock nothing
-// before the UPDATE: they run only after serialLockSQL, so no other claim
-// of the topic runs at the same time, and the UPDATE's own check that the
-// row is still queued (which PostgreSQL evaluates again on the newest
-// version of a row that changed since the statement's snapshot) keeps a
-// message from being claimed twice whatever else happens. The only other
-// writer of queued rows, Purge, takes the topic lock too, so a serial
-// claim never waits for a row lock held by a transaction waiting for it.
-// Not locking saves a row lock and its WAL record per claimed message.
+// priority first), passing by the messages the topic's claim rows hold
+// (held ones stay queued: see claims.go); claimFromSQL starts it at the
+// key ($6 -priority, $4 available_at, $5 id) (see claimFloors). The
+// messages taken go into one new row of tw_claims; their rows are not
+// written. A claim runs only after serialLockSQL, so no other claim of the
+// topic runs at the same time.
 //
 // claimed_at is the claim statement's start, not the transaction's: an
 // AckAndClaim waits for its acked rows and the topic lock first, and a
 // claim stamped with that earlier time would look older than it is to the
 // reaper's grace and the oldest-claim gauge.
 //
-// Each row is a claimed message (msgCols and its token) followed by the
-// number the gate allowed, whether the topic is limited and, when it is,
-// its room (its limit less its running messages before this claim); when
-// nothing was claimed one row of NULLs carries those alone. (A LIMIT of 0
-// reads nothing.) The OFFSET 0 keeps the planner from pulling the room's
-// subquery up into the expressions that use it, which would count the
-// topic's running messages once for each of them.
+// Each row is a claimed message (msgCols, as a reader sees it held, and
+// its token) followed by the number the gate allowed, whether the topic
+// is limited and, when it is, its room (its limit less its running
+// messages before this claim); when nothing was claimed one row of NULLs
+// carries those alone. (A LIMIT of 0 reads nothing.) The OFFSET 0 keeps
+// the planner from pulling the room's subquery up into the expressions
+// that use it, which would count the topic's running messages once for
+// each of them.
 var (
-	claimSQL           = claimStatement("", "FOR UPDATE SKIP LOCKED")
-	claimFromSQL       = claimStatement(claimFrom, "FOR UPDATE SKIP LOCKED")
-	serialClaimSQL     = claimStatement("", "")
-	serialClaimFromSQL = claimStatement(claimFrom, "")
+	claimSQL     = claimStatement("")
+	claimFromSQL = claimStatement(claimFrom)
 )
 
 const claimFrom = "AND (-q.priority, q.available_at, q.id) >= ($6::int, $4::timestamptz, $5::bigint)"
 
-func claimStatement(from, lock string) string {
+func claimStatement(from string) string {
 	return `
 	WITH gate AS MATERIALIZED (
-		SELECT greatest(coalesce(t.n, 0), 0) AS n, coalesce(t.limited, false) AS limited, t.room, ` + tokenSaltSQL + ` AS salt
+		SELECT greatest(coalesce(t.n, 0), 0) AS n, coalesce(t.limited, false) AS limited, t.room
 		FROM (SELECT 1) one LEFT JOIN LATERAL (
 			SELECT CASE
 				WHEN t.paused THEN 0
 				WHEN t.room IS NULL THEN $2::int
 				ELSE least($2::int, t.room)
 			END AS n, t.room IS NOT NULL AS limited, t.room
-			FROM (SELECT t.paused, CASE WHEN t.concurrency_limit > 0 THEN t.concurrency_limit - (
-					SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running')::int END AS room
+			FROM (SELECT t.paused, CASE WHEN t.concurrency_limit > 0 THEN t.concurrency_limit - ((
+					SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running') + ` + heldCount("$1") + `)::int END AS room
 				FROM tw_topics t
 				WHERE t.name = $1
 				OFFSET 0) t) t ON true
-	), claimed AS (
-		UPDATE tw_messages m
-		SET state = 'running', claimed_by = $3, claimed_at = statement_timestamp(), attempts = m.attempts + 1,
-			token = ` + claimTokenSQL("(SELECT salt FROM gate)", "m.id") + `
-		WHERE m.ctid = ANY (ARRAY (
-				SELECT q.ctid FROM tw_messages q
-				WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now() ` + from + `
-				ORDER BY -q.priority, q.available_at, q.id
-				LIMIT (SELECT n FROM gate)
-				` + lock + `))
-			AND m.state = 'queued'
-		RETURNING ` + msgCols + `, token::text
+	), picked AS MATERIALIZED (
+		SELECT q.* FROM tw_messages q
+		WHERE q.topic = $1 AND q.state = 'queued' AND q.available_at <= now() ` + from + `
+			AND q.id NOT IN ` + heldIDs("$1") + `
+		ORDER BY -q.priority, q.available_at, q.id
+		LIMIT (SELECT n FROM gate)
+	), c AS (
+		INSERT INTO tw_claims (topic, worker, claimed_at, key, ids)
+		SELECT $1, $3, statement_timestamp(), ` + claimKeySQL + `, array_agg(id ORDER BY id) FROM picked HAVING count(*) > 0
+		RETURNING id, key, claimed_at
 	)
-	SELECT c.*, gate.n, gate.limited, gate.room FROM gate LEFT JOIN claimed c ON true`
-}
-
-// A claim token must differ from every other claim's token of the same
-// message (it fences a stale claim's acks), be hard to guess, and land
-// at a random place in tw_messages_running_token (migration 007: the
-// index then cleans itself of the dead entries of acked messages). A
-// statement that claims many rows draws one random salt (tokenSaltSQL)
-// and gives each row the md5 of the salt and the row's id
-// (claimTokenSQL): distinct rows get distinct tokens, two claims get
-// unrelated ones, and md5's output is spread evenly. One
-// gen_random_uuid() per row took about a quarter of the claim statement's
-// time (5.5 us of 19.7 a message in BenchmarkClaimAckLimited, with
-// pg_stat_statements).
-const tokenSaltSQL = `gen_random_uuid()::text`
-
-// claimTokenSQL is the token of the row whose id is the expression id, in
-// a statement whose salt (tokenSaltSQL, drawn once) is the expression
-// salt.
-func claimTokenSQL(salt, id string) string {
-	return `md5(` + salt + ` || ` + id + `::text)::uuid`
+	SELECT p.id, p.topic, p.task, p.payload::text, p.headers::text, 'running'::text, p.attempts + 1, p.max_attempts,
+		$3::text, c.claimed_at, p.available_at, p.created_at, p.finished_at, p.last_error, p.result::text,
+		p.suspect, p.waiting_since, p.cancel_requested_at, p.priority, p.unique_key, ` + claimToken("c", "p.id") + `,
+		gate.n, gate.limited, gate.room
+	FROM gate LEFT JOIN (picked p CROSS JOIN c) ON true`
 }
 
 // fullScanEvery is how often Claim walks a topic's queued index from its
@@ -127,35 +91,35 @@ func claimTokenSQL(salt, id string) string {
 const fullScanEvery = time.Second
 
 // claimFloors remembers, per topic, where the last claim of this process
-// started in the topic's queued index, so the next one starts there
-// instead of at the beginning, and whether that claim found the topic
-// limited (the next one then takes the serial statements: see
-// claimStatement).
+// ended in the topic's queued index, so the next one starts there instead
+// of at the beginning, and whether that claim found the topic limited
+// (announceFreed).
 //
-// Why: every claimed message leaves a dead entry at the head of the queued
-// index (its key is the oldest), and nothing but VACUUM removes those
-// entries, since btree only cleans a page when an insert fills it and
-// inserts land at the tail. A claim that starts at the head walks all of
-// them: with autovacuum off or behind, after a few hundred thousand
-// messages each claim reads a thousand index pages. Starting at the first
-// key the previous claim took skips them.
+// Why: the messages claim rows hold stay queued, in the index, until their
+// outcomes; every acked message leaves a dead entry there, and nothing but
+// VACUUM removes those entries, since btree only cleans a page when an
+// insert fills it and inserts land at the tail. A claim that starts at
+// the head walks all of them: with autovacuum off or behind, after a few
+// hundred thousand messages each claim reads a thousand index pages.
+// Starting at the last key the previous claim took skips them, and the
+// held messages before it.
 //
 // A floor is a hint and never decides what may be claimed: a message that
 // became available behind it (a transaction that committed late with an
-// older now(), a row another claimer held and let go) is found by the
-// next walk from the start, which comes when a claim from the floor
-// returns short, and at least every fullScanEvery. Order stays by key but
-// for those stragglers, which wait at most that long. A message submitted
-// with a higher priority than the floor's is announced with it (its
-// notification names the priority), and the floor is dropped (raised):
-// with the listener up, such a message waits for no full scan.
+// older now(), a message whose attempt was retried or taken back) is
+// found by the next walk from the start, which comes when a claim from
+// the floor returns short, and at least every fullScanEvery. Order stays
+// by key but for those stragglers, which wait at most that long. A
+// message submitted with a higher priority than the floor's is announced
+// with it (its notification names the priority), and the floor is dropped
+// (raised): with the listener up, such a message waits for no full scan.
 type claimFloors struct {
 	mu sync.Mutex
 	m  map[string]claimFloor
 }
 
 type claimFloor struct {
-	prio     int       // priority of the first message the last claim took
+	prio     int       // priority of the last message the last claim took
 	at       time.Time // and its available_at
 	id       int64     // and its id; 0 when there is no floor (ids start at 1)
 	fullScan time.Time // when the last walk from the start ran
@@ -163,17 +127,15 @@ type claimFloor struct {
 }
 
 // get returns the floor to claim topic from, or ok false when this claim
-// walks from the start (no floor yet, or the last walk is too old), and
-// whether the last claim found the topic limited (then the next one
-// serialises on the topic lock and locks no rows: see claimStatement).
-func (f *claimFloors) get(topic string, now time.Time) (fl claimFloor, ok, limited bool) {
+// walks from the start (no floor yet, or the last walk is too old).
+func (f *claimFloors) get(topic string, now time.Time) (fl claimFloor, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fl, found := f.m[topic]
 	if !found || fl.id == 0 || now.Sub(fl.fullScan) >= fullScanEvery {
-		return claimFloor{}, false, fl.limited
+		return claimFloor{}, false
 	}
-	return fl, true, fl.limited
+	return fl, true
 }
 
 // raised hears of messages of topic submitted with priority: when the
@@ -216,7 +178,8 @@ func (f *claimFloors) claimed(topic string, full bool, now time.Time, allowed in
 	case len(msgs) < allowed:
 		fl.prio, fl.at, fl.id = 0, time.Time{}, 0
 	case len(msgs) > 0:
-		fl.prio, fl.at, fl.id = msgs[0].Priority, msgs[0].AvailableAt, msgs[0].ID
+		last := msgs[len(msgs)-1]
+		fl.prio, fl.at, fl.id = last.Priority, last.AvailableAt, last.ID
 	}
 	if fl.id == 0 && fl.fullScan.IsZero() && !fl.limited {
 		delete(f.m, topic)
@@ -231,7 +194,7 @@ func (f *claimFloors) claimed(topic string, full bool, now time.Time, allowed in
 // topics of the rotation get the remainder) and a topic that yields less
 // than its share drops out, its share going to the others on the next
 // pass. Each topic's share is claimed in its own transaction; see
-// claimLockSQL and claimSQL. Within a topic the messages come by
+// serialLockSQL and claimSQL. Within a topic the messages come by
 // (priority descending, available_at, id).
 //
 // When a later topic fails after earlier ones were claimed, Claim returns
@@ -380,8 +343,8 @@ func stillFree(freed map[string]bool, topic string, got claimTx) map[string]bool
 // while the queue looks empty.
 func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch) (claimTx, error) {
 	started := time.Now()
-	floor, hinted, serial := b.floors.get(topic, started)
-	first, err := b.claimFrom(ctx, topic, n, worker, a, serial, hinted, floor)
+	floor, hinted := b.floors.get(topic, started)
+	first, err := b.claimFrom(ctx, topic, n, worker, a, hinted, floor)
 	if err != nil {
 		return claimTx{}, err
 	}
@@ -389,7 +352,7 @@ func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker str
 	if !hinted || len(first.msgs) >= first.allowed {
 		return first, nil
 	}
-	more, err := b.claimFrom(ctx, topic, n-len(first.msgs), worker, nil, first.limited, false, claimFloor{})
+	more, err := b.claimFrom(ctx, topic, n-len(first.msgs), worker, nil, false, claimFloor{})
 	if err != nil {
 		// The first claims are running and must reach the caller; the
 		// error shows again on the next claim.
@@ -433,20 +396,15 @@ type claimTx struct {
 func (t claimTx) full() bool { return t.limited && t.room <= len(t.msgs) }
 
 // claimFrom is one claim transaction of claimTopic, from the key of floor
-// when hinted, serialised on the topic lock without locking rows when
-// serial is set (see claimStatement).
+// when hinted (see claimStatement).
 func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker string, a *ackBatch,
-	serial, hinted bool, floor claimFloor) (claimTx, error) {
+	hinted bool, floor claimFloor) (claimTx, error) {
 	var (
 		errs    []error
 		allowed int32
 		limited bool
 		room    pgtype.Int4
 	)
-	lockSQL, fullSQL, fromSQL := claimLockSQL, claimSQL, claimFromSQL
-	if serial {
-		lockSQL, fullSQL, fromSQL = serialLockSQL, serialClaimSQL, serialClaimFromSQL
-	}
 	out := make([]broker.Message, 0, n)
 	err := b.run(ctx, "claim", func(c *pgx.Conn) error {
 		out = out[:0]
@@ -454,11 +412,11 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		if a != nil {
 			a.queue(batch)
 		}
-		batch.Queue(lockSQL, topic)
+		batch.Queue(serialLockSQL, topic)
 		if hinted {
-			batch.Queue(fromSQL, topic, n, worker, floor.at, floor.id, -floor.prio)
+			batch.Queue(claimFromSQL, topic, n, worker, floor.at, floor.id, -floor.prio)
 		} else {
-			batch.Queue(fullSQL, topic, n, worker)
+			batch.Queue(claimSQL, topic, n, worker)
 		}
 		br := c.SendBatch(ctx, batch)
 		if a != nil {

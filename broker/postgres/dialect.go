@@ -120,7 +120,10 @@ var queries = sqlstore.Queries{
 	ExpireWorker:     `UPDATE tw_workers SET heartbeat_at = now() - interval '100 years' WHERE id = $1`,
 	UnregisterWorker: `DELETE FROM tw_workers WHERE id = $1`,
 	RunningClaims: `SELECT id, token::text FROM tw_messages
-			WHERE state = 'running' AND claimed_by = $1 ORDER BY id`,
+			WHERE state = 'running' AND claimed_by = $1
+			UNION ALL
+			SELECT x, ` + claimToken("c", "x") + ` FROM tw_claims c, unnest(c.ids) x WHERE c.worker = $1
+			ORDER BY 1`,
 	LiveWorkers: `
 			SELECT id FROM tw_workers
 			WHERE heartbeat_at > now() - $1::bigint * interval '1 microsecond'
@@ -143,25 +146,49 @@ var queries = sqlstore.Queries{
 	MessageCols: msgCols,
 	GetMessage:  getMessageSQL,
 
-	// Cancel locks the row first: a claim (FOR UPDATE SKIP LOCKED) passes
-	// it by, an ack or nack waits and then sees the request.
-	CancelLock: `SELECT state FROM tw_messages WHERE id = $1 FOR NO KEY UPDATE`,
-	CancelQueuedOne: `UPDATE tw_messages
-			SET state = 'cancelled', finished_at = now(), last_error = $2, waiting_since = NULL
-			WHERE id = $1`,
+	// Cancel locks the row first: an ack or nack waits and then sees the
+	// request. The state it reads shows a held message as running
+	// (claims.go). A queued message is cancelled only under the topic's
+	// lock (CancelQueuedOneLock), which claims take: a claim that took the
+	// message meanwhile is seen by CancelQueuedOne, whose snapshot comes
+	// after the lock, and the message gets a cancel request instead. (The
+	// row, then the topic: the order of an AckAndClaim, which writes its
+	// acked rows before it claims. Purge, which takes the topic first,
+	// passes locked rows by.)
+	CancelLock: `SELECT CASE WHEN m.state = 'queued' AND m.id IN ` + heldIDs("m.topic") + ` THEN 'running' ELSE m.state END
+			FROM tw_messages m WHERE m.id = $1
+			FOR NO KEY UPDATE`,
+	CancelQueuedOneLock: `SELECT 1 FROM tw_topics WHERE name = (SELECT topic FROM tw_messages WHERE id = $1) FOR UPDATE`,
+	CancelQueuedOne: `UPDATE tw_messages m
+			SET state = CASE WHEN h.held THEN m.state ELSE 'cancelled' END,
+				finished_at = CASE WHEN h.held THEN m.finished_at ELSE now() END,
+				last_error = CASE WHEN h.held THEN m.last_error ELSE $2 END,
+				waiting_since = CASE WHEN h.held THEN m.waiting_since END,
+				cancel_requested_at = CASE WHEN h.held THEN coalesce(m.cancel_requested_at, now()) ELSE m.cancel_requested_at END
+			FROM (SELECT EXISTS (SELECT 1 FROM tw_messages q WHERE q.id = $1 AND q.id IN ` + heldIDs("q.topic") + `) AS held) h
+			WHERE m.id = $1`,
 	RequestCancel: `UPDATE tw_messages SET cancel_requested_at = coalesce(cancel_requested_at, now()) WHERE id = $1`,
 	// The rows are locked in id order first, as the reaper and Ack lock
 	// theirs.
 	CancelQueued: func(where string, n int) string {
 		return `WITH c AS (
-				SELECT id FROM tw_messages WHERE state = 'queued' AND ` + where + `
+				SELECT id FROM tw_messages WHERE ` + queuedRow + ` AND ` + where + `
 				ORDER BY id FOR NO KEY UPDATE)
 			UPDATE tw_messages
 			SET state = 'cancelled', finished_at = now(), last_error = $` + strconv.Itoa(n) + `, waiting_since = NULL
 			WHERE id = ANY (ARRAY (SELECT id FROM c)) AND state = 'queued'`
 	},
+	CancelQueuedLock: func(where string) string {
+		return `SELECT 1 FROM tw_topics
+			WHERE name IN (SELECT DISTINCT topic FROM tw_messages WHERE state = 'queued' AND ` + where + `)
+			ORDER BY name FOR UPDATE`
+	},
 	CancelRequests: `SELECT id, token::text FROM tw_messages
-			WHERE state = 'running' AND claimed_by = $1 AND cancel_requested_at IS NOT NULL ORDER BY id`,
+			WHERE state = 'running' AND claimed_by = $1 AND cancel_requested_at IS NOT NULL
+			UNION ALL
+			SELECT m.id, ` + claimToken("c", "m.id") + ` FROM tw_claims c JOIN tw_messages m ON m.id = ANY (c.ids)
+			WHERE c.worker = $1 AND m.cancel_requested_at IS NOT NULL
+			ORDER BY 1`,
 
 	ScheduleCols:   schedCols,
 	PutSchedule:    putScheduleSQL,

@@ -20,12 +20,13 @@ import (
 // index on the range finds (doneBatches).
 
 // keptArrays is the FROM item of ackKeptSQL's arrays, as v.
-const keptArrays = `unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[], $7::int[], $8::text[],
-			$9::timestamptz[], $10::timestamptz[], $11::float8[], $12::float8[], $13::text[])
-		AS v(id, tok, ares, ord, task, topic, att, worker, st, en, dur, prog, key)`
+var keptArrays = `unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::text[], $6::text[], $7::int[], $8::text[],
+			$9::timestamptz[], $10::timestamptz[], $11::float8[], $12::float8[], $13::text[], $14::bigint[], $15::bigint[])
+		AS v(id, tok, ares, ord, task, topic, att, worker, st, en, dur, prog, key, cid, ckey) LEFT JOIN ` + hJoin("v")
 
-// keptMatch is the condition of ackKeptSQL on the message m of claim v.
-const keptMatch = `m.id = ANY ($1::bigint[]) AND m.id = v.id AND m.token::text = v.tok`
+// keptMatch is the condition of ackKeptSQL on the message m of claim v
+// (and the claim row it was taken from, h: takeCTEs).
+var keptMatch = `m.id = ANY ($1::bigint[]) AND m.id = v.id AND ` + heldBy("v.tok")
 
 // keepReport is the condition under which a message keeps its plain
 // report: the report names its task and topic.
@@ -34,8 +35,8 @@ const keepReport = `v.task = m.task AND v.topic = m.topic`
 // doneMessageRow is the tw_done_message of message m acked with the plain
 // report v and the result v.ares.
 func doneMessageRow() string {
-	vals := []string{"m.id", "m.payload", "m.headers", "m.attempts", "m.max_attempts", "m.claimed_by",
-		"m.claimed_at", "m.available_at", "m.created_at", "m.last_error", "v.ares::jsonb", "m.suspect",
+	vals := []string{"m.id", "m.payload", "m.headers", heldAttempts, "m.max_attempts", heldClaimedBy,
+		heldClaimedAt, "m.available_at", "m.created_at", "m.last_error", "v.ares::jsonb", "m.suspect",
 		"m.waiting_since", "m.cancel_requested_at", "m.priority", "m.orphaned"}
 	for _, c := range heldReportValues(keepReport) {
 		vals = append(vals, c[1])
@@ -63,7 +64,7 @@ const doneBlock = "4096"
 // order first: lockInIDOrderSQL). A report that names another task or
 // topic than its message's is stored in tw_report_rows (r) from what a
 // and k return.
-var ackKeptSQL = `WITH a AS (
+var ackKeptSQL = `WITH ` + takeCTEs("$1", "$14", "$15") + `, a AS (
 	DELETE FROM tw_messages m
 	USING ` + keptArrays + `
 	WHERE ` + keptMatch + ` AND m.unique_key IS NULL
@@ -76,12 +77,12 @@ var ackKeptSQL = `WITH a AS (
 	FROM a GROUP BY mtopic, mtask, (x).id / ` + doneBlock + `
 ), k AS (
 	UPDATE tw_messages m
-	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL,
+	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL, ` + heldSet + `,
 		` + heldReportSet(keepReport) + `
 	FROM ` + keptArrays + `
 	WHERE (SELECT count(*) FROM a) < cardinality($1::bigint[])
 		AND m.id = ANY (ARRAY (SELECT i FROM unnest($1::bigint[]) i EXCEPT ALL SELECT id FROM a))
-		AND m.id = v.id AND m.token::text = v.tok AND m.unique_key IS NOT NULL
+		AND m.id = v.id AND ` + heldBy("v.tok") + ` AND m.unique_key IS NOT NULL
 	RETURNING v.*, m.topic AS mtopic, m.report_id IS NOT NULL AS held
 ), o AS (
 	SELECT id, tok, ares, ord, task, topic, att, worker, st, en, dur, prog, key, mtopic, held FROM a
@@ -121,7 +122,7 @@ func doneByID(id, alias string) string {
 // getMessageSQL reads message $1 from tw_messages or its batch: one
 // statement, so one snapshot sees it in one of the two whenever it is
 // acked.
-var getMessageSQL = `SELECT ` + msgCols + ` FROM tw_messages WHERE id = $1
+var getMessageSQL = `SELECT ` + liveCols + ` FROM ` + liveFrom + ` WHERE m.id = $1
 	UNION ALL
 	SELECT ` + msgCols + ` FROM ` + doneByID("$1", "m") + `
 	LIMIT 1`

@@ -74,7 +74,7 @@ func heldReportValues(keep string) [][2]string {
 		{"report_id", "nextval('tw_reports_id_seq')"},
 		{"report_attempt", "v.att"},
 		// The worker, only when it is not the claim's.
-		{"report_worker", "CASE WHEN v.worker IS DISTINCT FROM m.claimed_by THEN v.worker END"},
+		{"report_worker", "CASE WHEN v.worker IS DISTINCT FROM " + heldClaimedBy + " THEN v.worker END"},
 		{"report_started_at", "coalesce(v.st, v.en, now())"},
 		{"report_ended_at", "coalesce(v.en, now())"},
 		{"report_duration", "v.dur"},

@@ -276,7 +276,7 @@ func TestUpgradeTo019KeepsReports(t *testing.T) {
 	// Roll back to version 18, with a report in the table of that time.
 	execAll(t, c,
 		`DROP FUNCTION tw_message(bigint), tw_report(bigint)`,
-		`DROP VIEW tw_reports`, `DROP VIEW tw_messages_all`, `DROP TABLE tw_done`, `DROP TYPE tw_done_message`,
+		`DROP VIEW tw_reports`, `DROP VIEW tw_messages_all`, `DROP TABLE tw_done`, `DROP TYPE tw_done_message`, `DROP TABLE tw_claims`,
 		`ALTER TABLE tw_report_rows RENAME TO tw_reports`,
 		`DELETE FROM tw_reports`,
 		`ALTER TABLE tw_messages DROP COLUMN report_id, DROP COLUMN report_attempt, DROP COLUMN report_worker,

@@ -61,7 +61,7 @@ func TestMigrationUpgrade(t *testing.T) {
 	c := schemaConn(t, b)
 	// Roll the schema back to version 1.
 	if _, err := c.Exec(ctx, `DROP FUNCTION tw_message(bigint), tw_report(bigint); DROP VIEW tw_reports; DROP VIEW tw_messages_all; DROP TABLE tw_done; DROP TYPE tw_done_message;
-		DROP TABLE tw_report_rows, tw_schedule_fires, tw_schedules, tw_leases;
+		DROP TABLE tw_report_rows, tw_schedule_fires, tw_schedules, tw_leases, tw_claims;
 		ALTER TABLE tw_messages DROP COLUMN orphaned, DROP COLUMN suspect, DROP COLUMN waiting_since;
 		DELETE FROM tw_schema_migrations WHERE version > 1`); err != nil {
 		t.Fatal(err)

@@ -64,11 +64,24 @@ func TestListPlansUseIndexes(t *testing.T) {
 			t.Logf("%+v:\n%s", f, plan)
 		}
 		rowsChecked := f.Topic != "" || (f.State != "" && f.State != broker.StateDone)
-		if (rowsChecked && (strings.Contains(plan, "Seq Scan on tw_messages") || strings.Contains(plan, "Index Scan Backward using tw_messages_pkey"))) ||
+		if (rowsChecked && (strings.Contains(plan, "Seq Scan on tw_messages") || walksPrimaryKey(lines))) ||
 			strings.Contains(plan, "Seq Scan on tw_done") {
 			t.Errorf("%+v: the list walks the table:\n%s", f, plan)
 		}
 	}
+}
+
+// walksPrimaryKey reports whether the plan lines walk tw_messages' primary
+// key backwards with no condition on it: a lookup of the ids claim rows
+// hold (Index Cond: id = ANY) reads only those.
+func walksPrimaryKey(lines []string) bool {
+	for i, l := range lines {
+		if strings.Contains(l, "Index Scan Backward using tw_messages_pkey") &&
+			(i+1 == len(lines) || !strings.Contains(lines[i+1], "Index Cond: (id = ANY")) {
+			return true
+		}
+	}
+	return false
 }
 
 // fillDoneSQL adds 2,500 batches of 20 done messages to tw_done (migration

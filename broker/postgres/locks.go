@@ -6,19 +6,28 @@ import (
 )
 
 // acquireLockSQL takes lock $1 for holder $2 under the claim ($3, $4). It
-// holds the claim's message row FOR SHARE while it inserts, so a
-// concurrent ack, nack or reclaim of that claim waits for it and then
-// releases the new lock too (or, going first, makes this claim check fail).
-// It answers: does the claim hold its message, was the lock inserted, and
+// holds what holds the message under the claim FOR SHARE while it
+// inserts: the claim row that holds it (claims.go), or the message's row
+// made running under the token. A concurrent ack, nack or reclaim of that
+// claim locks the same row first, so it waits for this and then releases
+// the new lock too (or, going first, makes this claim check fail). It
+// answers: does the claim hold its message, was the lock inserted, and
 // was it already held under this claim.
-const acquireLockSQL = `
-	WITH m AS (
+var acquireLockSQL = `
+	WITH r AS (
 		SELECT id, token FROM tw_messages
 		WHERE id = $3 AND token::text = $4
 		FOR SHARE
+	), h AS (
+		SELECT $3::bigint AS id, $4::uuid AS token FROM tw_claims c
+		WHERE c.id = ` + claimOf("$4::text") + ` AND $3 = ANY (c.ids)
+			AND (c.key # $3::bigint) = ` + keyOf("$4::text") + `
+		FOR SHARE
+	), m AS (
+		SELECT id, token FROM r UNION ALL SELECT id, token FROM h
 	), ins AS (
 		INSERT INTO tw_locks (name, holder, message_id, token, acquired_at)
-		SELECT $1, $2, m.id, m.token, now() FROM m
+		SELECT $1, $2, m.id, m.token, now() FROM m LIMIT 1
 		ON CONFLICT (name) DO NOTHING
 		RETURNING 1
 	)

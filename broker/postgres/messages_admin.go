@@ -51,22 +51,42 @@ func listSQL(f broker.MessageFilter, limit int) (string, []any) {
 // only when the plan knows which state it is.
 func listRowsSQL(f broker.MessageFilter, limit int) (string, *sqlstore.Filter) {
 	w := queries.NewFilter()
-	if f.State != "" {
+	switch f.State {
+	case "", broker.StateRunning:
+	case broker.StateQueued:
+		w.AddLiteral(queuedRow)
+	default:
 		w.AddLiteral("state = '" + f.State + "'")
 	}
 	w.MessageFilter(f)
+	if f.State == broker.StateRunning {
+		// The rows made running from tw_messages_running_token, the
+		// messages claim rows hold by id, each newest first, merged.
+		where, limitArg := w.Where(), w.Limit(limit)
+		and := func(c string) string {
+			if where == "" {
+				return c
+			}
+			return where + " AND " + c
+		}
+		return `SELECT ` + liveCols + ` FROM (
+			(SELECT * FROM tw_messages WHERE ` + and("state = 'running'") + ` ORDER BY id DESC LIMIT ` + limitArg + `)
+			UNION ALL
+			(SELECT * FROM tw_messages WHERE ` + and(heldRow) + ` ORDER BY id DESC LIMIT ` + limitArg + `)
+		) AS m LEFT JOIN LATERAL ` + liveClaim + ` ORDER BY id DESC LIMIT ` + limitArg, w
+	}
 	if f.Topic != "" && f.State == "" {
 		// A topic's messages: those not running from
 		// tw_messages_topic_idle, the running ones from
 		// tw_messages_running_token, each newest first, merged.
 		where, limitArg := w.Where(), w.Limit(limit)
-		return `SELECT ` + msgCols + ` FROM (
+		return `SELECT ` + liveCols + ` FROM (
 			(SELECT * FROM tw_messages WHERE ` + where + ` AND state <> 'running' ORDER BY id DESC LIMIT ` + limitArg + `)
 			UNION ALL
 			(SELECT * FROM tw_messages WHERE ` + where + ` AND state = 'running' ORDER BY id DESC LIMIT ` + limitArg + `)
-		) AS m ORDER BY id DESC LIMIT ` + limitArg, w
+		) AS m LEFT JOIN LATERAL ` + liveClaim + ` ORDER BY id DESC LIMIT ` + limitArg, w
 	}
-	q, _ := w.Select(msgCols, "tw_messages", limit)
+	q, _ := w.Select(liveCols, liveFrom, limit)
 	return q, w
 }
 
@@ -104,10 +124,12 @@ func (d dialect) Requeue(c sqlstore.Conn, id int64) (string, bool, error) {
 	return *state, updated, nil
 }
 
-// Purge deletes the topic's queued messages (delayed ones too) and, when
-// deadLetters is set, its dead ones, in one batch. It holds the topic lock while it
-// deletes, as a claim does (see claimStatement): a claim of the topic
-// waits for it, or it for the claim, never both for each other.
+// Purge deletes the topic's queued messages (delayed ones too, not those
+// claim rows hold: they run) and, when deadLetters is set, its dead ones,
+// in one batch. It holds the topic lock while it deletes, as a claim does
+// (see claimStatement), so no claim takes a message it deletes. It passes
+// by the queued rows another transaction holds locked (a Cancel, which
+// locks the row and then the topic): those are being cancelled.
 func (d dialect) Purge(ctx context.Context, topic string, deadLetters bool) (broker.PurgeResult, error) {
 	var res broker.PurgeResult
 	err := d.b.run(ctx, "purge", func(c *pgx.Conn) error {
@@ -115,7 +137,10 @@ func (d dialect) Purge(ctx context.Context, topic string, deadLetters bool) (bro
 		batch.Queue(serialLockSQL, topic)
 		batch.Queue(`
 			WITH q AS (
-				DELETE FROM tw_messages WHERE topic = $1 AND state = 'queued' RETURNING 1
+				DELETE FROM tw_messages WHERE id = ANY (ARRAY (
+					SELECT id FROM tw_messages WHERE topic = $1 AND state = 'queued' AND id NOT IN `+heldIDs("$1")+`
+					FOR UPDATE SKIP LOCKED))
+				RETURNING 1
 			), d AS (
 				DELETE FROM tw_messages WHERE $2 AND topic = $1 AND state = 'dead' RETURNING 1
 			)

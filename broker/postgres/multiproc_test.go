@@ -55,10 +55,12 @@ func TestConcurrencyLimitAcrossProcesses(t *testing.T) {
 		`CREATE FUNCTION tw_test_audit_running() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			INSERT INTO ` + schema + `.tw_test_audit (running)
-			SELECT count(*) FROM ` + schema + `.tw_messages WHERE topic = '` + limitedTopic + `' AND state = 'running';
+			SELECT (SELECT count(*) FROM ` + schema + `.tw_messages WHERE topic = '` + limitedTopic + `' AND state = 'running')
+				+ (SELECT coalesce(sum(cardinality(ids)), 0) FROM ` + schema + `.tw_claims WHERE topic = '` + limitedTopic + `');
 			RETURN NULL;
 		END $$`,
 		`CREATE TRIGGER tw_test_audit AFTER UPDATE ON tw_messages FOR EACH STATEMENT EXECUTE FUNCTION tw_test_audit_running()`,
+		`CREATE TRIGGER tw_test_audit AFTER INSERT OR UPDATE ON tw_claims FOR EACH STATEMENT EXECUTE FUNCTION tw_test_audit_running()`,
 		`INSERT INTO tw_messages (topic, task, payload) SELECT '` + limitedTopic + `', 'x', jsonb_build_object('n', i) FROM generate_series(1, ` + strconv.Itoa(total) + `) i`,
 	} {
 		if _, err := c.Exec(ctx, sql); err != nil {
@@ -126,7 +128,8 @@ func TestConcurrencyLimitAcrossProcesses(t *testing.T) {
 			default:
 			}
 			var n int
-			if err := sc.QueryRow(ctx, `SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running'`, limitedTopic).Scan(&n); err != nil {
+			if err := sc.QueryRow(ctx, `SELECT (SELECT count(*) FROM tw_messages WHERE topic = $1 AND state = 'running')
+				+ (SELECT coalesce(sum(cardinality(ids)), 0) FROM tw_claims WHERE topic = $1)`, limitedTopic).Scan(&n); err != nil {
 				samplErr = err
 				return
 			}

@@ -16,7 +16,7 @@ import (
 // cancelled instead. Rows are locked in id order first (as Ack does), so a
 // concurrent ack either lands before (and the row is no longer running) or
 // waits and then finds its token gone.
-const reclaimSQL = `
+var reclaimSQL = `
 	WITH orphan AS (
 		SELECT id FROM tw_messages
 		WHERE state = 'running'
@@ -25,24 +25,34 @@ const reclaimSQL = `
 		ORDER BY id
 		FOR UPDATE
 	)
-	UPDATE tw_messages m SET
-		state = CASE WHEN ` + reclaimCancels + ` THEN 'cancelled' WHEN ` + reclaimDeadLetters + ` THEN 'dead' ELSE 'queued' END,
-		claimed_by = CASE WHEN ` + reclaimEnds + ` THEN m.claimed_by END,
-		claimed_at = CASE WHEN ` + reclaimEnds + ` THEN m.claimed_at END,
-		finished_at = CASE WHEN ` + reclaimEnds + ` THEN now() END,
-		available_at = CASE WHEN ` + reclaimEnds + ` THEN m.available_at ELSE now() END,
-		token = NULL,
-		orphaned = m.orphaned + 1,
-		suspect = true,
-		last_error = CASE
-			WHEN ` + reclaimCancels + `
-			THEN format('%s worker %s stopped heartbeating; cancelled by the reaper, as its cancel was requested',
-				$4::text, m.claimed_by)
-			WHEN ` + reclaimDeadLetters + `
-			THEN format('%s worker %s stopped heartbeating; dead-lettered after its claim was orphaned %s times (orphan max %s)',
-				$4::text, m.claimed_by, m.orphaned + 1, $3::int)
-			ELSE format('%s worker %s stopped heartbeating; requeued by the reaper', $4::text, m.claimed_by) END
+	UPDATE tw_messages m SET ` + reclaimSet("m.claimed_by", "m.claimed_at") + `, token = NULL
 	WHERE m.id = ANY (ARRAY (SELECT id FROM orphan))
+	RETURNING m.id, m.state, m.topic`
+
+// lockDeadClaimsSQL locks, in id order, the claim rows (claims.go) of
+// workers not in $1 made at least $2 µs ago: reclaimClaimsSQL, a statement
+// of its own after it, then reads them as the outcomes that went first
+// left them.
+const lockDeadClaimsSQL = `
+	SELECT 1 FROM tw_claims
+	WHERE claimed_at <= now() - $2::bigint * interval '1 microsecond' AND NOT (worker = ANY ($1::text[]))
+	ORDER BY id FOR UPDATE`
+
+// reclaimClaimsSQL is reclaimSQL for the messages that claim rows hold:
+// it deletes the claim rows of workers not in $1 made at least $2 µs
+// ago, and ends or requeues their messages as reclaimSQL does a running
+// row, counting the attempt the claim made.
+var reclaimClaimsSQL = `
+	WITH dead AS (
+		DELETE FROM tw_claims
+		WHERE claimed_at <= now() - $2::bigint * interval '1 microsecond' AND NOT (worker = ANY ($1::text[]))
+		RETURNING worker, claimed_at, ids
+	), h AS (
+		SELECT x AS id, worker, claimed_at FROM dead, unnest(dead.ids) x
+	)
+	UPDATE tw_messages m SET ` + reclaimSet("h.worker", "h.claimed_at") + `, attempts = m.attempts + 1
+	FROM h
+	WHERE m.id = h.id AND m.state = 'queued' AND m.token IS NULL
 	RETURNING m.id, m.state, m.topic`
 
 // What reclaimSQL does with a row: it ends it cancelled when its cancel
@@ -54,16 +64,43 @@ const (
 	reclaimEnds        = `(` + reclaimCancels + ` OR ` + reclaimDeadLetters + `)`
 )
 
+// reclaimSet is the SET list of a reclaim of the row m from the claim of
+// worker at claimedAt (expressions): cancelled, dead or queued again
+// (reclaimCancels, reclaimDeadLetters), its orphaning counted, marked
+// suspect, with its last error saying why.
+func reclaimSet(worker, claimedAt string) string {
+	return `
+		state = CASE WHEN ` + reclaimCancels + ` THEN 'cancelled' WHEN ` + reclaimDeadLetters + ` THEN 'dead' ELSE 'queued' END,
+		claimed_by = CASE WHEN ` + reclaimEnds + ` THEN ` + worker + ` END,
+		claimed_at = CASE WHEN ` + reclaimEnds + ` THEN ` + claimedAt + ` END,
+		finished_at = CASE WHEN ` + reclaimEnds + ` THEN now() END,
+		available_at = CASE WHEN ` + reclaimEnds + ` THEN m.available_at ELSE now() END,
+		orphaned = m.orphaned + 1,
+		suspect = true,
+		last_error = ` + reclaimError(worker)
+}
+
+// reclaimError is the last error reclaimSQL gives a row it reclaims from
+// the worker (an expression).
+func reclaimError(worker string) string {
+	return `CASE
+			WHEN ` + reclaimCancels + `
+			THEN format('%s worker %s stopped heartbeating; cancelled by the reaper, as its cancel was requested',
+				$4::text, ` + worker + `)
+			WHEN ` + reclaimDeadLetters + `
+			THEN format('%s worker %s stopped heartbeating; dead-lettered after its claim was orphaned %s times (orphan max %s)',
+				$4::text, ` + worker + `, m.orphaned + 1, $3::int)
+			ELSE format('%s worker %s stopped heartbeating; requeued by the reaper', $4::text, ` + worker + `) END`
+}
+
 // reclaimLocksSQL deletes the locks whose holder is not in $1 and that were
 // acquired at least $2 µs ago, and the locks held under claims that no
 // longer hold their message (those the reclaim just ended). It runs after
 // reclaimSQL in the same transaction and sees its changes.
-const reclaimLocksSQL = `
+var reclaimLocksSQL = `
 	DELETE FROM tw_locks l
 	WHERE (NOT (l.holder = ANY ($1::text[])) AND l.acquired_at <= now() - $2::bigint * interval '1 microsecond')
-		OR NOT EXISTS (
-			SELECT 1 FROM tw_messages m
-			WHERE m.id = l.message_id AND m.token = l.token)
+		OR NOT ` + lockHeld + `
 	RETURNING l.name`
 
 // withinGraceSQL counts what the grace protected in this pass: running
@@ -74,9 +111,41 @@ const withinGraceSQL = `
 		(SELECT count(*) FROM tw_messages
 			WHERE state = 'running' AND claimed_at > now() - $2::bigint * interval '1 microsecond'
 				AND NOT (claimed_by = ANY ($1::text[])))
+		+ (SELECT coalesce(sum(cardinality(ids)), 0) FROM tw_claims
+			WHERE claimed_at > now() - $2::bigint * interval '1 microsecond' AND NOT (worker = ANY ($1::text[])))
 		+ (SELECT count(*) FROM tw_locks
 			WHERE acquired_at > now() - $2::bigint * interval '1 microsecond'
 				AND NOT (holder = ANY ($1::text[])))`
+
+// readReclaimed reads the rows of reclaimSQL or reclaimClaimsSQL into
+// res, and their topics into topics.
+func readReclaimed(br pgx.BatchResults, res *broker.ReclaimResult, topics map[string]bool) error {
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			id           int64
+			state, topic string
+		)
+		if err := rows.Scan(&id, &state, &topic); err != nil {
+			return err
+		}
+		res.IDs = append(res.IDs, id)
+		topics[topic] = true
+		switch state {
+		case broker.StateDead:
+			res.DeadLettered++
+		case broker.StateCancelled:
+			res.Cancelled++
+		default:
+			res.Reclaimed++
+		}
+	}
+	return rows.Err()
+}
 
 // ReclaimOrphans, in one transaction: running messages whose claimer is
 // not in req.Live and that were claimed at least req.Grace ago go back to
@@ -103,38 +172,20 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 				return err
 			}
 			batch := &pgx.Batch{}
+			batch.Queue(lockDeadClaimsSQL, live, micros(req.Grace))
 			batch.Queue(reclaimSQL, live, micros(req.Grace), req.MaxAttempts, broker.OrphanedErrorPrefix)
+			batch.Queue(reclaimClaimsSQL, live, micros(req.Grace), req.MaxAttempts, broker.OrphanedErrorPrefix)
 			batch.Queue(reclaimLocksSQL, live, micros(req.Grace))
 			batch.Queue(withinGraceSQL, live, micros(req.Grace))
 			br := tx.SendBatch(ctx, batch)
 			defer br.Close()
-			rows, err := br.Query()
-			if err != nil {
+			if _, err := br.Exec(); err != nil {
 				return err
 			}
-			for rows.Next() {
-				var (
-					id           int64
-					state, topic string
-				)
-				if err := rows.Scan(&id, &state, &topic); err != nil {
-					rows.Close()
+			for range 2 {
+				if err := readReclaimed(br, &res, topics); err != nil {
 					return err
 				}
-				res.IDs = append(res.IDs, id)
-				topics[topic] = true
-				switch state {
-				case broker.StateDead:
-					res.DeadLettered++
-				case broker.StateCancelled:
-					res.Cancelled++
-				default:
-					res.Reclaimed++
-				}
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return err
 			}
 			tag, err := br.Exec()
 			if err != nil {

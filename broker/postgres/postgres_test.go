@@ -46,6 +46,7 @@ func TestDurable(t *testing.T) {
 			},
 			AgeClaim: func(t *testing.T, id int64, d time.Duration) {
 				exec(t, `UPDATE tw_messages SET claimed_at = claimed_at - $1::bigint * interval '1 microsecond' WHERE id = $2`, micros(d), id)
+				exec(t, `UPDATE tw_claims SET claimed_at = claimed_at - $1::bigint * interval '1 microsecond' WHERE $2 = ANY (ids)`, micros(d), id)
 			},
 			AgeLock: func(t *testing.T, name string, d time.Duration) {
 				exec(t, `UPDATE tw_locks SET acquired_at = acquired_at - $1::bigint * interval '1 microsecond' WHERE name = $2`, micros(d), name)
@@ -160,7 +161,7 @@ func TestMigrateFreshSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"tw_amqp_orphans", "tw_amqp_outbox", "tw_done", "tw_leases", "tw_locks", "tw_messages", "tw_messages_all", "tw_report_rows", "tw_reports", "tw_schedule_fires", "tw_schedules",
+	want := []string{"tw_amqp_orphans", "tw_amqp_outbox", "tw_claims", "tw_done", "tw_leases", "tw_locks", "tw_messages", "tw_messages_all", "tw_report_rows", "tw_reports", "tw_schedule_fires", "tw_schedules",
 		"tw_schema_migrations", "tw_topics", "tw_unique_keys", "tw_workers"}
 	if !slices.Equal(tables, want) {
 		t.Fatalf("tables %v, want %v", tables, want)
@@ -331,7 +332,7 @@ func TestReclaimClearsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := claimAs(t, b, "dead", "o")
-	if _, err := c.Exec(ctx, `UPDATE tw_messages SET claimed_at = now() - interval '10 minutes'`); err != nil {
+	if _, err := c.Exec(ctx, `UPDATE tw_claims SET claimed_at = now() - interval '10 minutes'`); err != nil {
 		t.Fatal(err)
 	}
 	res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"alive"}, Grace: time.Minute})
@@ -451,9 +452,7 @@ func TestClaimPlansUseIndexes(t *testing.T) {
 			CASE WHEN i % 3 = 0 THEN 'done' ELSE 'queued' END FROM generate_series(1, 50000) i`,
 		`ANALYZE tw_messages`,
 		`PREPARE claim_stmt(text, int, text) AS ` + claimSQL,
-		`PREPARE serial_claim_stmt(text, int, text) AS ` + serialClaimSQL,
 		`PREPARE claim_from_stmt(text, int, text, timestamptz, bigint, int) AS ` + claimFromSQL,
-		`PREPARE serial_claim_from_stmt(text, int, text, timestamptz, bigint, int) AS ` + serialClaimFromSQL,
 	} {
 		if _, err := c.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
@@ -463,8 +462,8 @@ func TestClaimPlansUseIndexes(t *testing.T) {
 		if _, err := c.Exec(ctx, `SET plan_cache_mode = `+mode); err != nil {
 			t.Fatal(err)
 		}
-		for _, run := range []string{"claim_stmt('big', 10, 'w')", "claim_stmt('small', 10, 'w')", "serial_claim_stmt('small', 10, 'w')",
-			"claim_from_stmt('big', 10, 'w', now() - interval '1 hour', 100, 0)", "serial_claim_from_stmt('small', 10, 'w', now() - interval '1 hour', 100, 0)"} {
+		for _, run := range []string{"claim_stmt('big', 10, 'w')", "claim_stmt('small', 10, 'w')",
+			"claim_from_stmt('big', 10, 'w', now() - interval '1 hour', 100, 0)", "claim_from_stmt('small', 10, 'w', now() - interval '1 hour', 100, 0)"} {
 			plan := explain(t, c, `EXECUTE `+run)
 			if testing.Verbose() {
 				t.Logf("%s, %s:\n%s", mode, run, plan)

@@ -65,6 +65,9 @@ func reportCTEs(first int, keep string) string {
 	)`
 }
 
+// reportParams is how many arrays reportCTEs reads (reportArgs.arrays).
+const reportParams = 16
+
 // reportUnnest is the FROM item of reports given as the arrays of
 // reportCTEs from $first, as alias with the columns reportArrayCols and
 // ord, the element's ordinal.

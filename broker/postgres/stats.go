@@ -30,9 +30,9 @@ func (d dialect) Stats(ctx context.Context) (broker.Stats, error) {
 				SELECT topics FROM tw_workers WHERE heartbeat_at > now() - $1::bigint * interval '1 microsecond'
 			)
 			SELECT t.name, t.concurrency_limit, t.dead_letter_enabled, t.paused,
-				(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'queued'),
-				r.n,
-				r.age_us,
+				(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'queued') - h.n,
+				r.n + h.n,
+				greatest(r.age_us, h.age_us),
 				(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'dead'),
 				(SELECT count(*) FROM live w WHERE t.name = ANY (w.topics) OR '*' = ANY (w.topics))
 			FROM tw_topics t
@@ -41,6 +41,11 @@ func (d dialect) Stats(ctx context.Context) (broker.Stats, error) {
 					coalesce(greatest(0, (extract(epoch FROM now() - min(m.claimed_at)) * 1000000)::bigint), 0) AS age_us
 				FROM tw_messages m WHERE m.topic = t.name AND m.state = 'running'
 			) r
+			CROSS JOIN LATERAL (
+				SELECT coalesce(sum(cardinality(c.ids)), 0) AS n,
+					coalesce(greatest(0, (extract(epoch FROM now() - min(c.claimed_at)) * 1000000)::bigint), 0) AS age_us
+				FROM tw_claims c WHERE c.topic = t.name
+			) h
 			ORDER BY t.name`, live)
 		br := c.SendBatch(ctx, batch)
 		if err := br.QueryRow().Scan(&st.Workers, &st.Beats, &st.Locks); err != nil {

@@ -40,6 +40,11 @@ func (s *Store) Cancel(ctx context.Context, id int64) (broker.Message, error) {
 		}
 		switch state {
 		case broker.StateQueued:
+			if s.q.CancelQueuedOneLock != "" {
+				if _, err := c.Exec(s.q.CancelQueuedOneLock, id); err != nil {
+					return err
+				}
+			}
 			if _, err := c.Exec(s.q.CancelQueuedOne, id, broker.CancelledError, Now); err != nil {
 				return err
 			}
@@ -81,11 +86,23 @@ func (s *Store) CancelQueued(ctx context.Context, f broker.CancelFilter) (int, e
 	args := append(w.Args(), broker.CancelledError, Now)
 	q := s.q.CancelQueued(w.Where(), len(w.Args())+1)
 	var n int64
-	err := s.d.Write(ctx, "cancel queued", func(c Conn) error {
+	run := func(c Conn) error {
 		var err error
 		n, err = c.Exec(q, args...)
 		return err
-	})
+	}
+	var err error
+	if s.q.CancelQueuedLock == nil {
+		err = s.d.Write(ctx, "cancel queued", run)
+	} else {
+		lock := s.q.CancelQueuedLock(w.Where())
+		err = s.d.Tx(ctx, "cancel queued", func(c Conn) error {
+			if _, err := c.Exec(lock, w.Args()...); err != nil {
+				return err
+			}
+			return run(c)
+		})
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -194,10 +194,20 @@ type Queries struct {
 	// cancelled. RequestCancel: id, Now; sets cancel_requested_at unless
 	// set.
 	CancelLock, CancelQueuedOne, RequestCancel string
+	// CancelQueuedOneLock: id; when set, runs before CancelQueuedOne:
+	// what a cancel of the queued message must lock first (PostgreSQL:
+	// its topic, which its claims lock). CancelQueuedOne then finds the
+	// message queued or taken by a claim meanwhile, and must handle both.
+	CancelQueuedOneLock string
 	// CancelQueued returns the statement that ends cancelled the queued
 	// messages matching where (conditions from a Filter, whose arguments
 	// come first), with the last error as argument n and Now after it.
 	CancelQueued func(where string, n int) string
+	// CancelQueuedLock, when set, returns a statement that CancelQueued
+	// runs first, in the same transaction, with the arguments of where
+	// alone: what a cancel of those messages must lock first (PostgreSQL:
+	// their topics, which its claims lock).
+	CancelQueuedLock func(where string) string
 	// CancelRequests: worker id; selects (id, token) by id of the
 	// messages running under it whose cancel was requested.
 	CancelRequests string
