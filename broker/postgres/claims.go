@@ -35,13 +35,15 @@ func claimToken(c, id string) string {
 	return `(lpad(to_hex(` + c + `.id), 16, '0') || lpad(to_hex(` + c + `.key # ` + id + `), 16, '0'))::uuid::text`
 }
 
-// claimKeySQL draws a claim row's key: 64 random bits.
+// claimKeySQL draws a claim row's key: the first 64 bits of a random
+// (version 4) uuid, 60 of them random.
 const claimKeySQL = `('x' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 16))::bit(64)::bigint`
 
 // parseClaimToken returns the claim row id and the key half of tok, a
-// token claimToken made; cid is 0 (no claim row's id) when tok is not
-// such a token (a token of a row made running by a claim of an earlier
-// version or by the rabbitmq broker's state store, or no token at all).
+// token claimToken made. When tok is no uuid, cid is 0, which no claim
+// row has; a uuid that is not such a token (the token of a row made
+// running by a claim of an earlier version or by the rabbitmq broker's
+// state store) gives halves that match no claim row's id and key.
 func parseClaimToken(tok string) (cid, key int64) {
 	if len(tok) != 36 {
 		return 0, 0
