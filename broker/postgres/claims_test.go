@@ -287,3 +287,54 @@ func raceCancelsWithClaims(t *testing.T, afterFirst bool, cancelAll func(ctx con
 	}
 	t.Logf("%d of %d messages claimed before their cancel", len(got), n)
 }
+
+// Rows made running the old way (by the claims of an earlier version,
+// still running at the upgrade, or by the rabbitmq broker's state store)
+// read as running, end under their own tokens, and are reclaimed by the
+// reaper, beside claim rows.
+func TestRowsMadeRunningTheOldWayStillWork(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	c := schemaConn(t, b)
+	submitN(t, b, "t", 3)
+	var ids []int64
+	rows, err := c.Query(ctx, `UPDATE tw_messages SET state = 'running', claimed_by = 'old', claimed_at = now(),
+		attempts = 1, token = gen_random_uuid() WHERE id IN (SELECT id FROM tw_messages ORDER BY id LIMIT 2)
+		RETURNING id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(ids) != 2 {
+		t.Fatalf("made %v running, %v", ids, err)
+	}
+	slices.Sort(ids)
+	held, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "new", Topics: []string{"t"}, Max: 3})
+	if err != nil || len(held) != 1 {
+		t.Fatalf("claim beside the old rows: %d, %v; want the one queued", len(held), err)
+	}
+	claims, err := b.RunningClaims(ctx, "old")
+	if err != nil || len(claims) != 2 {
+		t.Fatalf("RunningClaims(old) = %v, %v; want the 2 old rows", claims, err)
+	}
+	st, err := b.Stats(ctx)
+	if err != nil || st.Topics[0].Running != 3 || st.Topics[0].Queued != 0 {
+		t.Fatalf("stats %+v, %v; want 3 running", st.Topics, err)
+	}
+	// One old row and the claim row's message acked in one batch.
+	errs, err := b.Ack(ctx, []broker.Outcome{{Claim: claims[0]}, {Claim: held[0].ClaimOf()}})
+	if err != nil || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("ack: %v %v", errs, err)
+	}
+	got, err := b.GetMessage(ctx, claims[0].ID)
+	if err != nil || got.State != broker.StateDone || got.Attempts != 1 || got.ClaimedBy != "old" {
+		t.Fatalf("old row acked: %+v, %v; want done, attempt 1 (counted at its claim), by old", got, err)
+	}
+	execAll(t, c, `UPDATE tw_messages SET claimed_at = now() - interval '10 minutes' WHERE state = 'running'`)
+	res, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"new"}, Grace: time.Minute, MaxAttempts: 3})
+	if err != nil || res.Reclaimed != 1 || !slices.Equal(res.IDs, []int64{claims[1].ID}) {
+		t.Fatalf("ReclaimOrphans = %+v, %v; want the other old row reclaimed", res, err)
+	}
+	if errs, err := b.Ack(ctx, []broker.Outcome{{Claim: claims[1]}}); err != nil || !errors.Is(errs[0], broker.ErrClaimLost) {
+		t.Fatalf("late ack of the reclaimed old row: %v %v; want ErrClaimLost", errs, err)
+	}
+}
