@@ -12,10 +12,10 @@ import (
 
 // releaseLocksSQL deletes the locks held under the claims ($1 ids, $2
 // tokens) that no longer hold their message. It runs as its own statement
-// after the claim-ending one (and releaseClaimsSQL), so it reads a
-// snapshot that includes any lock an AcquireLock committed while the
-// claim-ending statement waited for it (AcquireLock holds the message row
-// FOR SHARE).
+// after the claim-ending one, so it reads a snapshot that includes any
+// lock an AcquireLock committed while the claim-ending statement waited
+// for it (AcquireLock holds the claim row, or the message's row made
+// running the old way, FOR SHARE).
 var releaseLocksSQL = `
 	DELETE FROM tw_locks l
 	USING unnest($1::bigint[], $2::text[]) AS u(id, tok)
@@ -89,6 +89,12 @@ func endOneSQL(sql string, params int, withReport bool) string {
 	a AS (` + sql + `)` + reports + `
 	SELECT * FROM a`
 }
+
+// endOneWhere is the FROM and WHERE of the claim-ending UPDATE of message
+// $1 under token $2 that endOneSQL wraps: the claim row takeCTEs took it
+// from, if any, is h.
+var endOneWhere = `FROM (SELECT 1) one LEFT JOIN t h ON $1 = ANY (h.took)
+			WHERE m.id = $1 AND ` + heldBy("$2::text")
 
 // lockInIDOrderSQL locks the messages $1 (sorted) in id order. It goes
 // before ackKeptSQL when the call acks keyed messages (Outcome.Keyed):
@@ -405,8 +411,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 			UPDATE tw_messages m
 			SET state = 'cancelled', finished_at = now(), token = NULL, last_error = $3, suspect = $4, waiting_since = NULL,
 				`+heldSet+`
-			FROM (SELECT 1) one LEFT JOIN t h ON $1 = ANY (h.took)
-			WHERE m.id = $1 AND `+heldBy("$2::text")+`
+			`+endOneWhere+`
 			RETURNING m.topic`,
 			cancelReason(req.Error), req.Suspect)
 	}
@@ -430,8 +435,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 				attempts = CASE WHEN $5 AND m.cancel_requested_at IS NULL THEN `+notRunAttempts+` ELSE `+heldAttempts+` END,
 				suspect = $6,
 				waiting_since = CASE WHEN m.cancel_requested_at IS NULL THEN $7::timestamptz END
-			FROM (SELECT 1) one LEFT JOIN t h ON $1 = ANY (h.took)
-			WHERE m.id = $1 AND `+heldBy("$2::text")+`
+			`+endOneWhere+`
 			RETURNING m.topic, m.state`,
 			micros(req.Delay), req.Error, req.NotRun, req.Suspect, req.WaitingSince, cancelReason(req.Error))
 		switch {
@@ -449,8 +453,7 @@ func (b *Broker) Nack(ctx context.Context, req broker.NackRequest) error {
 				WHEN coalesce((SELECT t.dead_letter_enabled FROM tw_topics t WHERE t.name = m.topic), true)
 				THEN 'dead' ELSE 'failed' END,
 			finished_at = now(), token = NULL, last_error = $3, suspect = $4, waiting_since = NULL, `+heldSet+`
-		FROM (SELECT 1) one LEFT JOIN t h ON $1 = ANY (h.took)
-			WHERE m.id = $1 AND `+heldBy("$2::text")+`
+		`+endOneWhere+`
 		RETURNING m.topic`,
 		req.Error, req.Suspect)
 }
@@ -483,8 +486,7 @@ func (b *Broker) DeadLetter(ctx context.Context, c broker.Claim, reason string, 
 		UPDATE tw_messages m
 		SET state = 'dead', finished_at = now(), token = NULL, last_error = $3, suspect = false, waiting_since = NULL,
 			`+heldSet+`
-		FROM (SELECT 1) one LEFT JOIN t h ON $1 = ANY (h.took)
-			WHERE m.id = $1 AND `+heldBy("$2::text")+`
+		`+endOneWhere+`
 		RETURNING m.topic`,
 		reason)
 }

@@ -213,11 +213,11 @@ var _ broker.AckClaimer = (*Broker)(nil)
 // the claim no longer includes the acked ones, and one commit serves both.
 // When err is set nothing was written.
 //
-// The transaction locks the acked rows (in id order) before it waits for
-// the topic lock. That cannot deadlock: a transaction holding a topic lock
-// only ever waits for queued rows (the acked ones are running), and the
-// only writer that holds queued rows and waits for anything, Purge, takes
-// the topic lock first.
+// The transaction locks the acked messages' claim rows (in id order) and
+// their rows before it waits for the topic lock. That cannot deadlock: a
+// transaction holding a topic lock waits for no row (a claim only inserts
+// its claim row; Purge passes locked rows by; a cancel waits for the
+// topic lock only while it holds a queued row no claim holds).
 func (b *Broker) AckAndClaim(ctx context.Context, outcomes []broker.Outcome, req broker.ClaimRequest) ([]error, []broker.Message, error) {
 	a, err := newAckBatch(outcomes)
 	if err != nil {

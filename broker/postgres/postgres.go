@@ -6,42 +6,40 @@
 // only shared state and its clock (now()) as the only clock that decides
 // ownership:
 //
-//   - Claim serves each requested topic in its own short transaction. For a
-//     topic with a concurrency limit the transaction first locks the topic's
-//     tw_topics row (SELECT ... FOR UPDATE, a statement of its own), and only
-//     then, in the next statement and so with a snapshot taken after the
-//     lock was granted, counts the topic's running rows and takes up to
-//     limit-running of the oldest available queued rows. The count of
-//     running rows is the concurrency gate, as the specification says, and
-//     the row lock makes count-then-claim race-free across processes.
-//     Unlimited topics take no lock, and their claims lock the rows they
-//     pick FOR UPDATE SKIP LOCKED so that claimers pass each other by. A
-//     claim of a topic the broker last found limited takes the topic lock
-//     whatever the limit and locks no rows: it runs alone, and the UPDATE's
-//     own "still queued" check is enough (claimStatement). A claim starts its
-//     walk of the queued index where the previous claim of the topic
-//     started (claimFloors), past the dead entries claimed messages leave
-//     at the head until VACUUM; the running index is keyed by the random
-//     claim token, so btree reclaims its dead entries as it goes and the
-//     count stays cheap.
+//   - Claim serves each requested topic in its own short transaction. The
+//     transaction first locks the topic's tw_topics row (SELECT ... FOR
+//     UPDATE, a statement of its own), whatever the topic's limit, and
+//     only then, in the next statement and so with a snapshot taken after
+//     the lock was granted, counts the topic's running messages and takes
+//     up to limit-running of the oldest available queued ones. The count
+//     is the concurrency gate, as the specification says, and the lock
+//     makes count-then-claim race-free across processes. A claim writes
+//     one row of tw_claims holding the ids it took, not the messages' rows,
+//     which stay queued: a message is running while a claim row holds it
+//     (claims.go). A claim starts its walk of the queued index where the
+//     previous claim of the topic ended (claimFloors), past the dead
+//     entries acked messages leave until VACUUM and the held messages.
 //   - AckAndClaim (broker.AckClaimer), the worker pool's way to write
 //     acks, puts them at the head of the transaction of its next claim:
-//     they lock their rows (in id order) before the transaction waits for
-//     the topic lock, which cannot deadlock since a transaction holding a
-//     topic lock only ever waits for queued rows, and the only other writer
-//     of queued rows (Purge) takes the topic lock before it writes; and
-//     the count that gates the claim sees their slots free. One round trip
-//     and one commit serve both.
+//     they lock their claim rows (in id order) and their messages' rows
+//     before the transaction waits for the topic lock, which cannot
+//     deadlock since a transaction holding a topic lock waits for no row
+//     (a claim only inserts its claim row); and the count that gates the
+//     claim sees their slots free. One round trip and one commit serve
+//     both.
 //   - SubmitMany (broker.BatchSubmitter) queues many messages with one
 //     multi-row insert per 5,000.
 //   - Every write for a claim (ack, nack, dead letter, lock release) names
 //     its token and changes nothing, returning broker.ErrClaimLost, when the
-//     message is no longer running under it.
-//     A token exists exactly while its message runs (a CHECK constraint
-//     says so), so these writes find their row by primary key alone.
+//     message is no longer running under it. A token names its claim row
+//     and fences its message (claimToken); a row made running by an earlier
+//     version's claim, or by the rabbitmq broker's state store, carries its
+//     own token, which exists exactly while it runs (a CHECK constraint says
+//     so).
 //   - Ending a claim releases the locks held under it in the same
-//     transaction; AcquireLock holds the claim's row FOR SHARE while it
-//     inserts, so a lock can never outlive its claim.
+//     transaction; AcquireLock holds what holds the message (its claim row,
+//     or its own row) FOR SHARE while it inserts, so a lock can never
+//     outlive its claim.
 //   - The broker implements broker.OrphanReclaimer for the reaper, and
 //     broker.Leaser (tw_leases) for the beat's leader election; a fenced
 //     reclaim pass locks the lease row, so no takeover commits under it.
