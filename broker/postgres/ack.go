@@ -214,8 +214,9 @@ func (a *ackBatch) lostAll() []error {
 // is ackKeptSQL and some claim is of a keyed message.
 func (a *ackBatch) lockFirst() bool { return a.kept != nil && a.keyed }
 
-// queue adds the ack (with the reports), the deletion of the claim rows
-// it emptied and the release of the claims' locks to batch.
+// queue adds the ack (with the reports) and the release of the claims'
+// locks to batch. A claim row the ack empties stays, for the next claim
+// of its topic to reuse (claimStatement).
 func (a *ackBatch) queue(batch *pgx.Batch) {
 	switch {
 	case a.kept != nil:
@@ -230,7 +231,6 @@ func (a *ackBatch) queue(batch *pgx.Batch) {
 	default:
 		batch.Queue(ackSQL, a.ids, a.toks, a.results, a.ords, a.cids, a.keys)
 	}
-	batch.Queue(deleteEmptyClaimsSQL, a.cids)
 	batch.Queue(releaseLocksSQL, a.ids, a.toks)
 }
 
@@ -266,10 +266,8 @@ func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	for range 2 {
-		if _, err := br.Exec(); err != nil {
-			return nil, err
-		}
+	if _, err := br.Exec(); err != nil {
+		return nil, err
 	}
 	return errs, nil
 }
@@ -364,7 +362,6 @@ func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, r
 		batch := &pgx.Batch{}
 		ra.queueLocks(batch)
 		batch.Queue(sql, append([]any{c.ID, c.Token}, args...)...)
-		batch.Queue(deleteEmptyClaimsSQL, []int64{cid})
 		batch.Queue(releaseLocksSQL, []int64{c.ID}, []string{c.Token})
 		br := conn.SendBatch(ctx, batch)
 		if err := ra.readLocks(br); err != nil {
@@ -380,11 +377,9 @@ func (b *Broker) endClaimTopic(ctx context.Context, op string, c broker.Claim, r
 			br.Close()
 			return err
 		}
-		for range 2 {
-			if _, err := br.Exec(); err != nil {
-				br.Close()
-				return err
-			}
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return err
 		}
 		if err := br.Close(); err != nil {
 			return err

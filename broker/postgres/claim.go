@@ -29,8 +29,13 @@ const serialLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 FOR UPDATE`
 // priority first), passing by the messages the topic's claim rows hold
 // (held ones stay queued: see claims.go); claimFromSQL starts it at the
 // key ($6 -priority, $4 available_at, $5 id) (see claimFloors). The
-// messages taken go into one new row of tw_claims; their rows are not
-// written. A claim runs only after serialLockSQL, so no other claim of the
+// messages taken go into one row of tw_claims, with a new key: a row of
+// the topic that outcomes left empty, when one is not locked (free:
+// reused), else a new one (added); their rows are not written. Writing
+// over the empty rows keeps the table as small as the claims outstanding
+// without VACUUM: inserted and deleted, its rows left dead tuples and
+// pages that only VACUUM gives back, and the outcomes' cached plans read
+// it whole (docs/architecture.md). A claim runs only after serialLockSQL, so no other claim of the
 // topic runs at the same time.
 //
 // claimed_at is the claim statement's start, not the transaction's: an
@@ -74,10 +79,21 @@ func claimStatement(from string) string {
 			AND q.id NOT IN ` + heldIDs("$1") + `
 		ORDER BY -q.priority, q.available_at, q.id
 		LIMIT (SELECT n FROM gate)
-	), c AS (
+	), taken AS MATERIALIZED (
+		SELECT array_agg(id ORDER BY id) AS ids, ` + claimKeySQL + ` AS key FROM picked HAVING count(*) > 0
+	), free AS MATERIALIZED (
+		SELECT f.id FROM tw_claims f WHERE f.topic = $1 AND f.ids = '{}' LIMIT 1 FOR UPDATE SKIP LOCKED
+	), reused AS (
+		UPDATE tw_claims r SET worker = $3, claimed_at = statement_timestamp(), key = k.key, ids = k.ids, took = NULL
+		FROM taken k
+		WHERE r.id = (SELECT id FROM free)
+		RETURNING r.id, r.key, r.claimed_at
+	), added AS (
 		INSERT INTO tw_claims (topic, worker, claimed_at, key, ids)
-		SELECT $1, $3, statement_timestamp(), ` + claimKeySQL + `, array_agg(id ORDER BY id) FROM picked HAVING count(*) > 0
+		SELECT $1, $3, statement_timestamp(), k.key, k.ids FROM taken k WHERE NOT EXISTS (SELECT 1 FROM free)
 		RETURNING id, key, claimed_at
+	), c AS (
+		SELECT * FROM reused UNION ALL SELECT * FROM added
 	)
 	SELECT p.id, p.topic, p.task, p.payload::text, p.headers::text, 'running'::text, p.attempts + 1, p.max_attempts,
 		$3::text, c.claimed_at, p.available_at, p.created_at, p.finished_at, p.last_error, p.result::text,
@@ -215,8 +231,9 @@ var _ broker.AckClaimer = (*Broker)(nil)
 //
 // The transaction locks the acked messages' claim rows (in id order) and
 // their rows before it waits for the topic lock. That cannot deadlock: a
-// transaction holding a topic lock waits for no row (a claim only inserts
-// its claim row; Purge passes locked rows by; a cancel waits for the
+// transaction holding a topic lock waits for no row (a claim writes only
+// its claim row, an empty one only when no one holds it locked; Purge
+// passes locked rows by; a cancel waits for the
 // topic lock only while it holds a queued row no claim holds).
 func (b *Broker) AckAndClaim(ctx context.Context, outcomes []broker.Outcome, req broker.ClaimRequest) ([]error, []broker.Message, error) {
 	a, err := newAckBatch(outcomes)

@@ -88,7 +88,8 @@ func keyOf(tok string) string {
 // The statement that follows joins t as h on each outcome (hJoin) and
 // writes the rows of the messages t took (and of rows running under their
 // own token) and no other. A claim row left empty stays, with no id,
-// until deleteEmptyClaimsSQL. The claim rows are locked in id order first,
+// for the next claim of its topic to reuse (claimStatement). The claim
+// rows are locked in id order first,
 // as the reaper locks them (lockDeadClaimsSQL): two outcomes in flight
 // that name the same claim rows wait for each other, never deadlock.
 func takeCTEs(ids, cids, keys string) string {
@@ -140,11 +141,6 @@ const heldSet = `attempts = ` + heldAttempts + `, claimed_by = ` + heldClaimedBy
 // claim and gives it back; a claim row's attempt is counted at its
 // outcome, so none is.
 const notRunAttempts = `CASE WHEN h.id IS NOT NULL THEN m.attempts ELSE greatest(m.attempts - 1, 0) END`
-
-// deleteEmptyClaimsSQL deletes the claim rows $1 that hold no message any
-// more. It goes after the statement that took their last messages
-// (takeCTEs), in the same transaction.
-const deleteEmptyClaimsSQL = `DELETE FROM tw_claims WHERE id = ANY ($1::bigint[]) AND ids = '{}'`
 
 // heldIDs is a subquery of the ids of the messages of topic (an
 // expression) that claim rows hold.

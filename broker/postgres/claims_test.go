@@ -35,7 +35,8 @@ func claimRows(t *testing.T, c *pgx.Conn) map[int64][]int64 {
 
 // A claim writes one claim row and leaves the messages' rows as they
 // were; readers see the messages running under it, and each outcome takes
-// its message out of the row, which goes with the last.
+// its message out of the row. The row, left empty by the last, is what
+// the next claim of the topic writes into.
 func TestClaimWritesOneClaimRow(t *testing.T) {
 	b := newTestBroker(t, Options{})
 	ctx := t.Context()
@@ -101,8 +102,13 @@ func TestClaimWritesOneClaimRow(t *testing.T) {
 	if err := b.DeadLetter(ctx, msgs[2].ClaimOf(), "poison", nil); err != nil {
 		t.Fatal(err)
 	}
-	if claims := claimRows(t, c); len(claims) != 0 {
-		t.Fatalf("claim rows after every outcome: %v, want none", claims)
+	claims = claimRows(t, c)
+	var emptied int64
+	for id, ids := range claims {
+		if len(claims) != 1 || len(ids) != 0 {
+			t.Fatalf("claim rows after every outcome: %v, want one, holding nothing", claims)
+		}
+		emptied = id
 	}
 	got, err = b.GetMessage(ctx, msgs[2].ID)
 	if err != nil || got.State != broker.StateDead || got.Attempts != 1 || got.ClaimedBy != "w" {
@@ -120,6 +126,46 @@ func TestClaimWritesOneClaimRow(t *testing.T) {
 	}
 	if again[0].Token == msgs[1].Token {
 		t.Fatal("a message claimed again got the token of its earlier claim")
+	}
+	if claims := claimRows(t, c); len(claims) != 1 || !slices.Equal(claims[emptied], []int64{msgs[1].ID}) {
+		t.Fatalf("claim rows after the claim again: %v; want row %d reused, holding %d", claims, emptied, msgs[1].ID)
+	}
+	// The earlier tokens name the reused row but not its new key.
+	for _, m := range msgs {
+		if errs, err := b.Ack(ctx, []broker.Outcome{{Claim: m.ClaimOf()}}); err != nil || !errors.Is(errs[0], broker.ErrClaimLost) {
+			t.Fatalf("ack of %d under its first claim after the row was reused: %v %v; want ErrClaimLost", m.ID, errs, err)
+		}
+	}
+	if errs, err := b.Ack(ctx, []broker.Outcome{{Claim: again[0].ClaimOf()}}); err != nil || errs[0] != nil {
+		t.Fatalf("ack under the reused row: %v %v", errs, err)
+	}
+}
+
+// Claims and acks of a topic, one after the other, keep writing the same
+// claim row: the table does not grow with the claims made, whether or
+// not anything vacuums it.
+func TestClaimRowsAreReused(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	c := schemaConn(t, b)
+	submitN(t, b, "t", 200)
+	for i := range 100 {
+		msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 2})
+		if err != nil || len(msgs) != 2 {
+			t.Fatalf("claim %d: %d messages, %v", i, len(msgs), err)
+		}
+		errs, err := b.Ack(ctx, []broker.Outcome{{Claim: msgs[0].ClaimOf()}, {Claim: msgs[1].ClaimOf()}})
+		if err != nil || errs[0] != nil || errs[1] != nil {
+			t.Fatalf("ack %d: %v %v", i, errs, err)
+		}
+	}
+	// The sequence of claim row ids counts the rows ever inserted.
+	var rows, inserted int64
+	if err := c.QueryRow(ctx, `SELECT (SELECT count(*) FROM tw_claims), last_value FROM tw_claims_id_seq`).Scan(&rows, &inserted); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || inserted != 1 {
+		t.Fatalf("after 100 claims: %d claim rows, %d inserted; want the one row, written over", rows, inserted)
 	}
 }
 

@@ -14,7 +14,9 @@
 //     up to limit-running of the oldest available queued ones. The count
 //     is the concurrency gate, as the specification says, and the lock
 //     makes count-then-claim race-free across processes. A claim writes
-//     one row of tw_claims holding the ids it took, not the messages' rows,
+//     one row of tw_claims holding the ids it took (one the topic's
+//     outcomes left empty, when there is one, else a new one), not the
+//     messages' rows,
 //     which stay queued: a message is running while a claim row holds it
 //     (claims.go). A claim starts its walk of the queued index where the
 //     previous claim of the topic ended (claimFloors), past the dead
@@ -24,7 +26,8 @@
 //     they lock their claim rows (in id order) and their messages' rows
 //     before the transaction waits for the topic lock, which cannot
 //     deadlock since a transaction holding a topic lock waits for no row
-//     (a claim only inserts its claim row); and the count that gates the
+//     (a claim writes only its claim row, and takes an empty one only when
+//     no one holds it locked); and the count that gates the
 //     claim sees their slots free. One round trip and one commit serve
 //     both.
 //   - SubmitMany (broker.BatchSubmitter) queues many messages with one

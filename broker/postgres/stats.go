@@ -44,7 +44,7 @@ func (d dialect) Stats(ctx context.Context) (broker.Stats, error) {
 			CROSS JOIN LATERAL (
 				SELECT coalesce(sum(cardinality(c.ids)), 0) AS n,
 					coalesce(greatest(0, (extract(epoch FROM now() - min(c.claimed_at)) * 1000000)::bigint), 0) AS age_us
-				FROM tw_claims c WHERE c.topic = t.name
+				FROM tw_claims c WHERE c.topic = t.name AND c.ids <> '{}'
 			) h
 			ORDER BY t.name`, live)
 		br := c.SendBatch(ctx, batch)
