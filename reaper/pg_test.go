@@ -515,12 +515,58 @@ func BenchmarkPassOver1MRowsWith1000Orphans(b *testing.B) {
 	rp := reaper.New(br, self, s, hclog.NewNullLogger(), reaper.NewMetrics(prometheus.NewRegistry()))
 	remark := func() {
 		tag, err := c.Exec(ctx, `
-			UPDATE tw_messages SET state = 'running', attempts = 1, claimed_by = 'bench-dead-worker',
-				claimed_at = now() - interval '1 hour', token = gen_random_uuid(),
+			UPDATE tw_messages SET state = 'running', attempts = 1, orphaned = 0, suspect = false,
+				claimed_by = 'bench-dead-worker', claimed_at = now() - interval '1 hour', token = gen_random_uuid(),
 				finished_at = NULL, last_error = NULL
 			WHERE id = ANY ($1::bigint[])`, ids)
 		if err != nil || tag.RowsAffected() != int64(len(ids)) {
 			b.Fatalf("re-marking the orphans: %v (%d rows)", err, tag.RowsAffected())
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		remark()
+		b.StartTimer()
+		res := rp.Pass(ctx)
+		if res.Skipped != "" || res.Reclaimed != benchOrphans {
+			b.Fatalf("pass = %s (%+v), want %d reclaimed", res.Summary(), res, benchOrphans)
+		}
+	}
+}
+
+// BenchmarkPassOver1MRowsWith1000ClaimRowOrphans is
+// BenchmarkPassOver1MRowsWith1000Orphans with the orphans held the way a
+// claim holds them now: ten claim rows (tw_claims) of a dead worker, 100
+// queued messages each, rather than running rows of their own.
+func BenchmarkPassOver1MRowsWith1000ClaimRowOrphans(b *testing.B) {
+	schema, ids := seededSchema(b)
+	br := openPG(b, schema)
+	c := pgConnect(b, schema)
+	ctx := context.Background()
+	s := reaper.DefaultSettings()
+	s.After = time.Hour // the caller stays live for the whole run
+	s.WorkerTTL = 2 * time.Hour
+	s.MaxAttempts = 5
+	if err := br.RegisterWorker(ctx, broker.WorkerInfo{ID: self, Host: "bench", PID: 1, Roles: []string{broker.RoleWorker}}); err != nil {
+		b.Fatal(err)
+	}
+	rp := reaper.New(br, self, s, hclog.NewNullLogger(), reaper.NewMetrics(prometheus.NewRegistry()))
+	remark := func() {
+		tag, err := c.Exec(ctx, `
+			UPDATE tw_messages SET state = 'queued', attempts = 0, orphaned = 0, suspect = false,
+				claimed_by = NULL, claimed_at = NULL, token = NULL, finished_at = NULL, last_error = NULL,
+				available_at = now() - interval '2 hours'
+			WHERE id = ANY ($1::bigint[])`, ids)
+		if err != nil || tag.RowsAffected() != int64(len(ids)) {
+			b.Fatalf("re-marking the orphans: %v (%d rows)", err, tag.RowsAffected())
+		}
+		tag, err = c.Exec(ctx, `
+			INSERT INTO tw_claims (topic, worker, claimed_at, key, ids)
+			SELECT 'bench', 'bench-dead-worker', now() - interval '1 hour', 1, array_agg(x ORDER BY x)
+			FROM unnest($1::bigint[]) WITH ORDINALITY AS u(x, n) GROUP BY (n - 1) / 100`, ids)
+		if err != nil || tag.RowsAffected() != int64(len(ids)+99)/100 {
+			b.Fatalf("claiming the orphans: %v (%d rows)", err, tag.RowsAffected())
 		}
 	}
 	b.ResetTimer()
