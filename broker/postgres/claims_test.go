@@ -33,15 +33,34 @@ func claimRows(t *testing.T, c *pgx.Conn) map[int64][]int64 {
 	return out
 }
 
+// withMessages is a broker on a schema of its own, a connection to that
+// schema, and n messages submitted to topic t.
+func withMessages(t *testing.T, n int) (*Broker, *pgx.Conn) {
+	t.Helper()
+	b := newTestBroker(t, Options{})
+	c := schemaConn(t, b)
+	submitN(t, b, "t", n)
+	return b, c
+}
+
+// mustClaim claims n messages of topic t for worker, failing the test
+// unless it gets exactly n.
+func mustClaim(t *testing.T, b *Broker, worker string, n int) []broker.Message {
+	t.Helper()
+	msgs, err := b.Claim(t.Context(), broker.ClaimRequest{WorkerID: worker, Topics: []string{"t"}, Max: n})
+	if err != nil || len(msgs) != n {
+		t.Fatalf("claim for %s: %d messages, %v; want %d", worker, len(msgs), err, n)
+	}
+	return msgs
+}
+
 // A claim writes one claim row and leaves the messages' rows as they
 // were; readers see the messages running under it, and each outcome takes
 // its message out of the row. The row, left empty by the last, is what
 // the next claim of the topic writes into.
 func TestClaimWritesOneClaimRow(t *testing.T) {
-	b := newTestBroker(t, Options{})
+	b, c := withMessages(t, 3)
 	ctx := t.Context()
-	c := schemaConn(t, b)
-	submitN(t, b, "t", 3)
 	var before []string
 	if err := c.QueryRow(ctx, `SELECT array_agg(xmin::text ORDER BY id) FROM tw_messages`).Scan(&before); err != nil {
 		t.Fatal(err)
@@ -145,15 +164,10 @@ func TestClaimWritesOneClaimRow(t *testing.T) {
 // claim row: the table does not grow with the claims made, whether or
 // not anything vacuums it.
 func TestClaimRowsAreReused(t *testing.T) {
-	b := newTestBroker(t, Options{})
+	b, c := withMessages(t, 200)
 	ctx := t.Context()
-	c := schemaConn(t, b)
-	submitN(t, b, "t", 200)
 	for i := range 100 {
-		msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{"t"}, Max: 2})
-		if err != nil || len(msgs) != 2 {
-			t.Fatalf("claim %d: %d messages, %v", i, len(msgs), err)
-		}
+		msgs := mustClaim(t, b, "w", 2)
 		errs, err := b.Ack(ctx, []broker.Outcome{{Claim: msgs[0].ClaimOf()}, {Claim: msgs[1].ClaimOf()}})
 		if err != nil || errs[0] != nil || errs[1] != nil {
 			t.Fatalf("ack %d: %v %v", i, errs, err)
@@ -173,14 +187,9 @@ func TestClaimRowsAreReused(t *testing.T) {
 // outcomes left in it, counting the attempt; a late outcome under it is
 // refused.
 func TestReclaimTakesBackAClaimRow(t *testing.T) {
-	b := newTestBroker(t, Options{})
+	b, c := withMessages(t, 3)
 	ctx := t.Context()
-	c := schemaConn(t, b)
-	submitN(t, b, "t", 3)
-	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "dead", Topics: []string{"t"}, Max: 3})
-	if err != nil || len(msgs) != 3 {
-		t.Fatalf("claim: %d messages, %v", len(msgs), err)
-	}
+	msgs := mustClaim(t, b, "dead", 3)
 	if errs, err := b.Ack(ctx, []broker.Outcome{{Claim: msgs[0].ClaimOf()}}); err != nil || errs[0] != nil {
 		t.Fatalf("ack: %v %v", errs, err)
 	}
@@ -339,10 +348,8 @@ func raceCancelsWithClaims(t *testing.T, afterFirst bool, cancelAll func(ctx con
 // read as running, end under their own tokens, and are reclaimed by the
 // reaper, beside claim rows.
 func TestRowsMadeRunningTheOldWayStillWork(t *testing.T) {
-	b := newTestBroker(t, Options{})
+	b, c := withMessages(t, 3)
 	ctx := t.Context()
-	c := schemaConn(t, b)
-	submitN(t, b, "t", 3)
 	var ids []int64
 	rows, err := c.Query(ctx, `UPDATE tw_messages SET state = 'running', claimed_by = 'old', claimed_at = now(),
 		attempts = 1, token = gen_random_uuid() WHERE id IN (SELECT id FROM tw_messages ORDER BY id LIMIT 2)
