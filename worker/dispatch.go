@@ -94,7 +94,7 @@ func (p *Pool) dispatch() {
 		}
 	}
 	for p.claimCtx.Err() == nil {
-		inflight := iso.settle(int(p.inflight.Load()))
+		inflight := iso.settle(int(p.inflight.Load()), x.reserved)
 		if x.flying < maxExchanges && !failed {
 			nAcks := p.out.ackCount()
 			free := min(n-inflight-x.reserved, 2*n-inflight-x.reserved-(int(p.out.pending.Load())-nAcks))

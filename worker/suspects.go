@@ -44,11 +44,12 @@ func newIsolation(p *Pool) *isolation {
 }
 
 // settle moves the suspect on before a claim, given how many messages the
-// workers have (inflight): it runs the held one once the pool is idle and
-// every outcome is written, or
+// workers have (inflight) and how many the exchanges in flight may still
+// bring (coming): it runs the held one once the pool is idle, every
+// outcome is written and no claim is out, or
 // gives it back when the pool stays busy. It returns inflight, counting
 // what it handed to the workers.
-func (s *isolation) settle(inflight int) int {
+func (s *isolation) settle(inflight, coming int) int {
 	p := s.p
 	if s.alone && inflight == 0 {
 		s.alone = false
@@ -64,11 +65,12 @@ func (s *isolation) settle(inflight int) int {
 		s.held = nil
 		inflight++
 	}
-	// Alone means nothing else claimed by this pool: no handler busy, and
-	// no outcome still being written (a message given back, or acked, is
+	// Alone means nothing else claimed by this pool: no handler busy, no
+	// outcome still being written (a message given back, or acked, is
 	// claimed by this worker until its write returns, and would be
-	// orphaned with the suspect if it is the poison).
-	if !s.alone && s.held != nil && inflight == 0 && p.out.pending.Load() == 0 {
+	// orphaned with the suspect if it is the poison), and no claim out
+	// whose messages would go to the workers beside it when it lands.
+	if !s.alone && s.held != nil && inflight == 0 && coming == 0 && p.out.pending.Load() == 0 {
 		p.log.Info("running a message whose last worker died while running it on its own, so that if it kills this process too, nothing else is lost with it",
 			"message_id", s.held.ID, "task", s.held.Task)
 		p.toWorkers(s.held)
