@@ -88,22 +88,27 @@ func TestLimitAcrossProcesses(t *testing.T) {
 			t.Fatalf("the %d claimer processes did not all register within 3 minutes", len(claimers))
 		}
 	}
-	if _, err := b.SetTopic(ctx, helperTopic, broker.TopicPatch{Paused: ptr(false)}); err != nil {
-		t.Fatal(err)
-	}
-
+	// The sampler runs before the topic is unpaused, so that it watches the
+	// whole run however late a loaded machine schedules it.
 	sc := testdb.Connect(t, schema)
 	var (
-		stop    = make(chan struct{})
-		wg      sync.WaitGroup
-		maxSeen int
-		busy    int
-		sErr    error
+		stop     = make(chan struct{})
+		sampling = make(chan struct{})
+		wg       sync.WaitGroup
+		maxSeen  int
+		busy     int
+		sErr     error
 	)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		for {
+		first := true
+		defer func() {
+			if first {
+				close(sampling)
+			}
+		}()
+		for ; ; first = false {
 			select {
 			case <-stop:
 				return
@@ -118,8 +123,19 @@ func TestLimitAcrossProcesses(t *testing.T) {
 			if n > 0 {
 				busy++
 			}
+			if first {
+				close(sampling)
+			}
 		}
 	}()
+	select {
+	case <-sampling:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the sampler took no sample within 3 minutes")
+	}
+	if _, err := b.SetTopic(ctx, helperTopic, broker.TopicPatch{Paused: ptr(false)}); err != nil {
+		t.Fatal(err)
+	}
 	acked := make(map[int64]int)
 	for i, p := range ps {
 		err := p.cmd.Wait()
