@@ -257,6 +257,14 @@ type Message struct {
 	// requested (Broker.Cancel); its worker is to stop the attempt, which
 	// then ends cancelled. Kept on the finished message as a record.
 	CancelRequestedAt *time.Time `json:"cancel_requested_at,omitempty"`
+	// ClaimGroup, when not zero, names the claim that took the message,
+	// for a broker whose writes of outcomes lock the claim of the messages
+	// they end until they commit (the PostgreSQL broker's claim rows): two
+	// writes in flight that carry outcomes of one claim wait for each
+	// other. The worker pool keeps such outcomes out of a write while
+	// another write in flight carries outcomes of the same claim. Set by
+	// Claim; zero when outcomes of one claim do not wait for each other.
+	ClaimGroup int64 `json:"-"`
 }
 
 // Claim names one attempt of one message: the fencing token that ack, nack

@@ -229,9 +229,48 @@ func (o *completer) closeAcks() {
 	}
 }
 
-// ackCount is how many acks are left to the dispatcher.
-func (o *completer) ackCount() int {
+// claimGroup is the claim c's message came in (broker.Message.ClaimGroup);
+// false when the broker names none.
+func claimGroup(c *completion) (int64, bool) {
+	if c.msg == nil || c.msg.ClaimGroup == 0 {
+		return 0, false
+	}
+	return c.msg.ClaimGroup, true
+}
+
+// ackCountExcept is how many acks left to the dispatcher are of no claim
+// in busy.
+func (o *completer) ackCountExcept(busy map[int64]int) int {
 	o.acks.mu.Lock()
 	defer o.acks.mu.Unlock()
-	return len(o.acks.items)
+	if len(busy) == 0 {
+		return len(o.acks.items)
+	}
+	n := 0
+	for _, c := range o.acks.items {
+		if g, ok := claimGroup(c); !ok || busy[g] == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// takeAcksExcept is takeAcks, leaving in the queue the acks of the claims
+// in busy.
+func (o *completer) takeAcksExcept(busy map[int64]int) []*completion {
+	if len(busy) == 0 {
+		return o.takeAcks()
+	}
+	o.acks.mu.Lock()
+	defer o.acks.mu.Unlock()
+	var take, keep []*completion
+	for _, c := range o.acks.items {
+		if g, ok := claimGroup(c); ok && busy[g] > 0 {
+			keep = append(keep, c)
+		} else {
+			take = append(take, c)
+		}
+	}
+	o.acks.items = keep
+	return take
 }

@@ -43,6 +43,12 @@ const maxExchanges = 2
 // limited topic's claims take its lock, and the second one's gate counts
 // the first one's claims once they commit.
 //
+// The second exchange leaves out the acks of a claim whose acks the first
+// one carries (broker.Message.ClaimGroup), for the one after it: with the
+// PostgreSQL broker, the first one's acks lock that claim's row until
+// they commit, after the first exchange's claim and its WAL flush, and
+// the second one's acks would wait for all of it before its own claim.
+//
 // After a short claim the dispatcher waits ClaimIdleInterval, or, while
 // the broker announces submitted messages (announcements), until one for
 // a topic of this pool comes or ClaimIdleFallback passes, before it
@@ -56,7 +62,7 @@ func (p *Pool) dispatch() {
 	iso := newIsolation(p)
 	defer iso.stop()
 	ann := newAnnouncements(p)
-	x := &exchanges{results: make(chan exchanged, maxExchanges)}
+	x := &exchanges{results: make(chan exchanged, maxExchanges), busy: map[int64]int{}}
 	// The exchanges in flight end first: what they claimed goes to the
 	// workers, and the acks they give back go to closeAcks.
 	defer func() {
@@ -96,7 +102,7 @@ func (p *Pool) dispatch() {
 	for p.claimCtx.Err() == nil {
 		inflight := iso.settle(int(p.inflight.Load()), x.reserved)
 		if x.flying < maxExchanges && !failed {
-			nAcks := p.out.ackCount()
+			nAcks := p.out.ackCountExcept(x.busy)
 			free := min(n-inflight-x.reserved, 2*n-inflight-x.reserved-(int(p.out.pending.Load())-nAcks))
 			if iso.blocks() {
 				free = 0
@@ -111,7 +117,7 @@ func (p *Pool) dispatch() {
 				launch = nAcks > 0 && !iso.blocks() && (whole || 2*nAcks >= n)
 			}
 			if launch {
-				acks := p.out.takeAcks()
+				acks := p.out.takeAcksExcept(x.busy)
 				if free > 0 {
 					// A write that returns from here on may free a slot this
 					// claim does not see: it signals afresh.
@@ -210,14 +216,18 @@ type exchanges struct {
 	flying   int // exchanges in flight
 	reserved int // messages they may claim
 	acks     int // acks they carry
+	// busy counts, per claim (claimGroup), the exchanges in flight that
+	// carry acks of its messages.
+	busy map[int64]int
 }
 
 // exchanged is what an exchange returned.
 type exchanged struct {
-	msgs []broker.Message
-	err  error
-	max  int // messages it asked for
-	acks int // acks it carried
+	msgs   []broker.Message
+	err    error
+	max    int     // messages it asked for
+	acks   int     // acks it carried
+	groups []int64 // the claims they were of (exchanges.busy)
 }
 
 // launch sends acks and req out in an exchange of their own.
@@ -225,9 +235,16 @@ func (x *exchanges) launch(p *Pool, acks []*completion, req broker.ClaimRequest)
 	x.flying++
 	x.reserved += req.Max
 	x.acks += len(acks)
+	var groups []int64
+	for _, c := range acks {
+		if g, ok := claimGroup(c); ok && !slices.Contains(groups, g) {
+			groups = append(groups, g)
+			x.busy[g]++
+		}
+	}
 	go func() {
 		msgs, err := p.out.exchange(p.claimCtx, acks, req)
-		x.results <- exchanged{msgs: msgs, err: err, max: req.Max, acks: len(acks)}
+		x.results <- exchanged{msgs: msgs, err: err, max: req.Max, acks: len(acks), groups: groups}
 	}()
 }
 
@@ -237,6 +254,11 @@ func (x *exchanges) land(p *Pool, iso *isolation, r exchanged) {
 	x.flying--
 	x.reserved -= r.max
 	x.acks -= r.acks
+	for _, g := range r.groups {
+		if x.busy[g]--; x.busy[g] <= 0 {
+			delete(x.busy, g)
+		}
+	}
 	p.claims.hold(r.msgs)
 	// The messages go to the workers by pointer: each is then one of the
 	// claim's slice, which lives until its last attempt is done.

@@ -471,6 +471,8 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 				br.Close()
 				return err
 			}
+			// The outcomes of the message lock its claim row (takeCTEs).
+			m.ClaimGroup, _ = parseClaimToken(m.Token)
 			out = append(out, m)
 		}
 		rows.Close()

@@ -84,6 +84,10 @@ func TestClaimWritesOneClaimRow(t *testing.T) {
 		if m.State != broker.StateRunning || m.Attempts != 1 || m.ClaimedBy != "w" || m.Token == "" {
 			t.Fatalf("claimed %+v, want running, attempt 1, by w, with a token", m)
 		}
+		// Its outcomes lock the claim row: the pool groups them by it.
+		if _, ok := claims[m.ClaimGroup]; !ok {
+			t.Fatalf("message %d names claim group %d, want the claim row of %v", m.ID, m.ClaimGroup, claims)
+		}
 		got, err := b.GetMessage(ctx, m.ID)
 		if err != nil || got.State != broker.StateRunning || got.Attempts != 1 || got.ClaimedBy != "w" ||
 			got.ClaimedAt == nil || m.ClaimedAt == nil || !got.ClaimedAt.Equal(*m.ClaimedAt) {

@@ -98,9 +98,13 @@ func main() {
 	maxClaim := flag.Int("claim", 100, "most messages a claim leases (the limit: a claim leases every free slot)")
 	writers := flag.Int("writers", 4, "ack writers")
 	product := flag.Bool("product", false, "on the product's tables, with a success report a message (product.go)")
+	brokered := flag.Bool("broker", false, "through the product's PostgreSQL broker: its Claim and Ack, with carried success reports (brokered.go)")
 	flag.Parse()
 	run := run
-	if *product {
+	switch {
+	case *brokered:
+		run = runBroker
+	case *product:
 		run = runProduct
 	}
 	if err := run(*dsn, *n, *workers, *maxClaim, *writers); err != nil {
