@@ -97,7 +97,7 @@ func claimStatement(from string) string {
 	)
 	SELECT p.id, p.topic, p.task, p.payload::text, p.headers::text, 'running'::text, p.attempts + 1, p.max_attempts,
 		$3::text, c.claimed_at, p.available_at, p.created_at, p.finished_at, p.last_error, p.result::text,
-		p.suspect, p.waiting_since, p.cancel_requested_at, p.priority, p.unique_key, ` + claimToken("c", "p.id") + `,
+		p.suspect, p.waiting_since, p.cancel_requested_at, p.priority, p.unique_key, c.id, c.key # p.id,
 		gate.n, gate.limited, gate.room
 	FROM gate LEFT JOIN (picked p CROSS JOIN c) ON true`
 }
@@ -418,6 +418,8 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 	hinted bool, floor claimFloor) (claimTx, error) {
 	var (
 		errs    []error
+		cid     int64 // a claimed row's claim row, and its key XOR the message's id
+		ckey    int64
 		allowed int32
 		limited bool
 		room    pgtype.Int4
@@ -463,7 +465,7 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 				continue
 			}
 			if scan == nil {
-				scan = newMessageScanner(true, &allowed, &limited, &room)
+				scan = newMessageScanner(false, &cid, &ckey, &allowed, &limited, &room)
 			}
 			m, err := scan.scan(rows)
 			if err != nil {
@@ -471,8 +473,9 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 				br.Close()
 				return err
 			}
+			m.Token = formatClaimToken(cid, ckey)
 			// The outcomes of the message lock its claim row (takeCTEs).
-			m.ClaimGroup, _ = parseClaimToken(m.Token)
+			m.ClaimGroup = cid
 			out = append(out, m)
 		}
 		rows.Close()

@@ -35,6 +35,27 @@ func claimToken(c, id string) string {
 	return `(lpad(to_hex(` + c + `.id), 16, '0') || lpad(to_hex(` + c + `.key # ` + id + `), 16, '0'))::uuid::text`
 }
 
+// formatClaimToken is the token claimToken makes, of the claim row cid
+// whose key XOR the message's id is key: the claim's statement returns the
+// two halves, and the token is formatted here rather than in SQL, in the
+// part of the claim that holds the topic's lock.
+func formatClaimToken(cid, key int64) string {
+	var raw [16]byte
+	binary.BigEndian.PutUint64(raw[:8], uint64(cid))
+	binary.BigEndian.PutUint64(raw[8:], uint64(key))
+	var b [36]byte
+	hex.Encode(b[0:8], raw[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], raw[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], raw[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], raw[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:36], raw[10:16])
+	return string(b[:])
+}
+
 // claimKeySQL draws a claim row's key: the first 64 bits of a random
 // (version 4) uuid, 60 of them random.
 const claimKeySQL = `('x' || substr(replace(gen_random_uuid()::text, '-', ''), 1, 16))::bit(64)::bigint`

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -167,6 +168,29 @@ func TestClaimWritesOneClaimRow(t *testing.T) {
 // Claims and acks of a topic, one after the other, keep writing the same
 // claim row: the table does not grow with the claims made, whether or
 // not anything vacuums it.
+// TestClaimTokensFormattedInGoMatchSQL: the token a claim formats from the
+// halves its statement returns (formatClaimToken) is the one the SQL
+// expression makes (claimToken), which the readers and the reaper use.
+func TestClaimTokensFormattedInGoMatchSQL(t *testing.T) {
+	_, c := withMessages(t, 1)
+	cases := [][3]int64{{1, 0, 1}, {42, 0x0123456789abcdef, 7}, {1 << 40, -1, 1}, {math.MaxInt64, math.MinInt64, math.MaxInt64},
+		{977, -0x5ca1ab1e, 123456789}}
+	for _, tc := range cases {
+		cid, key, id := tc[0], tc[1], tc[2]
+		var want string
+		if err := c.QueryRow(t.Context(), `SELECT `+claimToken("c", "$3::bigint")+` FROM (SELECT $1::bigint AS id, $2::bigint AS key) c`,
+			cid, key, id).Scan(&want); err != nil {
+			t.Fatal(err)
+		}
+		if got := formatClaimToken(cid, key^id); got != want {
+			t.Fatalf("claim row %d, key %d, message %d: token %q, SQL makes %q", cid, key, id, got, want)
+		}
+		if gc, gk := parseClaimToken(want); gc != cid || gk != key^id {
+			t.Fatalf("parseClaimToken(%q) = %d, %d; want %d, %d", want, gc, gk, cid, key^id)
+		}
+	}
+}
+
 func TestClaimRowsAreReused(t *testing.T) {
 	b, c := withMessages(t, 200)
 	ctx := t.Context()
