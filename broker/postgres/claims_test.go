@@ -165,9 +165,6 @@ func TestClaimWritesOneClaimRow(t *testing.T) {
 	}
 }
 
-// Claims and acks of a topic, one after the other, keep writing the same
-// claim row: the table does not grow with the claims made, whether or
-// not anything vacuums it.
 // TestClaimTokensFormattedInGoMatchSQL: the token a claim formats from the
 // halves its statement returns (formatClaimToken) is the one the SQL
 // expression makes (claimToken), which the readers and the reaper use.
@@ -191,6 +188,9 @@ func TestClaimTokensFormattedInGoMatchSQL(t *testing.T) {
 	}
 }
 
+// Claims and acks of a topic, one after the other, keep writing the same
+// claim row: the table does not grow with the claims made, whether or
+// not anything vacuums it.
 func TestClaimRowsAreReused(t *testing.T) {
 	b, c := withMessages(t, 200)
 	ctx := t.Context()
