@@ -10,7 +10,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -64,32 +63,15 @@ func (l *brokerLease) ack(ctx context.Context, _ *pgx.Conn) error {
 
 func runBroker(dsn string, n, workers, maxClaim, writers int) error {
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, dsn)
+	admin, b, err := productQueue(ctx, dsn, brokerSchema, n, int32(2+writers))
 	if err != nil {
 		return err
 	}
 	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, `SET client_min_messages = warning; DROP SCHEMA IF EXISTS `+brokerSchema+` CASCADE`); err != nil {
-		return err
-	}
 	defer dropOnExit(admin, brokerSchema)
-	b, err := postgres.New(ctx, postgres.Options{DSN: dsn, Schema: brokerSchema, MaxConns: int32(2 + writers)})
-	if err != nil {
-		return err
-	}
 	defer b.Close()
 	if err := b.RegisterWorker(ctx, broker.WorkerInfo{ID: "w", Topics: []string{"t"}}); err != nil {
 		return err
-	}
-	reqs := make([]broker.SubmitRequest, 0, 1000)
-	for i := 0; i < n; i += len(reqs) {
-		reqs = reqs[:0]
-		for range min(n-i, 1000) {
-			reqs = append(reqs, broker.SubmitRequest{Topic: "t", Task: "noop", Payload: json.RawMessage(`{"n": 1}`)})
-		}
-		if _, err := b.SubmitMany(ctx, reqs); err != nil {
-			return fmt.Errorf("submit: %w", err)
-		}
 	}
 	for _, sql := range []string{
 		`UPDATE ` + brokerSchema + `.tw_topics SET concurrency_limit = ` + fmt.Sprint(workers) + ` WHERE name = 't'`,

@@ -134,32 +134,49 @@ func (c *productClaimer) claim(ctx context.Context, conn *pgx.Conn, want int) (l
 	return l, nil
 }
 
+// productQueue connects admin to dsn, makes schema afresh and opens the
+// product's PostgreSQL broker on it (maxConns connections, 0 for its
+// default) with n no-op tasks queued on topic t. The caller closes admin and
+// b, and drops the schema with dropOnExit.
+func productQueue(ctx context.Context, dsn, schema string, n int, maxConns int32) (*pgx.Conn, *postgres.Broker, error) {
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := admin.Exec(ctx, `SET client_min_messages = warning; DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
+		admin.Close(context.Background())
+		return nil, nil, err
+	}
+	b, err := postgres.New(ctx, postgres.Options{DSN: dsn, Schema: schema, MaxConns: maxConns})
+	if err == nil {
+		reqs := make([]broker.SubmitRequest, 0, 1000)
+		for i := 0; i < n && err == nil; i += len(reqs) {
+			reqs = reqs[:0]
+			for range min(n-i, 1000) {
+				reqs = append(reqs, broker.SubmitRequest{Topic: "t", Task: "noop", Payload: json.RawMessage(`{"n": 1}`)})
+			}
+			if _, err = b.SubmitMany(ctx, reqs); err != nil {
+				b.Close()
+				err = fmt.Errorf("submit: %w", err)
+			}
+		}
+	}
+	if err != nil {
+		dropOnExit(admin, schema)
+		admin.Close(context.Background())
+		return nil, nil, err
+	}
+	return admin, b, nil
+}
+
 func runProduct(dsn string, n, workers, maxClaim, writers int) error {
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, dsn)
+	admin, b, err := productQueue(ctx, dsn, productSchema, n, 0)
 	if err != nil {
 		return err
 	}
 	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, `SET client_min_messages = warning; DROP SCHEMA IF EXISTS `+productSchema+` CASCADE`); err != nil {
-		return err
-	}
 	defer dropOnExit(admin, productSchema)
-	b, err := postgres.New(ctx, postgres.Options{DSN: dsn, Schema: productSchema})
-	if err != nil {
-		return err
-	}
-	reqs := make([]broker.SubmitRequest, 0, 1000)
-	for i := 0; i < n; i += len(reqs) {
-		reqs = reqs[:0]
-		for range min(n-i, 1000) {
-			reqs = append(reqs, broker.SubmitRequest{Topic: "t", Task: "noop", Payload: json.RawMessage(`{"n": 1}`)})
-		}
-		if _, err := b.SubmitMany(ctx, reqs); err != nil {
-			b.Close()
-			return fmt.Errorf("submit: %w", err)
-		}
-	}
 	b.Close()
 	for _, sql := range []string{
 		`SET search_path = ` + productSchema,
