@@ -230,12 +230,19 @@ func (o *completer) closeAcks() {
 }
 
 // claimGroup is the claim c's message came in (broker.Message.ClaimGroup);
-// false when the broker names none.
-func claimGroup(c *completion) (int64, bool) {
-	if c.msg == nil || c.msg.ClaimGroup == 0 {
-		return 0, false
+// 0 when the broker names none.
+func claimGroup(c *completion) int64 {
+	if c.msg == nil {
+		return 0
 	}
-	return c.msg.ClaimGroup, true
+	return c.msg.ClaimGroup
+}
+
+// heldBack reports whether the ack c waits for the exchanges in flight
+// that carry acks of its claim (busy, exchanges.busy).
+func heldBack(c *completion, busy map[int64]int) bool {
+	g := claimGroup(c)
+	return g != 0 && busy[g] > 0
 }
 
 // ackCountExcept is how many acks left to the dispatcher are of no claim
@@ -248,7 +255,7 @@ func (o *completer) ackCountExcept(busy map[int64]int) int {
 	}
 	n := 0
 	for _, c := range o.acks.items {
-		if g, ok := claimGroup(c); !ok || busy[g] == 0 {
+		if !heldBack(c, busy) {
 			n++
 		}
 	}
@@ -265,7 +272,7 @@ func (o *completer) takeAcksExcept(busy map[int64]int) []*completion {
 	defer o.acks.mu.Unlock()
 	var take, keep []*completion
 	for _, c := range o.acks.items {
-		if g, ok := claimGroup(c); ok && busy[g] > 0 {
+		if heldBack(c, busy) {
 			keep = append(keep, c)
 		} else {
 			take = append(take, c)

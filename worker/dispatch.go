@@ -241,7 +241,7 @@ func (x *exchanges) launch(p *Pool, acks []*completion, req broker.ClaimRequest)
 	x.acks += len(acks)
 	var groups []int64
 	for _, c := range acks {
-		if g, ok := claimGroup(c); ok && !slices.Contains(groups, g) {
+		if g := claimGroup(c); g != 0 && !slices.Contains(groups, g) {
 			groups = append(groups, g)
 			x.busy[g]++
 		}
