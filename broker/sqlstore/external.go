@@ -17,6 +17,12 @@ import (
 // TakeMessages has made its row running with a fresh token, and an outcome lands only
 // through the store's own token-checked Ack, Nack and DeadLetter.
 type External interface {
+	// StoreID returns the store's identity, the same for every process
+	// that uses the store (see Store.StoreID). A message's id means
+	// something only in the store that made it: the broker stamps its
+	// messages with this id and takes only its own.
+	StoreID(ctx context.Context) (string, error)
+
 	// The outbox entries a writer arms carry its arm (see OutboxEntry):
 	// OutboxDone deletes an entry only while it carries the arm of the
 	// publish it follows, so an entry armed again meanwhile (its queue was
