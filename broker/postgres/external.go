@@ -200,14 +200,17 @@ func takeMessages(ctx context.Context, tx pgx.Tx, worker string, ds []sqlstore.D
 	out := make([]sqlstore.Taken, len(ds))
 	fresh := make(map[int64]int) // queued rows taken: their index in ds
 	var freshIDs []int64
+	taken := make(map[int64]bool, len(found))
 	for i, d := range ds {
 		r := found[d.ID]
 		if r == nil {
-			out[i] = sqlstore.Taken{Verdict: sqlstore.Take(sqlstore.TakeFacts{})}
+			// A second delivery of the same message in this batch is a
+			// duplicate; a message without a row is gone.
+			out[i] = sqlstore.Taken{Verdict: sqlstore.Take(sqlstore.TakeFacts{Found: taken[d.ID]})}
 			continue
 		}
-		// A second delivery of the same message in this batch is dropped.
 		delete(found, d.ID)
+		taken[d.ID] = true
 		f := r.facts
 		f.Redelivered = d.Redelivered
 		var tf *sqlstore.TopicFacts

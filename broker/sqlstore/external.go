@@ -109,9 +109,8 @@ type Verdict int
 const (
 	// TakeOK: the message is running under the new claim.
 	TakeOK Verdict = iota
-	// TakeDrop: the delivery is stale (its message ended, is gone, is
-	// held by a live claim, or waits for a later time with its own outbox
-	// entry): it is to be dropped.
+	// TakeDrop: the delivery is stale (its message ended, or a live claim
+	// holds it: the delivery is a duplicate): it is to be dropped.
 	TakeDrop
 	// TakeWait: the message is queued but not available yet (requeued
 	// with a delay, or published early): the delivery is to be dropped
@@ -121,6 +120,12 @@ const (
 	// (paused, or at its concurrency limit): the delivery is to go back
 	// to the end of the queue.
 	TakeLater
+	// TakeGone: the store has no message row of that id. The message
+	// ended and its row was cleared (postgres keeps done messages in
+	// batches, the local store drops its oldest finished ones), or was
+	// purged; or the delivery is not this store's, which only its
+	// publisher's stamp can tell (see broker/rabbitmq).
+	TakeGone
 )
 
 func (v Verdict) String() string {
@@ -133,6 +138,8 @@ func (v Verdict) String() string {
 		return "wait"
 	case TakeLater:
 		return "later"
+	case TakeGone:
+		return "gone"
 	}
 	return fmt.Sprintf("verdict(%d)", int(v))
 }
@@ -161,11 +168,14 @@ type TakeFacts struct {
 //     broker.ErrClaimLost. The slot of the topic passes from the old
 //     claim to the new one, so the limit is not checked. A running
 //     message met by a first delivery is a duplicate and is dropped;
-//   - a finished or missing message is dropped.
+//   - a finished message is dropped;
+//   - a message without a row is gone (TakeGone), which its caller tells
+//     apart from a drop: a row deleted after it ended, or a delivery that
+//     is not this store's.
 func Take(f TakeFacts) Verdict {
 	switch {
 	case !f.Found:
-		return TakeDrop
+		return TakeGone
 	case f.State == broker.StateRunning:
 		if f.Redelivered {
 			return TakeOK
