@@ -176,7 +176,8 @@ const maxClaimRounds = 8
 
 // take makes the rows of deliveries got running for worker in one
 // transaction, holds the deliveries of those taken, and settles the
-// others: stale ones are acked; ones not available yet get their outbox
+// others: stale ones (their row ended, a live claim holds it, or it is
+// gone) are acked; ones not available yet get their outbox
 // entry back and are acked; ones whose topic is full or paused go to the
 // end of their queue as new messages (so waiting costs no delivery) and
 // their topic is asked no more in this claim.
@@ -208,6 +209,7 @@ func (b *Broker) take(ctx context.Context, s *session, worker string, got []fetc
 			left[f.topic] = 0
 		default:
 			// Stale: its place in the topic's share goes to the next.
+			b.logDrop(f, r.Verdict)
 			_ = f.d.Ack(false)
 			if left[f.topic] != sqlstore.Unlimited {
 				left[f.topic]++
@@ -287,4 +289,24 @@ func (b *Broker) probeDue(topic string) bool {
 	}
 	b.probed[topic] = time.Now()
 	return true
+}
+
+// logDrop says why a delivery is dropped. A drop of a task that ended, or
+// that a live claim holds, is routine (a duplicate pointer). So is one
+// whose row is gone when the delivery carries this store's stamp: the
+// row was cleared after its task ended, or purged. A delivery without a
+// stamp (published by a version that did not stamp) whose row is gone may
+// have been another store's task, which then waits in that store: that
+// is said at WARN.
+func (b *Broker) logDrop(f fetched, v sqlstore.Verdict) {
+	switch {
+	case v != sqlstore.TakeGone:
+		b.log.Debug("dropped a delivery of a task that ended, or that a live claim holds (a duplicate)", "id", f.id, "topic", f.topic)
+	case f.stamped:
+		b.log.Debug("dropped a delivery of a task whose row is gone (cleared after it ended, or purged)", "id", f.id, "topic", f.topic)
+	default:
+		b.log.Warn("dropped a delivery without a state store stamp (published by an older version) whose task this state store does not have: "+
+			"cleared after it ended, or purged; or another state store's task, published on this amqp_prefix, which then waits in that store",
+			"id", f.id, "topic", f.topic, "this_store", b.storeID)
+	}
 }

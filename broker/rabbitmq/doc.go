@@ -9,7 +9,8 @@
 // whose dead letters go through the exchange <prefix>.dead into
 // <prefix>.t.<topic>.dead. A message in RabbitMQ is a pointer: persistent,
 // AMQP type "taskhost.message", its message id the id of its row in the
-// state store. The row holds everything else (payload, state, attempts,
+// state store, its header x-taskhost-store the id of that state store
+// (StoreHeader). The row holds everything else (payload, state, attempts,
 // claim token, unique key), so GET tasks/{id}, listings, unique keys,
 // cancellation, requeue, reports, workers and their heartbeats, topic
 // settings, schedules, locks and leases are the state store's, shared by
@@ -32,7 +33,11 @@
 // states the rule): a queued row
 // is taken when its topic is neither paused nor at its limit; a running
 // row only by a redelivery, that is after its holder's channel closed;
-// a delivery whose row ended, is gone or is held is acked and dropped.
+// a delivery whose row ended or is held (a duplicate) is acked and
+// dropped, and so is one whose row is gone (cleared after its task
+// ended, or purged), which a delivery stamped by this store can only be.
+// A delivery stamped by another store never gets that far (see One state
+// store per prefix).
 // The delivery stays unacked while its message runs. Ack, Nack and
 // DeadLetter write the outcome through the state store's own
 // token-checked methods first, then ack the delivery: a frozen worker's
@@ -119,11 +124,41 @@
 // pools poll as well: announcements can be lost, and RabbitMQ's
 // redeliveries are not announced.
 //
+// # One state store per prefix
+//
+// A message's id names a row of the state store that made it, and means
+// nothing in another, where the same id may be another task. So a prefix
+// belongs to one state store (every process that uses the store, on any
+// host, shares it): each store has an id, made once by its migration
+// (sqlstore.Store.StoreID), and the broker
+//
+//   - declares, at each connection, the durable marker queue
+//     <prefix>.store whose arguments carry its store's id. RabbitMQ
+//     refuses a declaration of an existing queue with other arguments, in
+//     one step, so the first store keeps the prefix and Open of another
+//     fails with a *PrefixTakenError (ErrPrefixTaken) naming both stores,
+//     the prefix and the fix: a distinct amqp_prefix per state store, or
+//     one shared state store (postgres). A store that replaces a lost one
+//     takes the prefix once an operator deletes <prefix>.store (store.go);
+//   - stamps its id on every message it publishes, and moves a delivery
+//     stamped by another store to its topic's rejected queue (below),
+//     counted and logged as an error, instead of taking or dropping it:
+//     it is that store's task, which waits in that store. This covers what
+//     the marker cannot: a marker deleted while its store still runs, and
+//     the messages a replaced store left in the queues.
+//
+// A delivery without the stamp (published by a version before it) is
+// taken as this store's, as before; should its row be gone, its drop is
+// logged at WARN, since it may have been another store's.
+//
 // # Not ours
 //
-// A delivery on a topic queue that is not one of the broker's messages
-// (another type, no message id) is moved to <prefix>.t.<topic>.rejected
-// with the reason in the header x-taskhost-reason; it never runs.
+// A delivery on a topic queue or a dead queue that is not one of this
+// broker's messages (another type, no message id, another store's stamp)
+// is moved to <prefix>.t.<topic>.rejected with the reason in the header
+// x-taskhost-reason (its own headers, the stamp too, are kept) and
+// counted (Options.Rejected); it never runs and ends no row. It is acked
+// only once RabbitMQ has confirmed its copy.
 //
 // # Faults
 //
@@ -133,7 +168,9 @@
 // submits are stored and published once RabbitMQ is back. A topic queue
 // deleted by an operator is declared again at the next claim or publish
 // that meets its absence, and the topic's queued messages are published
-// again.
+// again. A reconnect that finds the prefix taken by another store (its
+// marker queue was deleted meanwhile) is refused like a start: the broker
+// stays disconnected, Health says why, and it tries again with backoff.
 //
 // # Priorities
 //

@@ -44,18 +44,20 @@ const (
 	batchGap  = 10 * time.Millisecond
 )
 
-// maxDropsPerTake bounds the foreign deliveries one fetch of a topic
-// moves aside before it gives up on the topic for that claim.
+// maxDropsPerTake bounds the foreign deliveries (not tasks, or another
+// store's) one fetch of a topic moves aside before it gives up on the
+// topic for that claim.
 const maxDropsPerTake = 200
 
 var consumerSeq atomic.Uint64
 
 // fetched is a delivery taken from a topic queue for a claim.
 type fetched struct {
-	topic string
-	ch    *amqp.Channel
-	d     amqp.Delivery
-	id    int64
+	topic   string
+	ch      *amqp.Channel
+	d       amqp.Delivery
+	id      int64
+	stamped bool // it carries this broker's store id (see store.go)
 }
 
 // fetch takes up to n deliveries round-robin over topics, each topic at
@@ -133,13 +135,13 @@ func (b *Broker) fetchTopic(ctx context.Context, s *session, topic string, k int
 		drops int
 	)
 	keep := func(d amqp.Delivery) {
-		id, err := idOf(d)
+		id, stamped, err := b.ours(d)
 		if err != nil {
-			b.reject(ctx, s, topic, d, err.Error())
+			b.reject(ctx, s, topic, d, err)
 			drops++
 			return
 		}
-		out = append(out, fetched{topic: topic, ch: ch, d: d, id: id})
+		out = append(out, fetched{topic: topic, ch: ch, d: d, id: id, stamped: stamped})
 	}
 	for len(out) < k && drops < maxDropsPerTake {
 		d, ok, err := ch.Get(queue, false)

@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -198,9 +199,11 @@ func (b *Broker) readDead(ctx context.Context, s *session) error {
 			if !ok {
 				break
 			}
-			id, err := idOf(d)
+			// Another store's message must not end the row of this
+			// store that has its id.
+			id, _, err := b.ours(d)
 			if err != nil {
-				b.reject(ctx, s, topic, d, err.Error())
+				b.reject(ctx, s, topic, d, err)
 				continue
 			}
 			reason := deathReason(d, b.opts.DeliveryLimit)
@@ -211,6 +214,8 @@ func (b *Broker) readDead(ctx context.Context, s *session) error {
 			}
 			if ended {
 				b.log.Warn("RabbitMQ dead-lettered a message", "id", id, "topic", topic, "reason", reason)
+			} else {
+				b.log.Debug("RabbitMQ dead-lettered a message that had ended already (or whose row is gone); dropped", "id", id, "topic", topic)
 			}
 			_ = d.Ack(false)
 		}
@@ -234,10 +239,14 @@ func deathReason(d amqp.Delivery, limit int) string {
 // its topic's rejected queue (<prefix>.t.<topic>.rejected).
 const RejectReasonHeader = "x-taskhost-reason"
 
-// reject moves a delivery that is not one of the broker's messages (no
-// message id of ours) to its topic's rejected queue, with the reason in
-// RejectReasonHeader, for an operator to look at; it never runs.
-func (b *Broker) reject(ctx context.Context, s *session, topic string, d amqp.Delivery, reason string) {
+// reject moves a delivery that is not one of the broker's messages (why:
+// no message id of ours, or another state store's stamp) to its topic's
+// rejected queue, with why in RejectReasonHeader, for an operator to look
+// at; it never runs, and is never acked before its copy is confirmed. It
+// is counted (Options.Rejected) and logged: another store's task as an
+// error, since that store's task waits for it.
+func (b *Broker) reject(ctx context.Context, s *session, topic string, d amqp.Delivery, why error) {
+	reason := why.Error()
 	queue := b.names.rejected(topic)
 	err := func() error {
 		ch, err := s.conn.Channel()
@@ -271,12 +280,20 @@ func (b *Broker) reject(ctx context.Context, s *session, topic string, d amqp.De
 		return nil
 	}()
 	if err != nil {
-		b.log.Error("could not move a foreign message to the rejected queue; it goes back to its queue", "queue", queue, "error", err)
+		b.log.Error("could not move a foreign message to the rejected queue; it goes back to its queue", "queue", queue, "reason", reason, "error", err)
 		_ = d.Reject(true)
 		return
 	}
-	b.log.Warn("moved a message that is not a task to the rejected queue", "topic", topic, "queue", queue, "reason", reason)
 	_ = d.Ack(false)
+	var other *otherStoreError
+	if errors.As(why, &other) {
+		b.opts.Rejected(RejectedOtherStore)
+		b.log.Error("moved a task of another state store to the rejected queue: it is that store's, and waits there for it",
+			"topic", topic, "queue", queue, "message_id", other.id, "its_store", other.theirs, "this_store", b.storeID, "reason", reason)
+		return
+	}
+	b.opts.Rejected(RejectedNotATask)
+	b.log.Warn("moved a message that is not a task to the rejected queue", "topic", topic, "queue", queue, "reason", reason)
 }
 
 // RedeliveryWindow is how long RabbitMQ may take to bring back the

@@ -259,6 +259,7 @@ func (a *announcer) send(ch *amqp.Channel, connClosed, chClosed <-chan *amqp.Err
 			err = ch.Publish(a.b.names.announceExchange(), "", false, false, amqp.Publishing{
 				ContentType: "application/json",
 				AppId:       a.from,
+				Headers:     a.b.stamp,
 				Body:        body,
 			})
 		}
@@ -281,6 +282,9 @@ func (a *announcer) receive(in <-chan amqp.Delivery) {
 	for d := range in {
 		if d.AppId == a.from {
 			continue
+		}
+		if st, ok := d.Headers[StoreHeader]; ok && st != a.b.storeID {
+			continue // another store's topics
 		}
 		var topics []string
 		if err := json.Unmarshal(d.Body, &topics); err != nil {

@@ -50,6 +50,10 @@ type Options struct {
 	// Logger gets connection losses, reconnects and dropped deliveries.
 	// Nil discards.
 	Logger hclog.Logger
+	// Rejected, when set, is called for each delivery moved to its
+	// topic's rejected queue, with why (RejectedNotATask,
+	// RejectedOtherStore): for a counter.
+	Rejected func(reason string)
 
 	// rebindEvery, for tests, replaces the package's rebindEvery.
 	rebindEvery time.Duration
@@ -80,6 +84,10 @@ type Broker struct {
 	log   hclog.Logger
 	names names
 	id    string // names this broker to the other processes (see notify.go)
+
+	storeID    string     // the state store's id (see store.go)
+	storeWhere string     // where the state store is, for a person
+	stamp      amqp.Table // the headers of every message published: StoreHeader
 
 	closed atomic.Bool
 	ctx    context.Context // cancelled by Close
@@ -113,7 +121,9 @@ var (
 
 // Open connects to RabbitMQ and starts the broker's loops: the outbox
 // publisher, the dead-letter reader and the reconnect loop. It fails when
-// RabbitMQ cannot be reached at first (later losses are reconnected).
+// RabbitMQ cannot be reached at first (later losses are reconnected), and
+// when another state store uses the prefix on the virtual host
+// (ErrPrefixTaken, in a *PrefixTakenError that says how to fix it).
 func Open(ctx context.Context, o Options) (*Broker, error) {
 	if o.State == nil {
 		return nil, errors.New("rabbitmq broker: no state store (a local or postgres broker)")
@@ -136,32 +146,45 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	if o.rebindEvery <= 0 {
 		o.rebindEvery = rebindEvery
 	}
+	if o.Rejected == nil {
+		o.Rejected = func(string) {}
+	}
+	storeID, err := o.State.StoreID(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq broker: state store: reading its id: %w", err)
+	}
 	b := &Broker{
-		delegated: o.State,
-		state:     o.State,
-		opts:      o,
-		log:       o.Logger,
-		names:     names{prefix: o.Prefix},
-		id:        brokerID(),
-		kick:      make(chan struct{}, 1),
-		queues:    make(map[string]bool),
-		topics:    make(map[string]bool),
-		probed:    make(map[string]time.Time),
-		limited:   make(map[string]*sync.Mutex),
-		isLim:     make(map[string]bool),
+		delegated:  o.State,
+		state:      o.State,
+		opts:       o,
+		log:        o.Logger,
+		names:      names{prefix: o.Prefix},
+		id:         brokerID(),
+		storeID:    storeID,
+		storeWhere: storeWhere(o.State),
+		stamp:      amqp.Table{StoreHeader: storeID},
+		kick:       make(chan struct{}, 1),
+		queues:     make(map[string]bool),
+		topics:     make(map[string]bool),
+		probed:     make(map[string]time.Time),
+		limited:    make(map[string]*sync.Mutex),
+		isLim:      make(map[string]bool),
+	}
+	b.held.m = make(map[string]delivery)
+	b.done.kick = make(chan struct{}, 1)
+	// The session claims the prefix for the store first: a store refused
+	// is left as it was.
+	s, err := b.dial(ctx)
+	if err != nil {
+		return nil, err
 	}
 	if e, ok := o.State.(interface{ EnableOutbox(context.Context) error }); ok {
 		// Messages inserted into the store by others (client/pgtx) are
 		// published too.
 		if err := e.EnableOutbox(ctx); err != nil {
+			s.close()
 			return nil, fmt.Errorf("rabbitmq broker: state store: %w", err)
 		}
-	}
-	b.held.m = make(map[string]delivery)
-	b.done.kick = make(chan struct{}, 1)
-	s, err := b.dial(ctx)
-	if err != nil {
-		return nil, err
 	}
 	b.sess = s
 	b.ctx, b.stop = context.WithCancel(context.Background())
@@ -311,7 +334,14 @@ func (b *Broker) reconnectLoop(s *session) {
 			b.mu.Lock()
 			b.health = fmt.Errorf("reconnecting to RabbitMQ: %v", err)
 			b.mu.Unlock()
-			b.log.Warn("reconnect to RabbitMQ failed", "error", err, "retry_in", wait)
+			if errors.Is(err, ErrPrefixTaken) {
+				// Another store took the prefix while this one was away
+				// (its marker queue was deleted): nothing of this store
+				// is published or taken until it is fixed.
+				b.log.Error("reconnect to RabbitMQ refused: another state store uses the prefix", "error", err, "retry_in", wait)
+			} else {
+				b.log.Warn("reconnect to RabbitMQ failed", "error", err, "retry_in", wait)
+			}
 			select {
 			case <-b.ctx.Done():
 				return

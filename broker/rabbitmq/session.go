@@ -62,6 +62,9 @@ func newSession(b *Broker, c *amqp.Connection) (*session, error) {
 		return nil, err
 	}
 	defer func() { _ = ch.Close() }()
+	if err := b.claimPrefix(ch); err != nil {
+		return nil, err
+	}
 	if err := ch.ExchangeDeclare(b.names.deadExchange(), amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
 		return nil, fmt.Errorf("declare exchange %s: %w", b.names.deadExchange(), err)
 	}
@@ -212,6 +215,7 @@ func (s *session) publish(ctx context.Context, topic string, ids []int64) error 
 		dc, err := s.pub.PublishWithDeferredConfirmWithContext(ctx, "", key, true, false, amqp.Publishing{
 			DeliveryMode: amqp.Persistent,
 			ContentType:  "application/json",
+			Headers:      s.b.stamp,
 			Type:         envelopeType,
 			MessageId:    sid,
 			Body:         []byte(`{"id":` + sid + `}`),
