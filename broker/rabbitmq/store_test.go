@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -380,5 +382,62 @@ func TestAReconnectToAPrefixTakenMeanwhileIsRefused(t *testing.T) {
 	eventually(t, 30*time.Second, "Health after the prefix is free again", func() bool { return b.Health() == nil })
 	if m := claimWithin(t, b, "w", "r"); m.ID != id {
 		t.Fatalf("claimed %d, want %d", m.ID, id)
+	}
+}
+
+// TestStoresRacingForANewPrefixOneWins: brokers of two stores opened at
+// once on a new prefix (two of each, as two hosts of each would): the
+// brokers of one store open, and both of the other's are refused.
+func TestStoresRacingForANewPrefixOneWins(t *testing.T) {
+	url, prefix := testrabbit.URL(t), testrabbit.Prefix()
+	paths := []string{filepath.Join(t.TempDir(), "a.db"), filepath.Join(t.TempDir(), "b.db")}
+	type result struct {
+		store int
+		b     *Broker
+		err   error
+	}
+	results := make(chan result, 4)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Go(func() {
+			s, err := local.Open(t.Context(), local.Options{Path: paths[i%2]})
+			if err != nil {
+				results <- result{store: i % 2, err: err}
+				return
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			b, err := Open(ctx, Options{URL: url, Prefix: prefix, State: s})
+			if err != nil {
+				_ = s.Close()
+			}
+			results <- result{store: i % 2, b: b, err: err}
+		})
+	}
+	wg.Wait()
+	close(results)
+	opened := map[int]int{}
+	refused := map[int]int{}
+	queues, exchanges := map[string]bool{}, map[string]bool{}
+	for r := range results {
+		switch {
+		case r.err == nil:
+			opened[r.store]++
+			for _, q := range r.b.Queues() {
+				queues[q] = true
+			}
+			for _, e := range r.b.Exchanges() {
+				exchanges[e] = true
+			}
+			_ = r.b.Close()
+		case errors.Is(r.err, ErrPrefixTaken):
+			refused[r.store]++
+		default:
+			t.Errorf("store %d: %v", r.store, r.err)
+		}
+	}
+	testrabbit.Delete(t, url, slices.Collect(maps.Keys(queues)), slices.Collect(maps.Keys(exchanges)))
+	if len(opened) != 1 || len(refused) != 1 || opened[0]+opened[1] != 2 || refused[0]+refused[1] != 2 {
+		t.Fatalf("brokers opened by store %v, refused by store %v; want both of one store opened and both of the other refused", opened, refused)
 	}
 }
