@@ -8,8 +8,11 @@ package host_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,7 +35,7 @@ type rabbitEnv struct {
 func newRabbitEnv(tb testing.TB, url string, topics ...string) rabbitEnv {
 	tb.Helper()
 	e := rabbitEnv{url: url, prefix: testrabbit.Prefix(), schema: pgSchema(tb)}
-	var queues []string
+	queues := []string{e.prefix + ".store"} // the marker of the state store that uses the prefix
 	for _, t := range append(topics, "default") {
 		q := e.prefix + ".t." + t
 		queues = append(queues, q, q+".dead", q+".rejected")
@@ -49,6 +52,59 @@ func (e rabbitEnv) config(o twOpts) string {
 		panic("twConfig no longer names the postgres broker on a line of its own")
 	}
 	return strings.Replace(c, pg, fmt.Sprintf("      broker: rabbitmq\n      amqp_url: %q\n      amqp_prefix: %s\n      state_store: postgres\n", e.url, e.prefix), 1)
+}
+
+// TestRabbitMQSecondStateStoreOnAPrefixIsRefused: two hosts on one
+// RabbitMQ and one amqp_prefix, each with the default state_store: local
+// (a store each). The second's tasks_worker does not start: it is failed
+// at once, not restarted in a loop, and its error in /admin/ names
+// amqp_prefix, both stores and the fix. The first host runs its tasks.
+func TestRabbitMQSecondStateStoreOnAPrefixIsRefused(t *testing.T) {
+	env := newRabbitEnv(t, testrabbit.URL(t))
+	config := func() string {
+		return strings.Replace(env.config(twOpts{}), "state_store: postgres\n",
+			fmt.Sprintf("state_store: local\n      data_dir: %q\n", t.TempDir()), 1)
+	}
+	first := startHost(t, config())
+	first.pluginPID(t, 0)
+	second := startHost(t, config())
+	var st pluginStatus
+	waitFor(t, 60*time.Second, "the second host's tasks_worker is failed", func() bool {
+		st = second.worker(t)
+		return st.State == "failed"
+	})
+	t.Logf("the second host's tasks_worker: %s", st.LastError)
+	for _, want := range []string{"plugins.tasks_worker.config: amqp_prefix: the prefix " + strconv.Quote(env.prefix),
+		"belongs to state store", "own amqp_prefix", "state_store: postgres", "rabbitmqctl delete_queue", "fix the config file and restart"} {
+		if !strings.Contains(st.LastError, want) {
+			t.Errorf("last error %q, want it to contain %q", st.LastError, want)
+		}
+	}
+	if st.Restarts != 0 {
+		t.Errorf("tasks_worker restarted %d times; a refused prefix is not retried", st.Restarts)
+	}
+	req, err := http.NewRequest("GET", second.base+"/admin/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+reaperToken)
+	resp, err := apiClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(page), template_escape(st.LastError)) {
+		t.Errorf("/admin/ does not show the error %q", st.LastError)
+	}
+	id, err := first.submit("demo.echo", "default", map[string]any{"n": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the first host runs its task", func() bool {
+		m, err := first.task(id)
+		return err == nil && m.State == "done"
+	})
 }
 
 // pluginPID waits until h's tasks_worker runs in a process other than

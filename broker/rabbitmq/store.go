@@ -29,8 +29,8 @@ import (
 //     runs, or the messages a replaced store left behind.
 //
 // RabbitMQ compares on a redeclaration only the arguments it knows, not
-// one of ours: so the id goes in x-dead-letter-routing-key, the one such
-// argument that takes any string (the marker queue never dead-letters
+// one of ours: so the id goes in x-dead-letter-routing-key, an argument
+// it knows that takes any string (the marker queue never dead-letters
 // anything, since nothing is published to it), and in StoreHeader for a
 // person reading the queue's arguments.
 

@@ -4,6 +4,7 @@ package tasksworker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -24,7 +25,9 @@ const LocalDBFile = "taskhost.db"
 // openBroker is the one place that maps the broker setting to an
 // implementation. It checks everything it can before the caller stops the
 // running broker, and returns the function that opens the new one.
-func openBroker(cfg Config, log hclog.Logger) (func(ctx context.Context) (broker.Broker, error), error) {
+// rejected counts the deliveries the rabbitmq broker moves aside, by
+// reason (see rabbitmq.Options.Rejected).
+func openBroker(cfg Config, log hclog.Logger, rejected func(reason string)) (func(ctx context.Context) (broker.Broker, error), error) {
 	switch cfg.Broker {
 	case "memory":
 		return func(context.Context) (broker.Broker, error) { return memory.New(), nil }, nil
@@ -33,7 +36,7 @@ func openBroker(cfg Config, log hclog.Logger) (func(ctx context.Context) (broker
 	case "postgres":
 		return func(ctx context.Context) (broker.Broker, error) { return openPostgres(ctx, cfg, log) }, nil
 	case "rabbitmq":
-		return func(ctx context.Context) (broker.Broker, error) { return openRabbitMQ(ctx, cfg, log) }, nil
+		return func(ctx context.Context) (broker.Broker, error) { return openRabbitMQ(ctx, cfg, log, rejected) }, nil
 	}
 	return nil, invalid("broker", "unknown broker %q; use one of %s", cfg.Broker, strings.Join(brokerKinds, ", "))
 }
@@ -62,7 +65,7 @@ func openPostgres(ctx context.Context, cfg Config, log hclog.Logger) (*postgres.
 // openRabbitMQ opens the state store the config names (the local or the
 // postgres store, with the same settings as that broker), then the
 // rabbitmq broker over it; the broker closes the store.
-func openRabbitMQ(ctx context.Context, cfg Config, log hclog.Logger) (broker.Broker, error) {
+func openRabbitMQ(ctx context.Context, cfg Config, log hclog.Logger, rejected func(reason string)) (broker.Broker, error) {
 	var state rabbitmq.StateStore
 	var err error
 	switch cfg.StateStore {
@@ -82,9 +85,16 @@ func openRabbitMQ(ctx context.Context, cfg Config, log hclog.Logger) (broker.Bro
 		DeliveryLimit: cfg.Reaper.MaxAttempts,
 		MaxPayload:    cfg.MaxPayloadBytes,
 		Logger:        log.Named("rabbitmq"),
+		Rejected:      rejected,
 	})
 	if err != nil {
 		_ = state.Close()
+		var taken *rabbitmq.PrefixTakenError
+		if errors.As(err, &taken) {
+			// Retrying cannot help: the config, or the queue the error
+			// names, must change first.
+			return nil, invalid("amqp_prefix", "%s", taken.Error())
+		}
 		return nil, err
 	}
 	return b, nil

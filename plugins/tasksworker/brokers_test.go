@@ -3,12 +3,19 @@ package tasksworker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/rabbitmq"
 	"github.com/taskhost/taskhost/capability"
+	"github.com/taskhost/taskhost/capability/capabilitytest"
 	"github.com/taskhost/taskhost/internal/testdb"
 	"github.com/taskhost/taskhost/internal/testrabbit"
 )
@@ -85,5 +92,90 @@ func TestPluginOnEachBroker(t *testing.T) {
 				t.Fatalf("workers' live flags = %v, want this worker live and gone not", live)
 			}
 		})
+	}
+}
+
+// rabbitConfig is a rabbitmq broker's config on prefix, with its local
+// state store in a fresh data_dir.
+func rabbitConfig(t *testing.T, prefix string) map[string]any {
+	return map[string]any{"broker": "rabbitmq", "amqp_url": testrabbit.URL(t), "amqp_prefix": prefix,
+		"data_dir": filepath.Join(t.TempDir(), "data")}
+}
+
+// startRabbit starts the plugin on the rabbitmq broker of cfg; its
+// queues are deleted at cleanup.
+func startRabbit(t *testing.T, cfg map[string]any) (*fixture, *rabbitmq.Broker) {
+	t.Helper()
+	f := start(t, cfg)
+	b := f.plugin.current().broker.(*rabbitmq.Broker)
+	t.Cleanup(func() {
+		_ = f.plugin.Stop(context.Background())
+		testrabbit.Delete(t, testrabbit.URL(t), b.Queues(), b.Exchanges())
+	})
+	return f, b
+}
+
+// TestASecondStateStoreOnAPrefixIsAConfigError: a host whose state store
+// is not the one that uses its amqp_prefix (two hosts with the default
+// state_store: local on one RabbitMQ) does not start: its config is
+// refused, naming amqp_prefix, both stores and the fix, so that the host
+// shows it as the plugin's error and does not restart it in a loop.
+func TestASecondStateStoreOnAPrefixIsAConfigError(t *testing.T) {
+	prefix := testrabbit.Prefix()
+	startRabbit(t, rabbitConfig(t, prefix))
+	p := New(testLogger(t))
+	defer p.Stop(context.Background())
+	raw, err := json.Marshal(rabbitConfig(t, prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = p.Configure(context.Background(), capability.ConfigureRequest{Config: raw, Host: &capabilitytest.Host{}})
+	var bad *capability.InvalidConfigError
+	if !errors.As(err, &bad) || bad.Key != "amqp_prefix" {
+		t.Fatalf("Configure on another store's prefix: %v; want an invalid amqp_prefix", err)
+	}
+	for _, want := range []string{strconv.Quote(prefix), "belongs to state store", "own amqp_prefix", "state_store: postgres", "rabbitmqctl delete_queue"} {
+		if !strings.Contains(bad.Problem, want) {
+			t.Errorf("the refusal does not say %q: %s", want, bad.Problem)
+		}
+	}
+	if h, _ := p.CheckHealth(context.Background()); h.Status != capability.HealthError {
+		t.Errorf("health after the refusal = %v", h)
+	}
+}
+
+// TestRejectedDeliveriesAreCounted: what the rabbitmq broker moves to a
+// rejected queue is counted in fastpluggy_broker_deliveries_rejected_total
+// by reason: a task of another state store, and a message that is no
+// task.
+func TestRejectedDeliveriesAreCounted(t *testing.T) {
+	prefix := testrabbit.Prefix()
+	f, _ := startRabbit(t, rabbitConfig(t, prefix))
+	f.waitState(f.submit(`{"task": "demo.echo"}`), "done") // the topic's queue exists
+	ch, err := testrabbit.Connect(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue := prefix + ".t.default"
+	for _, m := range []amqp.Publishing{
+		{Type: "taskhost.message", MessageId: "1", Body: []byte(`{"id":1}`), Headers: amqp.Table{rabbitmq.StoreHeader: "0123456789abcdef"}},
+		{Body: []byte("hello")},
+	} {
+		if err := ch.PublishWithContext(t.Context(), "", queue, false, false, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		fams := f.scrape()
+		other := value(fams, "fastpluggy_broker_deliveries_rejected_total", "reason", rabbitmq.RejectedOtherStore)
+		notTask := value(fams, "fastpluggy_broker_deliveries_rejected_total", "reason", rabbitmq.RejectedNotATask)
+		if other == 1 && notTask == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("deliveries rejected: other_store %v, not_a_task %v; want 1 each", other, notTask)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/broker/rabbitmq"
 	"github.com/taskhost/taskhost/worker"
 )
 
@@ -37,6 +38,7 @@ type telemetry struct {
 	duration                              *prometheus.HistogramVec
 	reportsDropped                        prometheus.Counter
 	straysRequeued                        prometheus.Counter
+	rejected                              *prometheus.CounterVec
 }
 
 var _ worker.Observer = (*telemetry)(nil)
@@ -100,12 +102,23 @@ func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), l
 			Name: "fastpluggy_tasks_strays_requeued_total",
 			Help: "Messages this process's worker found running under its id without holding them (their claim committed and its answer was lost) and requeued, since it started.",
 		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fastpluggy_broker_deliveries_rejected_total",
+			Help: "Deliveries the rabbitmq broker of this process moved to their topic's rejected queue (<prefix>.t.<topic>.rejected) instead of taking them, since it started, by reason: " +
+				"other_store, a task of another state store on this amqp_prefix, which waits in that store (give each state store its own amqp_prefix); " +
+				"not_a_task, a message the broker did not publish. Always 0 on the other brokers, which take no deliveries.",
+		}, []string{"reason"}),
+	}
+	// Both reasons are there from the start, at 0, so that an increase
+	// is seen from the first one.
+	for _, r := range []string{rabbitmq.RejectedOtherStore, rabbitmq.RejectedNotATask} {
+		t.rejected.WithLabelValues(r)
 	}
 	t.reg.MustRegister(
 		t.submitted, t.completed, t.failed,
 		t.submittedPer, t.completedPer, t.failedPer,
 		t.cancelled, t.cancelledPer,
-		t.running, t.duration, t.reportsDropped, t.straysRequeued,
+		t.running, t.duration, t.reportsDropped, t.straysRequeued, t.rejected,
 		&brokerCollector{stats: stats, log: log},
 		heartbeatCollector(lastBeat),
 		collectors.NewGoCollector(),
@@ -119,6 +132,10 @@ func (t *telemetry) Submitted(topic string) {
 	t.submitted.Inc()
 	t.submittedPer.WithLabelValues(topic).Inc()
 }
+
+// Rejected counts one delivery the rabbitmq broker moved to its topic's
+// rejected queue, by reason (rabbitmq.Options.Rejected).
+func (t *telemetry) Rejected(reason string) { t.rejected.WithLabelValues(reason).Inc() }
 
 // Cancelled counts n tasks of topic that ended cancelled; an empty topic
 // (not known) counts in the total only.

@@ -36,6 +36,7 @@ var goldenMetrics = map[string]dto.MetricType{
 	"fastpluggy_broker_messages_running_total":       dto.MetricType_GAUGE,
 	"fastpluggy_broker_beats":                        dto.MetricType_GAUGE,
 	"fastpluggy_broker_oldest_running_claim_seconds": dto.MetricType_GAUGE,
+	"fastpluggy_broker_deliveries_rejected_total":    dto.MetricType_COUNTER,
 	"fastpluggy_tasks_submitted_total":               dto.MetricType_COUNTER,
 	"fastpluggy_tasks_completed_total":               dto.MetricType_COUNTER,
 	"fastpluggy_tasks_failed_total":                  dto.MetricType_COUNTER,
@@ -164,6 +165,11 @@ func TestCountersStartAtZeroAndMove(t *testing.T) {
 			t.Errorf("%s = %v before any task, want 0", name, v)
 		}
 	}
+	for _, reason := range []string{"other_store", "not_a_task"} {
+		if v := value(fams, "fastpluggy_broker_deliveries_rejected_total", "reason", reason); v != 0 {
+			t.Errorf("fastpluggy_broker_deliveries_rejected_total{reason=%q} = %v, want 0 from the start", reason, v)
+		}
+	}
 
 	f.waitState(f.submit(`{"task": "demo.echo"}`), "done")
 	f.waitState(f.submit(`{"task": "demo.echo"}`), "done")
@@ -226,8 +232,8 @@ func TestBrokerGaugesAreLeftOutWhenStatsFails(t *testing.T) {
 	defer f.plugin.swap(rt)
 
 	fams := f.scrape()
-	for name := range goldenMetrics {
-		if strings.HasPrefix(name, "fastpluggy_broker_") && fams[name] != nil {
+	for name, typ := range goldenMetrics {
+		if strings.HasPrefix(name, "fastpluggy_broker_") && typ == dto.MetricType_GAUGE && fams[name] != nil {
 			t.Errorf("%s emitted although Stats failed", name)
 		}
 	}

@@ -145,7 +145,7 @@ func (p *Plugin) Configure(ctx context.Context, req capability.ConfigureRequest)
 	if err != nil {
 		return err
 	}
-	open, err := openBroker(cfg, p.log)
+	open, err := openBroker(cfg, p.log, p.metrics.Rejected)
 	if err != nil {
 		return err
 	}
