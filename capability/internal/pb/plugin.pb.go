@@ -1396,8 +1396,11 @@ type RunTaskEvent struct {
 	Outcome TaskOutcome `protobuf:"varint,7,opt,name=outcome,proto3,enum=taskhost.plugin.v1.TaskOutcome" json:"outcome,omitempty"`
 	// With OUTCOME_SNOOZE: seconds to wait before the task runs again.
 	SnoozeSeconds float64 `protobuf:"fixed64,8,opt,name=snooze_seconds,json=snoozeSeconds,proto3" json:"snooze_seconds,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// With OUTCOME_ERROR: the retry waits at least this many seconds,
+	// whatever the task's backoff says (0: the backoff alone).
+	RetryAfterSeconds float64 `protobuf:"fixed64,9,opt,name=retry_after_seconds,json=retryAfterSeconds,proto3" json:"retry_after_seconds,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RunTaskEvent) Reset() {
@@ -1486,6 +1489,331 @@ func (x *RunTaskEvent) GetSnoozeSeconds() float64 {
 	return 0
 }
 
+func (x *RunTaskEvent) GetRetryAfterSeconds() float64 {
+	if x != nil {
+		return x.RetryAfterSeconds
+	}
+	return 0
+}
+
+// From the caller of RunTasks to the provider: attempts to start and
+// attempts to cancel.
+type TaskDispatch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Attempts      []*TaskAttempt         `protobuf:"bytes,1,rep,name=attempts,proto3" json:"attempts,omitempty"`
+	Cancels       []*TaskCancel          `protobuf:"bytes,2,rep,name=cancels,proto3" json:"cancels,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskDispatch) Reset() {
+	*x = TaskDispatch{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskDispatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskDispatch) ProtoMessage() {}
+
+func (x *TaskDispatch) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskDispatch.ProtoReflect.Descriptor instead.
+func (*TaskDispatch) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TaskDispatch) GetAttempts() []*TaskAttempt {
+	if x != nil {
+		return x.Attempts
+	}
+	return nil
+}
+
+func (x *TaskDispatch) GetCancels() []*TaskCancel {
+	if x != nil {
+		return x.Cancels
+	}
+	return nil
+}
+
+// One attempt to run, as RunTaskRequest, named by an id the caller chose,
+// unique within the stream.
+type TaskAttempt struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Task        string                 `protobuf:"bytes,2,opt,name=task,proto3" json:"task,omitempty"`
+	PayloadJson []byte                 `protobuf:"bytes,3,opt,name=payload_json,json=payloadJson,proto3" json:"payload_json,omitempty"`
+	MessageId   string                 `protobuf:"bytes,4,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	Attempt     int32                  `protobuf:"varint,5,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Seconds the attempt may run from when the provider receives it (0: no
+	// bound). The caller enforces it with a TaskCancel; this lets the
+	// provider's handler know its deadline.
+	TimeoutSeconds float64 `protobuf:"fixed64,6,opt,name=timeout_seconds,json=timeoutSeconds,proto3" json:"timeout_seconds,omitempty"`
+	// The task's headers as submitted (trace context such as traceparent).
+	Headers       map[string]string `protobuf:"bytes,7,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskAttempt) Reset() {
+	*x = TaskAttempt{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskAttempt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskAttempt) ProtoMessage() {}
+
+func (x *TaskAttempt) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskAttempt.ProtoReflect.Descriptor instead.
+func (*TaskAttempt) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *TaskAttempt) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *TaskAttempt) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *TaskAttempt) GetPayloadJson() []byte {
+	if x != nil {
+		return x.PayloadJson
+	}
+	return nil
+}
+
+func (x *TaskAttempt) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *TaskAttempt) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *TaskAttempt) GetTimeoutSeconds() float64 {
+	if x != nil {
+		return x.TimeoutSeconds
+	}
+	return 0
+}
+
+func (x *TaskAttempt) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+// Stop attempt id: its handler's context is cancelled. The provider still
+// ends the attempt with a final event, once its handler has returned.
+type TaskCancel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskCancel) Reset() {
+	*x = TaskCancel{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskCancel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskCancel) ProtoMessage() {}
+
+func (x *TaskCancel) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskCancel.ProtoReflect.Descriptor instead.
+func (*TaskCancel) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *TaskCancel) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *TaskCancel) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// From the provider: its capacity, and events of its attempts.
+type TaskReturn struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The most attempts the provider runs at once on this stream. The
+	// provider sends it in its first frame, before any event; a later frame
+	// may change it; 0 leaves it as it was. The caller never has more
+	// attempts in flight (sent, without a final event yet).
+	Capacity      uint32              `protobuf:"varint,1,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Events        []*TaskAttemptEvent `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskReturn) Reset() {
+	*x = TaskReturn{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskReturn) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskReturn) ProtoMessage() {}
+
+func (x *TaskReturn) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskReturn.ProtoReflect.Descriptor instead.
+func (*TaskReturn) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *TaskReturn) GetCapacity() uint32 {
+	if x != nil {
+		return x.Capacity
+	}
+	return 0
+}
+
+func (x *TaskReturn) GetEvents() []*TaskAttemptEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// One event of attempt id: a log line, progress, or the final event (done).
+// The final event is sent once the attempt's handler has returned, never
+// before: until then the attempt holds its place in the caller's limits.
+type TaskAttemptEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Event         *RunTaskEvent          `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskAttemptEvent) Reset() {
+	*x = TaskAttemptEvent{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskAttemptEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskAttemptEvent) ProtoMessage() {}
+
+func (x *TaskAttemptEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskAttemptEvent.ProtoReflect.Descriptor instead.
+func (*TaskAttemptEvent) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *TaskAttemptEvent) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *TaskAttemptEvent) GetEvent() *RunTaskEvent {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
 type ListPluginsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty means every plugin.
@@ -1496,7 +1824,7 @@ type ListPluginsRequest struct {
 
 func (x *ListPluginsRequest) Reset() {
 	*x = ListPluginsRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1836,7 @@ func (x *ListPluginsRequest) String() string {
 func (*ListPluginsRequest) ProtoMessage() {}
 
 func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1849,7 @@ func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsRequest.ProtoReflect.Descriptor instead.
 func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListPluginsRequest) GetCapability() string {
@@ -1543,7 +1871,7 @@ type PluginInfo struct {
 
 func (x *PluginInfo) Reset() {
 	*x = PluginInfo{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1883,7 @@ func (x *PluginInfo) String() string {
 func (*PluginInfo) ProtoMessage() {}
 
 func (x *PluginInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1896,7 @@ func (x *PluginInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInfo.ProtoReflect.Descriptor instead.
 func (*PluginInfo) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PluginInfo) GetName() string {
@@ -1608,7 +1936,7 @@ type ListPluginsResponse struct {
 
 func (x *ListPluginsResponse) Reset() {
 	*x = ListPluginsResponse{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1620,7 +1948,7 @@ func (x *ListPluginsResponse) String() string {
 func (*ListPluginsResponse) ProtoMessage() {}
 
 func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1633,7 +1961,7 @@ func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsResponse.ProtoReflect.Descriptor instead.
 func (*ListPluginsResponse) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{26}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListPluginsResponse) GetPlugins() []*PluginInfo {
@@ -1652,7 +1980,7 @@ type HostCollectMetricsRequest struct {
 
 func (x *HostCollectMetricsRequest) Reset() {
 	*x = HostCollectMetricsRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1992,7 @@ func (x *HostCollectMetricsRequest) String() string {
 func (*HostCollectMetricsRequest) ProtoMessage() {}
 
 func (x *HostCollectMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +2005,7 @@ func (x *HostCollectMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostCollectMetricsRequest.ProtoReflect.Descriptor instead.
 func (*HostCollectMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{27}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HostCollectMetricsRequest) GetPlugin() string {
@@ -1697,7 +2025,7 @@ type HostRunTaskRequest struct {
 
 func (x *HostRunTaskRequest) Reset() {
 	*x = HostRunTaskRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +2037,7 @@ func (x *HostRunTaskRequest) String() string {
 func (*HostRunTaskRequest) ProtoMessage() {}
 
 func (x *HostRunTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +2050,7 @@ func (x *HostRunTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostRunTaskRequest.ProtoReflect.Descriptor instead.
 func (*HostRunTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{28}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HostRunTaskRequest) GetPlugin() string {
@@ -1748,7 +2076,7 @@ type HostListTasksRequest struct {
 
 func (x *HostListTasksRequest) Reset() {
 	*x = HostListTasksRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[29]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +2088,7 @@ func (x *HostListTasksRequest) String() string {
 func (*HostListTasksRequest) ProtoMessage() {}
 
 func (x *HostListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[29]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +2101,7 @@ func (x *HostListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostListTasksRequest.ProtoReflect.Descriptor instead.
 func (*HostListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{29}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HostListTasksRequest) GetPlugin() string {
@@ -1781,6 +2109,347 @@ func (x *HostListTasksRequest) GetPlugin() string {
 		return x.Plugin
 	}
 	return ""
+}
+
+type HostTaskDispatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The provider plugin: set in the first frame, ignored after it.
+	Plugin        string        `protobuf:"bytes,1,opt,name=plugin,proto3" json:"plugin,omitempty"`
+	Dispatch      *TaskDispatch `protobuf:"bytes,2,opt,name=dispatch,proto3" json:"dispatch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HostTaskDispatch) Reset() {
+	*x = HostTaskDispatch{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HostTaskDispatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HostTaskDispatch) ProtoMessage() {}
+
+func (x *HostTaskDispatch) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HostTaskDispatch.ProtoReflect.Descriptor instead.
+func (*HostTaskDispatch) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *HostTaskDispatch) GetPlugin() string {
+	if x != nil {
+		return x.Plugin
+	}
+	return ""
+}
+
+func (x *HostTaskDispatch) GetDispatch() *TaskDispatch {
+	if x != nil {
+		return x.Dispatch
+	}
+	return nil
+}
+
+// One task to queue: the fields of POST tasks.
+type TaskSubmission struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Task         string                 `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	Topic        string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	PayloadJson  []byte                 `protobuf:"bytes,3,opt,name=payload_json,json=payloadJson,proto3" json:"payload_json,omitempty"`
+	DelaySeconds float64                `protobuf:"fixed64,4,opt,name=delay_seconds,json=delaySeconds,proto3" json:"delay_seconds,omitempty"`
+	// RFC 3339; exclusive with delay_seconds.
+	RunAt            string   `protobuf:"bytes,5,opt,name=run_at,json=runAt,proto3" json:"run_at,omitempty"`
+	MaxAttempts      int32    `protobuf:"varint,6,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	Priority         int32    `protobuf:"varint,7,opt,name=priority,proto3" json:"priority,omitempty"`
+	UniqueKey        string   `protobuf:"bytes,8,opt,name=unique_key,json=uniqueKey,proto3" json:"unique_key,omitempty"`
+	UniqueKeySet     bool     `protobuf:"varint,9,opt,name=unique_key_set,json=uniqueKeySet,proto3" json:"unique_key_set,omitempty"`
+	UniqueForSeconds float64  `protobuf:"fixed64,10,opt,name=unique_for_seconds,json=uniqueForSeconds,proto3" json:"unique_for_seconds,omitempty"`
+	UniqueStates     []string `protobuf:"bytes,11,rep,name=unique_states,json=uniqueStates,proto3" json:"unique_states,omitempty"`
+	// The id of the task whose attempt submits this one (the parent), or
+	// empty.
+	ParentTaskId  string `protobuf:"bytes,12,opt,name=parent_task_id,json=parentTaskId,proto3" json:"parent_task_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskSubmission) Reset() {
+	*x = TaskSubmission{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskSubmission) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskSubmission) ProtoMessage() {}
+
+func (x *TaskSubmission) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskSubmission.ProtoReflect.Descriptor instead.
+func (*TaskSubmission) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *TaskSubmission) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *TaskSubmission) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TaskSubmission) GetPayloadJson() []byte {
+	if x != nil {
+		return x.PayloadJson
+	}
+	return nil
+}
+
+func (x *TaskSubmission) GetDelaySeconds() float64 {
+	if x != nil {
+		return x.DelaySeconds
+	}
+	return 0
+}
+
+func (x *TaskSubmission) GetRunAt() string {
+	if x != nil {
+		return x.RunAt
+	}
+	return ""
+}
+
+func (x *TaskSubmission) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *TaskSubmission) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *TaskSubmission) GetUniqueKey() string {
+	if x != nil {
+		return x.UniqueKey
+	}
+	return ""
+}
+
+func (x *TaskSubmission) GetUniqueKeySet() bool {
+	if x != nil {
+		return x.UniqueKeySet
+	}
+	return false
+}
+
+func (x *TaskSubmission) GetUniqueForSeconds() float64 {
+	if x != nil {
+		return x.UniqueForSeconds
+	}
+	return 0
+}
+
+func (x *TaskSubmission) GetUniqueStates() []string {
+	if x != nil {
+		return x.UniqueStates
+	}
+	return nil
+}
+
+func (x *TaskSubmission) GetParentTaskId() string {
+	if x != nil {
+		return x.ParentTaskId
+	}
+	return ""
+}
+
+type SubmitTasksRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Tasks []*TaskSubmission      `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	// Set by the host: the plugin that submits. What a plugin sends here is
+	// replaced.
+	Plugin        string `protobuf:"bytes,2,opt,name=plugin,proto3" json:"plugin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubmitTasksRequest) Reset() {
+	*x = SubmitTasksRequest{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubmitTasksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubmitTasksRequest) ProtoMessage() {}
+
+func (x *SubmitTasksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubmitTasksRequest.ProtoReflect.Descriptor instead.
+func (*SubmitTasksRequest) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *SubmitTasksRequest) GetTasks() []*TaskSubmission {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
+func (x *SubmitTasksRequest) GetPlugin() string {
+	if x != nil {
+		return x.Plugin
+	}
+	return ""
+}
+
+type SubmittedTask struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The task holding the same unique key: nothing was stored, id is that
+	// task's.
+	Duplicate     bool `protobuf:"varint,2,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubmittedTask) Reset() {
+	*x = SubmittedTask{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubmittedTask) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubmittedTask) ProtoMessage() {}
+
+func (x *SubmittedTask) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubmittedTask.ProtoReflect.Descriptor instead.
+func (*SubmittedTask) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *SubmittedTask) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SubmittedTask) GetDuplicate() bool {
+	if x != nil {
+		return x.Duplicate
+	}
+	return false
+}
+
+type SubmitTasksResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tasks         []*SubmittedTask       `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubmitTasksResponse) Reset() {
+	*x = SubmitTasksResponse{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubmitTasksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubmitTasksResponse) ProtoMessage() {}
+
+func (x *SubmitTasksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubmitTasksResponse.ProtoReflect.Descriptor instead.
+func (*SubmitTasksResponse) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *SubmitTasksResponse) GetTasks() []*SubmittedTask {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
 }
 
 var File_taskhost_plugin_v1_plugin_proto protoreflect.FileDescriptor
@@ -1873,7 +2542,7 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\fpayload_json\x18\x02 \x01(\fR\vpayloadJson\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x03 \x01(\tR\tmessageId\x12\x18\n" +
-	"\aattempt\x18\x04 \x01(\x05R\aattempt\"\x95\x02\n" +
+	"\aattempt\x18\x04 \x01(\x05R\aattempt\"\xc5\x02\n" +
 	"\fRunTaskEvent\x12\x19\n" +
 	"\blog_line\x18\x01 \x01(\tR\alogLine\x12\x1a\n" +
 	"\bprogress\x18\x02 \x01(\x01R\bprogress\x12!\n" +
@@ -1883,7 +2552,34 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"resultJson\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\tR\x05error\x129\n" +
 	"\aoutcome\x18\a \x01(\x0e2\x1f.taskhost.plugin.v1.TaskOutcomeR\aoutcome\x12%\n" +
-	"\x0esnooze_seconds\x18\b \x01(\x01R\rsnoozeSeconds\"4\n" +
+	"\x0esnooze_seconds\x18\b \x01(\x01R\rsnoozeSeconds\x12.\n" +
+	"\x13retry_after_seconds\x18\t \x01(\x01R\x11retryAfterSeconds\"\x85\x01\n" +
+	"\fTaskDispatch\x12;\n" +
+	"\battempts\x18\x01 \x03(\v2\x1f.taskhost.plugin.v1.TaskAttemptR\battempts\x128\n" +
+	"\acancels\x18\x02 \x03(\v2\x1e.taskhost.plugin.v1.TaskCancelR\acancels\"\xba\x02\n" +
+	"\vTaskAttempt\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04task\x18\x02 \x01(\tR\x04task\x12!\n" +
+	"\fpayload_json\x18\x03 \x01(\fR\vpayloadJson\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x04 \x01(\tR\tmessageId\x12\x18\n" +
+	"\aattempt\x18\x05 \x01(\x05R\aattempt\x12'\n" +
+	"\x0ftimeout_seconds\x18\x06 \x01(\x01R\x0etimeoutSeconds\x12F\n" +
+	"\aheaders\x18\a \x03(\v2,.taskhost.plugin.v1.TaskAttempt.HeadersEntryR\aheaders\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"4\n" +
+	"\n" +
+	"TaskCancel\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"f\n" +
+	"\n" +
+	"TaskReturn\x12\x1a\n" +
+	"\bcapacity\x18\x01 \x01(\rR\bcapacity\x12<\n" +
+	"\x06events\x18\x02 \x03(\v2$.taskhost.plugin.v1.TaskAttemptEventR\x06events\"Z\n" +
+	"\x10TaskAttemptEvent\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x126\n" +
+	"\x05event\x18\x02 \x01(\v2 .taskhost.plugin.v1.RunTaskEventR\x05event\"4\n" +
 	"\x12ListPluginsRequest\x12\x1e\n" +
 	"\n" +
 	"capability\x18\x01 \x01(\tR\n" +
@@ -1902,7 +2598,33 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x12<\n" +
 	"\arequest\x18\x02 \x01(\v2\".taskhost.plugin.v1.RunTaskRequestR\arequest\".\n" +
 	"\x14HostListTasksRequest\x12\x16\n" +
-	"\x06plugin\x18\x01 \x01(\tR\x06plugin*_\n" +
+	"\x06plugin\x18\x01 \x01(\tR\x06plugin\"h\n" +
+	"\x10HostTaskDispatch\x12\x16\n" +
+	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x12<\n" +
+	"\bdispatch\x18\x02 \x01(\v2 .taskhost.plugin.v1.TaskDispatchR\bdispatch\"\x96\x03\n" +
+	"\x0eTaskSubmission\x12\x12\n" +
+	"\x04task\x18\x01 \x01(\tR\x04task\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12!\n" +
+	"\fpayload_json\x18\x03 \x01(\fR\vpayloadJson\x12#\n" +
+	"\rdelay_seconds\x18\x04 \x01(\x01R\fdelaySeconds\x12\x15\n" +
+	"\x06run_at\x18\x05 \x01(\tR\x05runAt\x12!\n" +
+	"\fmax_attempts\x18\x06 \x01(\x05R\vmaxAttempts\x12\x1a\n" +
+	"\bpriority\x18\a \x01(\x05R\bpriority\x12\x1d\n" +
+	"\n" +
+	"unique_key\x18\b \x01(\tR\tuniqueKey\x12$\n" +
+	"\x0eunique_key_set\x18\t \x01(\bR\funiqueKeySet\x12,\n" +
+	"\x12unique_for_seconds\x18\n" +
+	" \x01(\x01R\x10uniqueForSeconds\x12#\n" +
+	"\runique_states\x18\v \x03(\tR\funiqueStates\x12$\n" +
+	"\x0eparent_task_id\x18\f \x01(\tR\fparentTaskId\"f\n" +
+	"\x12SubmitTasksRequest\x128\n" +
+	"\x05tasks\x18\x01 \x03(\v2\".taskhost.plugin.v1.TaskSubmissionR\x05tasks\x12\x16\n" +
+	"\x06plugin\x18\x02 \x01(\tR\x06plugin\"=\n" +
+	"\rSubmittedTask\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1c\n" +
+	"\tduplicate\x18\x02 \x01(\bR\tduplicate\"N\n" +
+	"\x13SubmitTasksResponse\x127\n" +
+	"\x05tasks\x18\x01 \x03(\v2!.taskhost.plugin.v1.SubmittedTaskR\x05tasks*_\n" +
 	"\vTaskOutcome\x12\x11\n" +
 	"\rOUTCOME_ERROR\x10\x00\x12\x12\n" +
 	"\x0eOUTCOME_SNOOZE\x10\x01\x12\x15\n" +
@@ -1920,15 +2642,20 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x0fServeHTTPStream\x12#.taskhost.plugin.v1.HTTPRequestPart\x1a%.taskhost.plugin.v1.HTTPResponseChunk(\x010\x012\xd3\x01\n" +
 	"\x0eActionProvider\x12^\n" +
 	"\vListActions\x12&.taskhost.plugin.v1.ListActionsRequest\x1a'.taskhost.plugin.v1.ListActionsResponse\x12a\n" +
-	"\fInvokeAction\x12'.taskhost.plugin.v1.InvokeActionRequest\x1a(.taskhost.plugin.v1.InvokeActionResponse2\xbb\x01\n" +
+	"\fInvokeAction\x12'.taskhost.plugin.v1.InvokeActionRequest\x1a(.taskhost.plugin.v1.InvokeActionResponse2\x8d\x02\n" +
 	"\fTaskProvider\x12X\n" +
 	"\tListTasks\x12$.taskhost.plugin.v1.ListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponse\x12Q\n" +
-	"\aRunTask\x12\".taskhost.plugin.v1.RunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x012\x90\x03\n" +
+	"\aRunTask\x12\".taskhost.plugin.v1.RunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x01\x12P\n" +
+	"\bRunTasks\x12 .taskhost.plugin.v1.TaskDispatch\x1a\x1e.taskhost.plugin.v1.TaskReturn(\x010\x012\xc6\x04\n" +
 	"\fHostServices\x12^\n" +
 	"\vListPlugins\x12&.taskhost.plugin.v1.ListPluginsRequest\x1a'.taskhost.plugin.v1.ListPluginsResponse\x12k\n" +
 	"\x0eCollectMetrics\x12-.taskhost.plugin.v1.HostCollectMetricsRequest\x1a*.taskhost.plugin.v1.CollectMetricsResponse\x12U\n" +
 	"\aRunTask\x12&.taskhost.plugin.v1.HostRunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x01\x12\\\n" +
-	"\tListTasks\x12(.taskhost.plugin.v1.HostListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponseB5Z3github.com/taskhost/taskhost/capability/internal/pbb\x06proto3"
+	"\tListTasks\x12(.taskhost.plugin.v1.HostListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponse\x12T\n" +
+	"\bRunTasks\x12$.taskhost.plugin.v1.HostTaskDispatch\x1a\x1e.taskhost.plugin.v1.TaskReturn(\x010\x01\x12^\n" +
+	"\vSubmitTasks\x12&.taskhost.plugin.v1.SubmitTasksRequest\x1a'.taskhost.plugin.v1.SubmitTasksResponse2o\n" +
+	"\rTaskSubmitter\x12^\n" +
+	"\vSubmitTasks\x12&.taskhost.plugin.v1.SubmitTasksRequest\x1a'.taskhost.plugin.v1.SubmitTasksResponseB5Z3github.com/taskhost/taskhost/capability/internal/pbb\x06proto3"
 
 var (
 	file_taskhost_plugin_v1_plugin_proto_rawDescOnce sync.Once
@@ -1943,7 +2670,7 @@ func file_taskhost_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_taskhost_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_taskhost_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_taskhost_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_taskhost_plugin_v1_plugin_proto_goTypes = []any{
 	(TaskOutcome)(0),                  // 0: taskhost.plugin.v1.TaskOutcome
 	(CheckHealthResponse_Status)(0),   // 1: taskhost.plugin.v1.CheckHealthResponse.Status
@@ -1971,12 +2698,23 @@ var file_taskhost_plugin_v1_plugin_proto_goTypes = []any{
 	(*ListTasksResponse)(nil),         // 23: taskhost.plugin.v1.ListTasksResponse
 	(*RunTaskRequest)(nil),            // 24: taskhost.plugin.v1.RunTaskRequest
 	(*RunTaskEvent)(nil),              // 25: taskhost.plugin.v1.RunTaskEvent
-	(*ListPluginsRequest)(nil),        // 26: taskhost.plugin.v1.ListPluginsRequest
-	(*PluginInfo)(nil),                // 27: taskhost.plugin.v1.PluginInfo
-	(*ListPluginsResponse)(nil),       // 28: taskhost.plugin.v1.ListPluginsResponse
-	(*HostCollectMetricsRequest)(nil), // 29: taskhost.plugin.v1.HostCollectMetricsRequest
-	(*HostRunTaskRequest)(nil),        // 30: taskhost.plugin.v1.HostRunTaskRequest
-	(*HostListTasksRequest)(nil),      // 31: taskhost.plugin.v1.HostListTasksRequest
+	(*TaskDispatch)(nil),              // 26: taskhost.plugin.v1.TaskDispatch
+	(*TaskAttempt)(nil),               // 27: taskhost.plugin.v1.TaskAttempt
+	(*TaskCancel)(nil),                // 28: taskhost.plugin.v1.TaskCancel
+	(*TaskReturn)(nil),                // 29: taskhost.plugin.v1.TaskReturn
+	(*TaskAttemptEvent)(nil),          // 30: taskhost.plugin.v1.TaskAttemptEvent
+	(*ListPluginsRequest)(nil),        // 31: taskhost.plugin.v1.ListPluginsRequest
+	(*PluginInfo)(nil),                // 32: taskhost.plugin.v1.PluginInfo
+	(*ListPluginsResponse)(nil),       // 33: taskhost.plugin.v1.ListPluginsResponse
+	(*HostCollectMetricsRequest)(nil), // 34: taskhost.plugin.v1.HostCollectMetricsRequest
+	(*HostRunTaskRequest)(nil),        // 35: taskhost.plugin.v1.HostRunTaskRequest
+	(*HostListTasksRequest)(nil),      // 36: taskhost.plugin.v1.HostListTasksRequest
+	(*HostTaskDispatch)(nil),          // 37: taskhost.plugin.v1.HostTaskDispatch
+	(*TaskSubmission)(nil),            // 38: taskhost.plugin.v1.TaskSubmission
+	(*SubmitTasksRequest)(nil),        // 39: taskhost.plugin.v1.SubmitTasksRequest
+	(*SubmittedTask)(nil),             // 40: taskhost.plugin.v1.SubmittedTask
+	(*SubmitTasksResponse)(nil),       // 41: taskhost.plugin.v1.SubmitTasksResponse
+	nil,                               // 42: taskhost.plugin.v1.TaskAttempt.HeadersEntry
 }
 var file_taskhost_plugin_v1_plugin_proto_depIdxs = []int32{
 	1,  // 0: taskhost.plugin.v1.CheckHealthResponse.status:type_name -> taskhost.plugin.v1.CheckHealthResponse.Status
@@ -1986,43 +2724,59 @@ var file_taskhost_plugin_v1_plugin_proto_depIdxs = []int32{
 	17, // 4: taskhost.plugin.v1.ListActionsResponse.actions:type_name -> taskhost.plugin.v1.ActionSpec
 	22, // 5: taskhost.plugin.v1.ListTasksResponse.tasks:type_name -> taskhost.plugin.v1.TaskSpec
 	0,  // 6: taskhost.plugin.v1.RunTaskEvent.outcome:type_name -> taskhost.plugin.v1.TaskOutcome
-	27, // 7: taskhost.plugin.v1.ListPluginsResponse.plugins:type_name -> taskhost.plugin.v1.PluginInfo
-	24, // 8: taskhost.plugin.v1.HostRunTaskRequest.request:type_name -> taskhost.plugin.v1.RunTaskRequest
-	2,  // 9: taskhost.plugin.v1.Lifecycle.Describe:input_type -> taskhost.plugin.v1.DescribeRequest
-	4,  // 10: taskhost.plugin.v1.Lifecycle.Configure:input_type -> taskhost.plugin.v1.ConfigureRequest
-	6,  // 11: taskhost.plugin.v1.Lifecycle.CheckHealth:input_type -> taskhost.plugin.v1.CheckHealthRequest
-	8,  // 12: taskhost.plugin.v1.Lifecycle.Stop:input_type -> taskhost.plugin.v1.StopRequest
-	10, // 13: taskhost.plugin.v1.MetricsProvider.CollectMetrics:input_type -> taskhost.plugin.v1.CollectMetricsRequest
-	13, // 14: taskhost.plugin.v1.HTTPHandler.ServeHTTP:input_type -> taskhost.plugin.v1.HTTPRequest
-	14, // 15: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:input_type -> taskhost.plugin.v1.HTTPRequestPart
-	16, // 16: taskhost.plugin.v1.ActionProvider.ListActions:input_type -> taskhost.plugin.v1.ListActionsRequest
-	19, // 17: taskhost.plugin.v1.ActionProvider.InvokeAction:input_type -> taskhost.plugin.v1.InvokeActionRequest
-	21, // 18: taskhost.plugin.v1.TaskProvider.ListTasks:input_type -> taskhost.plugin.v1.ListTasksRequest
-	24, // 19: taskhost.plugin.v1.TaskProvider.RunTask:input_type -> taskhost.plugin.v1.RunTaskRequest
-	26, // 20: taskhost.plugin.v1.HostServices.ListPlugins:input_type -> taskhost.plugin.v1.ListPluginsRequest
-	29, // 21: taskhost.plugin.v1.HostServices.CollectMetrics:input_type -> taskhost.plugin.v1.HostCollectMetricsRequest
-	30, // 22: taskhost.plugin.v1.HostServices.RunTask:input_type -> taskhost.plugin.v1.HostRunTaskRequest
-	31, // 23: taskhost.plugin.v1.HostServices.ListTasks:input_type -> taskhost.plugin.v1.HostListTasksRequest
-	3,  // 24: taskhost.plugin.v1.Lifecycle.Describe:output_type -> taskhost.plugin.v1.DescribeResponse
-	5,  // 25: taskhost.plugin.v1.Lifecycle.Configure:output_type -> taskhost.plugin.v1.ConfigureResponse
-	7,  // 26: taskhost.plugin.v1.Lifecycle.CheckHealth:output_type -> taskhost.plugin.v1.CheckHealthResponse
-	9,  // 27: taskhost.plugin.v1.Lifecycle.Stop:output_type -> taskhost.plugin.v1.StopResponse
-	11, // 28: taskhost.plugin.v1.MetricsProvider.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
-	15, // 29: taskhost.plugin.v1.HTTPHandler.ServeHTTP:output_type -> taskhost.plugin.v1.HTTPResponseChunk
-	15, // 30: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:output_type -> taskhost.plugin.v1.HTTPResponseChunk
-	18, // 31: taskhost.plugin.v1.ActionProvider.ListActions:output_type -> taskhost.plugin.v1.ListActionsResponse
-	20, // 32: taskhost.plugin.v1.ActionProvider.InvokeAction:output_type -> taskhost.plugin.v1.InvokeActionResponse
-	23, // 33: taskhost.plugin.v1.TaskProvider.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
-	25, // 34: taskhost.plugin.v1.TaskProvider.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
-	28, // 35: taskhost.plugin.v1.HostServices.ListPlugins:output_type -> taskhost.plugin.v1.ListPluginsResponse
-	11, // 36: taskhost.plugin.v1.HostServices.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
-	25, // 37: taskhost.plugin.v1.HostServices.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
-	23, // 38: taskhost.plugin.v1.HostServices.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
-	24, // [24:39] is the sub-list for method output_type
-	9,  // [9:24] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	27, // 7: taskhost.plugin.v1.TaskDispatch.attempts:type_name -> taskhost.plugin.v1.TaskAttempt
+	28, // 8: taskhost.plugin.v1.TaskDispatch.cancels:type_name -> taskhost.plugin.v1.TaskCancel
+	42, // 9: taskhost.plugin.v1.TaskAttempt.headers:type_name -> taskhost.plugin.v1.TaskAttempt.HeadersEntry
+	30, // 10: taskhost.plugin.v1.TaskReturn.events:type_name -> taskhost.plugin.v1.TaskAttemptEvent
+	25, // 11: taskhost.plugin.v1.TaskAttemptEvent.event:type_name -> taskhost.plugin.v1.RunTaskEvent
+	32, // 12: taskhost.plugin.v1.ListPluginsResponse.plugins:type_name -> taskhost.plugin.v1.PluginInfo
+	24, // 13: taskhost.plugin.v1.HostRunTaskRequest.request:type_name -> taskhost.plugin.v1.RunTaskRequest
+	26, // 14: taskhost.plugin.v1.HostTaskDispatch.dispatch:type_name -> taskhost.plugin.v1.TaskDispatch
+	38, // 15: taskhost.plugin.v1.SubmitTasksRequest.tasks:type_name -> taskhost.plugin.v1.TaskSubmission
+	40, // 16: taskhost.plugin.v1.SubmitTasksResponse.tasks:type_name -> taskhost.plugin.v1.SubmittedTask
+	2,  // 17: taskhost.plugin.v1.Lifecycle.Describe:input_type -> taskhost.plugin.v1.DescribeRequest
+	4,  // 18: taskhost.plugin.v1.Lifecycle.Configure:input_type -> taskhost.plugin.v1.ConfigureRequest
+	6,  // 19: taskhost.plugin.v1.Lifecycle.CheckHealth:input_type -> taskhost.plugin.v1.CheckHealthRequest
+	8,  // 20: taskhost.plugin.v1.Lifecycle.Stop:input_type -> taskhost.plugin.v1.StopRequest
+	10, // 21: taskhost.plugin.v1.MetricsProvider.CollectMetrics:input_type -> taskhost.plugin.v1.CollectMetricsRequest
+	13, // 22: taskhost.plugin.v1.HTTPHandler.ServeHTTP:input_type -> taskhost.plugin.v1.HTTPRequest
+	14, // 23: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:input_type -> taskhost.plugin.v1.HTTPRequestPart
+	16, // 24: taskhost.plugin.v1.ActionProvider.ListActions:input_type -> taskhost.plugin.v1.ListActionsRequest
+	19, // 25: taskhost.plugin.v1.ActionProvider.InvokeAction:input_type -> taskhost.plugin.v1.InvokeActionRequest
+	21, // 26: taskhost.plugin.v1.TaskProvider.ListTasks:input_type -> taskhost.plugin.v1.ListTasksRequest
+	24, // 27: taskhost.plugin.v1.TaskProvider.RunTask:input_type -> taskhost.plugin.v1.RunTaskRequest
+	26, // 28: taskhost.plugin.v1.TaskProvider.RunTasks:input_type -> taskhost.plugin.v1.TaskDispatch
+	31, // 29: taskhost.plugin.v1.HostServices.ListPlugins:input_type -> taskhost.plugin.v1.ListPluginsRequest
+	34, // 30: taskhost.plugin.v1.HostServices.CollectMetrics:input_type -> taskhost.plugin.v1.HostCollectMetricsRequest
+	35, // 31: taskhost.plugin.v1.HostServices.RunTask:input_type -> taskhost.plugin.v1.HostRunTaskRequest
+	36, // 32: taskhost.plugin.v1.HostServices.ListTasks:input_type -> taskhost.plugin.v1.HostListTasksRequest
+	37, // 33: taskhost.plugin.v1.HostServices.RunTasks:input_type -> taskhost.plugin.v1.HostTaskDispatch
+	39, // 34: taskhost.plugin.v1.HostServices.SubmitTasks:input_type -> taskhost.plugin.v1.SubmitTasksRequest
+	39, // 35: taskhost.plugin.v1.TaskSubmitter.SubmitTasks:input_type -> taskhost.plugin.v1.SubmitTasksRequest
+	3,  // 36: taskhost.plugin.v1.Lifecycle.Describe:output_type -> taskhost.plugin.v1.DescribeResponse
+	5,  // 37: taskhost.plugin.v1.Lifecycle.Configure:output_type -> taskhost.plugin.v1.ConfigureResponse
+	7,  // 38: taskhost.plugin.v1.Lifecycle.CheckHealth:output_type -> taskhost.plugin.v1.CheckHealthResponse
+	9,  // 39: taskhost.plugin.v1.Lifecycle.Stop:output_type -> taskhost.plugin.v1.StopResponse
+	11, // 40: taskhost.plugin.v1.MetricsProvider.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
+	15, // 41: taskhost.plugin.v1.HTTPHandler.ServeHTTP:output_type -> taskhost.plugin.v1.HTTPResponseChunk
+	15, // 42: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:output_type -> taskhost.plugin.v1.HTTPResponseChunk
+	18, // 43: taskhost.plugin.v1.ActionProvider.ListActions:output_type -> taskhost.plugin.v1.ListActionsResponse
+	20, // 44: taskhost.plugin.v1.ActionProvider.InvokeAction:output_type -> taskhost.plugin.v1.InvokeActionResponse
+	23, // 45: taskhost.plugin.v1.TaskProvider.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
+	25, // 46: taskhost.plugin.v1.TaskProvider.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
+	29, // 47: taskhost.plugin.v1.TaskProvider.RunTasks:output_type -> taskhost.plugin.v1.TaskReturn
+	33, // 48: taskhost.plugin.v1.HostServices.ListPlugins:output_type -> taskhost.plugin.v1.ListPluginsResponse
+	11, // 49: taskhost.plugin.v1.HostServices.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
+	25, // 50: taskhost.plugin.v1.HostServices.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
+	23, // 51: taskhost.plugin.v1.HostServices.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
+	29, // 52: taskhost.plugin.v1.HostServices.RunTasks:output_type -> taskhost.plugin.v1.TaskReturn
+	41, // 53: taskhost.plugin.v1.HostServices.SubmitTasks:output_type -> taskhost.plugin.v1.SubmitTasksResponse
+	41, // 54: taskhost.plugin.v1.TaskSubmitter.SubmitTasks:output_type -> taskhost.plugin.v1.SubmitTasksResponse
+	36, // [36:55] is the sub-list for method output_type
+	17, // [17:36] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_taskhost_plugin_v1_plugin_proto_init() }
@@ -2036,9 +2790,9 @@ func file_taskhost_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskhost_plugin_v1_plugin_proto_rawDesc), len(file_taskhost_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   30,
+			NumMessages:   41,
 			NumExtensions: 0,
-			NumServices:   6,
+			NumServices:   7,
 		},
 		GoTypes:           file_taskhost_plugin_v1_plugin_proto_goTypes,
 		DependencyIndexes: file_taskhost_plugin_v1_plugin_proto_depIdxs,

@@ -647,6 +647,7 @@ var ActionProvider_ServiceDesc = grpc.ServiceDesc{
 const (
 	TaskProvider_ListTasks_FullMethodName = "/taskhost.plugin.v1.TaskProvider/ListTasks"
 	TaskProvider_RunTask_FullMethodName   = "/taskhost.plugin.v1.TaskProvider/RunTask"
+	TaskProvider_RunTasks_FullMethodName  = "/taskhost.plugin.v1.TaskProvider/RunTasks"
 )
 
 // TaskProviderClient is the client API for TaskProvider service.
@@ -656,7 +657,14 @@ const (
 // TaskProvider runs tasks written in another plugin.
 type TaskProviderClient interface {
 	ListTasks(ctx context.Context, in *ListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error)
+	// RunTask runs one attempt on a stream of its own.
 	RunTask(ctx context.Context, in *RunTaskRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RunTaskEvent], error)
+	// RunTasks runs many attempts at once on one long-lived stream: the
+	// caller sends attempts and cancels, the provider sends each attempt's
+	// events, each side batching what is ready into one frame. The host
+	// calls it only on a plugin that lists the "tasks_stream" capability;
+	// see docs/plugin-protocol.md for its rules.
+	RunTasks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TaskDispatch, TaskReturn], error)
 }
 
 type taskProviderClient struct {
@@ -696,6 +704,19 @@ func (c *taskProviderClient) RunTask(ctx context.Context, in *RunTaskRequest, op
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TaskProvider_RunTaskClient = grpc.ServerStreamingClient[RunTaskEvent]
 
+func (c *taskProviderClient) RunTasks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TaskDispatch, TaskReturn], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &TaskProvider_ServiceDesc.Streams[1], TaskProvider_RunTasks_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TaskDispatch, TaskReturn]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TaskProvider_RunTasksClient = grpc.BidiStreamingClient[TaskDispatch, TaskReturn]
+
 // TaskProviderServer is the server API for TaskProvider service.
 // All implementations must embed UnimplementedTaskProviderServer
 // for forward compatibility.
@@ -703,7 +724,14 @@ type TaskProvider_RunTaskClient = grpc.ServerStreamingClient[RunTaskEvent]
 // TaskProvider runs tasks written in another plugin.
 type TaskProviderServer interface {
 	ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error)
+	// RunTask runs one attempt on a stream of its own.
 	RunTask(*RunTaskRequest, grpc.ServerStreamingServer[RunTaskEvent]) error
+	// RunTasks runs many attempts at once on one long-lived stream: the
+	// caller sends attempts and cancels, the provider sends each attempt's
+	// events, each side batching what is ready into one frame. The host
+	// calls it only on a plugin that lists the "tasks_stream" capability;
+	// see docs/plugin-protocol.md for its rules.
+	RunTasks(grpc.BidiStreamingServer[TaskDispatch, TaskReturn]) error
 	mustEmbedUnimplementedTaskProviderServer()
 }
 
@@ -719,6 +747,9 @@ func (UnimplementedTaskProviderServer) ListTasks(context.Context, *ListTasksRequ
 }
 func (UnimplementedTaskProviderServer) RunTask(*RunTaskRequest, grpc.ServerStreamingServer[RunTaskEvent]) error {
 	return status.Error(codes.Unimplemented, "method RunTask not implemented")
+}
+func (UnimplementedTaskProviderServer) RunTasks(grpc.BidiStreamingServer[TaskDispatch, TaskReturn]) error {
+	return status.Error(codes.Unimplemented, "method RunTasks not implemented")
 }
 func (UnimplementedTaskProviderServer) mustEmbedUnimplementedTaskProviderServer() {}
 func (UnimplementedTaskProviderServer) testEmbeddedByValue()                      {}
@@ -770,6 +801,13 @@ func _TaskProvider_RunTask_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TaskProvider_RunTaskServer = grpc.ServerStreamingServer[RunTaskEvent]
 
+func _TaskProvider_RunTasks_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(TaskProviderServer).RunTasks(&grpc.GenericServerStream[TaskDispatch, TaskReturn]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TaskProvider_RunTasksServer = grpc.BidiStreamingServer[TaskDispatch, TaskReturn]
+
 // TaskProvider_ServiceDesc is the grpc.ServiceDesc for TaskProvider service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -788,6 +826,12 @@ var TaskProvider_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _TaskProvider_RunTask_Handler,
 			ServerStreams: true,
 		},
+		{
+			StreamName:    "RunTasks",
+			Handler:       _TaskProvider_RunTasks_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
 	},
 	Metadata: "taskhost/plugin/v1/plugin.proto",
 }
@@ -797,6 +841,8 @@ const (
 	HostServices_CollectMetrics_FullMethodName = "/taskhost.plugin.v1.HostServices/CollectMetrics"
 	HostServices_RunTask_FullMethodName        = "/taskhost.plugin.v1.HostServices/RunTask"
 	HostServices_ListTasks_FullMethodName      = "/taskhost.plugin.v1.HostServices/ListTasks"
+	HostServices_RunTasks_FullMethodName       = "/taskhost.plugin.v1.HostServices/RunTasks"
+	HostServices_SubmitTasks_FullMethodName    = "/taskhost.plugin.v1.HostServices/SubmitTasks"
 )
 
 // HostServicesClient is the client API for HostServices service.
@@ -810,6 +856,12 @@ type HostServicesClient interface {
 	CollectMetrics(ctx context.Context, in *HostCollectMetricsRequest, opts ...grpc.CallOption) (*CollectMetricsResponse, error)
 	RunTask(ctx context.Context, in *HostRunTaskRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RunTaskEvent], error)
 	ListTasks(ctx context.Context, in *HostListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error)
+	// RunTasks relays a TaskProvider.RunTasks stream to the plugin named in
+	// the first frame, and that plugin's frames back.
+	RunTasks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostTaskDispatch, TaskReturn], error)
+	// SubmitTasks queues tasks in the task system, on behalf of the calling
+	// plugin: all of them, or none and an error.
+	SubmitTasks(ctx context.Context, in *SubmitTasksRequest, opts ...grpc.CallOption) (*SubmitTasksResponse, error)
 }
 
 type hostServicesClient struct {
@@ -869,6 +921,29 @@ func (c *hostServicesClient) ListTasks(ctx context.Context, in *HostListTasksReq
 	return out, nil
 }
 
+func (c *hostServicesClient) RunTasks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostTaskDispatch, TaskReturn], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &HostServices_ServiceDesc.Streams[1], HostServices_RunTasks_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[HostTaskDispatch, TaskReturn]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HostServices_RunTasksClient = grpc.BidiStreamingClient[HostTaskDispatch, TaskReturn]
+
+func (c *hostServicesClient) SubmitTasks(ctx context.Context, in *SubmitTasksRequest, opts ...grpc.CallOption) (*SubmitTasksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SubmitTasksResponse)
+	err := c.cc.Invoke(ctx, HostServices_SubmitTasks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HostServicesServer is the server API for HostServices service.
 // All implementations must embed UnimplementedHostServicesServer
 // for forward compatibility.
@@ -880,6 +955,12 @@ type HostServicesServer interface {
 	CollectMetrics(context.Context, *HostCollectMetricsRequest) (*CollectMetricsResponse, error)
 	RunTask(*HostRunTaskRequest, grpc.ServerStreamingServer[RunTaskEvent]) error
 	ListTasks(context.Context, *HostListTasksRequest) (*ListTasksResponse, error)
+	// RunTasks relays a TaskProvider.RunTasks stream to the plugin named in
+	// the first frame, and that plugin's frames back.
+	RunTasks(grpc.BidiStreamingServer[HostTaskDispatch, TaskReturn]) error
+	// SubmitTasks queues tasks in the task system, on behalf of the calling
+	// plugin: all of them, or none and an error.
+	SubmitTasks(context.Context, *SubmitTasksRequest) (*SubmitTasksResponse, error)
 	mustEmbedUnimplementedHostServicesServer()
 }
 
@@ -901,6 +982,12 @@ func (UnimplementedHostServicesServer) RunTask(*HostRunTaskRequest, grpc.ServerS
 }
 func (UnimplementedHostServicesServer) ListTasks(context.Context, *HostListTasksRequest) (*ListTasksResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListTasks not implemented")
+}
+func (UnimplementedHostServicesServer) RunTasks(grpc.BidiStreamingServer[HostTaskDispatch, TaskReturn]) error {
+	return status.Error(codes.Unimplemented, "method RunTasks not implemented")
+}
+func (UnimplementedHostServicesServer) SubmitTasks(context.Context, *SubmitTasksRequest) (*SubmitTasksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SubmitTasks not implemented")
 }
 func (UnimplementedHostServicesServer) mustEmbedUnimplementedHostServicesServer() {}
 func (UnimplementedHostServicesServer) testEmbeddedByValue()                      {}
@@ -988,6 +1075,31 @@ func _HostServices_ListTasks_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _HostServices_RunTasks_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(HostServicesServer).RunTasks(&grpc.GenericServerStream[HostTaskDispatch, TaskReturn]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type HostServices_RunTasksServer = grpc.BidiStreamingServer[HostTaskDispatch, TaskReturn]
+
+func _HostServices_SubmitTasks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SubmitTasksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HostServicesServer).SubmitTasks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HostServices_SubmitTasks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HostServicesServer).SubmitTasks(ctx, req.(*SubmitTasksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // HostServices_ServiceDesc is the grpc.ServiceDesc for HostServices service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1007,6 +1119,10 @@ var HostServices_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListTasks",
 			Handler:    _HostServices_ListTasks_Handler,
 		},
+		{
+			MethodName: "SubmitTasks",
+			Handler:    _HostServices_SubmitTasks_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -1014,6 +1130,122 @@ var HostServices_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _HostServices_RunTask_Handler,
 			ServerStreams: true,
 		},
+		{
+			StreamName:    "RunTasks",
+			Handler:       _HostServices_RunTasks_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
 	},
+	Metadata: "taskhost/plugin/v1/plugin.proto",
+}
+
+const (
+	TaskSubmitter_SubmitTasks_FullMethodName = "/taskhost.plugin.v1.TaskSubmitter/SubmitTasks"
+)
+
+// TaskSubmitterClient is the client API for TaskSubmitter service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// TaskSubmitter is served by the plugin that runs the task system
+// (capability "task_submit"): the host hands it the submits of the other
+// plugins (HostServices.SubmitTasks).
+type TaskSubmitterClient interface {
+	SubmitTasks(ctx context.Context, in *SubmitTasksRequest, opts ...grpc.CallOption) (*SubmitTasksResponse, error)
+}
+
+type taskSubmitterClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewTaskSubmitterClient(cc grpc.ClientConnInterface) TaskSubmitterClient {
+	return &taskSubmitterClient{cc}
+}
+
+func (c *taskSubmitterClient) SubmitTasks(ctx context.Context, in *SubmitTasksRequest, opts ...grpc.CallOption) (*SubmitTasksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SubmitTasksResponse)
+	err := c.cc.Invoke(ctx, TaskSubmitter_SubmitTasks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// TaskSubmitterServer is the server API for TaskSubmitter service.
+// All implementations must embed UnimplementedTaskSubmitterServer
+// for forward compatibility.
+//
+// TaskSubmitter is served by the plugin that runs the task system
+// (capability "task_submit"): the host hands it the submits of the other
+// plugins (HostServices.SubmitTasks).
+type TaskSubmitterServer interface {
+	SubmitTasks(context.Context, *SubmitTasksRequest) (*SubmitTasksResponse, error)
+	mustEmbedUnimplementedTaskSubmitterServer()
+}
+
+// UnimplementedTaskSubmitterServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedTaskSubmitterServer struct{}
+
+func (UnimplementedTaskSubmitterServer) SubmitTasks(context.Context, *SubmitTasksRequest) (*SubmitTasksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SubmitTasks not implemented")
+}
+func (UnimplementedTaskSubmitterServer) mustEmbedUnimplementedTaskSubmitterServer() {}
+func (UnimplementedTaskSubmitterServer) testEmbeddedByValue()                       {}
+
+// UnsafeTaskSubmitterServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to TaskSubmitterServer will
+// result in compilation errors.
+type UnsafeTaskSubmitterServer interface {
+	mustEmbedUnimplementedTaskSubmitterServer()
+}
+
+func RegisterTaskSubmitterServer(s grpc.ServiceRegistrar, srv TaskSubmitterServer) {
+	// If the following call panics, it indicates UnimplementedTaskSubmitterServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&TaskSubmitter_ServiceDesc, srv)
+}
+
+func _TaskSubmitter_SubmitTasks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SubmitTasksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TaskSubmitterServer).SubmitTasks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TaskSubmitter_SubmitTasks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TaskSubmitterServer).SubmitTasks(ctx, req.(*SubmitTasksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// TaskSubmitter_ServiceDesc is the grpc.ServiceDesc for TaskSubmitter service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var TaskSubmitter_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "taskhost.plugin.v1.TaskSubmitter",
+	HandlerType: (*TaskSubmitterServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "SubmitTasks",
+			Handler:    _TaskSubmitter_SubmitTasks_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
 	Metadata: "taskhost/plugin/v1/plugin.proto",
 }

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftaskhost_plugin/pb/plugin.proto\x12\x12taskhost.plugin.v1\"\x11\n\x0f\x44\x65scribeRequest\"j\n\x10\x44\x65scribeResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0c\x61pi_versions\x18\x03 \x03(\x05\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x03\"h\n\x10\x43onfigureRequest\x12\x16\n\x0ehost_broker_id\x18\x01 \x01(\r\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\x0c\x12\x14\n\x0chost_version\x18\x03 \x01(\t\x12\x11\n\tlog_level\x18\x04 \x01(\t\"\x13\n\x11\x43onfigureResponse\"\x14\n\x12\x43heckHealthRequest\"\xbe\x01\n\x13\x43heckHealthResponse\x12>\n\x06status\x18\x01 \x01(\x0e\x32..taskhost.plugin.v1.CheckHealthResponse.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\"V\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x13\n\x0fSTATUS_DEGRADED\x10\x02\x12\x10\n\x0cSTATUS_ERROR\x10\x03\"\r\n\x0bStopRequest\"\x0e\n\x0cStopResponse\"\x17\n\x15\x43ollectMetricsRequest\"9\n\x16\x43ollectMetricsResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\"&\n\x06Header\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\t\"\x9d\x01\n\x0bHTTPRequest\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\traw_query\x18\x03 \x01(\t\x12+\n\x07headers\x18\x04 \x03(\x0b\x32\x1a.taskhost.plugin.v1.Header\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12\x13\n\x0bremote_addr\x18\x06 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x07 \x01(\t\"[\n\x0fHTTPRequestPart\x12-\n\x04head\x18\x01 \x01(\x0b\x32\x1f.taskhost.plugin.v1.HTTPRequest\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x08\"^\n\x11HTTPResponseChunk\x12\x0e\n\x06status\x18\x01 \x01(\x05\x12+\n\x07headers\x18\x02 \x03(\x0b\x32\x1a.taskhost.plugin.v1.Header\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\"\x14\n\x12ListActionsRequest\"y\n\nActionSpec\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x0f\n\x07\x63onfirm\x18\x04 \x01(\x08\x12\x11\n\tdangerous\x18\x05 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x05\"F\n\x13ListActionsResponse\x12/\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x1e.taskhost.plugin.v1.ActionSpec\"`\n\x13InvokeActionRequest\x12\x11\n\taction_id\x18\x01 \x01(\t\x12\x13\n\x0bparams_json\x18\x02 \x01(\x0c\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"<\n\x14InvokeActionResponse\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x13\n\x0bresult_json\x18\x02 \x01(\x0c\"\x12\n\x10ListTasksRequest\"k\n\x08TaskSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x04 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\"@\n\x11ListTasksResponse\x12+\n\x05tasks\x18\x01 \x03(\x0b\x32\x1c.taskhost.plugin.v1.TaskSpec\"Y\n\x0eRunTaskRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x14\n\x0cpayload_json\x18\x02 \x01(\x0c\x12\x12\n\nmessage_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\"\xc4\x01\n\x0cRunTaskEvent\x12\x10\n\x08log_line\x18\x01 \x01(\t\x12\x10\n\x08progress\x18\x02 \x01(\x01\x12\x14\n\x0chas_progress\x18\x03 \x01(\x08\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x13\n\x0bresult_json\x18\x05 \x01(\x0c\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x30\n\x07outcome\x18\x07 \x01(\x0e\x32\x1f.taskhost.plugin.v1.TaskOutcome\x12\x16\n\x0esnooze_seconds\x18\x08 \x01(\x01\"(\n\x12ListPluginsRequest\x12\x12\n\ncapability\x18\x01 \x01(\t\"P\n\nPluginInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\"F\n\x13ListPluginsResponse\x12/\n\x07plugins\x18\x01 \x03(\x0b\x32\x1e.taskhost.plugin.v1.PluginInfo\"+\n\x19HostCollectMetricsRequest\x12\x0e\n\x06plugin\x18\x01 \x01(\t\"Y\n\x12HostRunTaskRequest\x12\x0e\n\x06plugin\x18\x01 \x01(\t\x12\x33\n\x07request\x18\x02 \x01(\x0b\x32\".taskhost.plugin.v1.RunTaskRequest\"&\n\x14HostListTasksRequest\x12\x0e\n\x06plugin\x18\x01 \x01(\t*_\n\x0bTaskOutcome\x12\x11\n\rOUTCOME_ERROR\x10\x00\x12\x12\n\x0eOUTCOME_SNOOZE\x10\x01\x12\x15\n\x11OUTCOME_PERMANENT\x10\x02\x12\x12\n\x0eOUTCOME_CANCEL\x10\x03\x32\xe7\x02\n\tLifecycle\x12U\n\x08\x44\x65scribe\x12#.taskhost.plugin.v1.DescribeRequest\x1a$.taskhost.plugin.v1.DescribeResponse\x12X\n\tConfigure\x12$.taskhost.plugin.v1.ConfigureRequest\x1a%.taskhost.plugin.v1.ConfigureResponse\x12^\n\x0b\x43heckHealth\x12&.taskhost.plugin.v1.CheckHealthRequest\x1a\'.taskhost.plugin.v1.CheckHealthResponse\x12I\n\x04Stop\x12\x1f.taskhost.plugin.v1.StopRequest\x1a .taskhost.plugin.v1.StopResponse2z\n\x0fMetricsProvider\x12g\n\x0e\x43ollectMetrics\x12).taskhost.plugin.v1.CollectMetricsRequest\x1a*.taskhost.plugin.v1.CollectMetricsResponse2\xc7\x01\n\x0bHTTPHandler\x12U\n\tServeHTTP\x12\x1f.taskhost.plugin.v1.HTTPRequest\x1a%.taskhost.plugin.v1.HTTPResponseChunk0\x01\x12\x61\n\x0fServeHTTPStream\x12#.taskhost.plugin.v1.HTTPRequestPart\x1a%.taskhost.plugin.v1.HTTPResponseChunk(\x01\x30\x01\x32\xd3\x01\n\x0e\x41\x63tionProvider\x12^\n\x0bListActions\x12&.taskhost.plugin.v1.ListActionsRequest\x1a\'.taskhost.plugin.v1.ListActionsResponse\x12\x61\n\x0cInvokeAction\x12\'.taskhost.plugin.v1.InvokeActionRequest\x1a(.taskhost.plugin.v1.InvokeActionResponse2\xbb\x01\n\x0cTaskProvider\x12X\n\tListTasks\x12$.taskhost.plugin.v1.ListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponse\x12Q\n\x07RunTask\x12\".taskhost.plugin.v1.RunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x01\x32\x90\x03\n\x0cHostServices\x12^\n\x0bListPlugins\x12&.taskhost.plugin.v1.ListPluginsRequest\x1a\'.taskhost.plugin.v1.ListPluginsResponse\x12k\n\x0e\x43ollectMetrics\x12-.taskhost.plugin.v1.HostCollectMetricsRequest\x1a*.taskhost.plugin.v1.CollectMetricsResponse\x12U\n\x07RunTask\x12&.taskhost.plugin.v1.HostRunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x01\x12\\\n\tListTasks\x12(.taskhost.plugin.v1.HostListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponseB5Z3github.com/taskhost/taskhost/capability/internal/pbb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1ftaskhost_plugin/pb/plugin.proto\x12\x12taskhost.plugin.v1\"\x11\n\x0f\x44\x65scribeRequest\"j\n\x10\x44\x65scribeResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x14\n\x0c\x61pi_versions\x18\x03 \x03(\x05\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\x12\x0b\n\x03pid\x18\x05 \x01(\x03\"h\n\x10\x43onfigureRequest\x12\x16\n\x0ehost_broker_id\x18\x01 \x01(\r\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\x0c\x12\x14\n\x0chost_version\x18\x03 \x01(\t\x12\x11\n\tlog_level\x18\x04 \x01(\t\"\x13\n\x11\x43onfigureResponse\"\x14\n\x12\x43heckHealthRequest\"\xbe\x01\n\x13\x43heckHealthResponse\x12>\n\x06status\x18\x01 \x01(\x0e\x32..taskhost.plugin.v1.CheckHealthResponse.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\"V\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x13\n\x0fSTATUS_DEGRADED\x10\x02\x12\x10\n\x0cSTATUS_ERROR\x10\x03\"\r\n\x0bStopRequest\"\x0e\n\x0cStopResponse\"\x17\n\x15\x43ollectMetricsRequest\"9\n\x16\x43ollectMetricsResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x0e\n\x06\x66ormat\x18\x02 \x01(\t\"&\n\x06Header\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\t\"\x9d\x01\n\x0bHTTPRequest\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x11\n\traw_query\x18\x03 \x01(\t\x12+\n\x07headers\x18\x04 \x03(\x0b\x32\x1a.taskhost.plugin.v1.Header\x12\x0c\n\x04\x62ody\x18\x05 \x01(\x0c\x12\x13\n\x0bremote_addr\x18\x06 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x07 \x01(\t\"[\n\x0fHTTPRequestPart\x12-\n\x04head\x18\x01 \x01(\x0b\x32\x1f.taskhost.plugin.v1.HTTPRequest\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x0b\n\x03\x65nd\x18\x03 \x01(\x08\"^\n\x11HTTPResponseChunk\x12\x0e\n\x06status\x18\x01 \x01(\x05\x12+\n\x07headers\x18\x02 \x03(\x0b\x32\x1a.taskhost.plugin.v1.Header\x12\x0c\n\x04\x62ody\x18\x03 \x01(\x0c\"\x14\n\x12ListActionsRequest\"y\n\nActionSpec\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05title\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x03 \x01(\t\x12\x0f\n\x07\x63onfirm\x18\x04 \x01(\x08\x12\x11\n\tdangerous\x18\x05 \x01(\x08\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x05\"F\n\x13ListActionsResponse\x12/\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x1e.taskhost.plugin.v1.ActionSpec\"`\n\x13InvokeActionRequest\x12\x11\n\taction_id\x18\x01 \x01(\t\x12\x13\n\x0bparams_json\x18\x02 \x01(\x0c\x12\r\n\x05\x61\x63tor\x18\x03 \x01(\t\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"<\n\x14InvokeActionResponse\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x13\n\x0bresult_json\x18\x02 \x01(\x0c\"\x12\n\x10ListTasksRequest\"k\n\x08TaskSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\r\n\x05topic\x18\x03 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x04 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x05 \x01(\x01\"@\n\x11ListTasksResponse\x12+\n\x05tasks\x18\x01 \x03(\x0b\x32\x1c.taskhost.plugin.v1.TaskSpec\"Y\n\x0eRunTaskRequest\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\x14\n\x0cpayload_json\x18\x02 \x01(\x0c\x12\x12\n\nmessage_id\x18\x03 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\x05\"\xe1\x01\n\x0cRunTaskEvent\x12\x10\n\x08log_line\x18\x01 \x01(\t\x12\x10\n\x08progress\x18\x02 \x01(\x01\x12\x14\n\x0chas_progress\x18\x03 \x01(\x08\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x13\n\x0bresult_json\x18\x05 \x01(\x0c\x12\r\n\x05\x65rror\x18\x06 \x01(\t\x12\x30\n\x07outcome\x18\x07 \x01(\x0e\x32\x1f.taskhost.plugin.v1.TaskOutcome\x12\x16\n\x0esnooze_seconds\x18\x08 \x01(\x01\x12\x1b\n\x13retry_after_seconds\x18\t \x01(\x01\"r\n\x0cTaskDispatch\x12\x31\n\x08\x61ttempts\x18\x01 \x03(\x0b\x32\x1f.taskhost.plugin.v1.TaskAttempt\x12/\n\x07\x63\x61ncels\x18\x02 \x03(\x0b\x32\x1e.taskhost.plugin.v1.TaskCancel\"\xea\x01\n\x0bTaskAttempt\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0c\n\x04task\x18\x02 \x01(\t\x12\x14\n\x0cpayload_json\x18\x03 \x01(\x0c\x12\x12\n\nmessage_id\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x17\n\x0ftimeout_seconds\x18\x06 \x01(\x01\x12=\n\x07headers\x18\x07 \x03(\x0b\x32,.taskhost.plugin.v1.TaskAttempt.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"(\n\nTaskCancel\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06reason\x18\x02 \x01(\t\"T\n\nTaskReturn\x12\x10\n\x08\x63\x61pacity\x18\x01 \x01(\r\x12\x34\n\x06\x65vents\x18\x02 \x03(\x0b\x32$.taskhost.plugin.v1.TaskAttemptEvent\"O\n\x10TaskAttemptEvent\x12\n\n\x02id\x18\x01 \x01(\x04\x12/\n\x05\x65vent\x18\x02 \x01(\x0b\x32 .taskhost.plugin.v1.RunTaskEvent\"(\n\x12ListPluginsRequest\x12\x12\n\ncapability\x18\x01 \x01(\t\"P\n\nPluginInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x14\n\x0c\x63\x61pabilities\x18\x04 \x03(\t\"F\n\x13ListPluginsResponse\x12/\n\x07plugins\x18\x01 \x03(\x0b\x32\x1e.taskhost.plugin.v1.PluginInfo\"+\n\x19HostCollectMetricsRequest\x12\x0e\n\x06plugin\x18\x01 \x01(\t\"Y\n\x12HostRunTaskRequest\x12\x0e\n\x06plugin\x18\x01 \x01(\t\x12\x33\n\x07request\x18\x02 \x01(\x0b\x32\".taskhost.plugin.v1.RunTaskRequest\"&\n\x14HostListTasksRequest\x12\x0e\n\x06plugin\x18\x01 \x01(\t\"V\n\x10HostTaskDispatch\x12\x0e\n\x06plugin\x18\x01 \x01(\t\x12\x32\n\x08\x64ispatch\x18\x02 \x01(\x0b\x32 .taskhost.plugin.v1.TaskDispatch\"\x89\x02\n\x0eTaskSubmission\x12\x0c\n\x04task\x18\x01 \x01(\t\x12\r\n\x05topic\x18\x02 \x01(\t\x12\x14\n\x0cpayload_json\x18\x03 \x01(\x0c\x12\x15\n\rdelay_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06run_at\x18\x05 \x01(\t\x12\x14\n\x0cmax_attempts\x18\x06 \x01(\x05\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x12\n\nunique_key\x18\x08 \x01(\t\x12\x16\n\x0eunique_key_set\x18\t \x01(\x08\x12\x1a\n\x12unique_for_seconds\x18\n \x01(\x01\x12\x15\n\runique_states\x18\x0b \x03(\t\x12\x16\n\x0eparent_task_id\x18\x0c \x01(\t\"W\n\x12SubmitTasksRequest\x12\x31\n\x05tasks\x18\x01 \x03(\x0b\x32\".taskhost.plugin.v1.TaskSubmission\x12\x0e\n\x06plugin\x18\x02 \x01(\t\".\n\rSubmittedTask\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\tduplicate\x18\x02 \x01(\x08\"G\n\x13SubmitTasksResponse\x12\x30\n\x05tasks\x18\x01 \x03(\x0b\x32!.taskhost.plugin.v1.SubmittedTask*_\n\x0bTaskOutcome\x12\x11\n\rOUTCOME_ERROR\x10\x00\x12\x12\n\x0eOUTCOME_SNOOZE\x10\x01\x12\x15\n\x11OUTCOME_PERMANENT\x10\x02\x12\x12\n\x0eOUTCOME_CANCEL\x10\x03\x32\xe7\x02\n\tLifecycle\x12U\n\x08\x44\x65scribe\x12#.taskhost.plugin.v1.DescribeRequest\x1a$.taskhost.plugin.v1.DescribeResponse\x12X\n\tConfigure\x12$.taskhost.plugin.v1.ConfigureRequest\x1a%.taskhost.plugin.v1.ConfigureResponse\x12^\n\x0b\x43heckHealth\x12&.taskhost.plugin.v1.CheckHealthRequest\x1a\'.taskhost.plugin.v1.CheckHealthResponse\x12I\n\x04Stop\x12\x1f.taskhost.plugin.v1.StopRequest\x1a .taskhost.plugin.v1.StopResponse2z\n\x0fMetricsProvider\x12g\n\x0e\x43ollectMetrics\x12).taskhost.plugin.v1.CollectMetricsRequest\x1a*.taskhost.plugin.v1.CollectMetricsResponse2\xc7\x01\n\x0bHTTPHandler\x12U\n\tServeHTTP\x12\x1f.taskhost.plugin.v1.HTTPRequest\x1a%.taskhost.plugin.v1.HTTPResponseChunk0\x01\x12\x61\n\x0fServeHTTPStream\x12#.taskhost.plugin.v1.HTTPRequestPart\x1a%.taskhost.plugin.v1.HTTPResponseChunk(\x01\x30\x01\x32\xd3\x01\n\x0e\x41\x63tionProvider\x12^\n\x0bListActions\x12&.taskhost.plugin.v1.ListActionsRequest\x1a\'.taskhost.plugin.v1.ListActionsResponse\x12\x61\n\x0cInvokeAction\x12\'.taskhost.plugin.v1.InvokeActionRequest\x1a(.taskhost.plugin.v1.InvokeActionResponse2\x8d\x02\n\x0cTaskProvider\x12X\n\tListTasks\x12$.taskhost.plugin.v1.ListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponse\x12Q\n\x07RunTask\x12\".taskhost.plugin.v1.RunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x01\x12P\n\x08RunTasks\x12 .taskhost.plugin.v1.TaskDispatch\x1a\x1e.taskhost.plugin.v1.TaskReturn(\x01\x30\x01\x32\xc6\x04\n\x0cHostServices\x12^\n\x0bListPlugins\x12&.taskhost.plugin.v1.ListPluginsRequest\x1a\'.taskhost.plugin.v1.ListPluginsResponse\x12k\n\x0e\x43ollectMetrics\x12-.taskhost.plugin.v1.HostCollectMetricsRequest\x1a*.taskhost.plugin.v1.CollectMetricsResponse\x12U\n\x07RunTask\x12&.taskhost.plugin.v1.HostRunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x01\x12\\\n\tListTasks\x12(.taskhost.plugin.v1.HostListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponse\x12T\n\x08RunTasks\x12$.taskhost.plugin.v1.HostTaskDispatch\x1a\x1e.taskhost.plugin.v1.TaskReturn(\x01\x30\x01\x12^\n\x0bSubmitTasks\x12&.taskhost.plugin.v1.SubmitTasksRequest\x1a\'.taskhost.plugin.v1.SubmitTasksResponse2o\n\rTaskSubmitter\x12^\n\x0bSubmitTasks\x12&.taskhost.plugin.v1.SubmitTasksRequest\x1a\'.taskhost.plugin.v1.SubmitTasksResponseB5Z3github.com/taskhost/taskhost/capability/internal/pbb\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'taskhost_plugin.pb.plugin_pb2', globals())
@@ -21,8 +21,10 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z3github.com/taskhost/taskhost/capability/internal/pb'
-  _TASKOUTCOME._serialized_start=2262
-  _TASKOUTCOME._serialized_end=2357
+  _TASKATTEMPT_HEADERSENTRY._options = None
+  _TASKATTEMPT_HEADERSENTRY._serialized_options = b'8\001'
+  _TASKOUTCOME._serialized_start=3419
+  _TASKOUTCOME._serialized_end=3514
   _DESCRIBEREQUEST._serialized_start=55
   _DESCRIBEREQUEST._serialized_end=72
   _DESCRIBERESPONSE._serialized_start=74
@@ -72,29 +74,53 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _RUNTASKREQUEST._serialized_start=1600
   _RUNTASKREQUEST._serialized_end=1689
   _RUNTASKEVENT._serialized_start=1692
-  _RUNTASKEVENT._serialized_end=1888
-  _LISTPLUGINSREQUEST._serialized_start=1890
-  _LISTPLUGINSREQUEST._serialized_end=1930
-  _PLUGININFO._serialized_start=1932
-  _PLUGININFO._serialized_end=2012
-  _LISTPLUGINSRESPONSE._serialized_start=2014
-  _LISTPLUGINSRESPONSE._serialized_end=2084
-  _HOSTCOLLECTMETRICSREQUEST._serialized_start=2086
-  _HOSTCOLLECTMETRICSREQUEST._serialized_end=2129
-  _HOSTRUNTASKREQUEST._serialized_start=2131
-  _HOSTRUNTASKREQUEST._serialized_end=2220
-  _HOSTLISTTASKSREQUEST._serialized_start=2222
-  _HOSTLISTTASKSREQUEST._serialized_end=2260
-  _LIFECYCLE._serialized_start=2360
-  _LIFECYCLE._serialized_end=2719
-  _METRICSPROVIDER._serialized_start=2721
-  _METRICSPROVIDER._serialized_end=2843
-  _HTTPHANDLER._serialized_start=2846
-  _HTTPHANDLER._serialized_end=3045
-  _ACTIONPROVIDER._serialized_start=3048
-  _ACTIONPROVIDER._serialized_end=3259
-  _TASKPROVIDER._serialized_start=3262
-  _TASKPROVIDER._serialized_end=3449
-  _HOSTSERVICES._serialized_start=3452
-  _HOSTSERVICES._serialized_end=3852
+  _RUNTASKEVENT._serialized_end=1917
+  _TASKDISPATCH._serialized_start=1919
+  _TASKDISPATCH._serialized_end=2033
+  _TASKATTEMPT._serialized_start=2036
+  _TASKATTEMPT._serialized_end=2270
+  _TASKATTEMPT_HEADERSENTRY._serialized_start=2224
+  _TASKATTEMPT_HEADERSENTRY._serialized_end=2270
+  _TASKCANCEL._serialized_start=2272
+  _TASKCANCEL._serialized_end=2312
+  _TASKRETURN._serialized_start=2314
+  _TASKRETURN._serialized_end=2398
+  _TASKATTEMPTEVENT._serialized_start=2400
+  _TASKATTEMPTEVENT._serialized_end=2479
+  _LISTPLUGINSREQUEST._serialized_start=2481
+  _LISTPLUGINSREQUEST._serialized_end=2521
+  _PLUGININFO._serialized_start=2523
+  _PLUGININFO._serialized_end=2603
+  _LISTPLUGINSRESPONSE._serialized_start=2605
+  _LISTPLUGINSRESPONSE._serialized_end=2675
+  _HOSTCOLLECTMETRICSREQUEST._serialized_start=2677
+  _HOSTCOLLECTMETRICSREQUEST._serialized_end=2720
+  _HOSTRUNTASKREQUEST._serialized_start=2722
+  _HOSTRUNTASKREQUEST._serialized_end=2811
+  _HOSTLISTTASKSREQUEST._serialized_start=2813
+  _HOSTLISTTASKSREQUEST._serialized_end=2851
+  _HOSTTASKDISPATCH._serialized_start=2853
+  _HOSTTASKDISPATCH._serialized_end=2939
+  _TASKSUBMISSION._serialized_start=2942
+  _TASKSUBMISSION._serialized_end=3207
+  _SUBMITTASKSREQUEST._serialized_start=3209
+  _SUBMITTASKSREQUEST._serialized_end=3296
+  _SUBMITTEDTASK._serialized_start=3298
+  _SUBMITTEDTASK._serialized_end=3344
+  _SUBMITTASKSRESPONSE._serialized_start=3346
+  _SUBMITTASKSRESPONSE._serialized_end=3417
+  _LIFECYCLE._serialized_start=3517
+  _LIFECYCLE._serialized_end=3876
+  _METRICSPROVIDER._serialized_start=3878
+  _METRICSPROVIDER._serialized_end=4000
+  _HTTPHANDLER._serialized_start=4003
+  _HTTPHANDLER._serialized_end=4202
+  _ACTIONPROVIDER._serialized_start=4205
+  _ACTIONPROVIDER._serialized_end=4416
+  _TASKPROVIDER._serialized_start=4419
+  _TASKPROVIDER._serialized_end=4688
+  _HOSTSERVICES._serialized_start=4691
+  _HOSTSERVICES._serialized_end=5273
+  _TASKSUBMITTER._serialized_start=5275
+  _TASKSUBMITTER._serialized_end=5386
 # @@protoc_insertion_point(module_scope)

@@ -281,6 +281,11 @@ class TaskProviderStub(object):
         request_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.RunTaskRequest.SerializeToString,
         response_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.RunTaskEvent.FromString,
         )
+    self.RunTasks = channel.stream_stream(
+        '/taskhost.plugin.v1.TaskProvider/RunTasks',
+        request_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskDispatch.SerializeToString,
+        response_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskReturn.FromString,
+        )
 
 
 class TaskProviderServicer(object):
@@ -295,8 +300,19 @@ class TaskProviderServicer(object):
     raise NotImplementedError('Method not implemented!')
 
   def RunTask(self, request, context):
-    # missing associated documentation comment in .proto file
-    pass
+    """RunTask runs one attempt on a stream of its own.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+  def RunTasks(self, request_iterator, context):
+    """RunTasks runs many attempts at once on one long-lived stream: the
+    caller sends attempts and cancels, the provider sends each attempt's
+    events, each side batching what is ready into one frame. The host
+    calls it only on a plugin that lists the "tasks_stream" capability;
+    see docs/plugin-protocol.md for its rules.
+    """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
@@ -313,6 +329,11 @@ def add_TaskProviderServicer_to_server(servicer, server):
           servicer.RunTask,
           request_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.RunTaskRequest.FromString,
           response_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.RunTaskEvent.SerializeToString,
+      ),
+      'RunTasks': grpc.stream_stream_rpc_method_handler(
+          servicer.RunTasks,
+          request_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskDispatch.FromString,
+          response_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskReturn.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +372,16 @@ class HostServicesStub(object):
         request_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.HostListTasksRequest.SerializeToString,
         response_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.ListTasksResponse.FromString,
         )
+    self.RunTasks = channel.stream_stream(
+        '/taskhost.plugin.v1.HostServices/RunTasks',
+        request_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.HostTaskDispatch.SerializeToString,
+        response_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskReturn.FromString,
+        )
+    self.SubmitTasks = channel.unary_unary(
+        '/taskhost.plugin.v1.HostServices/SubmitTasks',
+        request_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksRequest.SerializeToString,
+        response_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksResponse.FromString,
+        )
 
 
 class HostServicesServicer(object):
@@ -386,6 +417,22 @@ class HostServicesServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def RunTasks(self, request_iterator, context):
+    """RunTasks relays a TaskProvider.RunTasks stream to the plugin named in
+    the first frame, and that plugin's frames back.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+  def SubmitTasks(self, request, context):
+    """SubmitTasks queues tasks in the task system, on behalf of the calling
+    plugin: all of them, or none and an error.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_HostServicesServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -409,7 +456,63 @@ def add_HostServicesServicer_to_server(servicer, server):
           request_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.HostListTasksRequest.FromString,
           response_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.ListTasksResponse.SerializeToString,
       ),
+      'RunTasks': grpc.stream_stream_rpc_method_handler(
+          servicer.RunTasks,
+          request_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.HostTaskDispatch.FromString,
+          response_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskReturn.SerializeToString,
+      ),
+      'SubmitTasks': grpc.unary_unary_rpc_method_handler(
+          servicer.SubmitTasks,
+          request_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksRequest.FromString,
+          response_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksResponse.SerializeToString,
+      ),
   }
   generic_handler = grpc.method_handlers_generic_handler(
       'taskhost.plugin.v1.HostServices', rpc_method_handlers)
+  server.add_generic_rpc_handlers((generic_handler,))
+
+
+class TaskSubmitterStub(object):
+  """TaskSubmitter is served by the plugin that runs the task system
+  (capability "task_submit"): the host hands it the submits of the other
+  plugins (HostServices.SubmitTasks).
+  """
+
+  def __init__(self, channel):
+    """Constructor.
+
+    Args:
+      channel: A grpc.Channel.
+    """
+    self.SubmitTasks = channel.unary_unary(
+        '/taskhost.plugin.v1.TaskSubmitter/SubmitTasks',
+        request_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksRequest.SerializeToString,
+        response_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksResponse.FromString,
+        )
+
+
+class TaskSubmitterServicer(object):
+  """TaskSubmitter is served by the plugin that runs the task system
+  (capability "task_submit"): the host hands it the submits of the other
+  plugins (HostServices.SubmitTasks).
+  """
+
+  def SubmitTasks(self, request, context):
+    # missing associated documentation comment in .proto file
+    pass
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
+
+def add_TaskSubmitterServicer_to_server(servicer, server):
+  rpc_method_handlers = {
+      'SubmitTasks': grpc.unary_unary_rpc_method_handler(
+          servicer.SubmitTasks,
+          request_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksRequest.FromString,
+          response_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksResponse.SerializeToString,
+      ),
+  }
+  generic_handler = grpc.method_handlers_generic_handler(
+      'taskhost.plugin.v1.TaskSubmitter', rpc_method_handlers)
   server.add_generic_rpc_handlers((generic_handler,))
