@@ -24,6 +24,10 @@ type TaskContext struct {
 	Attempt int
 	// MaxAttempts is the attempt past which a failure is final.
 	MaxAttempts int
+	// Headers are the message's headers as submitted (trace context, the
+	// schedule that fired it, the plugin that submitted it); do not
+	// modify them.
+	Headers map[string]string
 
 	mu       sync.Mutex
 	logs     []string

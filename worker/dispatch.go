@@ -103,7 +103,10 @@ func (p *Pool) dispatch() {
 		inflight := iso.settle(int(p.inflight.Load()), x.reserved)
 		if x.flying < maxExchanges && !failed {
 			nAcks := p.out.ackCountExcept(x.busy)
-			free := min(n-inflight-x.reserved, 2*n-inflight-x.reserved-(int(p.out.pending.Load())-nAcks))
+			// Offloaded attempts hold no worker: the slots are the
+			// workers' (see offload).
+			local := inflight - int(p.offloaded.Load())
+			free := min(n-local-x.reserved, 2*n-local-x.reserved-(int(p.out.pending.Load())-nAcks))
 			if iso.blocks() {
 				free = 0
 			}

@@ -30,18 +30,55 @@ const lockErrorRetryDelay = time.Second
 // abandons the handler it runs (which counts it out of workers then).
 func (p *Pool) work() {
 	for m := range p.jobs {
+		if p.offload(m) {
+			continue
+		}
 		c := p.handle(m)
 		if c == nil {
 			return
 		}
-		p.out.add(c)
-		p.inflight.Add(-1)
-		select {
-		case p.slotFreed <- struct{}{}:
-		default:
-		}
+		p.handed(c)
 	}
 	p.workers.Done()
+}
+
+// handed hands an attempt's outcome to the completer and frees its slot.
+func (p *Pool) handed(c *completion) {
+	p.out.add(c)
+	p.inflight.Add(-1)
+	select {
+	case p.slotFreed <- struct{}{}:
+	default:
+	}
+}
+
+// offload runs m on a goroutine of its own when its task is offloaded
+// (Task.Offload) and Options.OffloadSlots has room: the worker is free for
+// the next message at once. The goroutine counts among the workers Stop
+// waits for; while it runs, m does not count against Concurrency (see
+// dispatch), so the pool claims past it for offloaded attempts, as many
+// as their slots admit. Without room, the worker runs m itself, and the
+// claims wait for it as for any handler.
+func (p *Pool) offload(m *broker.Message) bool {
+	if p.opts.OffloadSlots == nil {
+		return false
+	}
+	t, ok := p.reg.Lookup(m.Task)
+	if !ok || !t.Offload || p.offloaded.Load() >= int64(p.opts.OffloadSlots()) {
+		return false
+	}
+	p.offloaded.Add(1)
+	p.workers.Add(1)
+	go func() {
+		c := p.handle(m)
+		p.offloaded.Add(-1)
+		if c == nil {
+			return // abandoned by Stop, which counted it out of workers
+		}
+		p.handed(c)
+		p.workers.Done()
+	}()
+	return true
 }
 
 // msgLogger logs about one message, with its id, task, topic and attempt;
@@ -137,7 +174,7 @@ func (p *Pool) handle(m *broker.Message) (out *completion) {
 	}
 
 	tc := &c.taskCtx
-	tc.Payload, tc.MessageID, tc.Task, tc.Topic = m.Payload, m.ID, m.Task, m.Topic
+	tc.Payload, tc.MessageID, tc.Task, tc.Topic, tc.Headers = m.Payload, m.ID, m.Task, m.Topic, m.Headers
 	tc.Attempt, tc.MaxAttempts, tc.log = attempt, maxAttempts, log
 	r := p.run(t, c)
 	if r.abandoned {

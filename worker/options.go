@@ -40,6 +40,10 @@ type Options struct {
 	Topics []string
 	// Concurrency is how many handlers run at once; default 8.
 	Concurrency int
+	// OffloadSlots says how many attempts of offloaded tasks (Task.Offload)
+	// may be out at once besides the Concurrency handlers: the room of the
+	// processes they run in. Nil, or 0, offloads none.
+	OffloadSlots func() int
 	// HeartbeatInterval is how often the worker's row is stamped;
 	// default 5s.
 	HeartbeatInterval time.Duration

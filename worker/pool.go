@@ -81,8 +81,9 @@ type Pool struct {
 	back     giveBacks // claims to requeue without running (see giveBack)
 	beat     beat      // the latest heartbeat
 
-	inflight atomic.Int64 // claimed and not yet handed to the completer
-	running  atomic.Int64 // handlers running
+	inflight  atomic.Int64 // claimed and not yet handed to the completer
+	offloaded atomic.Int64 // of inflight, run on goroutines of their own (offload)
+	running   atomic.Int64 // handlers running
 	draining atomic.Bool
 }
 

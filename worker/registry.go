@@ -67,6 +67,12 @@ type Task struct {
 	LockRetryDelay time.Duration
 	// Handler does the work.
 	Handler Func
+	// Offload says the handler only waits for work done in another
+	// process (a provider plugin's task, which bounds its own
+	// concurrency): while Options.OffloadSlots has room, the pool runs
+	// such an attempt on a goroutine of its own, without holding one of
+	// its Concurrency workers, which go on to the next message.
+	Offload bool
 }
 
 // BackoffFor returns the requeue delay after failed attempt n.
