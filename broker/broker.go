@@ -189,6 +189,14 @@ func Invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
 }
 
+// Headers the task system sets on a message a plugin submits from one of
+// its tasks (capability.Submit): the plugin that submitted it, and the id
+// of the task whose attempt did (its parent).
+const (
+	SubmitterHeader = "submitted_by"
+	ParentHeader    = "parent_task_id"
+)
+
 // SubmitRequest is one message to enqueue.
 type SubmitRequest struct {
 	Topic   string

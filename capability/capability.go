@@ -29,10 +29,21 @@ const (
 	// HTTPHandler; the host sends streamed bodies only to plugins that
 	// list it, so an older plugin binary keeps getting whole bodies.
 	HTTPBodyStream Capability = "http_body_stream"
+	// TasksStream says the plugin's TaskProvider runs attempts on one
+	// long-lived stream (the RunTasks call), many at a time, besides one
+	// call per attempt (RunTask). Every TaskProvider built with this
+	// package since the call exists serves it; tasks_worker uses it only
+	// with providers that list it, so an older plugin binary keeps getting
+	// one call per attempt.
+	TasksStream Capability = "tasks_stream"
+	// TaskSubmit says the plugin runs the task system and takes the other
+	// plugins' submits (TaskSubmitter), which the host hands it through
+	// HostServices.SubmitTasks.
+	TaskSubmit Capability = "task_submit"
 )
 
 // AllCapabilities lists every capability in a stable order.
-var AllCapabilities = []Capability{Lifecycles, Metrics, HTTP, HTTPBodyStream, Actions, Tasks}
+var AllCapabilities = []Capability{Lifecycles, Metrics, HTTP, HTTPBodyStream, Actions, Tasks, TasksStream, TaskSubmit}
 
 // namePattern is the rule for plugin names: the same string is the config
 // key, the URL segment and the metric prefix.
@@ -223,6 +234,10 @@ type TaskRun struct {
 	Payload   json.RawMessage
 	MessageID string
 	Attempt   int
+	// Headers are the task's headers as submitted (trace context such as
+	// traceparent, the schedule that fired it); nil on the per-attempt
+	// call (RunTask), which does not carry them.
+	Headers map[string]string
 }
 
 // TaskEvents receives what a running task reports.
@@ -232,9 +247,63 @@ type TaskEvents interface {
 }
 
 // TaskProvider is implemented by plugins that offer tasks to tasks_worker.
+//
+// RunTask runs one attempt. Its context is cancelled when the attempt must
+// stop (its timeout passed, the task was cancelled, the worker stops):
+// return soon after. Until RunTask returns the attempt keeps its place in
+// its topic's concurrency limit, however long that takes, so that a limit
+// always bounds the code that really runs.
 type TaskProvider interface {
 	ListTasks(ctx context.Context) ([]TaskSpec, error)
 	RunTask(ctx context.Context, run TaskRun, events TaskEvents) (json.RawMessage, error)
+}
+
+// TaskCapacity is optional for a TaskProvider: the most attempts it runs
+// at once (DefaultTaskCapacity without it). tasks_worker never sends it
+// more; past it, the workers that would run its tasks wait, and so do
+// their claims.
+type TaskCapacity interface {
+	TaskCapacity() int
+}
+
+// DefaultTaskCapacity is the capacity of a TaskProvider that does not say.
+const DefaultTaskCapacity = 256
+
+// TaskSubmission is one task to queue: the fields of POST tasks.
+type TaskSubmission struct {
+	Task  string `json:"task"`
+	Topic string `json:"topic,omitempty"`
+	// Payload is JSON; empty is {}.
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// Delay postpones the first attempt (exclusive with RunAt).
+	Delay time.Duration `json:"-"`
+	// RunAt, when not zero, is when the first attempt may start.
+	RunAt       time.Time `json:"-"`
+	MaxAttempts int       `json:"max_attempts,omitempty"`
+	Priority    int       `json:"priority,omitempty"`
+	// UniqueKey, when not empty, makes a second submit of the same key
+	// answer the first task instead of queueing another (see POST tasks).
+	UniqueKey    string        `json:"unique_key,omitempty"`
+	UniqueFor    time.Duration `json:"-"`
+	UniqueStates []string      `json:"unique_states,omitempty"`
+	// ParentTaskID is the task whose attempt submits this one; Submit sets
+	// it from its context inside a task.
+	ParentTaskID string `json:"parent_task_id,omitempty"`
+}
+
+// SubmittedTask is what a submit stored: the task's id, or, for a
+// duplicate unique key, the id of the task that holds it.
+type SubmittedTask struct {
+	ID        string `json:"id"`
+	Duplicate bool   `json:"duplicate,omitempty"`
+}
+
+// TaskSubmitter is implemented by the plugin that runs the task system
+// (tasks_worker): it queues the tasks other plugins submit through
+// HostServices.SubmitTasks, all or none. plugin names the plugin that
+// submits, as the host knows it.
+type TaskSubmitter interface {
+	SubmitTasks(ctx context.Context, plugin string, tasks []TaskSubmission) ([]SubmittedTask, error)
 }
 
 // PluginInfo is the host's view of one plugin.
@@ -259,6 +328,11 @@ type HostServices interface {
 	RunTask(ctx context.Context, plugin string, run TaskRun, events TaskEvents) (json.RawMessage, error)
 	// ListTasks lists the tasks the named plugin provides.
 	ListTasks(ctx context.Context, plugin string) ([]TaskSpec, error)
+	// SubmitTasks queues tasks in the task system, on behalf of the
+	// calling plugin: all of them, or none and an error. It fails with
+	// ErrUnavailable while no plugin that takes submits runs, and with an
+	// *InvalidArgumentError for a task the task system refuses.
+	SubmitTasks(ctx context.Context, tasks []TaskSubmission) ([]SubmittedTask, error)
 }
 
 // Errors a caller can test with errors.Is.
@@ -307,7 +381,10 @@ func CapabilitiesOf(v any) []Capability {
 		out = append(out, Actions)
 	}
 	if _, ok := v.(TaskProvider); ok {
-		out = append(out, Tasks)
+		out = append(out, Tasks, TasksStream)
+	}
+	if _, ok := v.(TaskSubmitter); ok {
+		out = append(out, TaskSubmit)
 	}
 	return out
 }

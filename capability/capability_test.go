@@ -99,6 +99,14 @@ func (p *full) InvokeAction(_ context.Context, req capability.ActionRequest) (ca
 	return capability.ActionResult{}, fmt.Errorf("action %q: %w", req.ActionID, capability.ErrNotFound)
 }
 
+func (p *full) SubmitTasks(_ context.Context, plugin string, tasks []capability.TaskSubmission) ([]capability.SubmittedTask, error) {
+	out := make([]capability.SubmittedTask, len(tasks))
+	for i, t := range tasks {
+		out[i] = capability.SubmittedTask{ID: plugin + ":" + t.Task}
+	}
+	return out, nil
+}
+
 func (p *full) ListTasks(context.Context) ([]capability.TaskSpec, error) {
 	return []capability.TaskSpec{{Name: "t.add", Topic: "math", MaxAttempts: 2}}, nil
 }

@@ -24,6 +24,7 @@ type Client struct {
 	http    pb.HTTPHandlerClient
 	actions pb.ActionProviderClient
 	tasks   pb.TaskProviderClient
+	submit  pb.TaskSubmitterClient
 }
 
 func newClient(ctx context.Context, broker *plugin.GRPCBroker, conn *grpc.ClientConn) *Client {
@@ -35,6 +36,7 @@ func newClient(ctx context.Context, broker *plugin.GRPCBroker, conn *grpc.Client
 		http:    pb.NewHTTPHandlerClient(conn),
 		actions: pb.NewActionProviderClient(conn),
 		tasks:   pb.NewTaskProviderClient(conn),
+		submit:  pb.NewTaskSubmitterClient(conn),
 	}
 }
 

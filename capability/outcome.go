@@ -58,13 +58,29 @@ type TaskError struct {
 	Msg     string
 	Outcome Outcome
 	Snooze  time.Duration
-	err     error // what Permanent wrapped, for errors.Is and errors.As
+	// RetryAfter, with OutcomeError, is the least delay before the retry,
+	// whatever the task's backoff says (see RetryAfter).
+	RetryAfter time.Duration
+	err        error // what Permanent or RetryAfter wrapped, for errors.Is and errors.As
 }
 
 func (e *TaskError) Error() string { return e.Msg }
 
-// Unwrap returns the error Permanent was given, or nil.
+// Unwrap returns the error Permanent or RetryAfter was given, or nil.
 func (e *TaskError) Unwrap() error { return e.err }
+
+// RetryAfter is what a provider's RunTask returns for a failure whose
+// retry must wait at least d, whatever the task's backoff says: what it
+// failed on needs time (a service restarting, a rate limit). The attempt
+// counts as a failure, retried while attempts remain. The host checks d
+// as it checks a snooze's delay.
+func RetryAfter(err error, d time.Duration) error {
+	msg := "task failed"
+	if err != nil && err.Error() != "" {
+		msg = err.Error()
+	}
+	return &TaskError{Msg: msg, Outcome: OutcomeError, RetryAfter: d, err: err}
+}
 
 // Snooze is what a provider's RunTask returns to run the task again after
 // d, without using an attempt: what it waits for (a rate limit, a file
@@ -117,6 +133,8 @@ func finalEvent(res []byte, err error) *pb.RunTaskEvent {
 			final.Outcome = pb.TaskOutcome_OUTCOME_PERMANENT
 		case OutcomeCancel:
 			final.Outcome = pb.TaskOutcome_OUTCOME_CANCEL
+		default:
+			final.RetryAfterSeconds = te.RetryAfter.Seconds()
 		}
 	}
 	if final.Error == "" {
@@ -140,6 +158,8 @@ func taskErrorOf(ev *pb.RunTaskEvent) *TaskError {
 		te.Outcome = OutcomePermanent
 	case pb.TaskOutcome_OUTCOME_CANCEL:
 		te.Outcome = OutcomeCancel
+	default:
+		te.RetryAfter = secondsToDuration(ev.RetryAfterSeconds)
 	}
 	return te
 }

@@ -27,7 +27,8 @@ type grpcPlugin struct {
 }
 
 func (p *grpcPlugin) GRPCServer(broker *plugin.GRPCBroker, s *grpc.Server) error {
-	pb.RegisterLifecycleServer(s, &lifecycleServer{impl: p.impl, broker: broker})
+	host := &hostRef{}
+	pb.RegisterLifecycleServer(s, &lifecycleServer{impl: p.impl, broker: broker, host: host})
 	if m, ok := p.impl.(MetricsProvider); ok {
 		pb.RegisterMetricsProviderServer(s, &metricsServer{impl: m})
 	}
@@ -38,9 +39,31 @@ func (p *grpcPlugin) GRPCServer(broker *plugin.GRPCBroker, s *grpc.Server) error
 		pb.RegisterActionProviderServer(s, &actionServer{impl: a})
 	}
 	if t, ok := p.impl.(TaskProvider); ok {
-		pb.RegisterTaskProviderServer(s, &taskServer{impl: t})
+		pb.RegisterTaskProviderServer(s, &taskServer{impl: t, host: host})
+	}
+	if t, ok := p.impl.(TaskSubmitter); ok {
+		pb.RegisterTaskSubmitterServer(s, &submitServer{impl: t})
 	}
 	return nil
+}
+
+// hostRef holds the host's services the plugin got at its last Configure,
+// for the contexts of its tasks (Submit).
+type hostRef struct {
+	mu sync.Mutex
+	hs HostServices
+}
+
+func (r *hostRef) set(hs HostServices) {
+	r.mu.Lock()
+	r.hs = hs
+	r.mu.Unlock()
+}
+
+func (r *hostRef) get() HostServices {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hs
 }
 
 func (p *grpcPlugin) GRPCClient(ctx context.Context, broker *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
@@ -51,6 +74,7 @@ type lifecycleServer struct {
 	pb.UnimplementedLifecycleServer
 	impl   Lifecycle
 	broker *plugin.GRPCBroker
+	host   *hostRef
 
 	mu       sync.Mutex
 	hostConn *grpc.ClientConn
@@ -95,9 +119,11 @@ func (s *lifecycleServer) Configure(ctx context.Context, req *pb.ConfigureReques
 	if len(bytes.TrimSpace(cfg)) == 0 {
 		cfg = []byte("{}")
 	}
+	hs := &hostServicesClient{c: pb.NewHostServicesClient(conn)}
+	s.host.set(hs)
 	err = s.impl.Configure(ctx, ConfigureRequest{
 		Config:      json.RawMessage(cfg),
-		Host:        &hostServicesClient{c: pb.NewHostServicesClient(conn)},
+		Host:        hs,
 		HostVersion: req.HostVersion,
 		LogLevel:    req.LogLevel,
 	})
@@ -168,6 +194,7 @@ func (s *actionServer) InvokeAction(ctx context.Context, req *pb.InvokeActionReq
 type taskServer struct {
 	pb.UnimplementedTaskProviderServer
 	impl TaskProvider
+	host *hostRef
 }
 
 func (s *taskServer) ListTasks(ctx context.Context, _ *pb.ListTasksRequest) (*pb.ListTasksResponse, error) {
@@ -200,7 +227,8 @@ func tasksFromPB(r *pb.ListTasksResponse) []TaskSpec {
 
 func (s *taskServer) RunTask(req *pb.RunTaskRequest, stream pb.TaskProvider_RunTaskServer) error {
 	ev := &streamEvents{send: stream.Send}
-	res, err := s.impl.RunTask(stream.Context(), TaskRun{
+	ctx := withTaskScope(stream.Context(), s.host.get(), req.MessageId)
+	res, err := s.impl.RunTask(ctx, TaskRun{
 		Task: req.Task, Payload: req.PayloadJson, MessageID: req.MessageId, Attempt: int(req.Attempt),
 	}, ev)
 	final := finalEvent(res, err)

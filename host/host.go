@@ -236,3 +236,41 @@ func (hs *hostServices) RunTask(ctx context.Context, name string, run capability
 	}
 	return client.RunTask(ctx, run, events)
 }
+
+// StreamProvider implements capability.TaskStreamRelay: the client of a
+// running plugin that serves streams of attempts.
+func (hs *hostServices) StreamProvider(_ context.Context, name string) (*capability.Client, error) {
+	client, err := hs.target(name, capability.Tasks)
+	if err != nil {
+		return nil, err
+	}
+	if s, _ := hs.h.Plugin(name); !s.Status().Has(capability.TasksStream) {
+		return nil, fmt.Errorf("plugin %q runs its tasks one call each (it lists no %s capability): %w", name, capability.TasksStream, capability.ErrUnimplemented)
+	}
+	return client, nil
+}
+
+// SubmitTasks hands the caller's submits to the plugin that takes them
+// (the task system, tasks_worker), naming the caller.
+func (hs *hostServices) SubmitTasks(ctx context.Context, tasks []capability.TaskSubmission) ([]capability.SubmittedTask, error) {
+	var configured []string
+	for _, st := range hs.h.Plugins() {
+		if !st.Enabled {
+			continue
+		}
+		if st.Has(capability.TaskSubmit) {
+			client, err := hs.target(st.Name, capability.TaskSubmit)
+			if err != nil {
+				return nil, fmt.Errorf("the task system (plugin %s) cannot take tasks now: %w", st.Name, err)
+			}
+			return client.SubmitTasks(ctx, hs.caller, tasks)
+		}
+		if len(st.Capabilities) == 0 { // not started yet: it may be the one
+			configured = append(configured, st.Name)
+		}
+	}
+	if len(configured) > 0 {
+		return nil, fmt.Errorf("no running plugin takes tasks yet (not started: %v); enable tasks_worker, or retry once it runs: %w", configured, capability.ErrUnavailable)
+	}
+	return nil, fmt.Errorf("no plugin takes tasks: enable tasks_worker in the host's config: %w", capability.ErrUnavailable)
+}

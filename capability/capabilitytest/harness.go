@@ -6,6 +6,8 @@ package capabilitytest
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/hashicorp/go-plugin"
@@ -17,18 +19,32 @@ import (
 // the host-side client. The connection is closed when the test ends.
 func Connect(t testing.TB, impl capability.Lifecycle) *capability.Client {
 	t.Helper()
+	c, _ := Dial(t, impl)
+	return c
+}
+
+// Dial is Connect, and also returns a func that closes the connection at
+// once, as when the plugin's process dies: the calls in flight fail. It
+// may be called more than once.
+func Dial(t testing.TB, impl capability.Lifecycle) (*capability.Client, func()) {
+	t.Helper()
 	client, server := plugin.TestPluginGRPCConn(t, false, capability.PluginSet(impl))
-	t.Cleanup(func() {
-		// Stop the server first: closing the client makes the plugin side
-		// stop it too, and two concurrent stops race inside go-plugin.
-		server.Stop()
-		_ = client.Close()
-	})
+	var once sync.Once
+	closeConn := func() {
+		once.Do(func() {
+			// Stop the server first: closing the client makes the plugin
+			// side stop it too, and two concurrent stops race inside
+			// go-plugin.
+			server.Stop()
+			_ = client.Close()
+		})
+	}
+	t.Cleanup(closeConn)
 	c, err := capability.FromRPC(client)
 	if err != nil {
 		t.Fatalf("capabilitytest: %v", err)
 	}
-	return c
+	return c, closeConn
 }
 
 // Start connects impl and configures it with config (any JSON-marshalable
@@ -61,7 +77,48 @@ type Host struct {
 	CollectMetricsFunc func(ctx context.Context, plugin string) (capability.MetricsPayload, error)
 	RunTaskFunc        func(ctx context.Context, plugin string, run capability.TaskRun, events capability.TaskEvents) (json.RawMessage, error)
 	ListTasksFunc      func(ctx context.Context, plugin string) ([]capability.TaskSpec, error)
+	SubmitTasksFunc    func(ctx context.Context, tasks []capability.TaskSubmission) ([]capability.SubmittedTask, error)
+	// StreamProviderFunc gives the provider a stream of attempts is
+	// relayed to (capability.TaskStreamRelay); nil: no plugin serves the
+	// stream, and attempts run one call each (RunTaskFunc).
+	StreamProviderFunc func(ctx context.Context, plugin string) (*capability.Client, error)
 }
+
+var _ capability.TaskStreamRelay = (*Host)(nil)
+
+// StreamProvider implements capability.TaskStreamRelay.
+func (h *Host) StreamProvider(ctx context.Context, plugin string) (*capability.Client, error) {
+	if h.StreamProviderFunc == nil {
+		return nil, fmt.Errorf("plugin %q serves no stream of attempts: %w", plugin, capability.ErrUnimplemented)
+	}
+	return h.StreamProviderFunc(ctx, plugin)
+}
+
+// HostServices serves host over the real gRPC adapters and go-plugin
+// broker, as the host serves its services, and returns what a plugin gets
+// in Configure: a client of them. The connection is closed when the test
+// ends.
+func HostServices(t testing.TB, host capability.HostServices) capability.HostServices {
+	t.Helper()
+	got := &hostCatcher{}
+	Start(t, got, nil, host)
+	return got.host
+}
+
+// hostCatcher is a plugin that keeps the host services Configure gives it.
+type hostCatcher struct{ host capability.HostServices }
+
+func (h *hostCatcher) Describe(context.Context) (capability.Description, error) {
+	return capability.Description{Name: "caller", Version: "test"}, nil
+}
+func (h *hostCatcher) Configure(_ context.Context, req capability.ConfigureRequest) error {
+	h.host = req.Host
+	return nil
+}
+func (h *hostCatcher) CheckHealth(context.Context) (capability.Health, error) {
+	return capability.Health{Status: capability.HealthOK}, nil
+}
+func (h *hostCatcher) Stop(context.Context) error { return nil }
 
 // ListTasks implements capability.HostServices.
 func (h *Host) ListTasks(ctx context.Context, plugin string) ([]capability.TaskSpec, error) {
@@ -93,4 +150,14 @@ func (h *Host) RunTask(ctx context.Context, plugin string, run capability.TaskRu
 		return nil, capability.ErrNotFound
 	}
 	return h.RunTaskFunc(ctx, plugin, run, events)
+}
+
+// SubmitTasks implements capability.HostServices; a nil SubmitTasksFunc
+// answers capability.ErrUnavailable, as a host whose task system does not
+// run.
+func (h *Host) SubmitTasks(ctx context.Context, tasks []capability.TaskSubmission) ([]capability.SubmittedTask, error) {
+	if h.SubmitTasksFunc == nil {
+		return nil, capability.ErrUnavailable
+	}
+	return h.SubmitTasksFunc(ctx, tasks)
 }

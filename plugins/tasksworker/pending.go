@@ -24,8 +24,10 @@ const pendingRefresh = time.Second
 // are safe for concurrent use: the watcher and the submits discover.
 type providerSet struct {
 	host capability.HostServices
-	reg  *worker.Registry
-	log  hclog.Logger
+	// runner runs the provided tasks' attempts (nil without a host).
+	runner *capability.TaskRunner
+	reg    *worker.Registry
+	log    hclog.Logger
 	// until is the end of the start-up grace (unknownTaskGrace).
 	until time.Time
 
@@ -36,8 +38,8 @@ type providerSet struct {
 	at      time.Time         // of the last discovery that reached the host
 }
 
-func newProviderSet(host capability.HostServices, reg *worker.Registry, log hclog.Logger, grace time.Duration) *providerSet {
-	return &providerSet{host: host, reg: reg, log: log, until: time.Now().Add(grace),
+func newProviderSet(host capability.HostServices, runner *capability.TaskRunner, reg *worker.Registry, log hclog.Logger, grace time.Duration) *providerSet {
+	return &providerSet{host: host, runner: runner, reg: reg, log: log, until: time.Now().Add(grace),
 		known: map[string]string{}, listed: map[string]bool{}}
 }
 
@@ -45,7 +47,7 @@ func newProviderSet(host capability.HostServices, reg *worker.Registry, log hclo
 func (ps *providerSet) discover(ctx context.Context) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	if pending, ok := discoverProviders(ctx, ps.host, ps.reg, ps, ps.log); ok {
+	if pending, ok := discoverProviders(ctx, ps.host, ps.runner, ps.reg, ps, ps.log); ok {
 		ps.pending, ps.at = pending, time.Now()
 	}
 }

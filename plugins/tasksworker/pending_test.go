@@ -37,7 +37,7 @@ func TestPendingProviders(t *testing.T) {
 		},
 	}
 	reg := worker.NewRegistry()
-	ps := newProviderSet(host, reg, testLogger(t).Named("providers"), time.Hour)
+	ps := newProviderSet(host, capability.NewTaskRunner(host, capability.TaskRunnerOptions{}), reg, testLogger(t).Named("providers"), time.Hour)
 	ctx := context.Background()
 	if got := ps.Pending(ctx); !slices.Equal(got, []string{"a", "b", "e"}) {
 		t.Fatalf("pending = %v, want a (starting), b (backoff), e (its list failed)", got)

@@ -61,12 +61,14 @@ func (p outcomeProvider) RunTask(ctx context.Context, run capability.TaskRun, _ 
 func TestProvidedTaskOutcomes(t *testing.T) {
 	snoozes := &atomic.Int32{}
 	client := capabilitytest.Connect(t, outcomeProvider{snoozes})
-	host := &capabilitytest.Host{RunTaskFunc: func(ctx context.Context, _ string, run capability.TaskRun, ev capability.TaskEvents) (json.RawMessage, error) {
-		return client.RunTask(ctx, run, ev)
-	}}
+	host := &capabilitytest.Host{
+		StreamProviderFunc: func(context.Context, string) (*capability.Client, error) { return client, nil },
+	}
+	runner := capability.NewTaskRunner(capabilitytest.HostServices(t, host), capability.TaskRunnerOptions{})
+	t.Cleanup(runner.Close)
 	reg := worker.NewRegistry()
 	for _, name := range []string{"p.snooze", "p.snooze.bad", "p.permanent", "p.cancel", "p.wait", "p.fail"} {
-		reg.MustRegister(providedTask(host, "prov", capability.TaskSpec{Name: name, MaxAttempts: 3}))
+		reg.MustRegister(providedTask(runner, "prov", capability.TaskSpec{Name: name, MaxAttempts: 3}))
 	}
 	b := memory.New()
 	pool := worker.NewPool(b, reg, worker.Options{Logger: hclog.NewNullLogger(), ClaimIdleInterval: 5 * time.Millisecond, HeartbeatInterval: time.Hour})

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -58,7 +59,7 @@ func watchProviders(ctx context.Context, ps *providerSet) {
 // and returns the plugins that may provide tasks whose tasks it has never
 // listed (not running yet, or their list failed); false when the host
 // could not be asked.
-func discoverProviders(ctx context.Context, host capability.HostServices, reg *worker.Registry, ps *providerSet, log hclog.Logger) ([]string, bool) {
+func discoverProviders(ctx context.Context, host capability.HostServices, runner *capability.TaskRunner, reg *worker.Registry, ps *providerSet, log hclog.Logger) ([]string, bool) {
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	plugins, err := host.ListPlugins(lctx, capability.Tasks)
@@ -89,7 +90,7 @@ func discoverProviders(ctx context.Context, host capability.HostServices, reg *w
 				}
 				continue
 			}
-			err := reg.Register(providedTask(host, pl.Name, spec))
+			err := reg.Register(providedTask(runner, pl.Name, spec))
 			switch {
 			case errors.Is(err, worker.ErrDuplicateTask):
 				log.Warn("a plugin provides a task whose name is taken by a built-in task; ignoring it", "task", spec.Name, "plugin", pl.Name)
@@ -108,18 +109,23 @@ func discoverProviders(ctx context.Context, host capability.HostServices, reg *w
 // because its provider plugin was not running.
 const providerRetry = 20 * time.Second
 
-// providedTask runs a task in its provider plugin through the host,
-// forwarding its log lines and progress to the attempt.
-func providedTask(host capability.HostServices, plugin string, spec capability.TaskSpec) worker.Task {
+// providedTask runs a task in its provider plugin through the host, on
+// the provider's stream of attempts (runner), forwarding its log lines and
+// progress to the attempt.
+func providedTask(runner *capability.TaskRunner, plugin string, spec capability.TaskSpec) worker.Task {
 	return worker.Task{
 		Name:        spec.Name,
 		Description: fmt.Sprintf("%s (provided by plugin %s)", spec.Description, plugin),
 		Topic:       spec.Topic,
 		MaxAttempts: providedAttempts(spec.MaxAttempts),
 		Timeout:     spec.Timeout,
+		// The attempt runs in the provider, whose capacity bounds it
+		// (the pool's OffloadSlots are the runner's Capacity).
+		Offload: true,
 		Handler: func(ctx context.Context, tc *worker.TaskContext) (any, error) {
-			res, err := host.RunTask(ctx, plugin, capability.TaskRun{
-				Task: spec.Name, Payload: tc.Payload, MessageID: fmt.Sprint(tc.MessageID), Attempt: tc.Attempt,
+			res, err := runner.RunTask(ctx, plugin, capability.TaskRun{
+				Task: spec.Name, Payload: tc.Payload, MessageID: strconv.FormatInt(tc.MessageID, 10), Attempt: tc.Attempt,
+				Headers: tc.Headers,
 			}, taskEvents{tc})
 			var te *capability.TaskError
 			switch {
@@ -167,6 +173,11 @@ func providedOutcome(te *capability.TaskError) error {
 		return worker.Permanent(te)
 	case capability.OutcomeCancel:
 		return worker.CancelTask(te.Msg)
+	}
+	if te.RetryAfter > 0 {
+		// Past the longest delay a message may wait, the retry waits
+		// that long.
+		return worker.RetryAfter(te, min(te.RetryAfter, broker.MaxDelay))
 	}
 	return te
 }

@@ -23,7 +23,7 @@ func TestProvidedTaskKeepsItsSpec(t *testing.T) {
 		{10, 10, time.Hour},
 		{broker.MaxAttempts + 1, broker.MaxAttempts, 0},
 	} {
-		task := providedTask(&capabilitytest.Host{}, "p", capability.TaskSpec{Name: "p.t", Topic: "default", MaxAttempts: c.attempts, Timeout: c.timeout})
+		task := providedTask(capability.NewTaskRunner(&capabilitytest.Host{}, capability.TaskRunnerOptions{}), "p", capability.TaskSpec{Name: "p.t", Topic: "default", MaxAttempts: c.attempts, Timeout: c.timeout})
 		if task.MaxAttempts != c.want || task.Timeout != c.timeout {
 			t.Errorf("spec asking %d attempts and a timeout of %s: task has %d and %s, want %d and %s",
 				c.attempts, c.timeout, task.MaxAttempts, task.Timeout, c.want, c.timeout)

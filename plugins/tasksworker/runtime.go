@@ -34,6 +34,9 @@ type runtime struct {
 	// svc is the task system's operations over the above: the API, the
 	// UI, the config's schedules, the beat and the actions use it.
 	svc *service.Service
+	// runner runs the attempts of provided tasks in their plugins (nil
+	// without a host).
+	runner *capability.TaskRunner
 	// cancel stops the runtime's own goroutines; wg waits for them.
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -63,10 +66,21 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	if cfg.Beat && canLead {
 		roles = append(roles, broker.RoleBeat)
 	}
+	// The attempts of provided tasks run in their plugins, as many at
+	// once as each plugin takes, besides the workers.
+	var runner *capability.TaskRunner
+	var offloadSlots func() int
+	if host != nil {
+		runner = capability.NewTaskRunner(host, capability.TaskRunnerOptions{
+			Logger: p.log.Named("providers"),
+		})
+		offloadSlots = runner.Capacity
+	}
 	pool := worker.NewPool(b, reg, worker.Options{
 		Roles:             roles,
 		Topics:            topics,
 		Concurrency:       cfg.Workers,
+		OffloadSlots:      offloadSlots,
 		HeartbeatInterval: cfg.HeartbeatInterval,
 		DrainTimeout:      drain,
 		Logger:            p.log.Named("pool"),
@@ -91,14 +105,20 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	// returns; the beat starts after that, so its first pass never finds
 	// its own process missing from the live set.
 	if err := pool.Start(ctx); err != nil {
+		if runner != nil {
+			runner.Close()
+		}
 		return nil, err
 	}
 	svc := p.newService(cfg, b, reg, pool, rp)
-	providers := newProviderSet(host, reg, p.log.Named("providers"), unknownTaskGrace)
+	providers := newProviderSet(host, runner, reg, p.log.Named("providers"), unknownTaskGrace)
 	svc.SetPendingProviders(providers.Pending)
-	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp, reports: reports, svc: svc}
+	rt := &runtime{cfg: cfg, broker: b, reg: reg, pool: pool, reaper: rp, reports: reports, svc: svc, runner: runner}
 	if err := applyConfigSchedules(ctx, svc, cfg.Schedules); err != nil {
 		_ = pool.Stop(ctx)
+		if runner != nil {
+			runner.Close()
+		}
 		reports.Close(closeWithin(ctx))
 		return nil, err
 	}
@@ -188,6 +208,11 @@ func (rt *runtime) stop(ctx context.Context, log hclog.Logger) error {
 		rt.leader.Stop(ctx)
 	}
 	err := rt.pool.Stop(ctx)
+	if rt.runner != nil {
+		// After the pool's drain: the attempts it ran in plugins have
+		// ended or been given up.
+		rt.runner.Close()
+	}
 	rt.reports.Close(closeWithin(ctx))
 	if cerr := rt.broker.Close(); cerr != nil {
 		log.Warn("closing the broker", "error", cerr)

@@ -116,6 +116,10 @@ type SubmitRequest struct {
 	UniqueKeySet     bool
 	UniqueForSeconds float64
 	UniqueStates     []string
+	// Headers are stored with the message as they are: the submitter and
+	// the parent of a task a plugin submits (broker.SubmitterHeader,
+	// broker.ParentHeader).
+	Headers map[string]string
 }
 
 // Submit checks req, places it (Place) and stores the message; it returns
@@ -265,6 +269,7 @@ func (s *Service) prepare(ctx context.Context, req SubmitRequest, placed placeme
 		Priority:     req.Priority,
 		UniqueKey:    req.UniqueKey,
 		UniqueStates: req.UniqueStates,
+		Headers:      req.Headers,
 	}
 	if err := checkIntake(req, &m); err != nil {
 		return broker.SubmitRequest{}, err

@@ -1,0 +1,141 @@
+package capability
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/taskhost/taskhost/capability/internal/pb"
+)
+
+// noopProvider's every task returns at once.
+type noopProvider struct{}
+
+func (noopProvider) Describe(context.Context) (Description, error) {
+	return Description{Name: "noop"}, nil
+}
+func (noopProvider) Configure(context.Context, ConfigureRequest) error { return nil }
+func (noopProvider) CheckHealth(context.Context) (Health, error)     { return Health{Status: HealthOK}, nil }
+func (noopProvider) Stop(context.Context) error                      { return nil }
+func (noopProvider) ListTasks(context.Context) ([]TaskSpec, error)   { return nil, nil }
+func (noopProvider) RunTask(context.Context, TaskRun, TaskEvents) (json.RawMessage, error) {
+	return nil, nil
+}
+
+// benchProvider serves noopProvider over go-plugin's test connection (a
+// Unix socket) and returns the host's client of it.
+func benchProvider(b *testing.B) *Client {
+	client, server := plugin.TestPluginGRPCConn(b, false, PluginSet(noopProvider{}))
+	b.Cleanup(func() { server.Stop(); _ = client.Close() })
+	raw, err := client.Dispense(pluginKey)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return raw.(*Client)
+}
+
+// relayHost is the host's side of the relay: HostServices served on a
+// Unix socket, relaying streams to provider.
+type relayHost struct {
+	HostServices
+	provider *Client
+}
+
+func (h relayHost) StreamProvider(context.Context, string) (*Client, error) { return h.provider, nil }
+
+// benchHostServices serves a relay to provider on a Unix socket and
+// returns the plugin's client of it, as Configure gives it.
+func benchHostServices(b *testing.B, provider *Client) HostServices {
+	sock := filepath.Join(b.TempDir(), "host.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer(GRPCServerOptions()...)
+	pb.RegisterHostServicesServer(srv, &hostServicesServer{impl: relayHost{provider: provider}})
+	go func() { _ = srv.Serve(ln) }()
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close(); srv.Stop() })
+	return &hostServicesClient{c: pb.NewHostServicesClient(conn)}
+}
+
+// directHost opens streams straight to the provider, without the host.
+type directHost struct {
+	HostServices
+	provider *Client
+}
+
+func (h directHost) openTaskStream(ctx context.Context) (dispatchStream, error) {
+	s, err := h.provider.tasks.RunTasks(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return directStream{s}, nil
+}
+
+type directStream struct {
+	pb.TaskProvider_RunTasksClient
+}
+
+func (d directStream) Send(f *pb.HostTaskDispatch) error {
+	if f.Dispatch == nil {
+		return nil // the first frame names the plugin, for a relay
+	}
+	return d.TaskProvider_RunTasksClient.Send(f.Dispatch)
+}
+
+// runConcurrently runs b.N no-op attempts on runner from workers
+// goroutines at once, as a pool of that many workers does.
+func runConcurrently(b *testing.B, runner *TaskRunner, workers int) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	next := make(chan struct{}, workers)
+	go func() {
+		for range b.N {
+			next <- struct{}{}
+		}
+		close(next)
+	}()
+	for range workers {
+		wg.Go(func() {
+			for range next {
+				if _, err := runner.RunTask(context.Background(), "noop", TaskRun{Task: "t", MessageID: "1", Attempt: 1}, nil); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// BenchmarkRunTasks compares one hop straight to the provider with the two
+// hops of the host's relay, at 8 and 64 attempts at once.
+func BenchmarkRunTasks(b *testing.B) {
+	for _, workers := range []int{8, 64} {
+		b.Run("relayed/workers="+itoa(workers), func(b *testing.B) {
+			runner := NewTaskRunner(benchHostServices(b, benchProvider(b)), TaskRunnerOptions{})
+			defer runner.Close()
+			runConcurrently(b, runner, workers)
+		})
+		b.Run("direct/workers="+itoa(workers), func(b *testing.B) {
+			runner := NewTaskRunner(directHost{provider: benchProvider(b)}, TaskRunnerOptions{})
+			defer runner.Close()
+			runConcurrently(b, runner, workers)
+		})
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
