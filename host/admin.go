@@ -8,9 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"mime"
 	"net/http"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -88,34 +90,76 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, http.StatusOK, "login", pageData{Title: "Login", Next: safeNext(r.URL.Query().Get("next"))})
 }
 
+// maxLoginForm bounds the login form's body: a token, a next path and
+// room to spare.
+const maxLoginForm = 64 << 10
+
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	tok := s.h.Config().AdminToken
 	if tok == "" {
 		http.Redirect(w, r, "/admin/", http.StatusSeeOther)
 		return
 	}
+	form, ok := s.loginForm(w, r)
+	if !ok {
+		return
+	}
+	next := safeNext(form.Get("next"))
 	if !sameOrigin(r) {
 		s.log.Warn("admin login refused: cross-site", "remote", r.RemoteAddr)
-		s.render(w, http.StatusForbidden, "login", pageData{Title: "Login", Next: safeNext(r.FormValue("next")),
+		s.render(w, http.StatusForbidden, "login", pageData{Title: "Login", Next: next,
 			Flash: &flash{Kind: "error", Title: "Cross-site login refused"}})
 		return
 	}
-	ok, retry := s.verify(r, r.FormValue("token"), tok)
+	ok, retry := s.verify(r, form.Get("token"), tok)
 	if retry > 0 {
 		secs := int((retry + time.Second - 1) / time.Second)
 		w.Header().Set("Retry-After", fmt.Sprint(secs))
-		s.render(w, http.StatusTooManyRequests, "login", pageData{Title: "Login", Next: safeNext(r.FormValue("next")),
+		s.render(w, http.StatusTooManyRequests, "login", pageData{Title: "Login", Next: next,
 			Flash: &flash{Kind: "error", Title: "Too many wrong tokens", Message: fmt.Sprintf("from this address: every token is refused for %d s more", secs)}})
 		return
 	}
 	if !ok {
 		s.log.Warn("admin login refused", "remote", r.RemoteAddr)
-		s.render(w, http.StatusUnauthorized, "login", pageData{Title: "Login", Next: safeNext(r.FormValue("next")),
+		s.render(w, http.StatusUnauthorized, "login", pageData{Title: "Login", Next: next,
 			Flash: &flash{Kind: "error", Title: "Wrong token"}})
 		return
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: s.session, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode})
-	http.Redirect(w, r, safeNext(r.FormValue("next")), http.StatusSeeOther)
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+// loginForm reads the login form: an urlencoded body of at most
+// maxLoginForm bytes, as the login page sends. Any other body is refused
+// before a byte of it is read; net/http's multipart parsing, which writes
+// large parts to the temp directory, is never reached. A body that fails
+// to arrive is no wrong token. When it cannot, it answers and returns
+// false.
+func (s *Server) loginForm(w http.ResponseWriter, r *http.Request) (url.Values, bool) {
+	const want = "application/x-www-form-urlencoded"
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != want {
+		got := "a body without a Content-Type"
+		if ct := r.Header.Get("Content-Type"); ct != "" {
+			got = strconv.Quote(ct)
+		}
+		httpError(w, http.StatusUnsupportedMediaType, fmt.Sprintf("the login takes a form sent as %s, as the login page sends it, not %s: log in at /admin/login, or send the token as Authorization: Bearer <admin_token> instead", want, got))
+		return nil, false
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxLoginForm)
+	if err := r.ParseForm(); err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the login form is over %d bytes: send the token and next only", maxLoginForm))
+		case isTimeout(err):
+			w.Header().Set("Connection", "close")
+			httpError(w, http.StatusRequestTimeout, fmt.Sprintf("the login form did not arrive within %s (body_timeout_seconds)", s.h.Config().BodyTimeout))
+		default:
+			httpError(w, http.StatusBadRequest, "cannot read the login form: "+err.Error())
+		}
+		return nil, false
+	}
+	return r.Form, true
 }
 
 // safeNext keeps the redirect after a login on this host: next must be a
