@@ -78,8 +78,15 @@ type Config struct {
 	// the request; default 30s. It does not bound the response.
 	BodyTimeout time.Duration
 	// MaxConnections caps the open HTTP connections; at the cap, a new
-	// one closes the longest idle one; default 512.
+	// one closes one stalled in its request body, else the longest idle
+	// one; default 512.
 	MaxConnections int
+	// MaxConnectionsPerClient caps the open HTTP connections of one
+	// client address (clientKey: an IPv6 one by its /64); at the cap, a
+	// new one from that address closes one of its own as MaxConnections
+	// does, or is refused. Default 64, or MaxConnections if lower; at
+	// most MaxConnections.
+	MaxConnectionsPerClient int
 	// AuthMaxFailures wrong tokens from one address within
 	// AuthLockout lock that address out for AuthLockout; default 10 in
 	// 300s.
@@ -143,6 +150,10 @@ func (e *ConfigError) Error() string {
 const (
 	DefaultListen     = "127.0.0.1:8080"
 	DefaultPluginsDir = "bin/plugins"
+	// DefaultMaxConnectionsPerClient leaves room for browsers (six
+	// connections each) and API clients behind one NAT, while one
+	// address holds at most an eighth of the default max_connections.
+	DefaultMaxConnectionsPerClient = 64
 )
 
 // ListenEnv names the environment variable that, when set and not
@@ -255,7 +266,7 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 		AuthMaxFailures: 10,
 		AuthLockout:     5 * time.Minute,
 	}
-	publicReadsSet := false
+	publicReadsSet, perClientSet := false, false
 	var doc yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
@@ -329,6 +340,9 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 			err = p.seconds(k.Value, v, &cfg.BodyTimeout, 1, 3600)
 		case "max_connections":
 			err = p.intRange(k.Value, v, &cfg.MaxConnections, 16, 1000000)
+		case "max_connections_per_client":
+			err = p.intRange(k.Value, v, &cfg.MaxConnectionsPerClient, 1, 1000000)
+			perClientSet = true
 		case "auth_max_failures":
 			err = p.intRange(k.Value, v, &cfg.AuthMaxFailures, 1, 1000000)
 		case "auth_lockout_seconds":
@@ -349,6 +363,13 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 		host, _, _ := net.SplitHostPort(cfg.Listen)
 		cfg.PublicReads = IsLoopback(host)
 	}
+	if !perClientSet {
+		cfg.MaxConnectionsPerClient = min(DefaultMaxConnectionsPerClient, cfg.MaxConnections)
+	} else if cfg.MaxConnectionsPerClient > cfg.MaxConnections {
+		return nil, p.errf("max_connections_per_client", findKey(root, "max_connections_per_client"),
+			"%d is above max_connections (%d): one address cannot hold more connections than the host; set it at most to max_connections",
+			cfg.MaxConnectionsPerClient, cfg.MaxConnections)
+	}
 	if err := p.validate(cfg, root); err != nil {
 		return nil, err
 	}
@@ -357,7 +378,7 @@ func (p *configParser) parse(data []byte) (*Config, error) {
 
 var knownTopKeys = []string{"listen", "plugins_dir", "admin_token", "log_level", "shutdown_timeout_seconds",
 	"health_interval_seconds", "hung_restart_seconds", "restart_budget", "restart_window_seconds", "max_body_bytes",
-	"public_reads", "idle_timeout_seconds", "body_timeout_seconds", "max_connections", "auth_max_failures",
+	"public_reads", "idle_timeout_seconds", "body_timeout_seconds", "max_connections", "max_connections_per_client", "auth_max_failures",
 	"auth_lockout_seconds", "plugins"}
 
 func (p *configParser) str(key string, v *yaml.Node, dst *string) error {

@@ -171,23 +171,29 @@ func TestHTTPGuardSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.IdleTimeout != 60*time.Second || cfg.BodyTimeout != 30*time.Second || cfg.MaxConnections != 512 ||
-		cfg.AuthMaxFailures != 10 || cfg.AuthLockout != 5*time.Minute || !cfg.PublicReads {
+		cfg.MaxConnectionsPerClient != 64 || cfg.AuthMaxFailures != 10 || cfg.AuthLockout != 5*time.Minute || !cfg.PublicReads {
 		t.Errorf("defaults: %+v", cfg)
 	}
 	cfg, err = ParseConfig("taskhost.yaml", []byte("admin_token: 0123456789abcdef0123\npublic_reads: false\nidle_timeout_seconds: 5\n"+
-		"body_timeout_seconds: 7\nmax_connections: 64\nauth_max_failures: 4\nauth_lockout_seconds: 90\n"))
+		"body_timeout_seconds: 7\nmax_connections: 64\nmax_connections_per_client: 8\nauth_max_failures: 4\nauth_lockout_seconds: 90\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.IdleTimeout != 5*time.Second || cfg.BodyTimeout != 7*time.Second || cfg.MaxConnections != 64 ||
-		cfg.AuthMaxFailures != 4 || cfg.AuthLockout != 90*time.Second || cfg.PublicReads {
+		cfg.MaxConnectionsPerClient != 8 || cfg.AuthMaxFailures != 4 || cfg.AuthLockout != 90*time.Second || cfg.PublicReads {
 		t.Errorf("set: %+v", cfg)
 	}
+	// Unset, the per-client cap is at most max_connections.
+	if cfg, err := ParseConfig("taskhost.yaml", []byte("max_connections: 20\n")); err != nil || cfg.MaxConnectionsPerClient != 20 {
+		t.Errorf("max_connections: 20 alone: per-client cap %d, %v; want 20", cfg.MaxConnectionsPerClient, err)
+	}
 	for text, want := range map[string]string{
-		"max_connections: 3\n":      "max_connections: 3 is out of range",
-		"body_timeout_seconds: 0\n": "body_timeout_seconds: 0 is out of range",
-		"public_reads: maybe\n":     "public_reads: expected true or false",
-		"auth_max_failures: 0\n":    "auth_max_failures: 0 is out of range",
+		"max_connections: 3\n":                                    "max_connections: 3 is out of range",
+		"body_timeout_seconds: 0\n":                               "body_timeout_seconds: 0 is out of range",
+		"public_reads: maybe\n":                                   "public_reads: expected true or false",
+		"auth_max_failures: 0\n":                                  "auth_max_failures: 0 is out of range",
+		"max_connections_per_client: 0\n":                         "max_connections_per_client: 0 is out of range",
+		"max_connections: 100\nmax_connections_per_client: 101\n": "max_connections_per_client: 101 is above max_connections (100)",
 	} {
 		if _, err := ParseConfig("taskhost.yaml", []byte(text)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v; want %q", text, err, want)

@@ -22,7 +22,7 @@ import (
 var updateGolden = flag.Bool("update", false, "rewrite host/testdata/metrics.golden from the scrape")
 
 // TestMetricSurfaceIsGolden scrapes the aggregated endpoint through a real
-// host and compares every tasks_worker and aggregator series name and type
+// host and compares every tasks_worker, aggregator and host series name and type
 // with testdata/metrics.golden. The names are a public interface (alert
 // rules select them): renaming, dropping or retyping one fails here. To add
 // a series, add it to the golden file; to retire one, emit old and new for a
@@ -117,8 +117,8 @@ func produceConditionalSeries(t *testing.T, h *hostProc) []string {
 	return surface
 }
 
-// metricSurface lists "name type" for every tasks_worker and aggregator
-// family of the scrape, except the Go runtime and process collectors,
+// metricSurface lists "name type" for every tasks_worker, aggregator and
+// host family of the scrape, except the Go runtime and process collectors,
 // whose set varies with the Go version.
 func metricSurface(t *testing.T, body string) []string {
 	t.Helper()
@@ -132,7 +132,7 @@ func metricSurface(t *testing.T, body string) []string {
 		if strings.HasPrefix(name, "fp_tasks_worker_go_") || strings.HasPrefix(name, "fp_tasks_worker_process_") {
 			continue
 		}
-		if !strings.HasPrefix(name, "fp_tasks_worker_") && !strings.HasPrefix(name, "fp_metrics_") {
+		if !strings.HasPrefix(name, "fp_tasks_worker_") && !strings.HasPrefix(name, "fp_metrics_") && !strings.HasPrefix(name, "fp_host_") {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s %s", name, strings.ToLower(mf.GetType().String())))

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -51,8 +52,8 @@ func NewServer(h *Host, log hclog.Logger) *Server {
 		proxyTimeout: 60 * time.Second,
 		actionCap:    2 * time.Minute,
 		guard:        newAuthGuard(cfg.AuthMaxFailures, cfg.AuthLockout),
-		conns:        newConnLimiter(cfg.MaxConnections),
 	}
+	s.conns = newConnLimiter(cfg.MaxConnections, cfg.MaxConnectionsPerClient, s.log)
 	h.setHTTPStats(s)
 	if cfg.AdminToken != "" {
 		mac := hmac.New(sha256.New, []byte(cfg.AdminToken))
@@ -140,16 +141,48 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) perRequest(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r = r.WithContext(context.WithValue(r.Context(), authStateKey{}, &authState{}))
-		s.bodyDeadline(w, r)
+		if !hasBody(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if safeMethod(r.Method) {
+			// GET, HEAD and OPTIONS take no body on this host: nothing
+			// waits for one. The request is answered as if it had none
+			// (the proxy refuses it) and its connection closes, as
+			// whatever follows on it is the rest of that body.
+			w.Header().Set("Connection", "close")
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			next.ServeHTTP(w, r)
+			return
+		}
+		body := s.bodyDeadline(w, r)
 		next.ServeHTTP(w, r)
+		if body != nil {
+			body.handlerDone()
+		}
 	})
 }
 
+// hasBody reports whether r announces a body.
+func hasBody(r *http.Request) bool {
+	return r.Body != nil && r.Body != http.NoBody && (r.ContentLength != 0 || len(r.TransferEncoding) > 0)
+}
+
+// unreadBodyWait is the longest the host waits, once a handler answered
+// without reading the whole body (a 401 before the body, say), for the
+// rest of it to arrive, so that the connection can serve the next
+// request; a body that does not arrive by then closes the connection.
+const unreadBodyWait = time.Second
+
 // bodyDeadline gives a request with a body body_timeout_seconds to send
-// it, as a read deadline on the connection. A body still incomplete at
-// the deadline fails to read (the proxy answers 408) and the connection
-// closes, also when the handler answered without reading it (the server
-// then discards the rest, under the same deadline).
+// it whole, as one read deadline on the connection set as the handler
+// starts: each read does not get it anew. A body still incomplete at the
+// deadline fails to read (the proxy answers 408) and the connection
+// closes; a handler that answers without reading the body leaves it at
+// most unreadBodyWait more (see deadlineBody.handlerDone). While the body
+// has yet to end, the connection counts as in a body for the connection
+// caps, which close it for room once nothing of it arrived for
+// stallAfter.
 //
 // The deadline ends with the body: once a body is read to its end, the
 // server starts a background read to notice a client that goes away, and
@@ -157,31 +190,62 @@ func (s *Server) perRequest(next http.Handler) http.Handler {
 // gone, cutting a long (streamed) response. net/http clears the deadline
 // as it starts that read; deadlineBody clears it as well, so this does
 // not rest on that detail.
-func (s *Server) bodyDeadline(w http.ResponseWriter, r *http.Request) {
-	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 && len(r.TransferEncoding) == 0 {
-		return
-	}
+//
+// A streamed upload (proxyStream) sets its own deadline before each read
+// instead: an upload of any length that keeps moving is not cut.
+func (s *Server) bodyDeadline(w http.ResponseWriter, r *http.Request) *deadlineBody {
 	rc := http.NewResponseController(w)
-	if rc.SetReadDeadline(time.Now().Add(s.h.Config().BodyTimeout)) != nil {
-		return // not a connection with deadlines (HTTP/2 has its own)
+	deadline := time.Now().Add(s.h.Config().BodyTimeout)
+	if rc.SetReadDeadline(deadline) != nil {
+		return nil // not a connection with deadlines (HTTP/2 has its own)
 	}
-	r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc}
+	b := &deadlineBody{ReadCloser: r.Body, rc: rc, deadline: deadline, conn: trackedConnOf(r)}
+	if b.conn != nil {
+		b.conn.bodyStarted()
+	}
+	r.Body = b
+	return b
 }
 
-// deadlineBody lifts the read deadline once the body is read.
+// deadlineBody lifts the read deadline once the body is read, and tells
+// the connection's tracking how the body moves.
 type deadlineBody struct {
 	io.ReadCloser
-	rc   *http.ResponseController
-	done bool
+	rc       *http.ResponseController
+	deadline time.Time
+	conn     *trackedConn // nil when not served through a connLimiter
+	done     atomic.Bool
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF && !b.done {
-		b.done = true
+	if n > 0 && b.conn != nil {
+		b.conn.bodyMoved()
+	}
+	if err == io.EOF && b.done.CompareAndSwap(false, true) {
 		_ = b.rc.SetReadDeadline(time.Time{})
+		if b.conn != nil {
+			b.conn.bodyEnded()
+		}
 	}
 	return n, err
+}
+
+// handlerDone bounds, once the handler returned without reading the body
+// to its end, the wait for the rest: net/http reads it after the answer
+// to reuse the connection, and would wait up to the body deadline.
+func (b *deadlineBody) handlerDone() {
+	if b.done.Load() {
+		return
+	}
+	_ = b.rc.SetReadDeadline(minTime(b.deadline, time.Now().Add(unreadBodyWait)))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // isTimeout reports whether err is a read deadline passing.

@@ -479,7 +479,7 @@ func TestConnLimiterWaitEndsWithTheListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newConnLimiter(1)
+	l := newConnLimiter(1, 1, hclog.NewNullLogger())
 	l.Listener = ln
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
@@ -512,7 +512,7 @@ func TestConnLimiterWaitEndsWithTheListener(t *testing.T) {
 		t.Errorf("%d open; want the active one", l.Open())
 	}
 	// The active connection going idle makes room at once.
-	l2 := newConnLimiter(1)
+	l2 := newConnLimiter(1, 1, hclog.NewNullLogger())
 	ln2, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
