@@ -365,7 +365,7 @@ func (l *connLimiter) refuse(tc *trackedConn) {
 	l.warned, l.unlogged = now, 0
 	l.mu.Unlock()
 	l.log.Warn("HTTP connections refused: an address is at max_connections_per_client", "remote", tc.client,
-		"max_connections_per_client", l.perClient, "refused", n, "refused_total", l.refused.Load())
+		"max_connections_per_client", l.perClient, "refused_since_last_warning", n, "refused_total", l.refused.Load())
 }
 
 // closed reports whether the wrapped listener was closed.
