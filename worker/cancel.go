@@ -42,8 +42,13 @@ type attempts struct {
 // attempt is one running handler's cancellation, and its fate at Stop.
 type attempt struct {
 	cancel    context.CancelCauseFunc
-	requested bool // guarded by attempts.mu
-	c         *completion
+	ctx       context.Context // the handler's
+	requested bool            // guarded by attempts.mu
+	// requestedAt is when the cancel was requested; warned says the
+	// handler's overrun was logged (both guarded by attempts.mu).
+	requestedAt time.Time
+	warned      bool
+	c           *completion
 	// state: attemptRunning until the handler returns (finish) or Stop
 	// gives up on it (abandon), whichever comes first.
 	state atomic.Int32
@@ -65,7 +70,7 @@ func (a *attempt) finish() bool {
 // that cancel cancels; requested says a cancel request came for it
 // already, stopping that Stop abandons handlers already: either way the
 // handler must not run.
-func (as *attempts) start(c *completion, cancel context.CancelCauseFunc) (a *attempt, requested, stopping bool) {
+func (as *attempts) start(c *completion, ctx context.Context, cancel context.CancelCauseFunc) (a *attempt, requested, stopping bool) {
 	id := c.claim.ID
 	as.mu.Lock()
 	defer as.mu.Unlock()
@@ -75,10 +80,10 @@ func (as *attempts) start(c *completion, cancel context.CancelCauseFunc) (a *att
 	if as.running == nil {
 		as.running = map[int64]*attempt{}
 	}
-	a = &attempt{cancel: cancel, c: c}
-	if _, ok := as.early[id]; ok {
+	a = &attempt{cancel: cancel, ctx: ctx, c: c}
+	if at, ok := as.early[id]; ok {
 		delete(as.early, id)
-		a.requested = true
+		a.requested, a.requestedAt = true, at
 	}
 	as.running[id] = a
 	return a, a.requested, false
@@ -118,7 +123,9 @@ func (as *attempts) cancel(id int64) (running, first bool) {
 	a := as.running[id]
 	if a != nil {
 		first = !a.requested
-		a.requested = true
+		if first {
+			a.requested, a.requestedAt = true, time.Now()
+		}
 	}
 	as.mu.Unlock()
 	if a == nil {
@@ -126,6 +133,66 @@ func (as *attempts) cancel(id int64) (running, first bool) {
 	}
 	a.cancel(ErrCancelRequested)
 	return true, first
+}
+
+// overrun is one handler that runs on past its timeout or a cancel
+// request: its slot stays held until it returns.
+type overrun struct {
+	id    int64
+	task  string
+	since time.Time // when its timeout passed or its cancel was requested
+}
+
+// overrunning lists the handlers that run on past their timeout or a
+// cancel request, and marks those past warnAfter as warned, returning
+// them in warn too (each once). It costs what the pool runs, not more.
+func (as *attempts) overrunning(now time.Time, warnAfter time.Duration) (all, warn []overrun) {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	for id, a := range as.running {
+		if a.state.Load() != attemptRunning || a.ctx == nil || a.ctx.Err() == nil {
+			continue
+		}
+		var since time.Time
+		if a.requested {
+			since = a.requestedAt
+		} else if dl, ok := a.ctx.Deadline(); ok && !now.Before(dl) {
+			since = dl
+		} else {
+			continue // the pool stops: its drain says so
+		}
+		o := overrun{id: id, task: a.c.task, since: since}
+		all = append(all, o)
+		if !a.warned && now.Sub(since) >= warnAfter {
+			a.warned = true
+			warn = append(warn, o)
+		}
+	}
+	return all, warn
+}
+
+// overrunWarnAfter is how long a handler may run on past its timeout or a
+// cancel request before the pool logs it.
+const overrunWarnAfter = 2 * time.Second
+
+// Overrunning is how many handlers run on past their timeout or a cancel
+// request now: each keeps its slot, and its topic's concurrency limit
+// counts it, until it returns (for a provider plugin's task, until the
+// plugin says its handler returned).
+func (p *Pool) Overrunning() int {
+	all, _ := p.attempts.overrunning(time.Now(), time.Duration(1<<62))
+	return len(all)
+}
+
+// warnOverruns logs each handler that has run on for overrunWarnAfter
+// past its timeout or a cancel request, once; the heartbeat calls it.
+func (p *Pool) warnOverruns() {
+	now := time.Now()
+	_, warn := p.attempts.overrunning(now, overrunWarnAfter)
+	for _, o := range warn {
+		p.log.Warn("a task runs on past its timeout or cancel; its slot stays held until it returns (its topic's concurrency limit counts it)",
+			"message_id", o.id, "task", o.task, "overrun", now.Sub(o.since).Round(time.Millisecond).String())
+	}
 }
 
 // keepEarly keeps a cancel request for message id, held by the pool but

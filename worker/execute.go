@@ -31,6 +31,7 @@ const lockErrorRetryDelay = time.Second
 func (p *Pool) work() {
 	for m := range p.jobs {
 		if p.offload(m) {
+			p.freed()
 			continue
 		}
 		c := p.handle(m)
@@ -46,6 +47,11 @@ func (p *Pool) work() {
 func (p *Pool) handed(c *completion) {
 	p.out.add(c)
 	p.inflight.Add(-1)
+	p.freed()
+}
+
+// freed tells the dispatcher a worker is free.
+func (p *Pool) freed() {
 	select {
 	case p.slotFreed <- struct{}{}:
 	default:
@@ -68,17 +74,44 @@ func (p *Pool) offload(m *broker.Message) bool {
 		return false
 	}
 	p.offloaded.Add(1)
+	select {
+	case p.offJobs <- m: // an offloader waits for one
+		return true
+	default:
+	}
 	p.workers.Add(1)
-	go func() {
+	go p.offloader(m)
+	return true
+}
+
+// offloaderIdle is how long an offloader waits for another attempt before
+// it ends: a busy pool reuses its offloaders (and their grown stacks)
+// rather than start a goroutine per attempt.
+const offloaderIdle = time.Second
+
+// offloader runs offloaded attempts, m first, until none comes for
+// offloaderIdle or the dispatcher ends.
+func (p *Pool) offloader(m *broker.Message) {
+	idle := time.NewTimer(offloaderIdle)
+	defer idle.Stop()
+	for {
 		c := p.handle(m)
 		p.offloaded.Add(-1)
 		if c == nil {
 			return // abandoned by Stop, which counted it out of workers
 		}
 		p.handed(c)
-		p.workers.Done()
-	}()
-	return true
+		idle.Reset(offloaderIdle)
+		select {
+		case m = <-p.offJobs:
+		case <-idle.C:
+			p.workers.Done()
+			return
+		case <-p.dispatcherDone:
+			p.workers.Done()
+			return
+		}
+	}
 }
 
 // msgLogger logs about one message, with its id, task, topic and attempt;
@@ -284,19 +317,19 @@ func (p *Pool) run(t Task, c *completion) (r runResult) {
 	tc := &c.taskCtx
 	base, cancelBase := context.WithCancelCause(p.runCtx)
 	defer cancelBase(nil)
-	a, requested, stopping := p.attempts.start(c, cancelBase)
+	ctx := base
+	if t.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(base, t.Timeout)
+		defer cancel()
+	}
+	a, requested, stopping := p.attempts.start(c, ctx, cancelBase)
 	if stopping {
 		return runResult{stopped: true}
 	}
 	defer func() { r.cancelled = p.attempts.end(c.claim.ID, a) }()
 	if requested {
 		return runResult{}
-	}
-	ctx := base
-	if t.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(base, t.Timeout)
-		defer cancel()
 	}
 	p.running.Add(1)
 	defer p.running.Add(-1)

@@ -60,6 +60,7 @@ func (p *Pool) heartbeat() {
 			return
 		}
 		p.beaten(err)
+		p.warnOverruns()
 		if err == nil {
 			ctx, cancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
 			p.pollCancels(ctx)

@@ -56,7 +56,8 @@ type Pool struct {
 	notices   broker.Subscription // the broker's announcements (broker.Notifier), or nil
 	slotFreed chan struct{}       // a worker finished a message
 	jobs      chan *broker.Message
-	out       *completer // writes every outcome
+	offJobs   chan *broker.Message // offloaded attempts, to an idle offloader
+	out       *completer           // writes every outcome
 
 	claimCtx  context.Context // cancelled: stop claiming
 	stopClaim context.CancelFunc
@@ -84,7 +85,7 @@ type Pool struct {
 	inflight  atomic.Int64 // claimed and not yet handed to the completer
 	offloaded atomic.Int64 // of inflight, run on goroutines of their own (offload)
 	running   atomic.Int64 // handlers running
-	draining atomic.Bool
+	draining  atomic.Bool
 }
 
 // NewPool returns a pool that runs reg's tasks from b. Nothing happens
@@ -183,6 +184,7 @@ func (p *Pool) Start(ctx context.Context) error {
 	n := p.opts.Concurrency
 	p.slotFreed = make(chan struct{}, 1)
 	p.jobs = make(chan *broker.Message, n)
+	p.offJobs = make(chan *broker.Message)
 	p.claimCtx, p.stopClaim = context.WithCancel(context.Background())
 	p.runCtx, p.cancelRun = context.WithCancel(context.Background())
 	p.hbCtx, p.stopHB = context.WithCancel(context.Background())
