@@ -81,7 +81,7 @@ func (c *Client) Configure(ctx context.Context, req ConfigureRequest) error {
 	id := c.broker.NextId()
 	host := req.Host
 	go c.broker.AcceptAndServe(id, func(opts []grpc.ServerOption) *grpc.Server {
-		s := grpc.NewServer(append(opts, GRPCServerOptions()...)...)
+		s := grpc.NewServer(append(opts, hostServerOptions()...)...)
 		pb.RegisterHostServicesServer(s, &hostServicesServer{impl: host})
 		return s
 	})

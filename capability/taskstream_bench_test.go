@@ -23,9 +23,11 @@ func (noopProvider) Describe(context.Context) (Description, error) {
 	return Description{Name: "noop"}, nil
 }
 func (noopProvider) Configure(context.Context, ConfigureRequest) error { return nil }
-func (noopProvider) CheckHealth(context.Context) (Health, error)     { return Health{Status: HealthOK}, nil }
-func (noopProvider) Stop(context.Context) error                      { return nil }
-func (noopProvider) ListTasks(context.Context) ([]TaskSpec, error)   { return nil, nil }
+func (noopProvider) CheckHealth(context.Context) (Health, error) {
+	return Health{Status: HealthOK}, nil
+}
+func (noopProvider) Stop(context.Context) error                    { return nil }
+func (noopProvider) ListTasks(context.Context) ([]TaskSpec, error) { return nil, nil }
 func (noopProvider) RunTask(context.Context, TaskRun, TaskEvents) (json.RawMessage, error) {
 	return nil, nil
 }
@@ -59,7 +61,7 @@ func benchHostServices(b *testing.B, provider *Client) HostServices {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv := grpc.NewServer(GRPCServerOptions()...)
+	srv := grpc.NewServer(hostServerOptions()...)
 	pb.RegisterHostServicesServer(srv, &hostServicesServer{impl: relayHost{provider: provider}})
 	go func() { _ = srv.Serve(ln) }()
 	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
