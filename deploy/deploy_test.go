@@ -66,6 +66,7 @@ var publicNames = []string{
 	"fp_tasks_worker_fastpluggy_tasks_reports_dropped_total",
 	"fp_tasks_worker_fastpluggy_tasks_strays_requeued_total",
 	"fp_tasks_worker_fastpluggy_tasks_heartbeat_age_seconds",
+	"fp_tasks_worker_fastpluggy_tasks_overrunning",
 	// The aggregator's own series, prefixed fp_metrics_ already.
 	"fp_metrics_source_up",
 	"fp_metrics_source_scrape_duration_seconds",

@@ -103,6 +103,11 @@ type taskView struct {
 	Priority    int       `json:"priority"`
 	UniqueKey   string    `json:"unique_key,omitempty"`
 	AvailableAt time.Time `json:"available_at"`
+	// ParentTaskID is the task whose attempt submitted this one (from a
+	// plugin's task, capability.Submit); SubmittedBy says which plugin
+	// did ("plugin:<name>").
+	ParentTaskID string `json:"parent_task_id,omitempty"`
+	SubmittedBy  string `json:"submitted_by,omitempty"`
 }
 
 func viewOf(m broker.Message, svc *service.Service) taskView {
@@ -112,6 +117,7 @@ func viewOf(m broker.Message, svc *service.Service) taskView {
 		ClaimedAt: m.ClaimedAt, FinishedAt: m.FinishedAt, Result: m.Result,
 		CancelRequestedAt: m.CancelRequestedAt,
 		Priority:          m.Priority, UniqueKey: m.UniqueKey, AvailableAt: m.AvailableAt,
+		ParentTaskID: m.Headers[broker.ParentHeader], SubmittedBy: m.Headers[broker.SubmitterHeader],
 	}
 	if m.ClaimedBy != "" {
 		v.ClaimedBy = &m.ClaimedBy

@@ -48,6 +48,7 @@ var goldenMetrics = map[string]dto.MetricType{
 	"fastpluggy_tasks_duration_seconds":              dto.MetricType_HISTOGRAM,
 	"fastpluggy_tasks_heartbeat_age_seconds":         dto.MetricType_GAUGE,
 	"fastpluggy_schedules_waiting":                   dto.MetricType_GAUGE,
+	"fastpluggy_tasks_overrunning":                   dto.MetricType_GAUGE,
 }
 
 // scrape collects the plugin's metrics over gRPC and parses them.

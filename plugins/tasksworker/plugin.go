@@ -35,6 +35,8 @@ type Plugin struct {
 	metrics *telemetry
 	// reaperMetrics are the reaper counters, registered once per process.
 	reaperMetrics *reaper.Metrics
+	// providerMetrics are the series of the plugin boundary.
+	providerMetrics *providerMetrics
 
 	// life serialises Configure and Stop; mu guards rt, which the HTTP
 	// handlers, actions and metrics read.
@@ -58,6 +60,12 @@ func New(logger hclog.Logger) *Plugin {
 	p := &Plugin{log: logger}
 	p.metrics = newTelemetry(p.stats, p.lastHeartbeat, logger)
 	p.reaperMetrics = reaper.NewMetrics(p.metrics.reg)
+	p.providerMetrics = newProviderMetrics(p.metrics.reg, func() int {
+		if rt := p.current(); rt != nil {
+			return rt.pool.Overrunning()
+		}
+		return 0
+	})
 	p.reaperMetrics.Cancelled = p.metrics.cancelled // orphans whose cancel was requested
 	p.metrics.reg.MustRegister(&scheduler.HealthCollector{
 		Store: func() broker.ScheduleStore {

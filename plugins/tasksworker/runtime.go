@@ -72,7 +72,9 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	var offloadSlots func() int
 	if host != nil {
 		runner = capability.NewTaskRunner(host, capability.TaskRunnerOptions{
-			Logger: p.log.Named("providers"),
+			Logger:  p.log.Named("providers"),
+			Refused: p.providerMetrics.Refused,
+			Dropped: p.providerMetrics.Dropped,
 		})
 		offloadSlots = runner.Capacity
 	}
