@@ -72,6 +72,7 @@ func buildBinaries() error {
 		filepath.Join(pluginsDir, "fp-plugin-metrics"):      "./plugins/metricsagg/cmd/fp-plugin-metrics",
 		filepath.Join(pluginsDir, "fp-plugin-example"):      "./plugins/example/cmd/fp-plugin-example",
 		filepath.Join(binDir, "fixture"):                    "./host/testdata/fixture",
+		filepath.Join(pluginsDir, "fp-plugin-oldtasks"):     "./capability/internal/testdata/oldprovider",
 	}
 	for out, pkg := range builds {
 		if err := goBuild(out, pkg); err != nil {

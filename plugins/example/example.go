@@ -7,12 +7,16 @@
 // Its tasks show the ways an attempt can end besides success and an
 // ordinary failure: a bad payload fails permanently (no retry can mend
 // it), example.snooze waits for a time without using attempts,
-// example.cancel_self cancels its own task, and example.sleep runs until
-// it is cancelled.
+// example.cancel_self cancels its own task, example.sleep runs until it
+// is cancelled, and example.retry_later fails asking for its retry to wait.
+// example.fanout submits tasks from inside a task (capability.Submit),
+// each recorded with it as their parent. example.noop does nothing (for
+// measuring what a task of a plugin costs), and example.stubborn ignores
+// its cancellation (to show that its slot stays held until it returns).
 //
 // It also serves two HTTP routes: POST /count, a demo and test route for
 // streamed uploads, and GET /running, the number of tasks running in it
-// (see Plugin.ServeHTTP).
+// and the most that ran at once (see Plugin.ServeHTTP).
 //
 // Copy this package to start a plugin of your own: keep Describe's name
 // equal to the config key, and name the binary fp-plugin-<name>.
@@ -37,8 +41,16 @@ const Name = "example"
 // Plugin provides the tasks ListTasks lists.
 type Plugin struct{}
 
-// running counts the tasks running in this process (GET /running).
-var running atomic.Int64
+// running counts the tasks running in this process, and most the most
+// that ran at once since the start or the last DELETE /running.
+var running, most atomic.Int64
+
+// started counts a task that starts running.
+func started() {
+	n := running.Add(1)
+	for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+	}
+}
 
 // maxSleep bounds example.sleep.
 const maxSleep = 24 * time.Hour
@@ -78,6 +90,10 @@ func (Plugin) ListTasks(context.Context) ([]capability.TaskSpec, error) {
 		{Name: "example.snooze", Description: `Waits until {"until": "<RFC 3339 time>"}, asking to run again every {"seconds": s} (default 1) without using an attempt.`, MaxAttempts: 3},
 		{Name: "example.cancel_self", Description: `Cancels its own task with {"reason": "..."}: it ends cancelled, never retried.`, MaxAttempts: 3},
 		{Name: "example.sleep", Description: `Sleeps {"seconds": n} (at most a day), reporting progress; cancel it to stop it early.`, MaxAttempts: 3},
+		{Name: "example.retry_later", Description: `Fails its first attempt asking for the retry to wait {"seconds": s} (default 1), then succeeds.`, MaxAttempts: 3},
+		{Name: "example.fanout", Description: `Submits {"count": n} (at most 100) example.greet tasks, each with this one as its parent, and returns their ids.`, MaxAttempts: 3},
+		{Name: "example.noop", Description: "Does nothing: what a task of a plugin costs beyond its work.", MaxAttempts: 3},
+		{Name: "example.stubborn", Description: `Sleeps {"seconds": n} (at most a minute) ignoring its cancellation and its timeout of 1 s: its slot stays held until it returns.`, MaxAttempts: 2, Timeout: time.Second},
 	}, nil
 }
 
@@ -85,9 +101,11 @@ func (Plugin) ListTasks(context.Context) ([]capability.TaskSpec, error) {
 // fails permanently (capability.Permanent): retrying the same payload
 // cannot succeed, so it does not use up the task's attempts.
 func (Plugin) RunTask(ctx context.Context, run capability.TaskRun, ev capability.TaskEvents) (json.RawMessage, error) {
-	running.Add(1)
+	started()
 	defer running.Add(-1)
 	switch run.Task {
+	case "example.noop":
+		return nil, nil
 	case "example.greet":
 		var p struct {
 			Name string `json:"name"`
@@ -130,6 +148,29 @@ func (Plugin) RunTask(ctx context.Context, run capability.TaskRun, ev capability
 		return nil, capability.CancelTask(p.Reason)
 	case "example.sleep":
 		return sleep(ctx, run, ev)
+	case "example.retry_later":
+		p := struct {
+			Seconds float64 `json:"seconds"`
+		}{Seconds: 1}
+		if err := strictJSON(run.Payload, &p); err != nil || p.Seconds < 0 || p.Seconds > 3600 {
+			return nil, capability.Permanent(fmt.Errorf(`example.retry_later: the payload must be {"seconds": s} with 0 <= s <= 3600`))
+		}
+		if run.Attempt < 2 {
+			ev.Log(fmt.Sprintf("not this time; the retry waits %gs", p.Seconds))
+			return nil, capability.RetryAfter(fmt.Errorf("the service is busy"), time.Duration(p.Seconds*float64(time.Second)))
+		}
+		return json.Marshal(map[string]int{"succeeded_at_attempt": run.Attempt})
+	case "example.fanout":
+		return fanout(ctx, run, ev)
+	case "example.stubborn":
+		var p struct {
+			Seconds float64 `json:"seconds"`
+		}
+		if err := strictJSON(run.Payload, &p); err != nil || p.Seconds <= 0 || p.Seconds > 60 {
+			return nil, capability.Permanent(fmt.Errorf(`example.stubborn: the payload must be {"seconds": n} with 0 < n <= 60`))
+		}
+		time.Sleep(time.Duration(p.Seconds * float64(time.Second))) // deaf to ctx, on purpose
+		return json.Marshal(map[string]float64{"slept_seconds": p.Seconds})
 	}
 	return nil, fmt.Errorf("task %q: %w", run.Task, capability.ErrNotFound)
 }
@@ -189,21 +230,52 @@ func sleep(ctx context.Context, run capability.TaskRun, ev capability.TaskEvents
 	}
 }
 
+// fanout runs example.fanout: it submits its children from its own
+// context, so that each records it as its parent.
+func fanout(ctx context.Context, run capability.TaskRun, ev capability.TaskEvents) (json.RawMessage, error) {
+	var p struct {
+		Count int `json:"count"`
+	}
+	if err := strictJSON(run.Payload, &p); err != nil || p.Count < 1 || p.Count > 100 {
+		return nil, capability.Permanent(fmt.Errorf(`example.fanout: the payload must be {"count": n} with 1 <= n <= 100`))
+	}
+	children := make([]capability.TaskSubmission, p.Count)
+	for i := range children {
+		children[i] = capability.TaskSubmission{Task: "example.greet", Payload: json.RawMessage(fmt.Sprintf(`{"name":"child %d of %s"}`, i+1, run.MessageID))}
+	}
+	got, err := capability.Submit(ctx, children...)
+	if err != nil {
+		return nil, fmt.Errorf("submit the children: %w", err)
+	}
+	ids := make([]string, len(got))
+	for i, g := range got {
+		ids[i] = g.ID
+	}
+	ev.Log(fmt.Sprintf("submitted %d children", len(ids)))
+	return json.Marshal(map[string][]string{"children": ids})
+}
+
 // ServeHTTP implements capability.HTTPHandler with two demo and test
-// routes. GET /running answers {"running": n}, the tasks running in this
-// plugin now (a task cancelled while it runs leaves it). POST /count reads the request body as it arrives and answers its
+// routes. GET /running answers {"running": n, "most": m}, the tasks
+// running in this plugin now (a task cancelled while it runs leaves it once
+// it returns) and the most that ran at once; DELETE /running starts that
+// count again. POST /count reads the request body as it arrives and answers its
 // size, {"bytes": n, "lines": m} (a last line without a newline counts).
 // Sent as application/x-ndjson, a body of any size passes: the host
 // streams it here, and this route holds one 32 KiB piece at a time. A body
 // cut short answers 400 naming the read error.
 func (Plugin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/running" {
-		if r.Method != http.MethodGet {
-			w.Header().Set("Allow", http.MethodGet)
-			http.Error(w, "GET /running", http.StatusMethodNotAllowed)
+		switch r.Method {
+		case http.MethodGet:
+		case http.MethodDelete:
+			most.Store(running.Load())
+		default:
+			w.Header().Set("Allow", "GET, DELETE")
+			http.Error(w, "GET or DELETE /running", http.StatusMethodNotAllowed)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]int64{"running": running.Load()})
+		writeJSON(w, http.StatusOK, map[string]int64{"running": running.Load(), "most": most.Load()})
 		return
 	}
 	if r.URL.Path != "/count" {

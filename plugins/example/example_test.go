@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -28,7 +29,7 @@ func TestTasksOverTheWire(t *testing.T) {
 	c := capabilitytest.Start(t, example.Plugin{}, nil, nil)
 	ctx := context.Background()
 	specs, err := c.ListTasks(ctx)
-	if err != nil || len(specs) != 5 || specs[0].Name != "example.greet" || specs[1].Name != "example.count" {
+	if err != nil || len(specs) != 9 || specs[0].Name != "example.greet" || specs[1].Name != "example.count" {
 		t.Fatalf("tasks = %+v, %v", specs, err)
 	}
 	ev := &events{}
@@ -92,27 +93,103 @@ func TestOutcomeTasks(t *testing.T) {
 		t.Errorf("sleep 0: %#v", te)
 	}
 
-	running := func() string {
-		var out strings.Builder
-		err := c.ProxyHTTP(ctx, capability.ProxyRequest{Method: "GET", Path: "/running"}, func(int, http.Header) {},
-			func(b []byte) error { out.Write(b); return nil })
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(out.String())
-	}
+	running := func() int { return runningNow(t, c).Running }
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.RunTask(sctx, capability.TaskRun{Task: "example.sleep", Payload: json.RawMessage(`{"seconds": 3600}`)}, nil)
 		done <- err
 	}()
-	waitUntil(t, "example.sleep runs", func() bool { return running() == `{"running":1}` })
+	waitUntil(t, "example.sleep runs", func() bool { return running() == 1 })
 	cancel()
 	if err := <-done; err == nil {
 		t.Error("a cancelled sleep returned no error")
 	}
-	waitUntil(t, "example.sleep ends once cancelled", func() bool { return running() == `{"running":0}` })
+	waitUntil(t, "example.sleep ends once cancelled", func() bool { return running() == 0 })
+}
+
+type runningCount struct {
+	Running int `json:"running"`
+	Most    int `json:"most"`
+}
+
+// runningNow asks the plugin's GET /running (DELETE with reset).
+func runningNow(t *testing.T, c *capability.Client, reset ...bool) runningCount {
+	t.Helper()
+	method := "GET"
+	if len(reset) > 0 && reset[0] {
+		method = "DELETE"
+	}
+	var out strings.Builder
+	err := c.ProxyHTTP(context.Background(), capability.ProxyRequest{Method: method, Path: "/running"}, func(int, http.Header) {},
+		func(b []byte) error { out.Write(b); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rc runningCount
+	if err := json.Unmarshal([]byte(out.String()), &rc); err != nil {
+		t.Fatalf("GET /running: %q: %v", out.String(), err)
+	}
+	return rc
+}
+
+// TestRetryLaterAndFanout: retry_later's first attempt asks for its retry
+// to wait; fanout submits its children from its context, with itself as
+// their parent.
+func TestRetryLaterAndFanout(t *testing.T) {
+	var got []capability.TaskSubmission
+	host := &capabilitytest.Host{SubmitTasksFunc: func(_ context.Context, tasks []capability.TaskSubmission) ([]capability.SubmittedTask, error) {
+		got = append(got, tasks...)
+		out := make([]capability.SubmittedTask, len(tasks))
+		for i := range out {
+			out[i].ID = strconv.Itoa(100 + i)
+		}
+		return out, nil
+	}}
+	c := capabilitytest.Start(t, example.Plugin{}, nil, host)
+	ctx := context.Background()
+	_, err := c.RunTask(ctx, capability.TaskRun{Task: "example.retry_later", Payload: json.RawMessage(`{"seconds": 7}`), Attempt: 1}, nil)
+	var te *capability.TaskError
+	if !errors.As(err, &te) || te.RetryAfter != 7*time.Second || te.Outcome != capability.OutcomeError {
+		t.Fatalf("first attempt: %v; want a failure retried after 7s", err)
+	}
+	res, err := c.RunTask(ctx, capability.TaskRun{Task: "example.retry_later", Payload: json.RawMessage(`{"seconds": 7}`), Attempt: 2}, nil)
+	if err != nil || string(res) != `{"succeeded_at_attempt":2}` {
+		t.Fatalf("second attempt: %s, %v", res, err)
+	}
+	res, err = c.RunTask(ctx, capability.TaskRun{Task: "example.fanout", Payload: json.RawMessage(`{"count": 3}`), MessageID: "41"}, nil)
+	if err != nil || string(res) != `{"children":["100","101","102"]}` {
+		t.Fatalf("fanout: %s, %v", res, err)
+	}
+	if len(got) != 3 || got[0].Task != "example.greet" || got[2].ParentTaskID != "41" {
+		t.Fatalf("the host got %+v; want 3 children of task 41", got)
+	}
+}
+
+// TestStubbornIgnoresItsCancel: example.stubborn returns only when its
+// time is up, cancelled or not; /running counts it until then.
+func TestStubbornIgnoresItsCancel(t *testing.T) {
+	c := capabilitytest.Start(t, example.Plugin{}, nil, nil)
+	runningNow(t, c, true)
+	ctx, cancel := context.WithCancel(context.Background())
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.RunTask(ctx, capability.TaskRun{Task: "example.stubborn", Payload: json.RawMessage(`{"seconds": 0.5}`)}, nil)
+		done <- err
+	}()
+	waitUntil(t, "example.stubborn runs", func() bool { return runningNow(t, c).Running == 1 })
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled call returned no error")
+	}
+	waitUntil(t, "example.stubborn returns", func() bool { return runningNow(t, c).Running == 0 })
+	if d := time.Since(start); d < 500*time.Millisecond {
+		t.Fatalf("example.stubborn stopped running after %s, before its half second: it heeded its cancel", d)
+	}
+	if rc := runningNow(t, c); rc.Most != 1 {
+		t.Fatalf("/running = %+v after one stubborn task; want at most 1", rc)
+	}
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -122,39 +199,5 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting until %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func TestCountRoute(t *testing.T) {
-	c := capabilitytest.Start(t, example.Plugin{}, nil, nil)
-	ctx := context.Background()
-	call := func(method string, body string, streamed bool) (int, string) {
-		t.Helper()
-		var status int
-		var out strings.Builder
-		req := capability.ProxyRequest{Method: method, Path: "/count", Body: []byte(body)}
-		onHeader := func(s int, _ http.Header) { status = s }
-		onBody := func(b []byte) error { out.Write(b); return nil }
-		var err error
-		if streamed {
-			err = c.ProxyHTTPStream(ctx, req, strings.NewReader(body), onHeader, onBody)
-		} else {
-			err = c.ProxyHTTP(ctx, req, onHeader, onBody)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return status, out.String()
-	}
-	for _, streamed := range []bool{false, true} {
-		if s, out := call("POST", "{\"a\":1}\n{\"a\":2}\n{\"a\":3}", streamed); s != 200 || out != "{\"bytes\":23,\"lines\":3}\n" {
-			t.Errorf("count (streamed %v) = %d %q", streamed, s, out)
-		}
-		if s, out := call("POST", "", streamed); s != 200 || out != "{\"bytes\":0,\"lines\":0}\n" {
-			t.Errorf("count of nothing (streamed %v) = %d %q", streamed, s, out)
-		}
-	}
-	if s, _ := call("GET", "", false); s != http.StatusMethodNotAllowed {
-		t.Errorf("GET /count = %d, want 405", s)
 	}
 }
