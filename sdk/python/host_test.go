@@ -295,8 +295,9 @@ plugins:
 		// One attempt each (a provider's tasks get at least 3 unless the
 		// submit says otherwise); the default topic keeps dead letters.
 		cases := []struct{ task, want string }{
-			// The host bounds the attempt (TaskSpec.timeout_seconds).
-			{"pytasks.hang", "timed out after 1s: running pytasks.hang in plugin pytasks"},
+			// The host bounds the attempt (TaskSpec.timeout_seconds); the
+			// handler ignores it, and its process (hard_stop) is killed.
+			{"pytasks.hang", "timed out after 1s: task pytasks.hang was killed"},
 			{"pytasks.notjson", "task pytasks.notjson returned a result that is not JSON: Object of type set is not JSON serializable"},
 			{"pytasks.rawbad", "the task's result cannot be stored: it is not valid JSON"},
 			{"pytasks.raise", "KeyError: 'missing'"},

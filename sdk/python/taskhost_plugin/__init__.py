@@ -26,18 +26,25 @@ import os as _os
 # starts must count too.
 HOST_PID = _os.getppid()
 
-from .errors import CancelTask, InvalidConfig, MAX_SNOOZE_SECONDS, Permanent, Snooze, TaskError  # noqa: E402
+from .errors import (  # noqa: E402
+    CancelTask, HostUnavailable, InvalidConfig, MAX_SNOOZE_SECONDS, Permanent, RetryAfter, Snooze, SubmitRefused, TaskError,
+)
+from .host import SubmittedTask  # noqa: E402
 from .plugin import PROTOCOL_VERSION, Plugin, RawJSON, TaskContext  # noqa: E402
 
 __all__ = [
     "CancelTask",
+    "HostUnavailable",
     "InvalidConfig",
     "MAX_SNOOZE_SECONDS",
     "PROTOCOL_VERSION",
     "Permanent",
     "Plugin",
     "RawJSON",
+    "RetryAfter",
     "Snooze",
+    "SubmitRefused",
+    "SubmittedTask",
     "TaskContext",
     "TaskError",
 ]

@@ -18,6 +18,19 @@ class TaskError(Exception):
     TaskError whose message starts with the exception's type."""
 
 
+class RetryAfter(TaskError):
+    """The attempt failed, and its retry must wait at least `seconds`
+    (whatever the task's backoff says), e.g. for a rate limit:
+    raise th.RetryAfter(30, "the API said 429"). Without attempts left the
+    task fails as with TaskError. seconds must be a finite number from 0
+    to MAX_SNOOZE_SECONDS; another value fails the attempt saying why."""
+
+    def __init__(self, seconds, reason=""):
+        self.seconds = seconds
+        self.reason = reason
+        super().__init__(reason or "retry after %s s" % (seconds,))
+
+
 class Snooze(Exception):
     """Run the task again after `seconds`, without using an attempt.
 
@@ -62,17 +75,31 @@ class InvalidConfig(Exception):
         return "invalid config: " + self.problem
 
 
-def check_snooze(seconds):
-    """Returns the snooze in seconds as a float, or raises ValueError
-    saying why it is not valid."""
+def check_snooze(seconds, what="a snooze"):
+    """Returns the delay in seconds as a float, or raises ValueError
+    saying why it is not valid (what names it: "a snooze", "a retry
+    delay")."""
     if isinstance(seconds, bool):
-        raise ValueError("a snooze is a number of seconds, not %r" % (seconds,))
+        raise ValueError("%s is a number of seconds, not %r" % (what, seconds))
     try:
         s = float(seconds)
     except (TypeError, ValueError):
-        raise ValueError("a snooze is a number of seconds, not %r" % (seconds,)) from None
+        raise ValueError("%s is a number of seconds, not %r" % (what, seconds)) from None
     if not math.isfinite(s) or s < 0:
-        raise ValueError("a snooze of %r s is not valid: give a number of seconds from 0 to %d" % (seconds, MAX_SNOOZE_SECONDS))
+        raise ValueError("%s of %r s is not valid: give a number of seconds from 0 to %d" % (what, seconds, MAX_SNOOZE_SECONDS))
     if s > MAX_SNOOZE_SECONDS:
-        raise ValueError("a snooze of %r s is longer than the limit of %d s (365 days)" % (seconds, MAX_SNOOZE_SECONDS))
+        raise ValueError("%s of %r s is longer than the limit of %d s (365 days)" % (what, seconds, MAX_SNOOZE_SECONDS))
     return s
+
+
+class HostUnavailable(TaskError):
+    """The host's services cannot be reached (the host offered none, or
+    the connection failed), or the task system does not run (a submit
+    while tasks_worker starts, stops or is not enabled). Uncaught in a
+    task, it fails the attempt, which is retried."""
+
+
+class SubmitRefused(TaskError, ValueError):
+    """The task system refused a submit (an unknown task, a bad payload,
+    topic, delay or unique key): nothing was queued. Its message says
+    which task and why. Uncaught in a task, it fails the attempt."""

@@ -28,6 +28,22 @@ _formatter = logging.Formatter()
 _RECORD_ATTRS = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
+# Objects whose locks a forked child (a hard_stop task) makes afresh: the
+# thread that held one at the fork does not exist in the child.
+_after_fork = []
+
+
+def _reinit_locks():
+    for obj in _after_fork:
+        if hasattr(obj, "_write_lock"):
+            obj._write_lock = threading.Lock()
+        if hasattr(obj, "_lock"):
+            obj._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_reinit_locks)
+
+
 def level_from_env(default=logging.INFO):
     """The level named by TASKHOST_LOG_LEVEL, which the host sets to its
     own (trace, debug, info, warn, error)."""
@@ -73,6 +89,7 @@ class HclogHandler(logging.Handler):
         self.module = module
         self.fd = fd
         self._write_lock = threading.Lock()
+        _after_fork.append(self)
 
     def emit(self, record):
         try:
@@ -118,6 +135,7 @@ class StderrLines:
         self.errors = "replace"
         self._buf = ""
         self._lock = threading.Lock()
+        _after_fork.append(self)
 
     def write(self, s):
         if not isinstance(s, str):

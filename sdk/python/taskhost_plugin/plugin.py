@@ -22,6 +22,13 @@ MAX_ATTEMPTS = 1000
 
 PROTOCOL_VERSION = 1
 
+# How long a hard_stop task's handler has, after its cancel, to return
+# by itself before its process is killed.
+HARD_STOP_GRACE = 1.0
+
+# A plugin's max_tasks when it does not say.
+DEFAULT_MAX_TASKS = 32
+
 # A task's timeout is the host's to enforce (TaskSpec.timeout_seconds: the
 # worker cancels the call and fails the attempt as timed out). The SDK
 # ends the attempt itself this much later, for a host that predates the
@@ -37,17 +44,23 @@ class RawJSON(bytes):
 class Task:
     """One declared task (see Plugin.task)."""
 
-    def __init__(self, name, fn, topic="", max_attempts=0, timeout=None, description=""):
+    def __init__(self, name, fn, topic="", max_attempts=0, timeout=None, description="", hard_stop=None):
         self.name = name
         self.fn = fn
         self.topic = topic
         self.max_attempts = max_attempts
         self.timeout = timeout
         self.description = description
+        # None: the handler runs in a thread of the plugin. Else it runs in
+        # a child process, killed this many seconds after a cancel.
+        self.hard_stop = hard_stop
 
     def spec(self):
         return pb.TaskSpec(name=self.name, description=self.description, topic=self.topic, max_attempts=self.max_attempts,
                            timeout_seconds=float(self.timeout or 0))
+
+
+_wait_lock = threading.Lock()
 
 
 class TaskContext:
@@ -57,13 +70,16 @@ class TaskContext:
                  without one); payload_json is the raw bytes.
     attempt      the attempt number, from 1.
     message_id   the task's id in the task system, as a string.
+    headers      the task's headers as submitted (a dict: the plugin that
+                 submitted it, its parent task, trace context); empty on a
+                 host that does not send them.
     config       the plugin's config block (a dict).
     logger       the plugin's logger (stderr, in the host's log).
     host         the host's services (HostServices): other plugins and
                  their tasks; None outside the host.
     """
 
-    def __init__(self, task, payload_json, message_id, attempt, config, logger, send, deadline=None, host=None):
+    def __init__(self, task, payload_json, message_id, attempt, config, logger, send, deadline=None, host=None, headers=None):
         self.task = task
         self.payload_json = payload_json
         self.message_id = message_id
@@ -73,8 +89,20 @@ class TaskContext:
         self.deadline = deadline  # time.monotonic() value, or None
         self.host = host
         self._send = send
-        self._cancelled = threading.Event()
+        self._headers = headers
+        # Made by the first wait(): most attempts never wait.
+        self._cancelled = False
+        self._event = None
         self.payload = None
+
+    @property
+    def headers(self):
+        h = self._headers
+        if h is None:
+            return {}
+        if not isinstance(h, dict):  # the attempt's map, read on first use
+            h = self._headers = dict(h)
+        return h
 
     def log(self, line):
         """Adds a line to the attempt's log, shown in the task's report."""
@@ -93,13 +121,24 @@ class TaskContext:
     def cancelled(self):
         """True once the attempt should stop: its timeout passed, the host
         gave up on it (the worker stops, the task was cancelled), or the
-        plugin stops."""
-        return self._cancelled.is_set()
+        plugin stops. The handler should then return soon: until it does,
+        the attempt keeps its place in its topic's concurrency limit."""
+        return self._cancelled
 
     def wait(self, seconds):
         """Sleeps up to seconds; returns True at once if the attempt is
         cancelled meanwhile (then stop and return or raise)."""
-        return self._cancelled.wait(seconds)
+        if self._cancelled:
+            return True
+        ev = self._event
+        if ev is None:
+            with _wait_lock:
+                ev = self._event
+                if ev is None:
+                    ev = self._event = threading.Event()
+            if self._cancelled:  # a cancel that came before the event was made
+                ev.set()
+        return ev.wait(seconds)
 
     def time_left(self):
         """Seconds until the task's timeout, or None without one."""
@@ -107,8 +146,31 @@ class TaskContext:
             return None
         return max(0.0, self.deadline - time.monotonic())
 
+    def submit(self, task, payload=None, topic="", delay=None, run_at=None, max_attempts=0, priority=0, unique_key=None,
+               unique_for=None, unique_states=None):
+        """Queues a task in the task system, as this plugin, recorded as a
+        child of this one (its headers carry parent_task_id, this task's
+        message_id). Returns SubmittedTask(id, duplicate). Raises
+        ValueError for a bad argument, SubmitRefused when the task system
+        refuses it, HostUnavailable when it does not run. See
+        HostServices.submit_tasks for the options."""
+        t = {"task": task, "payload": payload, "topic": topic, "delay": delay, "run_at": run_at, "max_attempts": max_attempts,
+             "priority": priority, "unique_key": unique_key, "unique_for": unique_for, "unique_states": unique_states}
+        return self.submit_many([t])[0]
+
+    def submit_many(self, tasks):
+        """Queues several tasks at once (dicts with "task" and the options
+        of submit), all or none, each a child of this one; returns a
+        SubmittedTask per task, in order."""
+        if self.host is None:
+            raise errors.HostUnavailable("the host's services are not available here (the plugin is not configured by a host)")
+        return self.host.submit_tasks(tasks, parent_task_id=self.message_id)
+
     def cancel(self):
-        self._cancelled.set()
+        self._cancelled = True
+        ev = self._event
+        if ev is not None:
+            ev.set()
 
 
 def final_event(task_name, result=None, exc=None, logger=None):
@@ -129,6 +191,12 @@ def final_event(task_name, result=None, exc=None, logger=None):
         except ValueError as e:
             return pb.RunTaskEvent(done=True, error="task %s: %s" % (task_name, e))
         return pb.RunTaskEvent(done=True, error=str(exc) or "snoozed", outcome=pb.OUTCOME_SNOOZE, snooze_seconds=s)
+    if isinstance(exc, errors.RetryAfter):
+        try:
+            s = errors.check_snooze(exc.seconds, "a retry delay")
+        except ValueError as e:
+            return pb.RunTaskEvent(done=True, error="task %s: %s" % (task_name, e))
+        return pb.RunTaskEvent(done=True, error=str(exc) or "task failed", retry_after_seconds=s)
     if isinstance(exc, errors.Permanent):
         return pb.RunTaskEvent(done=True, error=str(exc) or "failed permanently", outcome=pb.OUTCOME_PERMANENT)
     if isinstance(exc, errors.CancelTask):
@@ -142,19 +210,25 @@ def final_event(task_name, result=None, exc=None, logger=None):
 
 
 class Run:
-    """One attempt: the handler runs in its own thread; events() yields
-    what it reports, then its final event. A handler still running at its
-    timeout is abandoned (Python cannot stop a thread): the host cancels
-    the call at the timeout (abort), or else the SDK ends the attempt
-    grace seconds later; either way its context says cancelled, and what
-    it does later is dropped."""
+    """One attempt of a RunTask call (a host, or a plugin, without the
+    stream of attempts): the handler runs in its own thread; events()
+    yields what it reports, then its final event. A handler still running
+    at its timeout is abandoned (Python cannot stop a thread): the host
+    cancels the call at the timeout (abort), or else the SDK ends the
+    attempt grace seconds later; either way its context says cancelled,
+    and what it does later is dropped. on_end() is called once, when the
+    handler returns or the attempt is given up, whichever comes first."""
 
-    def __init__(self, task, req, config, logger, host=None, grace=TIMEOUT_GRACE):
+    def __init__(self, task, req, config, logger, host=None, grace=TIMEOUT_GRACE, on_end=None):
         self.task = task
         self.logger = logger
         self.q = queue.Queue()
         self.done = threading.Event()
         self.end = None  # when the SDK ends the attempt itself
+        self.started = False
+        self._on_end = on_end
+        self._ended = False
+        self._end_lock = threading.Lock()
         deadline = None
         if task.timeout:
             deadline = time.monotonic() + task.timeout
@@ -166,30 +240,35 @@ class Run:
             return
         self.q.put(ev)
 
+    def ended(self):
+        """Calls on_end, once."""
+        with self._end_lock:
+            if self._ended:
+                return
+            self._ended = True
+        if self._on_end is not None:
+            self._on_end()
+
     def abort(self):
         """The host gave up on the attempt (the call was cancelled): tells
         the handler, and ends events() at once, even if the handler never
         returns."""
         self.ctx.cancel()
+        self.ended()
         self.q.put(None)
 
     def _target(self):
-        try:
-            if self.ctx.payload_json and self.ctx.payload_json.strip():
-                try:
-                    self.ctx.payload = json.loads(self.ctx.payload_json)
-                except ValueError as e:
-                    raise errors.TaskError("task %s: the payload is not JSON: %s" % (self.task.name, e)) from None
-            result = self.task.fn(self.ctx, self.ctx.payload)
-            ev = final_event(self.task.name, result=result)
-        except BaseException as e:  # noqa: B902 - every failure is the attempt's
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                e = errors.TaskError("task %s raised %s" % (self.task.name, type(e).__name__))
-            ev = final_event(self.task.name, exc=e, logger=self.logger)
+        from .runner import run_handler
+
+        ev = run_handler(self.task, self.ctx, self.logger)
+        # The place is free before the host sees the final event, so that
+        # its next call finds it free.
+        self.ended()
         self.q.put(ev)
 
     def events(self):
         """Yields the attempt's events; the last has done set."""
+        self.started = True
         t = threading.Thread(target=self._target, name="task " + self.task.name, daemon=True)
         t.start()
         try:
@@ -199,6 +278,7 @@ class Run:
                     timeout = self.end - time.monotonic()
                     if timeout <= 0:
                         self.ctx.cancel()
+                        self.ended()
                         self.logger.warning("task timed out; its thread is left to end by itself", extra={"task": self.task.name, "timeout_seconds": self.task.timeout})
                         yield pb.RunTaskEvent(done=True, error="task %s timed out after %s s" % (self.task.name, _secs(self.task.timeout)))
                         return
@@ -214,6 +294,7 @@ class Run:
         finally:
             self.done.set()
             self.ctx.cancel()
+            self.ended()
 
 
 def _secs(v):
@@ -224,12 +305,19 @@ class Plugin:
     """A task plugin. Declare its tasks with @plugin.task, then call
     plugin.serve() as the script's last statement."""
 
-    def __init__(self, name, version="0.0.0", max_tasks=32):
+    def __init__(self, name, version="0.0.0", max_tasks=DEFAULT_MAX_TASKS, stream=True):
         if not NAME_PATTERN.match(name or ""):
             raise ValueError("plugin name %r is not valid: lower-case letters, digits and _, starting with a letter, at most 41 characters" % (name,))
+        if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or not 1 <= max_tasks <= 4096:
+            raise ValueError("max_tasks must be an integer from 1 to 4096, not %r" % (max_tasks,))
         self.name = name
         self.version = version
+        # The most attempts whose handlers run at once: the capacity the
+        # plugin gives tasks_worker, and the number of its worker threads.
         self.max_tasks = max_tasks
+        # Serve the stream of attempts (capability tasks_stream); False:
+        # one RunTask call per attempt, as plugins built before it.
+        self.stream = stream
         self.tasks = {}
         self.config = {}
         # The host's services (HostServices), set at each start.
@@ -240,20 +328,33 @@ class Plugin:
         self._config_check = None
         self.logger = logging.getLogger(name)
 
-    def task(self, name, topic="", max_attempts=0, timeout=None, description=""):
+    def task(self, name, topic="", max_attempts=0, timeout=None, description="", hard_stop=False):
         """Declares a task: @plugin.task("images.resize", topic="images",
         max_attempts=5, timeout=60). The function takes a TaskContext and
         the decoded payload, and returns the result (anything json.dumps takes, or RawJSON), or
-        raises (TaskError, Snooze, Permanent, CancelTask, any exception)."""
+        raises (TaskError, RetryAfter, Snooze, Permanent, CancelTask, any exception).
+
+        hard_stop=True runs each attempt's handler in a child process (a
+        fork of the plugin) that is killed HARD_STOP_GRACE seconds after
+        the attempt's cancel (its timeout, an operator's cancel) if it has
+        not returned by then; a number of seconds sets that grace."""
         problem = _check_task(name, topic, max_attempts, timeout)
         if problem:
             raise ValueError("task %r: %s" % (name, problem))
         if name in self.tasks:
             raise ValueError("task %r is declared twice" % (name,))
+        if hard_stop is True:
+            grace = HARD_STOP_GRACE
+        elif hard_stop is False or hard_stop is None:
+            grace = None
+        elif isinstance(hard_stop, (int, float)) and math.isfinite(hard_stop) and hard_stop >= 0:
+            grace = float(hard_stop)
+        else:
+            raise ValueError("task %r: hard_stop must be True, False or the seconds a handler has after its cancel, not %r" % (name, hard_stop))
 
         def register(fn):
             desc = description or (fn.__doc__ or "").strip().split("\n")[0]
-            self.tasks[name] = Task(name, fn, topic, max_attempts, timeout, desc)
+            self.tasks[name] = Task(name, fn, topic, max_attempts, timeout, desc, grace)
             return fn
 
         return register

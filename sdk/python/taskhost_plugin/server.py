@@ -42,6 +42,7 @@ from .pb import plugin_pb2 as pb
 from .pb import plugin_pb2_grpc as pbg
 from .host import HostServices
 from .plugin import PROTOCOL_VERSION, Run
+from .runner import Runner, TaskStream
 
 MAGIC_COOKIE_KEY = "FP_PLUGIN_MAGIC_COOKIE"
 MAGIC_COOKIE_VALUE = "7d0c2f5e-taskhost-plugin-3b9a41c6e8f24d17"
@@ -115,7 +116,10 @@ class State:
         self.plugin = plugin
         self.logger = logger
         self.lock = threading.Condition()
-        self.running = {}  # id -> Run
+        self.running = {}  # id -> Run: attempts of RunTask calls whose handler runs
+        self.calls = 0  # RunTask calls not ended (their final event may not be sent yet)
+        # The attempts of streams (RunTasks), and the threads they run on.
+        self.runner = Runner(plugin, logger, lambda: plugin.host)
         self.stopping = False
         self.shutdown = False  # the host's Shutdown: exit now
         self.exit = threading.Event()
@@ -139,19 +143,28 @@ class State:
         """Refuses new attempts, waits up to seconds for the running ones,
         then tells the ones left that they are cancelled."""
         deadline = time.monotonic() + max(0.0, seconds)
+        runner = self.runner
+        runner.stopping = True
         with self.lock:
             self.stopping = True
-            while self.running:
+            while self.running or self.calls or runner.pending():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                self.lock.wait(min(left, 0.5))
+                self.lock.wait(min(left, 0.05))
             left_running = list(self.running.values())
         for r in left_running:
             r.ctx.cancel()
-        if left_running:
-            self.logger.warning("stopping with tasks still running", extra={"running": len(left_running)})
-        return not left_running
+        with runner.lock:
+            streams = list(runner.streams)
+        n = len(left_running)
+        for s in streams:
+            for att in list(s.running.values()):
+                runner.cancel(att, "the plugin stops")
+                n += 1
+        if n:
+            self.logger.warning("stopping with tasks still running; they are cancelled", extra={"running": n})
+        return not n
 
 
 class Lifecycle(pbg.LifecycleServicer):
@@ -159,9 +172,12 @@ class Lifecycle(pbg.LifecycleServicer):
         self.st = st
 
     def Describe(self, request, context):
+        caps = ["lifecycle", "tasks"]
+        if self.st.plugin.stream:
+            caps.append("tasks_stream")
         return pb.DescribeResponse(
             name=self.st.plugin.name, version=self.st.plugin.version, api_versions=[PROTOCOL_VERSION],
-            capabilities=["lifecycle", "tasks"], pid=os.getpid(),
+            capabilities=caps, pid=os.getpid(),
         )
 
     def Configure(self, request, context):
@@ -187,7 +203,7 @@ class Lifecycle(pbg.LifecycleServicer):
             return S(status=S.STATUS_ERROR, message="%s: %s" % (type(e).__name__, e))
         if msg:
             return S(status=S.STATUS_DEGRADED, message=str(msg))
-        return S(status=S.STATUS_OK)
+        return S(status=S.STATUS_OK, message=self.st.runner.health_message())
 
     def Stop(self, request, context):
         left = context.time_remaining()
@@ -209,23 +225,40 @@ class TaskProvider(pbg.TaskProviderServicer):
         task = st.plugin.tasks.get(request.task)
         if task is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "plugin %s has no task %r" % (st.plugin.name, request.task))
-        run = Run(task, request, st.plugin.config, st.logger, st.plugin.host)
-        key = id(run)
+        key = object()
+
+        def ended():
+            with st.lock:
+                st.running.pop(key, None)
+                st.lock.notify_all()
+
+        run = Run(task, request, st.plugin.config, st.logger, st.plugin.host, on_end=ended)
         with st.lock:
             if st.stopping:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "plugin %s is stopping" % st.plugin.name)
             if len(st.running) >= st.plugin.max_tasks:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "plugin %s runs its limit of %d tasks at once" % (st.plugin.name, st.plugin.max_tasks))
             st.running[key] = run
+            st.calls += 1
         # The host cancels the call when the worker gives up the attempt.
         context.add_callback(run.abort)
         try:
             for ev in run.events():
                 yield ev
         finally:
+            if not run.started:
+                run.ended()
             with st.lock:
-                st.running.pop(key, None)
+                st.calls -= 1
                 st.lock.notify_all()
+
+    def RunTasks(self, request_iterator, context):
+        st = self.st
+        if not st.plugin.stream:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "plugin %s runs its tasks one call each (RunTask)" % st.plugin.name)
+        if st.stopping:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "plugin %s is stopping" % st.plugin.name)
+        return TaskStream(st.runner, request_iterator, context).frames()
 
 
 class Health(health_pb2_grpc.HealthServicer):

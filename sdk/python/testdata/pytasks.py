@@ -59,9 +59,9 @@ def stderr_task(ctx, payload):
     return {"written": True}
 
 
-@plugin.task("pytasks.hang", max_attempts=1, timeout=1)
+@plugin.task("pytasks.hang", max_attempts=1, timeout=1, hard_stop=True)
 def hang(ctx, payload):
-    """Ignores its 1 s timeout and cancellation."""
+    """Ignores its 1 s timeout and cancellation: its process is killed."""
     time.sleep(3600)
 
 

@@ -246,7 +246,7 @@ class ServeTest(unittest.TestCase):
         stdio = grpc_stdio_pb2_grpc.GRPCStdioStub(ch).StreamStdio(empty_pb2.Empty())
         life = pbg.LifecycleStub(ch)
         d = life.Describe(pb.DescribeRequest(), timeout=10)
-        self.assertEqual((d.name, d.version, list(d.api_versions), list(d.capabilities), d.pid), ("pytasks", "0.1.0", [1], ["lifecycle", "tasks"], p.pid))
+        self.assertEqual((d.name, d.version, list(d.api_versions), list(d.capabilities), d.pid), ("pytasks", "0.1.0", [1], ["lifecycle", "tasks", "tasks_stream"], p.pid))
         with self.assertRaises(grpc.RpcError) as cm:
             life.Configure(pb.ConfigureRequest(config_json=b'{"color": "green"}'), timeout=10)
         self.assertEqual((cm.exception.code(), cm.exception.details()), (grpc.StatusCode.FAILED_PRECONDITION, "invalid config: color: must be red or blue"))
