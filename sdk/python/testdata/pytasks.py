@@ -1,5 +1,6 @@
 """pytasks: the host tests' Python plugin; each task exercises one path."""
 
+import os
 import sys
 import time
 
@@ -63,6 +64,35 @@ def stderr_task(ctx, payload):
 def hang(ctx, payload):
     """Ignores its 1 s timeout and cancellation: its process is killed."""
     time.sleep(3600)
+
+
+@plugin.task("pytasks.hardstop", max_attempts=2, timeout=0.5, hard_stop=True)
+def hardstop(ctx, payload):
+    """Its first attempt ignores its timeout (and is killed); the next returns."""
+    if ctx.attempt == 1:
+        ctx.log("pid %d" % os.getpid())
+        time.sleep(3600)
+    return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+@plugin.task("pytasks.parent", max_attempts=1)
+def parent(ctx, payload):
+    """Submits pytasks.noop as its child, and a refused task."""
+    child = ctx.submit("pytasks.noop", {"from": ctx.message_id})
+    try:
+        ctx.submit("pytasks.nosuchtask")
+        refused = ""
+    except th.SubmitRefused as e:
+        refused = str(e)
+    return {"child": child.id, "refused": refused}
+
+
+@plugin.task("pytasks.retry_after", max_attempts=2)
+def retry_after(ctx, payload):
+    """Fails its first attempt asking for a retry no sooner than {"seconds": s}."""
+    if ctx.attempt == 1:
+        raise th.RetryAfter(payload["seconds"], "come back later")
+    return {"attempt": ctx.attempt}
 
 
 @plugin.task("pytasks.stubborn", max_attempts=1)
