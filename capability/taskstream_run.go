@@ -44,6 +44,13 @@ const (
 	maxAttemptLogBytes = 1 << 20
 )
 
+// DroppedLogs is optional for the TaskEvents given to TaskRunner.RunTask:
+// it is told how many of the attempt's log lines were dropped, instead of
+// a last line that says so.
+type DroppedLogs interface {
+	LogsDropped(n int)
+}
+
 // TaskRunnerOptions configure NewTaskRunner. Every field may be left zero.
 type TaskRunnerOptions struct {
 	// Logger gets broken streams and refused events.
@@ -305,7 +312,11 @@ func (st *attemptStream) run(ctx context.Context, run TaskRun, events TaskEvents
 		select {
 		case ev := <-a.final:
 			if a.dropped > 0 && events != nil {
-				events.Log(fmt.Sprintf("(%d log lines dropped: an attempt keeps at most %d lines, %d bytes)", a.dropped, maxAttemptLogLines, maxAttemptLogBytes))
+				if c, ok := events.(DroppedLogs); ok {
+					c.LogsDropped(a.dropped)
+				} else {
+					events.Log(fmt.Sprintf("(%d log lines dropped: an attempt keeps at most %d lines, %d bytes)", a.dropped, maxAttemptLogLines, maxAttemptLogBytes))
+				}
 			}
 			if ev.Error != "" {
 				return ev.ResultJson, taskErrorOf(ev), true

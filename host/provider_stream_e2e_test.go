@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -98,6 +99,25 @@ plugins:
 	}
 }
 
+// pluginStatus is a plugin's supervisor status, read with the admin token
+// (twConfig's hosts have one).
+func (p *hostProc) pluginStatus(tb testing.TB, name string) pluginStatus {
+	tb.Helper()
+	var body struct {
+		Plugins []pluginStatus `json:"plugins"`
+	}
+	if _, err := call("GET", p.base+"/admin/api/plugins", nil, &body); err != nil {
+		tb.Fatal(err)
+	}
+	for _, s := range body.Plugins {
+		if s.Name == name {
+			return s
+		}
+	}
+	tb.Fatalf("no %s in /admin/api/plugins", name)
+	return pluginStatus{}
+}
+
 // getQuiet GETs url, answering "" on any failure.
 func getQuiet(url string) (int, string) {
 	resp, err := sampleClient.Get(url)
@@ -130,10 +150,17 @@ func TestAProviderKilledOrFrozenMidBurnDownLosesNothing(t *testing.T) {
     enabled: true
 `)
 	h.waitWorker(t, 0)
-	ex := h.waitState(t, "example", "running", 30*time.Second)
+	var ex pluginStatus
+	waitFor(t, 30*time.Second, "the example plugin runs", func() bool {
+		ex = h.pluginStatus(t, "example")
+		return ex.State == "running"
+	})
 	db := pgConn(t, schema)
 	ctx := context.Background()
-	submitOnceRegistered(t, h, "example.sleep", `{"task": "example.sleep", "topic": "burn", "payload": {"seconds": 0.005}}`)
+	waitFor(t, 30*time.Second, "example.sleep is accepted", func() bool {
+		_, err := call("POST", h.api("/tasks"), map[string]any{"task": "example.sleep", "topic": "burn", "payload": map[string]float64{"seconds": 0.005}}, nil)
+		return err == nil
+	})
 	slow := &http.Client{Timeout: 2 * time.Minute}
 	for i := 1; i < tasks; i += batch {
 		n := min(batch, tasks-i)
@@ -160,11 +187,11 @@ func TestAProviderKilledOrFrozenMidBurnDownLosesNothing(t *testing.T) {
 	}
 	t.Logf("SIGKILL the example plugin (pid %d) with %d done", ex.PID, count("state = 'done'"))
 	kill(t, ex.PID, syscall.SIGKILL)
+	old := ex.PID
 	waitFor(t, time.Minute, "the example plugin restarted", func() bool {
-		st := h.plugins(t)["example"]
-		return st.State == "running" && st.PID != ex.PID
+		ex = h.pluginStatus(t, "example")
+		return ex.State == "running" && ex.PID != old
 	})
-	ex = h.plugins(t)["example"]
 
 	waitFor(t, 5*time.Minute, "half the tasks done", func() bool { return count("state = 'done'") >= tasks/2 })
 	if count("state IN ('queued', 'running')") == 0 {
@@ -292,4 +319,100 @@ plugins:
 			t.Fatalf("child %s has parent %q, submitted by %q; want parent %s, submitted by plugin:example", id, child.ParentTaskID, child.SubmittedBy, parent)
 		}
 	}
+}
+
+// TestAProviderThatBreaksTheStreamsRulesChangesNothing: a provider that
+// speaks of attempts it was never given, sends empty events and ends an
+// attempt twice has those events refused, counted and logged; each task
+// ends once, with the first outcome. One that floods its log keeps 1,000
+// lines in the report, and neither tasks_worker nor the host grows with
+// the flood.
+func TestAProviderThatBreaksTheStreamsRulesChangesNothing(t *testing.T) {
+	h := startHost(t, `
+listen: LISTEN
+plugins_dir: PLUGINS
+plugins:
+  tasks_worker:
+    enabled: true
+    config: {broker: memory}
+  liar:
+    enabled: true
+  metrics:
+    enabled: true
+`)
+	tw := h.waitState(t, "tasks_worker", "running", 30*time.Second)
+	h.waitState(t, "liar", "running", 30*time.Second)
+	ids := []string{submitOnceRegistered(t, h, "liar.twice", `{"task": "liar.twice"}`)}
+	for range 4 {
+		ids = append(ids, submitTask(t, h, `{"task": "liar.twice"}`))
+	}
+	for _, id := range ids {
+		var v taskView
+		waitFor(t, time.Minute, "liar.twice "+id+" ends", func() bool {
+			v = taskState(t, h, id)
+			return v.State == "done" || v.State == "failed" || v.State == "dead"
+		})
+		if v.State != "done" || string(v.Result) != "1" || v.Attempts != 1 {
+			t.Fatalf("task %s: %s with result %s in %d attempts; want done with the first outcome, 1", id, v.State, v.Result, v.Attempts)
+		}
+	}
+	refused := `fp_tasks_worker_fastpluggy_tasks_provider_events_refused_total{plugin="liar"} 15`
+	waitFor(t, 30*time.Second, "15 refused events in the scrape", func() bool {
+		_, body := getQuiet(h.base + "/plugin-pkg/metrics/api/prometheus")
+		return strings.Contains(body, refused)
+	})
+	if !strings.Contains(h.log.String(), "refused an event from a task plugin; nothing changed") {
+		t.Error("no WARN about the refused events")
+	}
+
+	before := rssKiB(t, tw.PID)
+	id := submitTask(t, h, `{"task": "liar.flood"}`)
+	var v taskView
+	waitFor(t, 2*time.Minute, "liar.flood ends", func() bool {
+		v = taskState(t, h, id)
+		return v.State == "done"
+	})
+	_, body := get(t, h.base+"/plugin-pkg/tasks_worker/api/reports?task_id="+id)
+	var reps struct {
+		Reports []struct {
+			Logs []string `json:"logs"`
+		} `json:"reports"`
+	}
+	if err := json.Unmarshal([]byte(body), &reps); err != nil || len(reps.Reports) != 1 {
+		t.Fatalf("the flood's reports: %s (%v)", body, err)
+	}
+	logs := reps.Reports[0].Logs
+	if len(logs) != 1001 || logs[1000] != "(99000 more lines dropped)" {
+		last := ""
+		if len(logs) > 0 {
+			last = logs[len(logs)-1]
+		}
+		t.Fatalf("the flood's report keeps %d lines, the last %q; want 1,000 and one that counts 99,000 dropped", len(logs), last)
+	}
+	// 100 MB of log went through: a side that held it would have grown by
+	// that much.
+	for name, pid := range map[string]int{"tasks_worker": tw.PID, "host": h.cmd.Process.Pid} {
+		if rss := rssKiB(t, pid); rss > 150<<10 {
+			t.Errorf("%s holds %d KiB after the flood (%d KiB before tasks_worker's); want it bounded, well under the flood's 100 MB", name, rss, before)
+		}
+	}
+}
+
+// rssKiB is process pid's resident set, in KiB.
+func rssKiB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			var kib int
+			if _, err := fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), &kib); err == nil {
+				return kib
+			}
+		}
+	}
+	t.Fatalf("no VmRSS for pid %d", pid)
+	return 0
 }

@@ -52,6 +52,15 @@ func (tc *TaskContext) Logf(format string, args ...any) {
 	}
 }
 
+// LogsDropped counts n lines of the attempt's log that were dropped before
+// they reached it (a provider plugin's attempt that logged past what one
+// attempt keeps): the report counts them with its own.
+func (tc *TaskContext) LogsDropped(n int) {
+	tc.mu.Lock()
+	tc.dropped += n
+	tc.mu.Unlock()
+}
+
 // Logs returns the lines logged so far (and how many were dropped past the
 // limit).
 func (tc *TaskContext) Logs() (lines []string, dropped int) {

@@ -159,6 +159,7 @@ type taskEvents struct{ tc *worker.TaskContext }
 
 func (e taskEvents) Log(line string)    { e.tc.Logf("%s", line) }
 func (e taskEvents) Progress(f float64) { e.tc.SetProgress(f) }
+func (e taskEvents) LogsDropped(n int)  { e.tc.LogsDropped(n) }
 
 // providedOutcome is the error a provided task's handler returns for its
 // provider's TaskError: the outcome the task asked for (snooze, permanent
