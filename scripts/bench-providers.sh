@@ -77,7 +77,7 @@ now() { date +%s.%N; }
 queued_or_running() {
 	"${HOSTCLI[@]}" topics list "${ADDR[@]}" | awk '$1 == "default" {print $2 + $3; found = 1} END {if (!found) print 0}'
 }
-drain() { while [ "$(queued_or_running)" != 0 ]; do sleep 0.2; done; }
+drain() { while [ "$(queued_or_running)" != 0 ]; do sleep 0.02; done; }
 
 # The providers' tasks are registered within a refresh (5 s) of their
 # start: wait until one of each is accepted and done (a warm-up too).

@@ -48,6 +48,7 @@ func Build(dir string) error {
 	builds := map[string]string{
 		filepath.Join(dir, "host"):                              "./cmd/host",
 		filepath.Join(dir, "plugins", "fp-plugin-tasks_worker"): "./plugins/tasksworker/cmd/fp-plugin-tasks_worker",
+		filepath.Join(dir, "plugins", "fp-plugin-example"):      "./plugins/example/cmd/fp-plugin-example",
 	}
 	for out, pkg := range builds {
 		cmd := exec.Command("go", "build", "-o", out, pkg)

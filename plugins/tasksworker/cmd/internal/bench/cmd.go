@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/plugins/tasksworker"
 )
 
@@ -44,6 +45,9 @@ type benchConfig struct {
 	idleFor      time.Duration
 	realHost     bool
 	hostBin      string
+	hostTask     string // -real-host: the task submitted
+	hostPlugin   string // -real-host: a plugin enabled besides tasks_worker
+	resume       bool   // -real-host: time from a paused topic's resume
 }
 
 func benchDefaultDSN() string {
@@ -83,6 +87,9 @@ func Main(args []string) int {
 	fs.IntVar(&c.idlePools, "idle-pools", 0, "postgres: instead of the main phases, run this many idle brokers+pools and count the database's transactions/s (polling, then listening); give -dsn a database of its own")
 	fs.DurationVar(&c.idleFor, "idle-for", 30*time.Second, "how long -idle-pools counts")
 	fs.BoolVar(&c.realHost, "real-host", false, "postgres: instead of the main phases, start the real host and tasks_worker plugin processes on the bench's schema, submit -jobs tasks through POST tasks/batch (NDJSON) and time them from the first submit until the database has them all done, with their reports")
+	fs.StringVar(&c.hostTask, "task", realHostTask, "-real-host: the task submitted, with the payload {\"n\": i}: tasks_worker's demo.echo, or a provider plugin's task (see -plugin), such as example.noop")
+	fs.StringVar(&c.hostPlugin, "plugin", "", "-real-host: a plugin the host runs besides tasks_worker, from plugins/ beside the host binary (such as example, for -task example.noop)")
+	fs.BoolVar(&c.resume, "resume", false, "-real-host: submit each run's tasks on a paused topic, then time from the topic's resume until the last is done with its report (the burn-down alone, without the submit)")
 	fs.StringVar(&c.hostBin, "host-bin", "", "-real-host: the `path` of the host binary, with the tasks_worker plugin in plugins/ beside it (default: the build this bench runs from, laid out as make build does: bin/host and bin/plugins)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process to this file")
 	fs.StringVar(&c.memProfile, "memprofile", "", "write the bench process's allocation profile (every allocation since it started) to this file when it ends")
@@ -111,6 +118,12 @@ func Main(args []string) int {
 		return 2
 	case c.realHost && (c.acrossHosts || c.idlePools > 0):
 		fmt.Fprintln(os.Stderr, "host bench: -real-host runs instead of -across-hosts and -idle-pools: give one of them")
+		return 2
+	case !c.realHost && (c.hostTask != realHostTask || c.hostPlugin != "" || c.resume):
+		fmt.Fprintln(os.Stderr, "host bench: -task, -plugin and -resume go with -real-host")
+		return 2
+	case c.hostPlugin != "" && !capability.ValidName(c.hostPlugin):
+		fmt.Fprintf(os.Stderr, "host bench: -plugin %q is not a plugin name (lower-case letters, digits and _)\n", c.hostPlugin)
 		return 2
 	case c.poolOnly && c.realHost:
 		fmt.Fprintln(os.Stderr, "host bench: -pool-only does not apply to -real-host, whose plugin always stores its reports")

@@ -112,6 +112,31 @@ func TestRealHost(t *testing.T) {
 	assertReported(t, schema, "bench-%-host-0", cfg.jobs, true)
 }
 
+// TestRealHostProviderAfterResume runs the real-host phase on a provider
+// plugin's task (example.noop), submitted on the paused topic and timed
+// from its resume: every task is done with its success report.
+func TestRealHostProviderAfterResume(t *testing.T) {
+	schema := testdb.FreshSchema(t, "tw_bench_")
+	dir := t.TempDir()
+	if err := testhost.Build(dir); err != nil {
+		t.Fatal(err)
+	}
+	cfg := benchConfig{kind: "postgres", dsn: testdb.DSN(), schema: schema, keep: true, realHost: true,
+		hostBin: filepath.Join(dir, "host"), hostTask: "example.noop", hostPlugin: "example", resume: true,
+		jobs: 500, workers: 8, limit: 8, runs: 1, timeout: 3 * time.Minute}
+	var out strings.Builder
+	if err := runBench(context.Background(), cfg, &out); err != nil {
+		t.Fatalf("runBench: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "500 example.noop tasks") || !strings.Contains(out.String(), "submitted before the topic's resume") {
+		t.Errorf("the report does not say it ran example.noop from the resume:\n%s", out.String())
+	}
+	if v, _ := summaryOf(t, out.String())["burn_jobs_per_s"].(float64); v <= 0 {
+		t.Errorf("summary burn_jobs_per_s = %v, want a positive number", v)
+	}
+	assertReported(t, schema, "bench-%-host-0", cfg.jobs, true)
+}
+
 // TestFlags checks that -reports is still accepted, that -pool-only
 // turns the reports off, and the usage errors of -real-host.
 func TestFlags(t *testing.T) {
@@ -125,6 +150,9 @@ func TestFlags(t *testing.T) {
 		{"-pool-only runs", append(small, "-pool-only"), 0},
 		{"-real-host needs postgres", append(small, "-real-host"), 2},
 		{"-real-host has its reports", []string{"-real-host", "-pool-only"}, 2},
+		{"-task goes with -real-host", append(small, "-task", "example.noop"), 2},
+		{"-resume goes with -real-host", append(small, "-resume"), 2},
+		{"-plugin must be a plugin name", []string{"-real-host", "-plugin", "Not/A/Name"}, 2},
 		{"an unknown broker", []string{"-broker", "nosuch", "-jobs", "1"}, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

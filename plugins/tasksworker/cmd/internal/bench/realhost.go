@@ -21,11 +21,13 @@ import (
 // end to end. The bench starts the host binary, which starts the
 // tasks_worker plugin binary, configured on the postgres broker in the
 // bench's schema with -workers workers and a topic limited to -limit.
-// Each run submits -jobs demo.echo tasks through the HTTP API, as one
-// NDJSON stream to POST tasks/batch (client.SubmitBatch, what `host tasks
-// submit -file` does), and times them from just before the first submit
-// until the database holds all of them done, each with its success
-// report. The bench reads the database every 10 ms: messages still queued
+// Each run submits -jobs tasks (-task, demo.echo by default, or a task of
+// the plugin -plugin names, which the host runs too) through the HTTP API,
+// as one NDJSON stream to POST tasks/batch (client.SubmitBatch, what `host
+// tasks submit -file` does), and times them from just before the first
+// submit until the database holds all of them done, each with its success
+// report; with -resume, they are submitted on the paused topic, and timed
+// from its resume. The bench reads the database every 10 ms: messages still queued
 // or running on the topic, then the counts of done messages and success
 // reports.
 //
@@ -64,7 +66,7 @@ func realHostBinaries(hostBin string) (host, pluginsDir string, err error) {
 // plugins_dir): tasks_worker alone, on the bench's schema, with the
 // database address in its environment rather than in the file.
 func realHostConfig(cfg benchConfig, schema, topic string) string {
-	return fmt.Sprintf(`plugins:
+	conf := fmt.Sprintf(`plugins:
   tasks_worker:
     enabled: true
     env: [%s]
@@ -75,11 +77,18 @@ func realHostConfig(cfg benchConfig, schema, topic string) string {
       topics:
         %s: {concurrency_limit: %d}
 `, tasksworker.DSNEnv, schema, cfg.workers, topic, cfg.limit)
+	if cfg.hostPlugin != "" {
+		conf += fmt.Sprintf("  %s:\n    enabled: true\n", cfg.hostPlugin)
+	}
+	return conf
 }
 
 // runRealHost runs the real-host phase -runs times, printing every run and
 // the medians, and fills summary.
 func runRealHost(ctx context.Context, bn *bench, out io.Writer, summary map[string]any) (err error) {
+	if bn.cfg.hostTask == "" {
+		bn.cfg.hostTask = realHostTask
+	}
 	cfg := bn.cfg
 	hostBin, pluginsDir, err := realHostBinaries(cfg.hostBin)
 	if err != nil {
@@ -110,8 +119,12 @@ func runRealHost(ctx context.Context, bn *bench, out io.Writer, summary map[stri
 	topic := bn.topic("host", 0)
 	fmt.Fprintf(out, "== real host: %s with the tasks_worker plugin of %s (broker postgres, schema %s, workers %d, topic limit %d)\n",
 		hostBin, pluginsDir, bn.schema, cfg.workers, cfg.limit)
-	fmt.Fprintf(out, "  each run: %d %s tasks through POST tasks/batch (NDJSON, one stream), timed from the first submit until the database holds them all done with their success reports\n",
-		cfg.jobs, realHostTask)
+	timed := "timed from the first submit"
+	if cfg.resume {
+		timed = "submitted on the paused topic, timed from its resume"
+	}
+	fmt.Fprintf(out, "  each run: %d %s tasks through POST tasks/batch (NDJSON, one stream), %s until the database holds them all done with their success reports\n",
+		cfg.jobs, cfg.hostTask, timed)
 	if pg, ok := summary["postgres"].(map[string]string); ok && pg["autovacuum"] == "off" {
 		// Nothing analyzes the table then: the plans of the run's claims
 		// are made without statistics of what it holds.
@@ -133,6 +146,9 @@ func runRealHost(ctx context.Context, bn *bench, out io.Writer, summary map[stri
 	}
 	defer p.Stop()
 	c := client.New(p.URL)
+	if err := awaitTask(ctx, c, cfg.hostTask, topic, p.Exited()); err != nil {
+		return fmt.Errorf("real host: %w%s", err, logTail(logPath))
+	}
 
 	var results []realHostResult
 	for run := 1; run <= cfg.runs; run++ {
@@ -143,8 +159,12 @@ func runRealHost(ctx context.Context, bn *bench, out io.Writer, summary map[stri
 		if err != nil {
 			return fmt.Errorf("real host, run %d: %w%s", run, err, logTail(logPath))
 		}
-		fmt.Fprintf(out, "  run %d  %8d jobs in %7.3fs  %10s jobs/s  %s  WAL %s B/message  (submitted in %.3fs, %s/s)\n",
-			run, cfg.jobs, r.Secs, fmtNum(r.JobsPerSec), bn.mode(), fmtNum(r.WALPerMsg), float64(cfg.jobs)/r.SubmitPerSec, fmtNum(r.SubmitPerSec))
+		submitted := "submitted before the topic's resume"
+		if !cfg.resume {
+			submitted = fmt.Sprintf("submitted in %.3fs, %s/s", float64(cfg.jobs)/r.SubmitPerSec, fmtNum(r.SubmitPerSec))
+		}
+		fmt.Fprintf(out, "  run %d  %8d jobs in %7.3fs  %10s jobs/s  %s  WAL %s B/message  (%s)\n",
+			run, cfg.jobs, r.Secs, fmtNum(r.JobsPerSec), bn.mode(), fmtNum(r.WALPerMsg), submitted)
 		results = append(results, r)
 	}
 	fmt.Fprintf(out, "== medians of %d runs\n", len(results))
@@ -192,11 +212,29 @@ func (bn *bench) realHostRun(ctx context.Context, c *client.Client, topic string
 		at  time.Time
 	}
 	subDone := make(chan submitted, 1)
+	if bn.cfg.resume {
+		paused := true
+		if err := c.SetTopic(ctx, topic, client.TopicPatch{Paused: &paused}); err != nil {
+			return r, fmt.Errorf("pausing topic %s: %w", topic, err)
+		}
+	}
 	start := time.Now()
 	go func() {
-		res, err := c.SubmitBatch(ctx, realHostTasks(topic, n))
+		res, err := c.SubmitBatch(ctx, realHostTasks(bn.cfg.hostTask, topic, n))
 		subDone <- submitted{res, err, time.Now()}
 	}()
+	if bn.cfg.resume {
+		s := <-subDone
+		if s.err != nil {
+			return r, fmt.Errorf("submitting through %s: %w", c.BaseURL(), s.err)
+		}
+		subDone <- s
+		start = time.Now()
+		paused := false
+		if err := c.SetTopic(ctx, topic, client.TopicPatch{Paused: &paused}); err != nil {
+			return r, fmt.Errorf("resuming topic %s: %w", topic, err)
+		}
+	}
 
 	timeout := time.NewTimer(bn.cfg.timeout)
 	defer timeout.Stop()
@@ -255,19 +293,47 @@ func (bn *bench) realHostRun(ctx context.Context, c *client.Client, topic string
 	d := time.Since(start)
 	r.Secs = d.Seconds()
 	r.JobsPerSec = float64(n) / d.Seconds()
-	r.SubmitPerSec = float64(n) / sub.at.Sub(start).Seconds()
+	if !bn.cfg.resume {
+		r.SubmitPerSec = float64(n) / sub.at.Sub(start).Seconds()
+	}
 	var err error
 	r.WALPerMsg, err = wal.perMessage(ctx, n)
 	return r, err
 }
 
 // realHostTasks yields the n tasks of a run.
-func realHostTasks(topic string, n int) iter.Seq[client.Task] {
+func realHostTasks(task, topic string, n int) iter.Seq[client.Task] {
 	return func(yield func(client.Task) bool) {
 		for i := range n {
-			if !yield(client.Task{Task: realHostTask, Topic: topic, Payload: benchPayload(i)}) {
+			if !yield(client.Task{Task: task, Topic: topic, Payload: benchPayload(i)}) {
 				return
 			}
+		}
+	}
+}
+
+// awaitTask waits until tasks_worker takes a submit of task on topic (a
+// provider plugin's tasks are registered once its plugin runs), and runs
+// that one, so that the first run does not wait for the plugin.
+func awaitTask(ctx context.Context, c *client.Client, task, topic string, exited <-chan struct{}) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		id, err := c.Submit(ctx, client.Task{Task: task, Topic: topic, Payload: benchPayload(0)})
+		if err == nil {
+			wctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			_, err = c.Wait(wctx, id)
+			return err
+		}
+		select {
+		case <-exited:
+			return errors.New("the host exited")
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("tasks_worker did not take task %s within a minute (is its plugin enabled with -plugin?): %w", task, err)
 		}
 	}
 }
