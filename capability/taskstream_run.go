@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -431,6 +432,9 @@ func (st *attemptStream) sendLoop() {
 			return
 		case <-st.wake:
 		}
+		// Let what else is ready run first: the attempts (or events) it
+		// adds go in this frame.
+		runtime.Gosched()
 		st.mu.Lock()
 		d := &pb.TaskDispatch{Attempts: st.attempts, Cancels: st.cancels}
 		st.attempts, st.cancels = nil, nil

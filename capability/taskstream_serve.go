@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"sync"
+	"time"
 
 	"github.com/taskhost/taskhost/capability/internal/pb"
 )
@@ -44,6 +46,7 @@ type serveTaskStream struct {
 	out      []*pb.TaskAttemptEvent // events not sent yet
 	queued   int                    // log and progress events in out
 	wake     chan struct{}          // a send is due (capacity 1)
+	jobs     chan job               // attempts, to an idle runner
 	capacity uint32                 // not sent yet when not zero
 }
 
@@ -59,6 +62,7 @@ func (s *taskServer) RunTasks(stream pb.TaskProvider_RunTasksServer) error {
 		impl: s.impl, ctx: ctx, host: s.host.get(),
 		running:  map[uint64]context.CancelCauseFunc{},
 		wake:     make(chan struct{}, 1),
+		jobs:     make(chan job),
 		capacity: uint32(capacity),
 	}
 	st.kick()
@@ -119,8 +123,44 @@ func (st *serveTaskStream) start(a *pb.TaskAttempt) {
 		inner := stop
 		stop = func(cause error) { inner(cause); done() }
 	}
-	run := TaskRun{Task: a.Task, Payload: a.PayloadJson, MessageID: a.MessageId, Attempt: int(a.Attempt), Headers: a.Headers}
-	go st.run(withTaskScope(ctx, st.host, a.MessageId), stop, a.Id, run)
+	j := job{ctx: withTaskScope(ctx, st.host, a.MessageId), stop: stop, id: a.Id,
+		run: TaskRun{Task: a.Task, Payload: a.PayloadJson, MessageID: a.MessageId, Attempt: int(a.Attempt), Headers: a.Headers}}
+	select {
+	case st.jobs <- j: // a runner waits for one
+	default:
+		go st.runner(j)
+	}
+}
+
+// job is one attempt for a runner.
+type job struct {
+	ctx  context.Context
+	stop context.CancelCauseFunc
+	id   uint64
+	run  TaskRun
+}
+
+// runnerIdle is how long a runner waits for another attempt before it
+// ends: a busy stream reuses its runners (and their grown stacks) rather
+// than start a goroutine per attempt.
+const runnerIdle = time.Second
+
+// runner runs attempts, j first, until none comes for runnerIdle or the
+// stream ends.
+func (st *serveTaskStream) runner(j job) {
+	idle := time.NewTimer(runnerIdle)
+	defer idle.Stop()
+	for {
+		st.run(j.ctx, j.stop, j.id, j.run)
+		idle.Reset(runnerIdle)
+		select {
+		case j = <-st.jobs:
+		case <-idle.C:
+			return
+		case <-st.ctx.Done():
+			return
+		}
+	}
 }
 
 func (st *serveTaskStream) run(ctx context.Context, stop context.CancelCauseFunc, id uint64, run TaskRun) {
@@ -183,6 +223,9 @@ func (st *serveTaskStream) sendLoop(stream pb.TaskProvider_RunTasksServer) error
 			return nil
 		case <-st.wake:
 		}
+		// Let what else is ready run first: the attempts (or events) it
+		// adds go in this frame.
+		runtime.Gosched()
 		st.mu.Lock()
 		f := &pb.TaskReturn{Capacity: st.capacity, Events: st.out}
 		st.capacity, st.out, st.queued = 0, nil, 0
