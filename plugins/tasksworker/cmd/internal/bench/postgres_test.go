@@ -122,19 +122,25 @@ func TestRealHostProviderAfterResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := benchConfig{kind: "postgres", dsn: testdb.DSN(), schema: schema, keep: true, realHost: true,
-		hostBin: filepath.Join(dir, "host"), hostTask: "example.noop", hostPlugin: "example", resume: true,
-		jobs: 500, workers: 8, limit: 8, runs: 1, timeout: 3 * time.Minute}
+		hostBin: filepath.Join(dir, "host"), hostTask: "example.noop", hostPlugin: "example", resume: true, hostSteady: true,
+		jobs: 500, workers: 8, limit: 8, runs: 1, rate: 100, duration: time.Second, timeout: 3 * time.Minute}
 	var out strings.Builder
 	if err := runBench(context.Background(), cfg, &out); err != nil {
 		t.Fatalf("runBench: %v\n%s", err, out.String())
 	}
-	if !strings.Contains(out.String(), "500 example.noop tasks") || !strings.Contains(out.String(), "submitted before the topic's resume") {
-		t.Errorf("the report does not say it ran example.noop from the resume:\n%s", out.String())
+	if !strings.Contains(out.String(), "500 example.noop tasks") || !strings.Contains(out.String(), "submitted before the topic's resume") ||
+		!strings.Contains(out.String(), "steady through the host  100 example.noop tasks at 100/s") {
+		t.Errorf("the report does not say it ran example.noop from the resume, then steady:\n%s", out.String())
 	}
-	if v, _ := summaryOf(t, out.String())["burn_jobs_per_s"].(float64); v <= 0 {
+	sum := summaryOf(t, out.String())
+	if v, _ := sum["burn_jobs_per_s"].(float64); v <= 0 {
 		t.Errorf("summary burn_jobs_per_s = %v, want a positive number", v)
 	}
-	assertReported(t, schema, "bench-%-host-0", cfg.jobs, true)
+	if v, _ := sum["steady_p99_ms"].(float64); v <= 0 {
+		t.Errorf("summary steady_p99_ms = %v, want a positive number", v)
+	}
+	// The steady stream's tasks, all done with their reports.
+	assertReported(t, schema, "bench-%-host-0", 100, true)
 }
 
 // TestFlags checks that -reports is still accepted, that -pool-only
@@ -152,6 +158,7 @@ func TestFlags(t *testing.T) {
 		{"-real-host has its reports", []string{"-real-host", "-pool-only"}, 2},
 		{"-task goes with -real-host", append(small, "-task", "example.noop"), 2},
 		{"-resume goes with -real-host", append(small, "-resume"), 2},
+		{"-steady goes with -real-host", append(small, "-steady"), 2},
 		{"-plugin must be a plugin name", []string{"-real-host", "-plugin", "Not/A/Name"}, 2},
 		{"an unknown broker", []string{"-broker", "nosuch", "-jobs", "1"}, 2},
 	} {

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/taskhost/taskhost/client"
@@ -185,7 +187,99 @@ func runRealHost(ctx context.Context, bn *bench, out io.Writer, summary map[stri
 		summary[row.key] = round2(median(v))
 	}
 	summary["runs"] = results
+	if cfg.hostSteady {
+		st, err := bn.realHostSteady(ctx, c, topic, p.Exited())
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			return fmt.Errorf("real host, steady: %w%s", err, logTail(logPath))
+		}
+		fmt.Fprintf(out, "  steady through the host  %d %s tasks at %.0f/s  latency (created to finished) p50 %s  p95 %s  p99 %s  max %s ms\n",
+			st.N, cfg.hostTask, cfg.rate, fmtNum(st.P50), fmtNum(st.P95), fmtNum(st.P99), fmtNum(st.Max))
+		summary["steady"] = st
+		summary["steady_p99_ms"] = round2(st.P99)
+	}
 	return nil
+}
+
+// realHostSteadyResult is the steady stream through the host.
+type realHostSteadyResult struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50_ms"`
+	P95 float64 `json:"p95_ms"`
+	P99 float64 `json:"p99_ms"`
+	Max float64 `json:"max_ms"`
+}
+
+// realHostSteady submits -rate tasks a second for -duration through the
+// host, one POST tasks each, and reads each one's latency from the
+// database once all are done: from its created_at (its insert) to its
+// finished_at (its outcome), both the database's clock.
+func (bn *bench) realHostSteady(ctx context.Context, c *client.Client, topic string, exited <-chan struct{}) (realHostSteadyResult, error) {
+	cfg := bn.cfg
+	n := max(1, int(math.Round(cfg.rate*cfg.duration.Seconds())))
+	r := realHostSteadyResult{N: n}
+	if _, err := bn.admin.Exec(ctx, `TRUNCATE tw_messages, tw_locks, tw_report_rows, tw_done`); err != nil {
+		return r, err
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	sem := make(chan struct{}, 64)
+	interval := time.Duration(float64(time.Second) / cfg.rate)
+	start := time.Now()
+	for i := range n {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		if ctx.Err() != nil {
+			return r, ctx.Err()
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if _, err := c.Submit(ctx, client.Task{Task: cfg.hostTask, Topic: topic, Payload: benchPayload(i)}); err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return r, fmt.Errorf("submitting through %s: %w", c.BaseURL(), firstErr)
+	}
+	deadline := time.Now().Add(cfg.timeout)
+	for {
+		done, reports, err := bn.finished(ctx, topic)
+		if err != nil {
+			return r, err
+		}
+		if done == int64(n) && reports == int64(n) {
+			break
+		}
+		select {
+		case <-exited:
+			return r, errors.New("the host exited")
+		case <-ctx.Done():
+			return r, ctx.Err()
+		case <-time.After(realHostPoll):
+		}
+		if time.Now().After(deadline) {
+			return r, fmt.Errorf("timed out after %s with %d of %d done", cfg.timeout, done, n)
+		}
+	}
+	err := bn.admin.QueryRow(ctx, `SELECT
+		percentile_cont(0.5) WITHIN GROUP (ORDER BY ms), percentile_cont(0.95) WITHIN GROUP (ORDER BY ms),
+		percentile_cont(0.99) WITHIN GROUP (ORDER BY ms), max(ms)
+		FROM (SELECT extract(epoch FROM finished_at - created_at) * 1000 AS ms FROM tw_messages_all WHERE topic = $1 AND state = 'done') l`,
+		topic).Scan(&r.P50, &r.P95, &r.P99, &r.Max)
+	return r, err
 }
 
 // realHostRun is one run of the real-host phase on topic.
