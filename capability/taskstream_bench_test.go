@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
@@ -141,3 +142,48 @@ func BenchmarkRunTasks(b *testing.B) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// cancelProvider's task waits for its context, saying when it starts and
+// when it sees the cancel.
+type cancelProvider struct {
+	noopProvider
+	started, cancelled chan struct{}
+}
+
+func (p cancelProvider) RunTask(ctx context.Context, _ TaskRun, _ TaskEvents) (json.RawMessage, error) {
+	p.started <- struct{}{}
+	<-ctx.Done()
+	p.cancelled <- struct{}{}
+	return nil, context.Cause(ctx)
+}
+
+// BenchmarkCancelReachesTheProvider times a cancel from the caller's
+// context ending to the provider's handler seeing its own end, through
+// the host's relay (reported as cancel-µs, the mean).
+func BenchmarkCancelReachesTheProvider(b *testing.B) {
+	p := cancelProvider{started: make(chan struct{}), cancelled: make(chan struct{})}
+	client, server := plugin.TestPluginGRPCConn(b, false, PluginSet(p))
+	b.Cleanup(func() { server.Stop(); _ = client.Close() })
+	raw, err := client.Dispense(pluginKey)
+	if err != nil {
+		b.Fatal(err)
+	}
+	runner := NewTaskRunner(benchHostServices(b, raw.(*Client)), TaskRunnerOptions{})
+	defer runner.Close()
+	var total time.Duration
+	for b.Loop() {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			_, _ = runner.RunTask(ctx, "p", TaskRun{Task: "wait"}, nil)
+			close(done)
+		}()
+		<-p.started
+		t0 := time.Now()
+		cancel()
+		<-p.cancelled
+		total += time.Since(t0)
+		<-done
+	}
+	b.ReportMetric(float64(total.Microseconds())/float64(b.N), "cancel-µs")
+}
