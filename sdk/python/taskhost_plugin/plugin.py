@@ -26,8 +26,11 @@ PROTOCOL_VERSION = 1
 # by itself before its process is killed.
 HARD_STOP_GRACE = 1.0
 
-# A plugin's max_tasks when it does not say.
-DEFAULT_MAX_TASKS = 32
+# A plugin's max_tasks when it does not say: room for tasks_worker's
+# workers and the attempts it sends beyond them (a stream keeps more in
+# flight than one call per attempt did), while the threads, started only
+# as attempts need them, stay few for quick tasks.
+DEFAULT_MAX_TASKS = 64
 
 # A task's timeout is the host's to enforce (TaskSpec.timeout_seconds: the
 # worker cancels the call and fails the attempt as timed out). The SDK

@@ -39,7 +39,7 @@ _DONE = pb.RunTaskEvent(done=True)
 # writer holds events LINGER seconds before it sends them, so that one
 # frame carries many. Attempts that come many a frame end together and
 # go at once; so does an event after a quiet moment.
-LINGER = 0.001
+LINGER = 0.002
 BUSY = 0.005
 SMALL_FRAME = 4
 
@@ -82,36 +82,67 @@ class Timers:
 
 
 class Workers:
-    """At most n threads that run attempts from one queue. A thread that
-    takes an attempt while more wait wakes (or starts) one more, so that
-    quick attempts keep few threads busy and blocking ones get a thread
-    each, up to n; threads, once started, are kept."""
+    """At most n threads that run attempts from one queue, started as
+    they are needed and then kept.
 
-    def __init__(self, n, run, name="task"):
+    A put wakes (or starts) one thread. Quick attempts are best run by
+    that one: more threads only contend for the GIL. But a handler may
+    block, so while the queue is not empty a check every STALL seconds
+    wakes more threads, twice as many each time (1, 2, 4...), until the
+    queue is empty or n threads run: attempts that block get a thread
+    each within a few checks."""
+
+    STALL = 0.001
+
+    def __init__(self, n, run, timers, name="task"):
         self.n = n
         self._run = run
+        self._timers = timers
         self._name = name
         self._q = collections.deque()
         self._cv = threading.Condition(threading.Lock())
         self._idle = 0  # threads waiting, not yet woken
+        self._checking = False  # a check is due
+        self._boost = 1  # threads the next check wakes
         self.threads = 0
 
     def put(self, items):
         self._q.extend(items)
-        self._more()
-
-    def _more(self):
-        """Makes sure one more thread will look at the queue: wakes an
-        idle one, or starts one while fewer than n run."""
+        check = False
         with self._cv:
-            if self._idle:
-                self._idle -= 1
-                self._cv.notify()
+            start = self._wake(1)
+            if not self._checking:
+                self._checking = check = True
+        self._start(start)
+        if check:
+            self._timers.at(time.monotonic() + self.STALL, self._check)
+
+    def _wake(self, k):
+        """Wakes up to k idle threads; returns how many to start besides
+        (self._cv is held)."""
+        wake = min(k, self._idle)
+        if wake:
+            self._idle -= wake
+            self._cv.notify(wake)
+        start = max(0, min(k - wake, self.n - self.threads))
+        self.threads += start
+        return start
+
+    def _start(self, k):
+        for _ in range(k):
+            threading.Thread(target=self._loop, name=self._name, daemon=True).start()
+
+    def _check(self):
+        with self._cv:
+            left = len(self._q)
+            if not left:
+                self._checking = False
+                self._boost = 1
                 return
-            if self.threads >= self.n:
-                return  # every thread is busy; each takes from the queue when it is done
-            self.threads += 1
-        threading.Thread(target=self._loop, name=self._name, daemon=True).start()
+            start = self._wake(min(left, self._boost))
+            self._boost = min(self._boost * 2, self.n)
+        self._start(start)
+        self._timers.at(time.monotonic() + self.STALL, self._check)
 
     def _loop(self):
         q, run, cv = self._q, self._run, self._cv
@@ -124,8 +155,6 @@ class Workers:
                         self._idle += 1
                         cv.wait()
                 continue
-            if q:
-                self._more()
             run(item)
 
 
@@ -157,8 +186,8 @@ class Runner:
         self.logger = logger
         self.host_services = host_services
         self.lock = threading.Lock()
-        self.workers = Workers(max(1, plugin.max_tasks), self._run)
         self.timers = Timers()
+        self.workers = Workers(max(1, plugin.max_tasks), self._run, self.timers)
         self.streams = set()
         self.overrunning = 0  # handlers running past OVERRUN_AFTER after their cancel
         self.overruns = 0  # such handlers since the start

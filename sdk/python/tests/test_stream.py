@@ -173,7 +173,64 @@ class StreamTest(unittest.TestCase):
             self.assertEqual(c.final(aid).result_json, str(i).encode())
         self.assertLessEqual(most[0], 4)
         self.assertLessEqual(c.runner.workers.threads, 4)
-        self.assertLess(len(c.frames), 200, "every event went in a frame of its own")
+
+    def test_events_of_attempts_that_come_one_a_frame_are_held_together(self):
+        old = runner_mod.LINGER
+        runner_mod.LINGER = 0.3
+        self.addCleanup(setattr, runner_mod, "LINGER", old)
+        p = th.Plugin("p")
+
+        @p.task("p.quick")
+        def quick(ctx, payload):
+            return None
+
+        c = self.caller(p)
+        ids = [c.send({"task": "p.quick"})[0] for _ in range(40)]
+        for aid in ids:
+            c.final(aid)
+        # The capacity, the first event at once, then frames each holding
+        # what came within 0.3 s.
+        self.assertLessEqual(len(c.frames), 10, [len(f.events) for f in c.frames])
+
+    def test_blocking_attempts_get_a_thread_each(self):
+        p = th.Plugin("p", max_tasks=16)
+        started = []
+        release = threading.Event()
+
+        @p.task("p.block")
+        def block(ctx, payload):
+            started.append(1)
+            release.wait(60)
+
+        @p.task("p.quick")
+        def quick(ctx, payload):
+            return None
+
+        c = self.caller(p)
+        ids = c.send(*[{"task": "p.block"}] * 16)
+        wait_until(lambda: len(started) == 16)
+        self.assertEqual(c.runner.workers.threads, 16)
+        release.set()
+        for aid in ids:
+            c.final(aid)
+        # Quick attempts afterwards reuse the threads.
+        for aid in c.send(*[{"task": "p.quick"}] * 100):
+            c.final(aid)
+        self.assertEqual(c.runner.workers.threads, 16)
+
+    def test_quick_attempts_keep_few_threads(self):
+        p = th.Plugin("p", max_tasks=64)
+
+        @p.task("p.quick")
+        def quick(ctx, payload):
+            return None
+
+        c = self.caller(p)
+        for _ in range(5):
+            for aid in c.send(*[{"task": "p.quick"}] * 50):
+                c.final(aid)
+        # Some may be started on a loaded machine, never one per attempt.
+        self.assertLess(c.runner.workers.threads, 64)
 
     def test_a_cancel_waits_for_the_handler(self):
         p = th.Plugin("p")
