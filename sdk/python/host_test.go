@@ -268,9 +268,34 @@ plugins:
 	t.Run("a task uses the host's services", func(t *testing.T) {
 		id := h.submit(t, "pytasks.relay", map[string]any{}, 1)
 		v := h.wait(t, id, 60*time.Second)
-		want := `{"plugins":["pyexample","pytasks"],"tasks":["pyexample.flaky","pyexample.greet"],"greeting":"hello, relay","logs":["step 1 of 2: hello,","step 2 of 2: relay"]}`
+		want := `{"plugins":["pyexample","pytasks"],"tasks":["pyexample.fanout","pyexample.flaky","pyexample.greet"],"greeting":"hello, relay","logs":["step 1 of 2: hello,","step 2 of 2: relay"]}`
 		if v.State != "done" || string(v.Result) != want {
 			t.Fatalf("pytasks.relay: state %s, result %s, error %v; want done with %s", v.State, v.Result, v.Error, want)
+		}
+	})
+
+	t.Run("a task submits its children", func(t *testing.T) {
+		id := h.submit(t, "pyexample.fanout", map[string]any{"names": []string{"Ada", "Alan"}}, 0)
+		v := h.wait(t, id, 60*time.Second)
+		var res struct {
+			Children []string `json:"children"`
+		}
+		if v.State != "done" || json.Unmarshal(v.Result, &res) != nil || len(res.Children) != 2 {
+			t.Fatalf("pyexample.fanout: state %s, result %s", v.State, v.Result)
+		}
+		for i, cid := range res.Children {
+			var c struct {
+				task
+				ParentTaskID string `json:"parent_task_id"`
+			}
+			waitFor(t, 60*time.Second, "child "+cid+" ends", func() bool {
+				h.get(t, h.api("/tasks/"+cid), &c)
+				return c.State == "done"
+			}, func() string { return c.State })
+			want := fmt.Sprintf(`{"greeting":"hello, %s","attempt":1}`, []string{"Ada", "Alan"}[i])
+			if c.ParentTaskID != id || string(c.Result) != want {
+				t.Fatalf("child %s: parent %q, result %s; want %s and %s", cid, c.ParentTaskID, c.Result, id, want)
+			}
 		}
 	})
 

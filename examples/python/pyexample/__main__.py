@@ -1,4 +1,4 @@
-"""pyexample: a task plugin written in Python, with two tasks.
+"""pyexample: a task plugin written in Python, with three tasks.
 
 Pack it with the SDK into one executable file and put it in the host's
 plugins directory (see examples/python/README.md):
@@ -45,6 +45,22 @@ def flaky(ctx, payload):
         raise th.TaskError("attempt %d failed on purpose" % ctx.attempt)
     ctx.log("attempt %d: succeeding" % ctx.attempt)
     return {"succeeded_at_attempt": ctx.attempt}
+
+
+@plugin.task("pyexample.fanout", max_attempts=5, timeout=30)
+def fanout(ctx, payload):
+    """Greets each of {"names": [...]} in a task of its own, submitted as this task's children."""
+    names = payload.get("names") if isinstance(payload, dict) else None
+    if not isinstance(names, list) or not names:
+        raise th.Permanent('the payload must be {"names": ["...", ...]}')
+    try:
+        # All or none; each child's parent_task_id is this task's id.
+        children = ctx.submit_many([{"task": "pyexample.greet", "payload": {"name": n}} for n in names])
+    except th.HostUnavailable as e:
+        # The task system is starting or stopping: try again in a while.
+        raise th.RetryAfter(10, "cannot submit now: %s" % e)
+    ctx.log("submitted %d greetings" % len(children))
+    return {"children": [c.id for c in children]}
 
 
 if __name__ == "__main__":
