@@ -1,5 +1,6 @@
 """A plugin: its name, its tasks, and how one attempt of a task runs."""
 
+import inspect
 import json
 import logging
 import math
@@ -57,6 +58,8 @@ class Task:
         # None: the handler runs in a thread of the plugin. Else it runs in
         # a child process, killed this many seconds after a cancel.
         self.hard_stop = hard_stop
+        # An async def runs on the plugin's event loop (a thread of its own).
+        self.is_async = inspect.iscoroutinefunction(fn)
 
     def spec(self):
         return pb.TaskSpec(name=self.name, description=self.description, topic=self.topic, max_attempts=self.max_attempts,
@@ -356,6 +359,8 @@ class Plugin:
             raise ValueError("task %r: hard_stop must be True, False or the seconds a handler has after its cancel, not %r" % (name, hard_stop))
 
         def register(fn):
+            if grace is not None and inspect.iscoroutinefunction(fn):
+                raise ValueError("task %r: hard_stop runs a plain function in a process of its own, not an async def" % (name,))
             desc = description or (fn.__doc__ or "").strip().split("\n")[0]
             self.tasks[name] = Task(name, fn, topic, max_attempts, timeout, desc, grace)
             return fn

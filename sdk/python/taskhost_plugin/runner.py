@@ -162,7 +162,7 @@ class Attempt:
     """One attempt in the plugin: its task, its context, and when it was
     cancelled."""
 
-    __slots__ = ("id", "task", "ctx", "owner", "cancelled_at", "reason", "started", "ended", "overran", "proc")
+    __slots__ = ("id", "task", "ctx", "owner", "cancelled_at", "reason", "started", "ended", "overran", "proc", "aio")
 
     def __init__(self, aid, task, ctx, owner):
         self.id = aid
@@ -175,6 +175,7 @@ class Attempt:
         self.ended = False
         self.overran = False
         self.proc = None  # the child process of a hard_stop attempt
+        self.aio = None  # the asyncio task of an async def's attempt (used on the loop only)
 
 
 class Runner:
@@ -188,6 +189,7 @@ class Runner:
         self.lock = threading.Lock()
         self.timers = Timers()
         self.workers = Workers(max(1, plugin.max_tasks), self._run, self.timers)
+        self._loop = None  # the event loop of async def handlers, started on first use
         self.streams = set()
         self.overrunning = 0  # handlers running past OVERRUN_AFTER after their cancel
         self.overruns = 0  # such handlers since the start
@@ -232,6 +234,8 @@ class Runner:
         att.ctx.cancel()
         if att.proc is not None:  # a hard_stop child: its own context
             att.proc.cancel(att.reason)
+        if att.task.is_async and self._loop is not None:
+            self._loop.call_soon_threadsafe(_cancel_coroutine, att)
         self.timers.at(att.cancelled_at + OVERRUN_AFTER, self._check_overrun, att)
         if att.task.hard_stop is not None:
             self.timers.at(att.cancelled_at + att.task.hard_stop, self._hard_stop, att)
@@ -274,6 +278,53 @@ class Runner:
         self.ended(att)
         att.owner.finish(att, ev)
 
+    # --- async def handlers, on one event loop
+
+    def put_async(self, batch):
+        """Starts the attempts of async def tasks on the loop."""
+        loop = self._loop
+        if loop is None:
+            with self.lock:
+                if self._loop is None:
+                    import asyncio
+
+                    self._loop = asyncio.new_event_loop()
+                    threading.Thread(target=self._loop.run_forever, name="asyncio", daemon=True).start()
+                loop = self._loop
+        loop.call_soon_threadsafe(self._start_async, batch)
+
+    def _start_async(self, batch):
+        for att in batch:
+            if att.cancelled_at is not None:
+                self.ended(att)
+                att.owner.finish(att, pb.RunTaskEvent(done=True, error="task %s was cancelled before it started: %s" % (att.task.name, att.reason)))
+                continue
+            att.started = True
+            att.aio = self._loop.create_task(self._run_async(att))
+
+    async def _run_async(self, att):
+        import asyncio
+
+        task, ctx = att.task, att.ctx
+        try:
+            raw = ctx.payload_json
+            if raw and raw.strip():
+                try:
+                    ctx.payload = json.loads(raw)
+                except ValueError as e:
+                    raise errors.TaskError("task %s: the payload is not JSON: %s" % (task.name, e)) from None
+            result = await task.fn(ctx, ctx.payload)
+            ev = _DONE if result is None else final_event(task.name, result=result)
+        except asyncio.CancelledError:
+            ev = pb.RunTaskEvent(done=True, error="task %s was cancelled: %s" % (task.name, att.reason or "cancelled"))
+        except BaseException as e:  # noqa: B902 - every failure is the attempt's
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                e = errors.TaskError("task %s raised %s" % (task.name, type(e).__name__))
+            ev = final_event(task.name, exc=e, logger=self.logger)
+        att.aio = None
+        self.ended(att)
+        att.owner.finish(att, ev)
+
     def ended(self, att):
         with self.lock:
             att.ended = True
@@ -305,7 +356,12 @@ def run_handler(task, ctx, logger):
                 ctx.payload = json.loads(raw)
             except ValueError as e:
                 raise errors.TaskError("task %s: the payload is not JSON: %s" % (task.name, e)) from None
-        result = task.fn(ctx, ctx.payload)
+        if task.is_async:  # one RunTask call: a loop of its own
+            import asyncio
+
+            result = asyncio.run(task.fn(ctx, ctx.payload))
+        else:
+            result = task.fn(ctx, ctx.payload)
         if result is None:
             return _DONE
         return final_event(task.name, result=result)
@@ -401,7 +457,11 @@ class TaskStream:
             self.running[aid] = att
             batch.append(att)
         if batch:
-            r.workers.put(batch)
+            sync = [att for att in batch if not att.task.is_async]
+            if len(sync) < len(batch):
+                r.put_async([att for att in batch if att.task.is_async])
+            if sync:
+                r.workers.put(sync)
             if self.closed:  # closed while these were queued
                 for att in batch:
                     r.cancel(att, "the stream of attempts ended")
@@ -452,6 +512,14 @@ class TaskStream:
     def _forget(self):
         with self.runner.lock:
             self.runner.streams.discard(self)
+
+
+def _cancel_coroutine(att):
+    """On the loop: a cancel raises CancelledError in att's coroutine at
+    its next await."""
+    t = att.aio
+    if t is not None and not t.done():
+        t.cancel()
 
 
 def _frame(batch):

@@ -155,6 +155,16 @@ class RunTest(unittest.TestCase):
         evs = run(p, "p.t", b"{bad")
         self.assertIn("the payload is not JSON", evs[-1].error)
 
+    def test_an_async_handler_in_one_call(self):
+        p = th.Plugin("p")
+
+        @p.task("p.aio")
+        async def aio(ctx, payload):
+            ctx.log("in a loop")
+            return {"x": payload["x"]}
+
+        self.assertEqual(run(p, "p.aio", b'{"x": 2}'), [pb.RunTaskEvent(log_line="in a loop"), pb.RunTaskEvent(done=True, result_json=b'{"x":2}')])
+
     def test_abort_ends_the_events_at_once(self):
         p = th.Plugin("p")
         release = threading.Event()

@@ -346,6 +346,71 @@ class StreamTest(unittest.TestCase):
         self.assertEqual(c.final(sn).outcome, pb.OUTCOME_SNOOZE)
 
 
+class AsyncTest(unittest.TestCase):
+    def caller(self, plugin, host=None):
+        c = Caller(plugin, host)
+        self.addCleanup(c.close)
+        return c
+
+    def test_async_handlers_run_on_one_loop(self):
+        import asyncio
+
+        p = th.Plugin("p", max_tasks=50)
+        threads = set()
+        running, most = [0], [0]
+
+        @p.task("p.aio")
+        async def aio(ctx, payload):
+            threads.add(threading.get_ident())
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            ctx.log("sleeping")
+            await asyncio.sleep(0.2)
+            running[0] -= 1
+            if payload.get("fail"):
+                raise th.RetryAfter(5, "later")
+            return {"i": payload["i"]}
+
+        c = self.caller(p)
+        ids = c.send(*[{"task": "p.aio", "payload_json": json.dumps({"i": i, "fail": i == 0}).encode()} for i in range(40)])
+        self.assertEqual(c.final(ids[0]), pb.RunTaskEvent(done=True, error="later", retry_after_seconds=5))
+        for i, aid in enumerate(ids[1:], 1):
+            self.assertEqual(json.loads(c.final(aid).result_json), {"i": i})
+        self.assertEqual(len(threads), 1)
+        self.assertEqual(most[0], 40)  # all at once, on one thread
+        self.assertEqual(c.runner.workers.threads, 0)
+
+    def test_a_cancel_raises_in_the_coroutine_and_waits_for_its_end(self):
+        import asyncio
+
+        p = th.Plugin("p")
+        cleaned = threading.Event()
+
+        @p.task("p.aio")
+        async def aio(ctx, payload):
+            ctx.log("started")
+            try:
+                await asyncio.sleep(60)
+            finally:
+                await asyncio.sleep(0.2)  # cleans up after the cancel
+                cleaned.set()
+
+        c = self.caller(p)
+        (a,) = c.send({"task": "p.aio"})
+        wait_until(lambda: c.events.get(a))
+        c.cancel(a, "timed out after 1s")
+        fin = c.final(a)
+        self.assertTrue(cleaned.is_set(), "the final event came before the coroutine ended")
+        self.assertEqual(fin.error, "task p.aio was cancelled: timed out after 1s")
+
+    def test_hard_stop_is_for_plain_functions(self):
+        p = th.Plugin("p")
+        with self.assertRaises(ValueError):
+            @p.task("p.aio", hard_stop=True)
+            async def aio(ctx, payload):
+                pass
+
+
 class HardStopTest(unittest.TestCase):
     def caller(self, plugin, host=None):
         c = Caller(plugin, host)
