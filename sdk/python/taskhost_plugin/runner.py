@@ -495,6 +495,11 @@ class TaskStream:
                 self._writer_waits = False
                 self._cv.notify()
 
+    def close(self):
+        """Ends the stream: what is queued is sent, then the response
+        ends; the attempts still running are cancelled."""
+        self._close()
+
     def _close(self):
         """The caller closed its side, or the stream broke: the attempts
         still running are cancelled (their events have nowhere to go)."""

@@ -421,6 +421,12 @@ def serve(plugin):
     if not st.stopping:
         st.drain(0 if st.shutdown else DEFAULT_STOP_SECONDS)
         plugin.stopped()
+    # The streams end with what they hold sent (their writers return),
+    # not cut by the server's stop.
+    with st.runner.lock:
+        streams = list(st.runner.streams)
+    for s in streams:
+        s.close()
     server.stop(grace=0.5).wait(2)
     try:
         os.unlink(path)

@@ -180,6 +180,33 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(evs[-1], pb.RunTaskEvent(done=True, result_json=b'{"counted":20}'))
         self.assertEqual(p.wait(timeout=30), 0)
 
+    def test_sigterm_drains_the_stream(self):
+        host_cert, host_key, _ = server.make_certificate()
+        p = start({server.MAGIC_COOKIE_KEY: server.MAGIC_COOKIE_VALUE, "PLUGIN_CLIENT_CERT": host_cert.decode()})
+        self.addCleanup(reap, p)
+        threading.Thread(target=p.stderr.read, daemon=True).start()
+        ch = self.connect(p, host_cert, host_key)
+        frames = [pb.TaskDispatch(attempts=[pb.TaskAttempt(id=1, task="pytasks.count", payload_json=b'{"to": 20, "step_ms": 50}', attempt=1)])]
+        gate = threading.Event()
+
+        def dispatches():
+            yield frames[0]
+            gate.wait(60)  # the caller keeps its side open
+
+        stream = pbg.TaskProviderStub(ch).RunTasks(dispatches(), timeout=60)
+        self.assertEqual(next(stream).capacity, 64)
+        first = next(stream)  # the task runs
+        self.assertTrue(first.events[0].event.has_progress)
+        p.send_signal(signal.SIGTERM)
+        final = None
+        for f in stream:  # ends once the plugin has sent what it holds
+            for e in f.events:
+                if e.event.done:
+                    final = e
+        gate.set()
+        self.assertEqual(final, pb.TaskAttemptEvent(id=1, event=pb.RunTaskEvent(done=True, result_json=b'{"counted":20}')))
+        self.assertEqual(p.wait(timeout=30), 0)
+
     def test_exits_when_the_host_dies(self):
         d = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, d)
@@ -198,9 +225,12 @@ class ServeTest(unittest.TestCase):
             pid = int(f.read())
         self.addCleanup(lambda: _kill(pid))
         for _ in range(600):  # until it serves: its handshake is written
-            with open(out) as f:
-                if f.read().endswith("\n"):
-                    break
+            try:  # the shell may not have opened it yet
+                with open(out) as f:
+                    if f.read().endswith("\n"):
+                        break
+            except FileNotFoundError:
+                pass
             time.sleep(0.1)
         sh.kill()
         sh.wait()
