@@ -87,7 +87,9 @@
 //     message is marked Suspect and its last error starts with
 //     OrphanedErrorPrefix (for people: no code reads it); only orphanings
 //     count toward ReclaimRequest.MaxAttempts, error retries do not; a
-//     fenced pass lands only while its lease term holds, unexpired.
+//     fenced pass lands only while its lease term holds, unexpired. A
+//     reclaim of named dead workers (DeadReclaimer) takes their claims
+//     and locks whatever their age, and nothing of any other worker.
 //   - After Close, calls return ErrClosed; closing twice is allowed.
 //
 // # Schedules and reports

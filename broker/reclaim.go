@@ -17,6 +17,11 @@ type ReclaimRequest struct {
 	Live []string
 	// Grace: only claims (and locks) at least this old are touched.
 	Grace time.Duration
+	// Dead names workers known dead (DeadReclaimer.ReclaimDead): only
+	// their claims and locks are touched, whatever their age. Set, Live
+	// and Grace must be empty; a reaper pass (ReclaimOrphans) leaves it
+	// empty.
+	Dead []string
 	// MaxAttempts: a reclaimed message whose claims have now been
 	// orphaned this many times (this one included) is dead-lettered
 	// instead of requeued. Error retries do not count: they have their own
@@ -72,4 +77,20 @@ type OrphanReclaimer interface {
 	// ExpireWorker marks a worker's heartbeat as long past, so it leaves
 	// the live set at once (used when its process is known to be gone).
 	ExpireWorker(ctx context.Context, workerID string) error
+}
+
+// DeadReclaimer is implemented by the brokers whose running messages stay
+// running until a reclaim brings them back (local and postgres). It
+// reclaims the work of workers the caller knows are dead: their process
+// was seen to end by its parent, so no guard that tells a dead worker from
+// a live one that looks dead applies.
+type DeadReclaimer interface {
+	// ReclaimDead, in one transaction: the running messages (and claims)
+	// of the workers named in req.Dead go back to queued, or to dead, or
+	// to cancelled, as ReclaimOrphans does an orphan, whatever their age;
+	// their locks, and the locks held under the claims it ends, are
+	// deleted. req.Live and req.Grace must be empty (ErrInvalid, as is an
+	// empty req.Dead). Naming a worker that is alive takes its work from
+	// it: only a caller that saw the process end may name it.
+	ReclaimDead(ctx context.Context, req ReclaimRequest) (ReclaimResult, error)
 }

@@ -47,11 +47,13 @@ func RunDurable(t *testing.T, newStore func(t *testing.T) Store, opts ...Options
 	defer o.checkNames(t)
 	runCases(t, newStore, o, []testCase[Store]{
 		{"ReclaimOrphans", testReclaimOrphans},
+		{"ReclaimDead", testReclaimDead},
 		{"ErrorRetriesDoNotUseTheOrphanBudget", testOrphanBudget},
 		{"ExpireWorkerAndLiveWorkers", testExpireWorker},
 		{"FencedReclaim", testFencedReclaim},
 		{"LeaseOneLeader", testLeaseOneLeader},
 		{"ClosedOrphanMethods", testClosedOrphanMethods},
+		{"StatsCountReclaims", testStatsCountReclaims},
 	})
 	runCases(t, newStore, o, cancelDurableCases)
 }
@@ -192,6 +194,101 @@ func testReclaimOrphans(t *testing.T, s Store) {
 	res, err = b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"alive"}, Grace: grace})
 	if err != nil || res.Reclaimed+res.DeadLettered+res.LocksReleased != 0 || res.WithinGrace != 2 {
 		t.Fatalf("second pass = %+v, %v; want nothing done, 2 within the grace", res, err)
+	}
+}
+
+// testReclaimDead: a reclaim of a worker known dead takes all its work at
+// once, its youngest claims and locks too, and nothing of any other
+// worker, dead-looking or not.
+func testReclaimDead(t *testing.T, s Store) {
+	dr, ok := s.Broker.(broker.DeadReclaimer)
+	if !ok {
+		t.Fatalf("%T does not implement broker.DeadReclaimer; a store that cannot names this case NotApplicable with its reason", s.Broker)
+	}
+	b := s.Broker
+	ctx := ctxOf(t)
+	register(t, b, "alive", "dead", "silent")
+
+	// Poisoned: orphaned twice before, now claimed a third time by the
+	// dead worker: dead at max 3.
+	poisonedID := submit(t, b, broker.SubmitRequest{Topic: "p", Task: "task"})
+	for range 2 {
+		m := claimOne(t, b, "dead", "p")
+		if _, err := dr.ReclaimDead(ctx, broker.ReclaimRequest{Dead: []string{"dead"}, MaxAttempts: 3}); err != nil {
+			t.Fatal(err)
+		}
+		wantState(t, b, m.ID, broker.StateQueued)
+	}
+	poisoned := claimOne(t, b, "dead", "p")
+	if poisoned.ID != poisonedID {
+		t.Fatalf("claimed %d, want the poisoned message %d", poisoned.ID, poisonedID)
+	}
+
+	setTopic(t, b, "o", broker.TopicPatch{ConcurrencyLimit: ptr(4)})
+	submitN(t, b, "o", 4)
+	young := claimOne(t, b, "dead", "o")     // claimed just now: taken all the same
+	cancelled := claimOne(t, b, "dead", "o") // its cancel requested: ends cancelled
+	silent := claimOne(t, b, "silent", "o")  // a worker that only looks dead: left
+	alive := claimOne(t, b, "alive", "o")    // a live worker's: left
+	s.AgeClaim(t, silent.ID, time.Hour)
+	s.AgeHeartbeat(t, "silent", time.Hour)
+	if _, err := b.Cancel(ctx, cancelled.ID); err != nil {
+		t.Fatal(err)
+	}
+	claimNone(t, b, "o")
+
+	acquire(t, b, "young-lock", "dead", young.ClaimOf())
+	acquire(t, b, "dead-lock-on-live-claim", "dead", alive.ClaimOf())
+	acquire(t, b, "silent-lock", "silent", silent.ClaimOf())
+	acquire(t, b, "alive-lock", "alive", alive.ClaimOf())
+	s.AgeLock(t, "silent-lock", time.Hour)
+
+	for what, req := range map[string]broker.ReclaimRequest{
+		"no dead worker":        {MaxAttempts: 3},
+		"a live set":            {Dead: []string{"dead"}, Live: []string{"alive"}},
+		"a grace":               {Dead: []string{"dead"}, Grace: time.Second},
+		"negative max attempts": {Dead: []string{"dead"}, MaxAttempts: -1},
+	} {
+		if _, err := dr.ReclaimDead(ctx, req); !errors.Is(err, broker.ErrInvalid) {
+			t.Fatalf("ReclaimDead with %s: %v, want ErrInvalid", what, err)
+		}
+	}
+	if _, err := b.ReclaimOrphans(ctx, broker.ReclaimRequest{Live: []string{"alive"}, Dead: []string{"dead"}}); !errors.Is(err, broker.ErrInvalid) {
+		t.Fatalf("ReclaimOrphans naming dead workers: %v, want ErrInvalid", err)
+	}
+	wantState(t, b, young.ID, broker.StateRunning)
+
+	res, err := dr.ReclaimDead(ctx, broker.ReclaimRequest{Dead: []string{"dead"}, MaxAttempts: 3})
+	if err != nil {
+		t.Fatalf("ReclaimDead: %v", err)
+	}
+	wantIDs := []int64{young.ID, cancelled.ID, poisoned.ID}
+	slices.Sort(wantIDs)
+	slices.Sort(res.IDs)
+	if res.Reclaimed != 1 || res.Cancelled != 1 || res.DeadLettered != 1 || res.LocksReleased != 2 || res.WithinGrace != 0 || !slices.Equal(res.IDs, wantIDs) {
+		t.Fatalf("ReclaimDead = %+v, want 1 reclaimed (young), 1 cancelled, 1 dead-lettered (poisoned), ids %v, "+
+			"2 locks released (young-lock, dead-lock-on-live-claim), none within a grace", res, wantIDs)
+	}
+	q := wantState(t, b, young.ID, broker.StateQueued)
+	if q.ClaimedBy != "" || q.Attempts != 1 || !q.Suspect || !strings.HasPrefix(q.LastError, broker.OrphanedErrorPrefix) {
+		t.Fatalf("reclaimed message = %+v, want claim cleared, attempts 1, suspect, last error starting with %q", q, broker.OrphanedErrorPrefix)
+	}
+	wantState(t, b, cancelled.ID, broker.StateCancelled)
+	wantState(t, b, poisoned.ID, broker.StateDead)
+	wantErr(t, "Ack with the reclaimed token", ackErr(t, b, young.ClaimOf()), broker.ErrClaimLost)
+	wantState(t, b, silent.ID, broker.StateRunning)
+	wantState(t, b, alive.ID, broker.StateRunning)
+	if names := lockNames(t, b); !slices.Equal(names, []string{"alive-lock", "silent-lock"}) {
+		t.Fatalf("locks after the reclaim %v, want [alive-lock silent-lock]", names)
+	}
+	// The slot is free: the young message is claimed again.
+	if again := claimOne(t, b, "alive", "o"); again.ID != young.ID || again.Attempts != 2 {
+		t.Fatalf("claim after the reclaim = %+v, want message %d at attempt 2", again, young.ID)
+	}
+	// Again, nothing is left to take.
+	res, err = dr.ReclaimDead(ctx, broker.ReclaimRequest{Dead: []string{"dead"}, MaxAttempts: 3})
+	if err != nil || len(res.IDs)+res.LocksReleased != 0 {
+		t.Fatalf("second ReclaimDead = %+v, %v; want nothing done", res, err)
 	}
 }
 

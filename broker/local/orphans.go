@@ -14,10 +14,23 @@ import (
 // sqlstore.Store.ReclaimOrphans) in one IMMEDIATE transaction: the
 // orphans are read, then each has its locks released and is requeued or
 // dead-lettered with a reason of its own.
+//
+// With req.Dead (sqlstore.Store.ReclaimDead) it is the same for the
+// claims and locks of the workers it names, whatever their age, and
+// nothing else.
 func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
-	liveJSON, err := json.Marshal(req.Live)
+	// The claimers whose claims and locks are taken: those not in the
+	// live set and at least the grace old, or those named dead.
+	who, taken, why := req.Live, `claimed_by NOT IN (SELECT value FROM json_each(?)) AND claimed_at <= ?`, "stopped heartbeating"
+	takenLock := `holder NOT IN (SELECT value FROM json_each(?)) AND acquired_at <= ?`
+	dead := len(req.Dead) > 0
+	if dead {
+		who, taken, why = req.Dead, `claimed_by IN (SELECT value FROM json_each(?)) AND ? IS NOT NULL`, "ended (its process exited)"
+		takenLock = `holder IN (SELECT value FROM json_each(?)) AND ? IS NOT NULL`
+	}
+	whoJSON, err := json.Marshal(who)
 	if err != nil {
-		return broker.ReclaimResult{}, broker.Invalid("live set: %v", err)
+		return broker.ReclaimResult{}, broker.Invalid("workers: %v", err)
 	}
 	var res broker.ReclaimResult
 	err = d.b.write(ctx, "reclaim orphans", func(tx *txn, now time.Time) error {
@@ -36,9 +49,8 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 		}
 		var orphans []orphan
 		rows, err := tx.Query(`SELECT id, attempts, orphaned, claimed_by, token, cancel_requested_at IS NOT NULL FROM tw_messages
-			WHERE state = 'running' AND claimed_at <= ?
-				AND claimed_by NOT IN (SELECT value FROM json_each(?))
-			ORDER BY id`, cutoff, string(liveJSON))
+			WHERE state = 'running' AND `+taken+`
+			ORDER BY id`, string(whoJSON), cutoff)
 		if err != nil {
 			return err
 		}
@@ -71,21 +83,21 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 				return err
 			}
 			if o.cancel {
-				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; cancelled by the reaper, as its cancel was requested",
-					o.by, o.attempts)
+				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q %s during attempt %d; cancelled by the reaper, as its cancel was requested",
+					o.by, why, o.attempts)
 				if err := finish(tx, o.id, broker.StateCancelled, reason, true, now); err != nil {
 					return err
 				}
 				res.Cancelled++
 			} else if req.MaxAttempts > 0 && o.orphaned+1 >= req.MaxAttempts {
-				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; its claim was orphaned %d times (orphan max %d); dead-lettered by the reaper",
-					o.by, o.attempts, o.orphaned+1, req.MaxAttempts)
+				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q %s during attempt %d; its claim was orphaned %d times (orphan max %d); dead-lettered by the reaper",
+					o.by, why, o.attempts, o.orphaned+1, req.MaxAttempts)
 				if err := finish(tx, o.id, broker.StateDead, reason, true, now); err != nil {
 					return err
 				}
 				res.DeadLettered++
 			} else {
-				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q stopped heartbeating during attempt %d; requeued by the reaper", o.by, o.attempts)
+				reason := fmt.Sprintf(broker.OrphanedErrorPrefix+" worker %q %s during attempt %d; requeued by the reaper", o.by, why, o.attempts)
 				_, err := tx.Exec(`UPDATE tw_messages
 					SET state = 'queued', claimed_by = NULL, claimed_at = NULL, token = NULL,
 						available_at = ?, last_error = ?, suspect = 1
@@ -98,8 +110,7 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 			res.IDs = append(res.IDs, o.id)
 		}
 
-		r, err := tx.Exec(`DELETE FROM tw_locks
-			WHERE acquired_at <= ? AND holder NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON))
+		r, err := tx.Exec(`DELETE FROM tw_locks WHERE `+takenLock, string(whoJSON), cutoff)
 		if err != nil {
 			return err
 		}
@@ -109,16 +120,19 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 		}
 		res.LocksReleased += int(n)
 
+		if dead {
+			return nil // no grace asked
+		}
 		// What the grace kept: claims and locks of non-live workers too
 		// young to touch.
 		var young, youngLocks int
 		if err := tx.QueryRow(`SELECT count(*) FROM tw_messages
 			WHERE state = 'running' AND claimed_at > ?
-				AND claimed_by NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON)).Scan(&young); err != nil {
+				AND claimed_by NOT IN (SELECT value FROM json_each(?))`, cutoff, string(whoJSON)).Scan(&young); err != nil {
 			return err
 		}
 		if err := tx.QueryRow(`SELECT count(*) FROM tw_locks
-			WHERE acquired_at > ? AND holder NOT IN (SELECT value FROM json_each(?))`, cutoff, string(liveJSON)).Scan(&youngLocks); err != nil {
+			WHERE acquired_at > ? AND holder NOT IN (SELECT value FROM json_each(?))`, cutoff, string(whoJSON)).Scan(&youngLocks); err != nil {
 			return err
 		}
 		res.WithinGrace = young + youngLocks

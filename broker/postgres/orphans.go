@@ -9,53 +9,103 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-// reclaimSQL requeues (or, once the message has been orphaned $3 times
-// counting this one, when $3 > 0, dead-letters) the running messages
-// claimed at least $2 µs ago by workers not in $1, marking them suspect;
-// $4 starts their last error. A message whose cancel was requested ends
-// cancelled instead. Rows are locked in id order first (as Ack does), so a
-// concurrent ack either lands before (and the row is no longer running) or
-// waits and then finds its token gone.
-var reclaimSQL = `
+// The statements of a reclaim, of one of two kinds. A reaper pass takes
+// the claims (and locks) of workers not in $1 (the live set) made at
+// least $2 µs ago; a reclaim of dead workers (ReclaimDead) takes those of
+// the workers in $1, whatever their age. newReclaimQueries builds one
+// kind from its condition on a claimer column and the column of the
+// claim's time (taken), and the words its last errors say of the claimer
+// (why).
+type reclaimQueries struct {
+	// lockClaims locks, in id order, the claim rows (claims.go) to be
+	// reclaimed: claims, a statement of its own after it, then reads them
+	// as the outcomes that went first left them.
+	lockClaims string
+	// messages requeues (or, once the message has been orphaned $3 times
+	// counting this one, when $3 > 0, dead-letters) the running messages
+	// to be reclaimed, marking them suspect; $4 starts their last error.
+	// A message whose cancel was requested ends cancelled instead. Rows
+	// are locked in id order first (as Ack does), so a concurrent ack
+	// either lands before (and the row is no longer running) or waits and
+	// then finds its token gone.
+	messages string
+	// claims is messages for the messages that claim rows hold: it
+	// deletes the claim rows and ends or requeues their messages as
+	// messages does a running row, counting the attempt the claim made.
+	claims string
+	// locks deletes the locks of the claimers to be reclaimed and the
+	// locks held under claims that no longer hold their message (those
+	// just ended). It runs after messages in the same transaction and
+	// sees its changes.
+	locks string
+	// withinGrace counts what the grace protected: running messages,
+	// claim rows and locks of the claimers not in $1, younger than $2 µs.
+	// Empty for a reclaim of dead workers, which asks no age.
+	withinGrace string
+}
+
+var (
+	orphanReclaim = newReclaimQueries(func(claimer, at string) string {
+		return at + ` <= now() - $2::bigint * interval '1 microsecond' AND NOT (` + claimer + ` = ANY ($1::text[]))`
+	}, "stopped heartbeating", withinGraceSQL)
+	// The grace ($2) of a reclaim of dead workers is 0, and their claims
+	// are taken whatever their age: the condition names it only for the
+	// statements to keep one list of parameters.
+	deadReclaim = newReclaimQueries(func(claimer, _ string) string {
+		return claimer + ` = ANY ($1::text[]) AND $2::bigint = 0`
+	}, "ended (its process exited)", "")
+)
+
+func newReclaimQueries(taken func(claimer, at string) string, why, withinGrace string) reclaimQueries {
+	return reclaimQueries{
+		lockClaims: `
+	SELECT 1 FROM tw_claims
+	WHERE ` + taken("worker", "claimed_at") + `
+	ORDER BY id FOR UPDATE`,
+		messages: `
 	WITH orphan AS (
 		SELECT id FROM tw_messages
-		WHERE state = 'running'
-			AND claimed_at <= now() - $2::bigint * interval '1 microsecond'
-			AND NOT (claimed_by = ANY ($1::text[]))
+		WHERE state = 'running' AND ` + taken("claimed_by", "claimed_at") + `
 		ORDER BY id
 		FOR UPDATE
 	)
-	UPDATE tw_messages m SET ` + reclaimSet("m.claimed_by", "m.claimed_at") + `, token = NULL
+	UPDATE tw_messages m SET ` + reclaimSet("m.claimed_by", "m.claimed_at", why) + `, token = NULL
 	WHERE m.id = ANY (ARRAY (SELECT id FROM orphan))
-	RETURNING m.id, m.state, m.topic`
-
-// lockDeadClaimsSQL locks, in id order, the claim rows (claims.go) of
-// workers not in $1 made at least $2 µs ago: reclaimClaimsSQL, a statement
-// of its own after it, then reads them as the outcomes that went first
-// left them.
-const lockDeadClaimsSQL = `
-	SELECT 1 FROM tw_claims
-	WHERE claimed_at <= now() - $2::bigint * interval '1 microsecond' AND NOT (worker = ANY ($1::text[]))
-	ORDER BY id FOR UPDATE`
-
-// reclaimClaimsSQL is reclaimSQL for the messages that claim rows hold:
-// it deletes the claim rows of workers not in $1 made at least $2 µs
-// ago, and ends or requeues their messages as reclaimSQL does a running
-// row, counting the attempt the claim made.
-var reclaimClaimsSQL = `
+	RETURNING m.id, m.state, m.topic`,
+		claims: `
 	WITH dead AS (
 		DELETE FROM tw_claims
-		WHERE claimed_at <= now() - $2::bigint * interval '1 microsecond' AND NOT (worker = ANY ($1::text[]))
+		WHERE ` + taken("worker", "claimed_at") + `
 		RETURNING worker, claimed_at, ids
 	), h AS (
 		SELECT x AS id, worker, claimed_at FROM dead, unnest(dead.ids) x
 	)
-	UPDATE tw_messages m SET ` + reclaimSet("h.worker", "h.claimed_at") + `, attempts = m.attempts + 1
+	UPDATE tw_messages m SET ` + reclaimSet("h.worker", "h.claimed_at", why) + `, attempts = m.attempts + 1
 	FROM h
 	WHERE m.id = h.id AND m.state = 'queued' AND m.token IS NULL
-	RETURNING m.id, m.state, m.topic`
+	RETURNING m.id, m.state, m.topic`,
+		locks: `
+	DELETE FROM tw_locks l
+	WHERE (` + taken("l.holder", "l.acquired_at") + `)
+		OR NOT ` + lockHeld + `
+	RETURNING l.name`,
+		withinGrace: withinGrace,
+	}
+}
 
-// What reclaimSQL does with a row: it ends it cancelled when its cancel
+// withinGraceSQL is reclaimQueries.withinGrace of a reaper pass.
+const withinGraceSQL = `
+	SELECT
+		(SELECT count(*) FROM tw_messages
+			WHERE state = 'running' AND claimed_at > now() - $2::bigint * interval '1 microsecond'
+				AND NOT (claimed_by = ANY ($1::text[])))
+		+ (SELECT coalesce(sum(cardinality(ids)), 0) FROM tw_claims
+			WHERE claimed_at > now() - $2::bigint * interval '1 microsecond' AND NOT (worker = ANY ($1::text[])))
+		+ (SELECT count(*) FROM tw_locks
+			WHERE acquired_at > now() - $2::bigint * interval '1 microsecond'
+				AND NOT (holder = ANY ($1::text[])))`
+
+// What a reclaim does with a row: it ends it cancelled when its cancel
 // was requested, dead when its orphan budget is used up, and requeues it
 // otherwise. The SET reads the row as it is once locked.
 const (
@@ -68,7 +118,7 @@ const (
 // worker at claimedAt (expressions): cancelled, dead or queued again
 // (reclaimCancels, reclaimDeadLetters), its orphaning counted, marked
 // suspect, with its last error saying why.
-func reclaimSet(worker, claimedAt string) string {
+func reclaimSet(worker, claimedAt, why string) string {
 	return `
 		state = CASE WHEN ` + reclaimCancels + ` THEN 'cancelled' WHEN ` + reclaimDeadLetters + ` THEN 'dead' ELSE 'queued' END,
 		claimed_by = CASE WHEN ` + reclaimEnds + ` THEN ` + worker + ` END,
@@ -77,45 +127,21 @@ func reclaimSet(worker, claimedAt string) string {
 		available_at = CASE WHEN ` + reclaimEnds + ` THEN m.available_at ELSE now() END,
 		orphaned = m.orphaned + 1,
 		suspect = true,
-		last_error = ` + reclaimError(worker)
+		last_error = ` + reclaimError(worker, why)
 }
 
-// reclaimError is the last error reclaimSQL gives a row it reclaims from
-// the worker (an expression).
-func reclaimError(worker string) string {
+// reclaimError is the last error a reclaim gives a row it reclaims from
+// the worker (an expression); why says what became of the worker.
+func reclaimError(worker, why string) string {
 	return `CASE
 			WHEN ` + reclaimCancels + `
-			THEN format('%s worker %s stopped heartbeating; cancelled by the reaper, as its cancel was requested',
+			THEN format('%s worker %s ` + why + `; cancelled by the reaper, as its cancel was requested',
 				$4::text, ` + worker + `)
 			WHEN ` + reclaimDeadLetters + `
-			THEN format('%s worker %s stopped heartbeating; dead-lettered after its claim was orphaned %s times (orphan max %s)',
+			THEN format('%s worker %s ` + why + `; dead-lettered after its claim was orphaned %s times (orphan max %s)',
 				$4::text, ` + worker + `, m.orphaned + 1, $3::int)
-			ELSE format('%s worker %s stopped heartbeating; requeued by the reaper', $4::text, ` + worker + `) END`
+			ELSE format('%s worker %s ` + why + `; requeued by the reaper', $4::text, ` + worker + `) END`
 }
-
-// reclaimLocksSQL deletes the locks whose holder is not in $1 and that were
-// acquired at least $2 µs ago, and the locks held under claims that no
-// longer hold their message (those the reclaim just ended). It runs after
-// reclaimSQL in the same transaction and sees its changes.
-var reclaimLocksSQL = `
-	DELETE FROM tw_locks l
-	WHERE (NOT (l.holder = ANY ($1::text[])) AND l.acquired_at <= now() - $2::bigint * interval '1 microsecond')
-		OR NOT ` + lockHeld + `
-	RETURNING l.name`
-
-// withinGraceSQL counts what the grace protected in this pass: running
-// messages of claimers not in $1 and locks of holders not in $1, younger
-// than $2 µs.
-const withinGraceSQL = `
-	SELECT
-		(SELECT count(*) FROM tw_messages
-			WHERE state = 'running' AND claimed_at > now() - $2::bigint * interval '1 microsecond'
-				AND NOT (claimed_by = ANY ($1::text[])))
-		+ (SELECT coalesce(sum(cardinality(ids)), 0) FROM tw_claims
-			WHERE claimed_at > now() - $2::bigint * interval '1 microsecond' AND NOT (worker = ANY ($1::text[])))
-		+ (SELECT count(*) FROM tw_locks
-			WHERE acquired_at > now() - $2::bigint * interval '1 microsecond'
-				AND NOT (holder = ANY ($1::text[])))`
 
 // readReclaimed reads the rows of reclaimSQL or reclaimClaimsSQL into
 // res, and their topics into topics.
@@ -161,8 +187,15 @@ func readReclaimed(br pgx.BatchResults, res *broker.ReclaimResult, topics map[st
 // first and the pass goes ahead only while Fence.Holder holds it at
 // Fence.Term, unexpired (broker.ErrNotLeader otherwise, nothing changed).
 // The request is checked (sqlstore.Store.ReclaimOrphans).
+//
+// With req.Dead (sqlstore.Store.ReclaimDead) it is the same for the
+// claims and locks of the workers it names, whatever their age, and
+// nothing else.
 func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
-	live := slices.Clone(req.Live)
+	q, who := orphanReclaim, slices.Clone(req.Live)
+	if len(req.Dead) > 0 {
+		q, who = deadReclaim, slices.Clone(req.Dead)
+	}
 	var res broker.ReclaimResult
 	var topics map[string]bool
 	err := d.b.run(ctx, "reclaim orphans", func(c *pgx.Conn) error {
@@ -172,11 +205,13 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 				return err
 			}
 			batch := &pgx.Batch{}
-			batch.Queue(lockDeadClaimsSQL, live, micros(req.Grace))
-			batch.Queue(reclaimSQL, live, micros(req.Grace), req.MaxAttempts, broker.OrphanedErrorPrefix)
-			batch.Queue(reclaimClaimsSQL, live, micros(req.Grace), req.MaxAttempts, broker.OrphanedErrorPrefix)
-			batch.Queue(reclaimLocksSQL, live, micros(req.Grace))
-			batch.Queue(withinGraceSQL, live, micros(req.Grace))
+			batch.Queue(q.lockClaims, who, micros(req.Grace))
+			batch.Queue(q.messages, who, micros(req.Grace), req.MaxAttempts, broker.OrphanedErrorPrefix)
+			batch.Queue(q.claims, who, micros(req.Grace), req.MaxAttempts, broker.OrphanedErrorPrefix)
+			batch.Queue(q.locks, who, micros(req.Grace))
+			if q.withinGrace != "" {
+				batch.Queue(q.withinGrace, who, micros(req.Grace))
+			}
 			br := tx.SendBatch(ctx, batch)
 			defer br.Close()
 			if _, err := br.Exec(); err != nil {
@@ -192,8 +227,10 @@ func (d dialect) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) 
 				return err
 			}
 			res.LocksReleased = int(tag.RowsAffected())
-			if err := br.QueryRow().Scan(&res.WithinGrace); err != nil {
-				return err
+			if q.withinGrace != "" {
+				if err := br.QueryRow().Scan(&res.WithinGrace); err != nil {
+					return err
+				}
 			}
 			return br.Close()
 		})

@@ -127,7 +127,9 @@ type DialectOps interface {
 	PurgeReports(ctx context.Context, before time.Time) (int, error)
 	// TryLease acquires or renews lease name for holder for ttl.
 	TryLease(ctx context.Context, name, holder string, ttl time.Duration) (broker.Lease, error)
-	// ReclaimOrphans does one checked reaper pass (fence included).
+	// ReclaimOrphans does one checked reaper pass (fence included); with
+	// req.Dead set, a reclaim of those workers only, whatever the age of
+	// their claims and locks (Store.ReclaimDead).
 	ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error)
 }
 

@@ -21,6 +21,9 @@ import (
 // broken), as are a negative Grace or MaxAttempts. MaxAttempts 0 means no
 // bound (always requeue).
 func (s *Store) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
+	if len(req.Dead) > 0 {
+		return broker.ReclaimResult{}, broker.Invalid("a reaper pass names no dead workers: reclaim those with ReclaimDead")
+	}
 	if len(req.Live) == 0 {
 		return broker.ReclaimResult{}, broker.Invalid("the live-worker set is empty; reclaiming nothing (fail closed)")
 	}
@@ -28,6 +31,24 @@ func (s *Store) ReclaimOrphans(ctx context.Context, req broker.ReclaimRequest) (
 		return broker.ReclaimResult{}, broker.Invalid("grace is negative")
 	}
 	if req.MaxAttempts < 0 {
+		return broker.ReclaimResult{}, broker.Invalid("max attempts is negative")
+	}
+	return s.d.ReclaimOrphans(ctx, req)
+}
+
+// ReclaimDead reclaims, in one transaction, what the workers named in
+// req.Dead left, whatever its age; see broker.DeadReclaimer. The dialect's
+// ReclaimOrphans does it, told by req.Dead to touch only those workers'
+// claims and locks (and the locks of the claims it ends). A request that
+// names no worker, or also carries a live set or a grace, is refused with
+// broker.ErrInvalid, as is a negative MaxAttempts.
+func (s *Store) ReclaimDead(ctx context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
+	switch {
+	case len(req.Dead) == 0:
+		return broker.ReclaimResult{}, broker.Invalid("no dead worker named")
+	case len(req.Live) > 0 || req.Grace != 0:
+		return broker.ReclaimResult{}, broker.Invalid("a reclaim of dead workers takes no live set and no grace: they are for workers that only look dead")
+	case req.MaxAttempts < 0:
 		return broker.ReclaimResult{}, broker.Invalid("max attempts is negative")
 	}
 	return s.d.ReclaimOrphans(ctx, req)
