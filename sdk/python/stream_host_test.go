@@ -168,6 +168,11 @@ plugins:
 				t.Errorf("task %s: state %s, error %s; want done (a handler that returns after its timeout wins)", id, v.State, deref(v.Error))
 			}
 		}
+		// Each ran on about 1.3 s past its cancel; a cancel that a loaded
+		// machine delays past 0.5 s leaves less than the second from which
+		// the plugin counts an overrun, so not every one need be counted.
+		overruns := regexp.MustCompile(`task handlers running past their cancel: 0 now, (\d+) since start`)
+		var health string
 		waitFor(t, 60*time.Second, "the plugin's health counts the overruns", func() bool {
 			var r struct {
 				Plugins []struct {
@@ -178,11 +183,16 @@ plugins:
 			h.get(t, h.url+"/admin/api/plugins", &r)
 			for _, p := range r.Plugins {
 				if p.Name == "pylimit" {
-					return strings.Contains(p.Health, "task handlers running past their cancel: 0 now, "+strconv.Itoa(n)+" since start")
+					health = p.Health
 				}
 			}
-			return false
-		}, func() string { return "" })
+			m := overruns.FindStringSubmatch(health)
+			if m == nil {
+				return false
+			}
+			k, _ := strconv.Atoi(m[1])
+			return k >= 1 && k <= n
+		}, func() string { return health })
 		if !strings.Contains(log.String(), "a task's handler runs on past its cancel; its attempt keeps its place") {
 			t.Error("the host log has no warning of the plugin about a handler past its cancel")
 		}
