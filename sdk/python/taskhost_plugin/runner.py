@@ -33,6 +33,10 @@ OVERRUN_AFTER = 1.0
 
 _DONE = pb.RunTaskEvent(done=True)
 
+# Log and progress events waiting to be sent past which more are dropped
+# (final events never are), as in the Go SDK.
+MAX_QUEUED_EVENTS = 4096
+
 # A frame costs Python's gRPC far more than the events in it. While the
 # caller sends few attempts a frame (under SMALL_FRAME on average) and
 # frames go out often (the last one less than BUSY seconds ago), the
@@ -387,6 +391,7 @@ class TaskStream:
         self._writer_waits = False
         self.running = {}  # attempt id -> Attempt
         self.out = []  # (attempt id, RunTaskEvent) not sent yet
+        self._dropped = {}  # attempt id -> log lines dropped
         self.closed = False
         self._in_avg = 1.0  # attempts per frame from the caller, a moving average
 
@@ -470,6 +475,10 @@ class TaskStream:
         """Queues att's final event; its handler has returned."""
         with self.lock:
             self.running.pop(att.id, None)
+            dropped = self._dropped.pop(att.id, 0)
+            if dropped:
+                self.out.append((att.id, pb.RunTaskEvent(
+                    log_line="(%d log lines dropped: the task logged faster than they could be sent)" % dropped)))
             self.out.append((att.id, ev))
             if self._writer_waits:
                 self._writer_waits = False
@@ -486,9 +495,16 @@ class TaskStream:
                 self._cv.notify()
 
     def event(self, att, ev):
-        """Queues a log or progress event of att, unless it has ended."""
+        """Queues a log or progress event of att, unless it has ended.
+        Past MAX_QUEUED_EVENTS waiting (the caller reads slower than the
+        tasks report), more are dropped, and an attempt's dropped log
+        lines are counted in a line before its final event."""
         with self.lock:
             if att.ended or self.closed:
+                return
+            if len(self.out) >= MAX_QUEUED_EVENTS:
+                if ev.log_line:
+                    self._dropped[att.id] = self._dropped.get(att.id, 0) + 1
                 return
             self.out.append((att.id, ev))
             if self._writer_waits:

@@ -293,6 +293,29 @@ class StreamTest(unittest.TestCase):
         self.assertEqual((st["overrunning"], st["overruns"]), (0, 1))
         wait_until(lambda: any("returned after its cancel" in m for m in c.records.messages()))
 
+    def test_a_log_flood_is_bounded(self):
+        old = runner_mod.MAX_QUEUED_EVENTS
+        runner_mod.MAX_QUEUED_EVENTS = 10
+        self.addCleanup(setattr, runner_mod, "MAX_QUEUED_EVENTS", old)
+        p = th.Plugin("p")
+
+        @p.task("p.flood")
+        def flood(ctx, payload):
+            for i in range(100):
+                ctx.log("line %d" % i)
+            return None
+
+        c = self.caller(p)
+        wait_until(lambda: c.frames)  # the capacity
+        # The caller reads nothing meanwhile: the events wait.
+        with c.cv:
+            (a,) = c.send({"task": "p.flood"})
+            wait_until(lambda: c.stream._dropped or not c.stream.running)
+        c.final(a)
+        lines = [e.log_line for e in c.events[a] if e.log_line]
+        self.assertLess(len(lines), 100)
+        self.assertRegex(lines[-1], r"^\(\d+ log lines dropped: the task logged faster than they could be sent\)$")
+
     def test_a_cancel_before_the_start(self):
         p = th.Plugin("p", max_tasks=1)
         release = threading.Event()
