@@ -172,7 +172,7 @@ class Attempt:
         self.id = aid
         self.task = task
         self.ctx = ctx
-        self.owner = owner  # the TaskStream (or legacy call) it belongs to
+        self.owner = owner  # the TaskStream it came on
         self.cancelled_at = None
         self.reason = ""
         self.started = False
