@@ -257,10 +257,12 @@ type attemptStream struct {
 	capacity int           // 0 until the provider says
 	inflight int           // attempts sent or queued, not ended
 	room     chan struct{} // closed when capacity or inflight change, then replaced
-	attempts []*pb.TaskAttempt
-	cancels  []*pb.TaskCancel
-	err      error         // why the stream broke
-	broken   chan struct{} // closed when it breaks
+	// roomWanted: someone waits on room (waitRoom), so a change closes it.
+	roomWanted bool
+	attempts   []*pb.TaskAttempt
+	cancels    []*pb.TaskCancel
+	err        error         // why the stream broke
+	broken     chan struct{} // closed when it breaks
 }
 
 // attemptCall is one attempt in flight.
@@ -363,7 +365,7 @@ func (st *attemptStream) enter(ctx context.Context, a *attemptCall, run TaskRun)
 			st.kick()
 			return id, nil
 		}
-		room := st.room
+		room := st.waitRoom()
 		st.mu.Unlock()
 		select {
 		case <-room:
@@ -378,8 +380,18 @@ func attemptToPB(id uint64, run TaskRun) *pb.TaskAttempt {
 		Attempt: int32(run.Attempt), Headers: run.Headers}
 }
 
-// moreRoom wakes those waiting for room; st.mu is held.
+// waitRoom is the channel moreRoom closes next; st.mu is held.
+func (st *attemptStream) waitRoom() <-chan struct{} {
+	st.roomWanted = true
+	return st.room
+}
+
+// moreRoom wakes those waiting for room, if any; st.mu is held.
 func (st *attemptStream) moreRoom() {
+	if !st.roomWanted {
+		return
+	}
+	st.roomWanted = false
 	close(st.room)
 	st.room = make(chan struct{})
 }
@@ -535,7 +547,7 @@ func (st *attemptStream) awaitCapacity() {
 	defer t.Stop()
 	for {
 		st.mu.Lock()
-		known, room := st.capacity > 0, st.room
+		known, room := st.capacity > 0, st.waitRoom()
 		st.mu.Unlock()
 		if known {
 			return
