@@ -107,10 +107,19 @@ plugins:
 		for i := 0; i < 200; i++ {
 			ids = append(ids, h.submit(t, "pytasks.noop", nil, 0))
 		}
+		var aio []string
+		for i := 0; i < 50; i++ {
+			aio = append(aio, h.submit(t, "pytasks.aio", map[string]any{"ms": 200}, 0))
+		}
 		legacy := h.submit(t, "pylegacy.echo", map[string]any{"n": 1}, 0)
 		for _, id := range ids {
 			if v := h.wait(t, id, 120*time.Second); v.State != "done" {
 				t.Fatalf("task %s: state %s, error %v", id, v.State, v.Error)
+			}
+		}
+		for _, id := range aio {
+			if v := h.wait(t, id, 120*time.Second); v.State != "done" || string(v.Result) != `{"slept_ms":200}` {
+				t.Fatalf("pytasks.aio %s: state %s, result %s, error %v", id, v.State, v.Result, v.Error)
 			}
 		}
 		if v := h.wait(t, legacy, 60*time.Second); v.State != "done" || string(v.Result) != `{"payload":{"n":1},"attempt":1}` {

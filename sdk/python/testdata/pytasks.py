@@ -1,5 +1,6 @@
 """pytasks: the host tests' Python plugin; each task exercises one path."""
 
+import asyncio
 import os
 import sys
 import time
@@ -93,6 +94,14 @@ def retry_after(ctx, payload):
     if ctx.attempt == 1:
         raise th.RetryAfter(payload["seconds"], "come back later")
     return {"attempt": ctx.attempt}
+
+
+@plugin.task("pytasks.aio", max_attempts=1)
+async def aio(ctx, payload):
+    """An async def: sleeps {"ms": m} on the plugin's event loop."""
+    await asyncio.sleep(payload.get("ms", 10) / 1000.0)
+    ctx.log("awake")
+    return {"slept_ms": payload.get("ms", 10)}
 
 
 @plugin.task("pytasks.stubborn", max_attempts=1)
