@@ -2,12 +2,15 @@ package host
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -28,6 +31,8 @@ type launched struct {
 	cmd    *exec.Cmd
 	client *capability.Client
 	rpc    plugin.ClientProtocol
+	// instance is the process's instance id (capability.InstanceEnv).
+	instance string
 }
 
 // killGroup sends SIGKILL to the plugin's process group: the plugin runs
@@ -113,7 +118,10 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 		beforeExec(s.name, path)
 	}
 	cmd := pluginCommand(context.Background(), f, path)
-	cmd.Env = s.env()
+	// The instance variables go last: a variable of the same name passed
+	// through by the config (env) must not stand for them.
+	instance := newInstance()
+	cmd.Env = append(s.env(), capability.InstanceEnv+"="+instance, capability.EndedEnv+"="+strings.Join(s.endedInstances(), ","))
 	pc := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  capability.Handshake,
 		VersionedPlugins: capability.VersionedPlugins(nil),
@@ -131,12 +139,14 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	fail := func(err error) (*launched, error) {
 		killGroup(cmd)
 		pc.Kill()
+		s.noteEnded(instance, pc)
 		return nil, err
 	}
 	rpc, err := pc.Client()
 	if err != nil {
 		killGroup(cmd)
 		pc.Kill()
+		s.noteEnded(instance, pc)
 		// How it ended, unless that was this kill.
 		ended := exitStatus(pc, cmd)
 		if ended == " (signal: killed)" {
@@ -210,8 +220,42 @@ func (s *Supervisor) launch(ctx context.Context) (*launched, error) {
 	s.mu.Lock()
 	s.client = c
 	s.mu.Unlock()
-	s.log.Info("plugin running", "pid", desc.PID, "version", desc.Version, "capabilities", fmt.Sprint(desc.Capabilities))
-	return &launched{pc: pc, cmd: cmd, client: c, rpc: rpc}, nil
+	s.log.Info("plugin running", "pid", desc.PID, "instance", instance, "version", desc.Version, "capabilities", fmt.Sprint(desc.Capabilities))
+	return &launched{pc: pc, cmd: cmd, client: c, rpc: rpc, instance: instance}, nil
+}
+
+// newInstance returns a fresh instance id (capability.InstanceEnv).
+func newInstance() string {
+	var b [8]byte
+	_, _ = crand.Read(b[:]) // never fails (crypto/rand panics instead)
+	return hex.EncodeToString(b[:])
+}
+
+// noteEnded records that the process of instance has ended, when
+// go-plugin has waited on it (after its Kill, whatever ended it): the
+// next process of the plugin is told (capability.EndedEnv). A process
+// not known to have ended is not recorded: its work is left to the
+// plugin's own means, which do not take it for dead on the host's word.
+func (s *Supervisor) noteEnded(instance string, pc *plugin.Client) {
+	if !pc.Exited() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if slices.Contains(s.ended, instance) {
+		return
+	}
+	s.ended = append([]string{instance}, s.ended...)
+	if len(s.ended) > capability.MaxEndedInstances {
+		s.ended = s.ended[:capability.MaxEndedInstances]
+	}
+}
+
+// endedInstances returns the instances noteEnded recorded, newest first.
+func (s *Supervisor) endedInstances() []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return slices.Clone(s.ended)
 }
 
 func hasVersion(vs []int, v int) bool {

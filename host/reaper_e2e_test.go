@@ -528,7 +528,7 @@ func TestReaperPoisonTaskIsDeadLettered(t *testing.T) {
 // ---- 3. an orphaned lock ----
 
 // TestReaperOrphanedLockIsReleased: a worker dies holding the lock its
-// message took. The reaper releases the lock in the same pass that
+// message took. The reaper releases the lock in the same transaction that
 // requeues the message, so the message's next run takes the lock at once
 // (attempts 2: no lock conflict in between) under the new worker.
 func TestReaperOrphanedLockIsReleased(t *testing.T) {
@@ -563,10 +563,12 @@ func TestReaperOrphanedLockIsReleased(t *testing.T) {
 	if m.Attempts != 2 || (m.State != "running" && m.State != "done") || m.claimer() != ah.WorkerID {
 		t.Errorf("message after the restart: %+v; want attempts 2, running or done, claimed by %s", m, ah.WorkerID)
 	}
-	// The pass that requeued the message released the lock too.
-	re := regexp.MustCompile(`reaper reclaimed orphans of dead workers.*locks_released=1.*reclaimed=1|reaper reclaimed orphans of dead workers.*reclaimed=1.*locks_released=1`)
+	// The reclaim that requeued the message released the lock too (the
+	// restarted process's reclaim of its dead predecessor, which the host
+	// saw exit).
+	re := regexp.MustCompile(`reclaimed the work of dead workers.*locks_released=1.*reclaimed=1|reclaimed the work of dead workers.*reclaimed=1.*locks_released=1`)
 	if !re.MatchString(h.log.String()) {
-		t.Errorf("no reaper pass that reclaimed the message and released its lock together in the host log")
+		t.Errorf("no reclaim that took back the message and released its lock together in the host log")
 	}
 
 	// A manual pass leaves the live holder's lock alone.

@@ -99,6 +99,9 @@ type Supervisor struct {
 	client  *capability.Client
 	crashes []time.Time
 	cur     *exec.Cmd // the plugin process being watched, for KillNow
+	// ended are the instance ids of this plugin's processes seen to end,
+	// newest first (see noteEnded).
+	ended []string
 }
 
 // KillNow kills the plugin's process group at once, when one is being
@@ -206,6 +209,7 @@ func (s *Supervisor) run(ctx context.Context) {
 		if err == nil {
 			var restart bool
 			restart, err = s.watch(ctx, lp)
+			s.noteEnded(lp.instance, lp.pc)
 			if ctx.Err() != nil {
 				s.setState(StateStopped, func(st *Status) { st.PID = 0 })
 				return

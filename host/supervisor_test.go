@@ -1,9 +1,17 @@
 package host
 
 import (
+	"fmt"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+
+	"github.com/taskhost/taskhost/capability"
 )
 
 // TestOnlyCrashLoopsUseTheRestartBudget: crashes of a plugin that could
@@ -43,5 +51,46 @@ func TestHungRestartSetting(t *testing.T) {
 	}
 	if _, err := ParseConfig("t.yaml", []byte("hung_restart_seconds: -1\n")); err == nil || !strings.Contains(err.Error(), "hung_restart_seconds") {
 		t.Errorf("a negative hung_restart_seconds: %v; want an error naming it", err)
+	}
+}
+
+// TestOnlyProcessesSeenToEndAreNamedEnded: the next process of a plugin is
+// told which earlier ones ended (capability.EndedEnv), newest first and at
+// most capability.MaxEndedInstances of them, and only those go-plugin has
+// waited on: a process never started is named nowhere.
+func TestOnlyProcessesSeenToEndAreNamedEnded(t *testing.T) {
+	s := &Supervisor{}
+	ended := func() *plugin.Client {
+		pc := plugin.NewClient(&plugin.ClientConfig{
+			HandshakeConfig:  capability.Handshake,
+			VersionedPlugins: capability.VersionedPlugins(nil),
+			Cmd:              exec.Command("true"),
+			AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+			Logger:           hclog.NewNullLogger(),
+			StartTimeout:     5 * time.Second,
+		})
+		if _, err := pc.Client(); err == nil {
+			t.Fatal("true answered the plugin handshake")
+		}
+		pc.Kill()
+		return pc
+	}
+	unstarted := plugin.NewClient(&plugin.ClientConfig{HandshakeConfig: capability.Handshake, Cmd: exec.Command("true"), Logger: hclog.NewNullLogger()})
+	s.noteEnded("00000000000000ff", unstarted)
+	if got := s.endedInstances(); len(got) != 0 {
+		t.Fatalf("a process never started is named ended: %v", got)
+	}
+	var want []string
+	for i := range capability.MaxEndedInstances + 2 {
+		id := fmt.Sprintf("%016x", i)
+		s.noteEnded(id, ended())
+		want = append([]string{id}, want...)
+	}
+	want = want[:capability.MaxEndedInstances]
+	if got := s.endedInstances(); !slices.Equal(got, want) {
+		t.Fatalf("ended instances %v, want the newest %d first: %v", got, capability.MaxEndedInstances, want)
+	}
+	if !capability.ValidInstance(newInstance()) || newInstance() == newInstance() {
+		t.Fatal("instance ids are not 16 random hex digits")
 	}
 }

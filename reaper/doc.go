@@ -15,6 +15,12 @@
 // fails closed on every pass protects nothing, so the skip counter exists to
 // make that visible.
 //
+// ReclaimDead is the certain path beside it: the work of workers whose
+// process is known to have ended (its parent saw it exit) comes back at
+// once, its youngest claims too. The guards above protect a judgement
+// made from heartbeats; ReclaimDead makes none, so none applies to it, and
+// it is never used for a worker that is only silent.
+//
 // Requeuing runs a task again: delivery is at least once. Tasks with side
 // effects that must not repeat have to be idempotent; MaxAttempts bounds a
 // poison task that kills every worker that takes it.

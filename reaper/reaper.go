@@ -221,6 +221,50 @@ func (r *Reaper) pass(ctx context.Context, fence *broker.Fence) Result {
 	return out
 }
 
+// ReclaimDead takes back at once what the named workers left: their
+// running messages go back to the queue (or are dead-lettered past
+// MaxAttempts, or end cancelled when their cancel was requested) and their
+// locks are released, whatever their age. It is for workers whose process
+// is known to have ended: its parent saw it exit (the host tells a
+// plugin's next process which of its processes ended,
+// capability.EndedEnv). A worker that is merely silent is the pass's to
+// judge, never this.
+//
+// No guard of the pass applies, and none is run. The live-set guards
+// (unreadable, empty, caller not in it) keep a broken liveness signal from
+// making live workers look dead; nothing here is inferred from heartbeats,
+// so no live set is read. The grace keeps a worker that just claimed, and
+// has not heartbeaten yet, from losing its claim; a worker known dead
+// claims nothing more, and its newest claim is as orphaned as its oldest.
+// MaxAttempts still applies: a task that kills its process is retired as
+// it is by a pass.
+//
+// The counters are the pass's. A failure (ErrUnsupported when the broker
+// cannot reclaim by worker) changes nothing and is not counted as a
+// skip: no guard refused, and the passes recover the same work later.
+func (r *Reaper) ReclaimDead(ctx context.Context, workers []string) (Result, error) {
+	dr, ok := r.b.(broker.DeadReclaimer)
+	if !ok {
+		return Result{}, fmt.Errorf("the %s broker does not reclaim by worker: %w", r.b.Kind(), errors.ErrUnsupported)
+	}
+	res, err := dr.ReclaimDead(ctx, broker.ReclaimRequest{Dead: workers, MaxAttempts: r.settings.MaxAttempts})
+	if err != nil {
+		return Result{}, fmt.Errorf("reclaim the work of dead workers %v: %w", workers, err)
+	}
+	if r.metrics != nil {
+		r.metrics.Reclaimed.Add(float64(res.Reclaimed))
+		r.metrics.DeadLettered.Add(float64(res.DeadLettered))
+		if r.metrics.Cancelled != nil {
+			r.metrics.Cancelled.Add(float64(res.Cancelled))
+		}
+	}
+	if res.Reclaimed+res.DeadLettered+res.Cancelled+res.LocksReleased > 0 {
+		r.log.Info("reclaimed the work of dead workers", "workers", fmt.Sprint(workers), "reclaimed", res.Reclaimed,
+			"dead_lettered", res.DeadLettered, "cancelled", res.Cancelled, "locks_released", res.LocksReleased, "ids", fmt.Sprint(res.IDs))
+	}
+	return Result{ReclaimResult: res}, nil
+}
+
 func (r *Reaper) skip(g Guard, reason string) Result {
 	r.log.Error("reaper failed closed: reclaimed nothing", "guard", string(g), "reason", reason)
 	if r.metrics != nil {

@@ -43,6 +43,15 @@ func (f *fakeReclaimer) ReclaimOrphans(_ context.Context, req broker.ReclaimRequ
 
 func (f *fakeReclaimer) ExpireWorker(context.Context, string) error { return nil }
 
+func (f *fakeReclaimer) ReclaimDead(_ context.Context, req broker.ReclaimRequest) (broker.ReclaimResult, error) {
+	f.reclaims++
+	f.got = req
+	if f.err != nil {
+		return broker.ReclaimResult{}, f.err
+	}
+	return f.result, nil
+}
+
 func newReaper(t *testing.T, f *fakeReclaimer) (*Reaper, *Metrics, *bytes.Buffer) {
 	t.Helper()
 	var logs bytes.Buffer
@@ -129,6 +138,42 @@ func TestOrphansWithinGraceAreLeftAndCounted(t *testing.T) {
 	}
 	if testutil.ToFloat64(m.Skipped) != 1 || !strings.Contains(logs.String(), string(GuardWithinGrace)) {
 		t.Fatal("the grace guard's refusal was not logged and counted")
+	}
+}
+
+// TestReclaimDeadAsksNoLiveSetAndNoGrace: the workers are named dead, so
+// neither a broken live set (which would refuse a pass) nor the grace
+// stands in the way; the orphan budget still applies, and the counters
+// are the pass's, with no skip.
+func TestReclaimDeadAsksNoLiveSetAndNoGrace(t *testing.T) {
+	f := &fakeReclaimer{Broker: memory.New(), liveErr: errors.New("connection refused"),
+		result: broker.ReclaimResult{Reclaimed: 2, DeadLettered: 1, Cancelled: 1, LocksReleased: 1}}
+	r, m, logs := newReaper(t, f)
+	res, err := r.ReclaimDead(context.Background(), []string{"gone"})
+	if err != nil || res.Skipped != "" || res.Reclaimed != 2 || res.DeadLettered != 1 || res.LocksReleased != 1 {
+		t.Fatalf("result = %+v, %v", res, err)
+	}
+	if f.reclaims != 1 || len(f.got.Dead) != 1 || f.got.Dead[0] != "gone" || f.got.Live != nil || f.got.Grace != 0 || f.got.MaxAttempts != 5 || f.got.Fence != nil {
+		t.Fatalf("request = %+v, want the dead worker named, no live set, no grace, max attempts 5, no fence", f.got)
+	}
+	if testutil.ToFloat64(m.Reclaimed) != 2 || testutil.ToFloat64(m.DeadLettered) != 1 || testutil.ToFloat64(m.Skipped) != 0 {
+		t.Fatal("counters do not match the result")
+	}
+	if !strings.Contains(logs.String(), "reclaimed the work of dead workers") || strings.Contains(logs.String(), "[ERROR]") {
+		t.Fatalf("want a line saying what was reclaimed, no ERROR: %s", logs.String())
+	}
+
+	// A failed reclaim changes nothing and is no skip: no guard refused.
+	f.err = errors.New("deadlock detected")
+	if _, err := r.ReclaimDead(context.Background(), []string{"gone"}); err == nil || !strings.Contains(err.Error(), "deadlock detected") {
+		t.Fatalf("failed reclaim: %v, want the error", err)
+	}
+	if testutil.ToFloat64(m.Skipped) != 0 {
+		t.Fatal("a failed reclaim of dead workers counted a skip")
+	}
+	// A broker that cannot reclaim by worker says so.
+	if _, err := New(memory.New(), "me", DefaultSettings(), nil, nil).ReclaimDead(context.Background(), []string{"gone"}); !errors.Is(err, errors.ErrUnsupported) {
+		t.Fatalf("memory broker: %v, want ErrUnsupported", err)
 	}
 }
 

@@ -79,6 +79,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 		offloadSlots = runner.Capacity
 	}
 	pool := worker.NewPool(b, reg, worker.Options{
+		WorkerID:          workerIDFor(capability.Instance()),
 		Roles:             roles,
 		Topics:            topics,
 		Concurrency:       cfg.Workers,
@@ -129,7 +130,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	rt.wg.Go(func() { watchProviders(bg, providers) })
 	if cfg.Reaper.Enabled {
 		rt.wg.Go(func() {
-			reclaimDeadNeighbours(bg, b, rp, pool.WorkerID(), cfg.Reaper.Grace,
+			recoverPredecessors(bg, b, rp, pool.WorkerID(), capability.EndedInstances(), cfg.Reaper.Grace,
 				fastReclaimWindow(cfg.HeartbeatInterval, cfg.Reaper.After), p.log.Named("reaper"))
 		})
 	}
