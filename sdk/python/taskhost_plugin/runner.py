@@ -330,6 +330,11 @@ class Runner:
         att.owner.finish(att, ev)
 
     def ended(self, att):
+        if att.cancelled_at is None:
+            # Not cancelled (an overrun comes only after a cancel, and the
+            # check of one sees this ended).
+            att.ended = True
+            return
         with self.lock:
             att.ended = True
             overran = att.overran
