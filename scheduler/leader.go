@@ -23,7 +23,10 @@ type LeaderOptions struct {
 	// TTL is how long a lease lasts without renewal: a standby takes over
 	// within it after the leader dies. Default 15s.
 	TTL time.Duration
-	// Renew is how often the lease is renewed or tried; default TTL/3.
+	// Renew is how often the lease is renewed or tried; default (and at
+	// most) TTL/3. A term's work stops half a renewal period before the
+	// lease could run out (see run), so with TTL/3 one renewal may fail
+	// and the next still keep the term.
 	Renew time.Duration
 	// OnElected runs (in its own goroutine) when this process becomes the
 	// leader; its context is cancelled when leadership is lost or the
@@ -45,10 +48,11 @@ type Leader struct {
 	started bool
 	stopped bool
 
-	// validUntil is when the lease runs out by this process's clock: the
-	// time its last successful renewal was sent, plus the TTL. A leader
-	// that was paused past it (SIGSTOP, a VM freeze) may no longer lead,
-	// and must not say it does before its loop has noticed.
+	// validUntil is when this process stops leading unless a renewal
+	// lands first: the time its last successful renewal was sent, plus
+	// the TTL, less the margin (see run). A leader that was paused past it
+	// (SIGSTOP, a VM freeze) may no longer lead, and must not say it does
+	// before its loop has noticed.
 	validUntil time.Time
 }
 
@@ -60,7 +64,7 @@ func NewLeader(leaser broker.Leaser, opts LeaderOptions) *Leader {
 	if opts.TTL <= 0 {
 		opts.TTL = 15 * time.Second
 	}
-	if opts.Renew <= 0 || opts.Renew >= opts.TTL {
+	if opts.Renew <= 0 || opts.Renew > opts.TTL/3 {
 		opts.Renew = opts.TTL / 3
 	}
 	if opts.Logger == nil {
@@ -121,6 +125,18 @@ type term struct {
 	done   chan struct{}
 }
 
+// renewal is the answer of one TryLease.
+type renewal struct {
+	lease broker.Lease
+	held  bool
+	err   error
+}
+
+// margin is how long before the lease can run out a term's work is
+// stopped: half a renewal period, for the work to see its context end and
+// for the timer that ends it to fire late on a loaded machine.
+func (l *Leader) margin() time.Duration { return l.opts.Renew / 2 }
+
 func (l *Leader) run(ctx context.Context) {
 	defer close(l.done)
 	var cur *term
@@ -145,45 +161,92 @@ func (l *Leader) run(ctx context.Context) {
 	}
 	defer endTerm(true)
 
+	// stepDown fires when the lease can no longer be known held: the
+	// last renewal that was answered held was sent at s, and the lease
+	// it wrote lasts the TTL from a moment after s (the store's clock
+	// stamped it once the write arrived), so by this process's monotonic
+	// clock it is certainly held until s+TTL and no later. The work stops
+	// a margin before that, whether or not a renewal is still on its way:
+	// a renewal that hangs must not keep the term going past the lease.
+	stepDown := time.NewTimer(time.Hour)
+	stepDown.Stop()
+	defer stepDown.Stop()
+	var deadline time.Time // while cur != nil: when stepDown fires
+	lose := func() {
+		term := cur.fence.Term
+		l.log.Error("leadership lost: the lease could not be renewed in time", "lease", l.opts.Name, "term", term,
+			"lease_left", time.Until(deadline.Add(l.margin())).Round(time.Millisecond).String())
+		stopping := time.Now()
+		endTerm(false)
+		if took := time.Since(stopping); took > l.margin() {
+			l.log.Warn("the term's work took long to stop", "lease", l.opts.Name, "term", term, "took", took.Round(time.Millisecond).String())
+		}
+	}
+	// stepping is stepDown's channel while a term runs, nil otherwise.
+	stepping := func() <-chan time.Time {
+		if cur == nil {
+			return nil
+		}
+		return stepDown.C
+	}
+
 	t := time.NewTicker(l.opts.Renew)
 	defer t.Stop()
-	lastRenew := time.Time{}
 	for {
 		sent := time.Now()
-		// A renewal that has not answered within a lease's length is given
-		// up (a connection that hangs must not hold the campaign; the
-		// lease would be over anyway), and the next goes out on a fresh
-		// connection. Not shorter: a renewal waits, rightly, for this
-		// leader's own fenced transaction (a reaper pass, a schedule
-		// fire) that holds the lease row, and must not depose it.
-		tctx, tcancel := context.WithTimeout(ctx, l.opts.TTL)
-		lease, held, err := l.leaser.TryLease(tctx, l.opts.Name, l.opts.Holder, l.opts.TTL)
-		tcancel()
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return
-		case err != nil:
-			l.log.Warn("lease renewal failed", "lease", l.opts.Name, "error", err)
-			// Without a renewal the lease runs out: stop acting as leader
-			// before it can, so two leaders never act at once.
-			if cur != nil && time.Since(lastRenew) > l.opts.TTL-l.opts.Renew {
-				l.log.Error("leadership lost: the lease could not be renewed in time", "term", cur.fence.Term)
-				endTerm(false)
+		answer := make(chan renewal, 1)
+		go func() {
+			// A renewal that has not answered within a lease's length is
+			// given up (a connection that hangs must not hold the
+			// campaign; the lease would be over anyway), and the next goes
+			// out on a fresh connection. Not shorter: a renewal waits,
+			// rightly, for this leader's own fenced transaction (a reaper
+			// pass, a schedule fire) that holds the lease row, and must not
+			// depose it. The term does not wait for it: stepDown ends the
+			// term at its deadline meanwhile.
+			tctx, tcancel := context.WithTimeout(ctx, l.opts.TTL)
+			defer tcancel()
+			lease, held, err := l.leaser.TryLease(tctx, l.opts.Name, l.opts.Holder, l.opts.TTL)
+			answer <- renewal{lease, held, err}
+		}()
+		var r renewal
+	waiting:
+		for {
+			select {
+			case r = <-answer:
+				break waiting
+			case <-stepping():
+				lose()
 			}
-		case held && cur != nil && lease.Term == cur.fence.Term:
-			lastRenew = time.Now()
+		}
+		// A renewal answered held lets the term go on until this
+		// deadline; one answered that late is no renewal at all (a term
+		// running ends at its deadline, which has passed).
+		renewed := sent.Add(l.opts.TTL - l.margin())
+		late := r.err == nil && r.held && !time.Now().Before(renewed)
+		switch {
+		case r.err != nil && ctx.Err() != nil:
+			return
+		case r.err != nil:
+			l.log.Warn("lease renewal failed", "lease", l.opts.Name, "error", r.err)
+		case late:
+			l.log.Warn("a lease renewal answered too late to act on", "lease", l.opts.Name, "took", time.Since(sent).Round(time.Millisecond).String())
+		case r.held && cur != nil && r.lease.Term == cur.fence.Term:
+			deadline = renewed
+			stepDown.Reset(time.Until(deadline))
 			l.mu.Lock()
-			l.validUntil = sent.Add(l.opts.TTL)
+			l.validUntil = deadline
 			l.mu.Unlock()
-		case held:
+		case r.held:
 			endTerm(false)
-			lastRenew = time.Now()
-			cur = &term{fence: broker.Fence{Name: l.opts.Name, Holder: l.opts.Holder, Term: lease.Term}, done: make(chan struct{})}
-			l.log.Info("elected leader", "lease", l.opts.Name, "term", lease.Term)
+			cur = &term{fence: broker.Fence{Name: l.opts.Name, Holder: l.opts.Holder, Term: r.lease.Term}, done: make(chan struct{})}
+			l.log.Info("elected leader", "lease", l.opts.Name, "term", r.lease.Term)
 			fence := cur.fence
+			deadline = renewed
+			stepDown.Reset(time.Until(deadline))
 			l.mu.Lock()
 			l.current = &fence
-			l.validUntil = sent.Add(l.opts.TTL)
+			l.validUntil = deadline
 			l.mu.Unlock()
 			var termCtx context.Context
 			termCtx, cur.cancel = context.WithCancel(ctx)
@@ -195,14 +258,20 @@ func (l *Leader) run(ctx context.Context) {
 			}(termCtx, fence, cur.done)
 		default:
 			if cur != nil {
-				l.log.Warn("leadership lost to another process", "lease", l.opts.Name, "holder", lease.Holder, "term", lease.Term)
+				l.log.Warn("leadership lost to another process", "lease", l.opts.Name, "holder", r.lease.Holder, "term", r.lease.Term)
 				endTerm(false)
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	next:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				break next
+			case <-stepping():
+				lose()
+			}
 		}
 	}
 }
