@@ -110,6 +110,41 @@ func (b *Broker) OutboxAddQueued(ctx context.Context, topic string, age time.Dur
 	return int(n), err
 }
 
+// QueuedOutside: see sqlstore.External. The inner query walks the
+// partial index tw_messages_claim (topic, priority DESC, available_at, id)
+// and stops after limit entries; the outer one tells those available
+// since before the cutoff that have no outbox entry (a primary-key probe
+// each).
+func (b *Broker) QueuedOutside(ctx context.Context, topic string, age time.Duration, limit int) (ids []int64, read int, err error) {
+	err = b.read(ctx, "queued outside", func(tx *txn, now time.Time) error {
+		rows, err := tx.Query(`SELECT q.id, q.available_at <= ? AND NOT EXISTS (SELECT 1 FROM tw_amqp_outbox o WHERE o.message_id = q.id)
+			FROM (SELECT id, priority, available_at FROM tw_messages
+				WHERE topic = ? AND state = 'queued'
+				ORDER BY priority DESC, available_at, id LIMIT ?) q
+			ORDER BY q.priority DESC, q.available_at, q.id`, addNS(now, -age), topic, limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		ids, read = ids[:0], 0
+		for rows.Next() {
+			var (
+				id      int64
+				outside bool
+			)
+			if err := rows.Scan(&id, &outside); err != nil {
+				return err
+			}
+			read++
+			if outside {
+				ids = append(ids, id)
+			}
+		}
+		return rows.Err()
+	})
+	return ids, read, err
+}
+
 // OutboxDue: see sqlstore.External.
 func (b *Broker) OutboxDue(ctx context.Context, lease time.Duration, limit int, arm int64) ([]sqlstore.OutboxEntry, error) {
 	var out []sqlstore.OutboxEntry

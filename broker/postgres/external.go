@@ -76,6 +76,38 @@ func (b *Broker) OutboxAddQueued(ctx context.Context, topic string, age time.Dur
 	return int(n), err
 }
 
+// QueuedOutside: see sqlstore.External. The inner query walks the
+// partial index tw_messages_queued (topic, -priority, available_at, id)
+// and stops after $2 entries; the outer one tells those available since
+// before the cutoff that have no outbox entry (a primary-key probe each).
+func (b *Broker) QueuedOutside(ctx context.Context, topic string, age time.Duration, limit int) (ids []int64, read int, err error) {
+	err = b.run(ctx, "queued outside", func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, `SELECT q.id, q.available_at <= now() - $3 * interval '1 microsecond'
+				AND NOT EXISTS (SELECT 1 FROM tw_amqp_outbox o WHERE o.message_id = q.id)
+			FROM (SELECT id, priority, available_at FROM tw_messages
+				WHERE topic = $1 AND state = 'queued'
+				ORDER BY -priority, available_at, id LIMIT $2) q
+			ORDER BY -q.priority, q.available_at, q.id`, topic, limit, micros(age))
+		if err != nil {
+			return err
+		}
+		ids, read = ids[:0], 0
+		var (
+			id      int64
+			outside bool
+		)
+		_, err = pgx.ForEachRow(rows, []any{&id, &outside}, func() error {
+			read++
+			if outside {
+				ids = append(ids, id)
+			}
+			return nil
+		})
+		return err
+	})
+	return ids, read, err
+}
+
 // outboxDueSQL takes the due entries ($1 at most) that no other process
 // is taking: entries of ended or missing messages are deleted, those of
 // queued messages not available yet move to when they are, the others

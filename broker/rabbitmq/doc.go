@@ -112,9 +112,8 @@
 // the reaper's reclaim, due a publish lease after. So a process that dies
 // between such a commit and its publish loses no message: the publisher
 // loop of any process publishes it. A topic queue found empty at its
-// first declaration in a process gets the topic's queued messages older
-// than a publish lease published again, in case its messages were lost
-// while no broker ran (a duplicate is dropped by its take).
+// first declaration in a process is looked at by the reconcile at once
+// (see Faults), in case its messages were lost while no broker ran.
 //
 // # Announcements
 //
@@ -171,6 +170,24 @@
 // again. A reconnect that finds the prefix taken by another store (its
 // marker queue was deleted meanwhile) is refused like a start: the broker
 // stays disconnected, Health says why, and it tries again with backoff.
+//
+// A topic queue that lost messages but not itself (purged by an operator,
+// rabbitmqctl purge_queue; messages lost by RabbitMQ) is found by the
+// reconcile (reconcile.go): each process compares the ready count of each
+// topic queue it uses with the topic's rows that RabbitMQ should hold
+// (queued, available, published and confirmed), every 30 seconds and
+// within seconds of its claims finding the queue empty after deliveries,
+// reading at most as many rows as the queue holds and 5,000 more. A topic
+// short at every look for a publish lease has its missing rows, the
+// oldest first and up to 5,000 a look, put in the outbox again by the one
+// process that holds the topic's reconcile lease in the state store;
+// Options.Republished counts them, a WARN names the topic and the counts,
+// and Missing says how many the last looks found missing. What the count
+// cannot see (deliveries on their way to a take, publishes being
+// confirmed, delayed messages, running ones) is told apart by the settle
+// between the count and the rows, by the outbox entries, and by the hold:
+// a healthy topic has nothing republished. A republished row that was in
+// the queue after all is a duplicate, which its take drops.
 //
 // # Priorities
 //

@@ -158,7 +158,14 @@ func (b *Broker) fetchTopic(ctx context.Context, s *session, topic string, k int
 			return nil, err
 		}
 		if !ok {
+			if len(out) == 0 && drops == 0 {
+				// Empty: after deliveries, the reconcile looks at it.
+				b.recon.fetched(topic, false)
+			}
 			break
+		}
+		if len(out) == 0 && drops == 0 {
+			b.recon.fetched(topic, true)
 		}
 		keep(d)
 		ready := min(k-len(out), int(d.MessageCount))

@@ -54,9 +54,18 @@ type Options struct {
 	// topic's rejected queue, with why (RejectedNotATask,
 	// RejectedOtherStore): for a counter.
 	Rejected func(reason string)
+	// Republished, when set, is called with n queued messages the broker
+	// published again because their topic queue had lost them (a purge,
+	// a loss in RabbitMQ), with why (RepublishedMissing): for a counter.
+	// See reconcile.go.
+	Republished func(reason string, n int)
 
-	// rebindEvery, for tests, replaces the package's rebindEvery.
-	rebindEvery time.Duration
+	// rebindEvery, for tests, replaces the package's rebindEvery; the
+	// others replace reconcileEvery, reconcileIdle, the reconcile's hold
+	// (a publish lease) and reconcileBatch.
+	rebindEvery                                  time.Duration
+	reconcileEvery, reconcileIdle, reconcileHold time.Duration
+	reconcileBatch                               int
 }
 
 // StateStore is what the broker needs of its state store: a whole Broker
@@ -100,6 +109,7 @@ type Broker struct {
 	kick   chan struct{}
 
 	held    heldDeliveries
+	recon   *reconciler
 	notices notices
 	done    publishedEntries
 	rr      atomic.Uint64 // rotates the first topic of claims
@@ -149,6 +159,9 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	if o.Rejected == nil {
 		o.Rejected = func(string) {}
 	}
+	if o.Republished == nil {
+		o.Republished = func(string, int) {}
+	}
 	storeID, err := o.State.StoreID(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq broker: state store: reading its id: %w", err)
@@ -172,6 +185,7 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	}
 	b.held.m = make(map[string]delivery)
 	b.done.kick = make(chan struct{}, 1)
+	b.recon = newReconciler(b)
 	// The session claims the prefix for the store first: a store refused
 	// is left as it was.
 	s, err := b.dial(ctx)
@@ -188,13 +202,23 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 	}
 	b.sess = s
 	b.ctx, b.stop = context.WithCancel(context.Background())
-	b.wg.Add(4)
+	b.wg.Add(5)
 	go b.reconnectLoop(s)
 	go b.publishLoop()
 	go b.doneLoop()
 	go b.deadLoop()
+	go func() {
+		defer b.wg.Done()
+		b.recon.loop(b.ctx)
+	}()
 	return b, nil
 }
+
+// Missing is how many queued messages the topic queues lacked at this
+// process's last look at each topic it uses (see reconcile.go): 0 while
+// they hold what the state store has queued, more for a while after a
+// purge, until the reconcile has published them again.
+func (b *Broker) Missing() int { return b.recon.missing() }
 
 // Kind returns "rabbitmq".
 func (b *Broker) Kind() string { return "rabbitmq" }

@@ -117,16 +117,6 @@ func (s *session) declare(topic string) error {
 	if err != nil {
 		return fmt.Errorf("declare queue %s: %w", n.topic(topic), err)
 	}
-	if q.Messages == 0 {
-		// An empty queue may have lost its messages (deleted or purged
-		// while no broker ran): the topic's queued messages older than a
-		// publish lease (a younger one is being published by its
-		// submitter) are published again; those still in it are dropped
-		// as duplicates.
-		if n, err := s.b.state.OutboxAddQueued(context.Background(), topic, publishLease); err == nil && n > 0 {
-			s.b.kickPublisher()
-		}
-	}
 	if _, err := ch.QueueDeclare(n.dead(topic), true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 		return fmt.Errorf("declare queue %s: %w", n.dead(topic), err)
 	}
@@ -138,6 +128,11 @@ func (s *session) declare(topic string) error {
 	s.mu.Lock()
 	s.declared[topic] = true
 	s.mu.Unlock()
+	if q.Messages == 0 {
+		// An empty queue may have lost its messages (purged, or lost by
+		// RabbitMQ while no broker ran): the reconcile looks at it now.
+		s.b.recon.soon(topic)
+	}
 	return nil
 }
 

@@ -42,6 +42,15 @@ type External interface {
 	// it is already), armed by no one (arm 0: the publisher loop's), and
 	// counts them: for a topic whose messages outside were lost.
 	OutboxAddQueued(ctx context.Context, topic string, age time.Duration) (int, error)
+	// QueuedOutside reads up to limit queued rows of topic, in the order
+	// of its queued index (priority, then availability, then id), and
+	// returns the ids of those that should be outside the store now, in
+	// that order: available for at least age, and without an outbox entry
+	// (their publish was confirmed, or they are not due yet); and how many
+	// rows it read. A look costs what it may return, however long the
+	// queue. Within a priority the available rows come first; rows passed
+	// over (delayed, or with an entry) count toward limit.
+	QueuedOutside(ctx context.Context, topic string, age time.Duration, limit int) (ids []int64, read int, err error)
 	// OutboxDue takes up to limit outbox entries that are due: entries of
 	// available queued messages move lease ahead with arm (so that no
 	// other process takes them meanwhile) and are returned, to publish;
