@@ -295,13 +295,19 @@ var (
 	droppedRe = regexp.MustCompile(`task reports not stored:.* reports=(\d+)`)
 	// hclog writes a line's fields in any order.
 	electedRe = regexp.MustCompile(`^(\S+) .*elected leader:.* term=(\d+)`)
-	endedRe   = regexp.MustCompile(`^(\S+) .*leadership lost: the lease could not be renewed in time:.* term=(\d+)`)
+	// A leader steps down at its renewal deadline, before its lease can
+	// run out ("could not be renewed in time"), or late, on finding
+	// another holder ("to another process"; the line's term is its own).
+	endedRe = regexp.MustCompile(`^(\S+) .*leadership lost(?:: the lease could not be renewed in time| to another process):.* term=(\d+)`)
+	// How long a deposed leader's work took to return once told to stop.
+	stoppedRe = regexp.MustCompile(`the term's work stopped:.* took=(\S+)`)
 )
 
 // termsFromLogs reads every "elected leader" and "leadership lost" line of
-// the hosts' logs: the hosts elected at each term, and when each term
-// began and ended.
-func termsFromLogs(hs []*host) (elected map[int64][]string, began, ended map[int64]time.Time) {
+// the hosts' logs: the hosts elected at each term, when each term first
+// began and when it last ended, and the longest a deposed leader's work
+// took to stop.
+func termsFromLogs(hs []*host) (elected map[int64][]string, began, ended map[int64]time.Time, stopTook time.Duration) {
 	elected, began, ended = map[int64][]string{}, map[int64]time.Time{}, map[int64]time.Time{}
 	for _, h := range hs {
 		b, err := os.ReadFile(h.logPath)
@@ -309,6 +315,11 @@ func termsFromLogs(hs []*host) (elected map[int64][]string, began, ended map[int
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n") {
+			if m := stoppedRe.FindStringSubmatch(line); m != nil {
+				if d, err := time.ParseDuration(m[1]); err == nil {
+					stopTook = max(stopTook, d)
+				}
+			}
 			for _, x := range []struct {
 				re *regexp.Regexp
 				at map[int64]time.Time
@@ -322,17 +333,21 @@ func termsFromLogs(hs []*host) (elected map[int64][]string, began, ended map[int
 				if err != nil || err2 != nil {
 					continue
 				}
-				x.at[term] = at
 				// A leader that stepped down (a renewal failed) and renews
 				// its own unexpired lease leads again at the same term:
-				// one host per term is the rule.
+				// one host per term is the rule, and the term began when
+				// it was first elected and ended when it last stepped down.
+				prev, seen := x.at[term]
+				if !seen || (x.re == electedRe && at.Before(prev)) || (x.re == endedRe && at.After(prev)) {
+					x.at[term] = at
+				}
 				if x.re == electedRe && !slices.Contains(elected[term], h.name) {
 					elected[term] = append(elected[term], h.name)
 				}
 			}
 		}
 	}
-	return elected, began, ended
+	return elected, began, ended, stopTook
 }
 
 // ---- the invariants, at the end ----
@@ -352,13 +367,23 @@ type figures struct {
 	dropped      int // reports the hosts' report writers said they did not store (their logs)
 	maxRunning   int
 	terms        int
-	overlap      time.Duration // longest time a term's beat went on after a later term began (its writes fenced)
-	extra        []string
+	// overlap is, over every term that stepped down and every later term,
+	// the latest its step-down came after the later term began: negative
+	// when each deposed leader stopped before another led (overlapSeen
+	// false when no term stepped down before a later one).
+	overlap     time.Duration
+	overlapSeen bool
+	stopTook    time.Duration // longest a deposed leader's work took to return once told to stop
+	extra       []string
 }
 
 func (f figures) String() string {
-	s := fmt.Sprintf("CHAOS %s: tasks=%d recover=%s (%s) lost=%d doubled=%d stale_success=%d lost_reports=%d done_without_report=%d unaccounted_attempts=%d reports_dropped=%d max_running_lim=%d/%d terms=%d beat_term_overlap=%s",
-		f.scenario, f.tasks, f.recover.Round(10*time.Millisecond), f.recoverWhat, f.lost, f.doubled, f.staleSuccess, f.lostReports, f.noReport, f.unaccounted, f.dropped, f.maxRunning, topicLimit, f.terms, f.overlap.Round(time.Millisecond))
+	overlap := "none"
+	if f.overlapSeen {
+		overlap = f.overlap.Round(time.Millisecond).String()
+	}
+	s := fmt.Sprintf("CHAOS %s: tasks=%d recover=%s (%s) lost=%d doubled=%d stale_success=%d lost_reports=%d done_without_report=%d unaccounted_attempts=%d reports_dropped=%d max_running_lim=%d/%d terms=%d beat_term_overlap=%s beat_stop_took=%s",
+		f.scenario, f.tasks, f.recover.Round(10*time.Millisecond), f.recoverWhat, f.lost, f.doubled, f.staleSuccess, f.lostReports, f.noReport, f.unaccounted, f.dropped, f.maxRunning, topicLimit, f.terms, overlap, f.stopTook.Round(time.Millisecond))
 	if len(f.extra) > 0 {
 		s += " " + strings.Join(f.extra, " ")
 	}
@@ -449,20 +474,30 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 			}
 		}
 	}
-	elected, began, ended := termsFromLogs(hs)
+	elected, began, ended, stopTook := termsFromLogs(hs)
+	f.stopTook = stopTook
 	var twice []string
 	for term, by := range elected {
 		if len(by) > 1 {
 			twice = append(twice, fmt.Sprintf("term %d elected on %v", term, by))
 		}
 	}
+	var overlapping []string
 	for term, end := range ended {
 		for later, start := range began {
-			if later > term && end.Sub(start) > f.overlap {
-				f.overlap = end.Sub(start)
+			if later <= term {
+				continue
+			}
+			if d := end.Sub(start); !f.overlapSeen || d > f.overlap {
+				f.overlap, f.overlapSeen = d, true
+			}
+			if !end.Before(start) {
+				overlapping = append(overlapping, fmt.Sprintf("term %d stepped down at %s, %s after term %d began",
+					term, end.Format("15:04:05.000"), end.Sub(start).Round(time.Millisecond), later))
 			}
 		}
 	}
+	sort.Strings(overlapping)
 	f.tasks = len(ids)
 	type final struct {
 		state, claimedBy string
@@ -589,6 +624,9 @@ func check(t *testing.T, hs []*host, c *pgx.Conn, ids []int64, s *sampler, f *fi
 	}
 	if len(twice) > 0 {
 		t.Errorf("a term with two leaders (hosts' logs): %v", twice)
+	}
+	if len(overlapping) > 0 {
+		t.Errorf("a deposed leader's beat went on after a later term began (it must stop before its lease can be taken; hosts' logs): %v", overlapping)
 	}
 	if terms == 0 {
 		t.Errorf("no host ever said it leads the beat")
