@@ -43,6 +43,10 @@ var publicNames = []string{
 	"fp_tasks_worker_fastpluggy_broker_messages_running_total",
 	"fp_tasks_worker_fastpluggy_broker_beats",
 	"fp_tasks_worker_fastpluggy_broker_oldest_running_claim_seconds",
+	// tasks_worker: the rabbitmq broker's reconcile of its topic queues
+	// (0 on the other brokers).
+	"fp_tasks_worker_fastpluggy_broker_messages_missing",
+	"fp_tasks_worker_fastpluggy_broker_messages_republished_total",
 	// tasks_worker: reaper counters.
 	"fp_tasks_worker_fastpluggy_broker_orphans_reclaimed_total",
 	"fp_tasks_worker_fastpluggy_broker_orphans_dead_lettered_total",
@@ -175,10 +179,12 @@ func promtool(t *testing.T, args ...string) string {
 // ruleCount is how many alert rules the rules file holds: the five the
 // specification names, FastpluggyTaskReportsDropped,
 // FastpluggyTopicUnserved, FastpluggyWorkerHeartbeatFailing,
-// FastpluggyTopicPausedWithQueue, FastpluggyScheduleWaitingForWorker, and
-// the two informational ones of the orphan-recovery specification's watch
-// list, FastpluggyOrphansReclaimed and FastpluggyOrphansDeadLettered.
-const ruleCount = 12
+// FastpluggyTopicPausedWithQueue, FastpluggyScheduleWaitingForWorker,
+// FastpluggyQueuedTasksRepublished and FastpluggyQueuedTasksMissing (the
+// rabbitmq broker's topic queues), and the two informational ones of the
+// orphan-recovery specification's watch list, FastpluggyOrphansReclaimed
+// and FastpluggyOrphansDeadLettered.
+const ruleCount = 14
 
 func TestAlertRules(t *testing.T) {
 	out := promtool(t, "check", "rules", rulesFile)

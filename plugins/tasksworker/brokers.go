@@ -22,12 +22,19 @@ import (
 // LocalDBFile is the local broker's database file inside data_dir.
 const LocalDBFile = "taskhost.db"
 
+// brokerEvents counts what the rabbitmq broker reports for the plugin's
+// series: the deliveries it moves aside (rabbitmq.Options.Rejected) and
+// the messages it publishes again (rabbitmq.Options.Republished), by
+// reason.
+type brokerEvents interface {
+	Rejected(reason string)
+	Republished(reason string, n int)
+}
+
 // openBroker is the one place that maps the broker setting to an
 // implementation. It checks everything it can before the caller stops the
 // running broker, and returns the function that opens the new one.
-// rejected counts the deliveries the rabbitmq broker moves aside, by
-// reason (see rabbitmq.Options.Rejected).
-func openBroker(cfg Config, log hclog.Logger, rejected func(reason string)) (func(ctx context.Context) (broker.Broker, error), error) {
+func openBroker(cfg Config, log hclog.Logger, events brokerEvents) (func(ctx context.Context) (broker.Broker, error), error) {
 	switch cfg.Broker {
 	case "memory":
 		return func(context.Context) (broker.Broker, error) { return memory.New(), nil }, nil
@@ -36,7 +43,7 @@ func openBroker(cfg Config, log hclog.Logger, rejected func(reason string)) (fun
 	case "postgres":
 		return func(ctx context.Context) (broker.Broker, error) { return openPostgres(ctx, cfg, log) }, nil
 	case "rabbitmq":
-		return func(ctx context.Context) (broker.Broker, error) { return openRabbitMQ(ctx, cfg, log, rejected) }, nil
+		return func(ctx context.Context) (broker.Broker, error) { return openRabbitMQ(ctx, cfg, log, events) }, nil
 	}
 	return nil, invalid("broker", "unknown broker %q; use one of %s", cfg.Broker, strings.Join(brokerKinds, ", "))
 }
@@ -65,7 +72,7 @@ func openPostgres(ctx context.Context, cfg Config, log hclog.Logger) (*postgres.
 // openRabbitMQ opens the state store the config names (the local or the
 // postgres store, with the same settings as that broker), then the
 // rabbitmq broker over it; the broker closes the store.
-func openRabbitMQ(ctx context.Context, cfg Config, log hclog.Logger, rejected func(reason string)) (broker.Broker, error) {
+func openRabbitMQ(ctx context.Context, cfg Config, log hclog.Logger, events brokerEvents) (broker.Broker, error) {
 	var state rabbitmq.StateStore
 	var err error
 	switch cfg.StateStore {
@@ -85,7 +92,8 @@ func openRabbitMQ(ctx context.Context, cfg Config, log hclog.Logger, rejected fu
 		DeliveryLimit: cfg.Reaper.MaxAttempts,
 		MaxPayload:    cfg.MaxPayloadBytes,
 		Logger:        log.Named("rabbitmq"),
-		Rejected:      rejected,
+		Rejected:      events.Rejected,
+		Republished:   events.Republished,
 	})
 	if err != nil {
 		_ = state.Close()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -177,5 +178,56 @@ func TestRejectedDeliveriesAreCounted(t *testing.T) {
 			t.Fatalf("deliveries rejected: other_store %v, not_a_task %v; want 1 each", other, notTask)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPurgedTasksAreRepublishedAndCounted: tasks whose messages an
+// operator purged from their topic queue (here while the topic was
+// paused) run once the broker has found them missing, and the plugin's
+// series say so: fastpluggy_broker_messages_missing while they are
+// missing, fastpluggy_broker_messages_republished_total{reason="missing"}
+// once they are published again.
+func TestPurgedTasksAreRepublishedAndCounted(t *testing.T) {
+	const n = 20
+	prefix := testrabbit.Prefix()
+	cfg := rabbitConfig(t, prefix)
+	cfg["topics"] = map[string]any{"held": map[string]any{"paused": true}}
+	f, _ := startRabbit(t, cfg)
+	var ids []string
+	for range n {
+		ids = append(ids, f.submit(`{"task": "demo.echo", "topic": "held"}`))
+	}
+	ch, err := testrabbit.Connect(t).Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if purged, err := ch.QueuePurge(prefix+".t.held", false); err != nil || purged != n {
+		t.Fatalf("purge = %d, %v; want the %d messages of the paused topic", purged, err, n)
+	}
+	if res := f.do("PUT", "/api/topics/held", `{"paused": false}`); res.status != http.StatusOK {
+		t.Fatalf("resume: %d %s", res.status, res.body)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	sawMissing := 0.0
+	for {
+		fams := f.scrape()
+		sawMissing = max(sawMissing, value(fams, "fastpluggy_broker_messages_missing"))
+		if value(fams, "fastpluggy_broker_messages_republished_total", "reason", rabbitmq.RepublishedMissing) == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("republished %v of the %d purged messages within 90 s; missing %v",
+				value(fams, "fastpluggy_broker_messages_republished_total", "reason", rabbitmq.RepublishedMissing), n,
+				value(fams, "fastpluggy_broker_messages_missing"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if sawMissing != n {
+		t.Errorf("fastpluggy_broker_messages_missing reached %v before the republish, want %d", sawMissing, n)
+	}
+	for _, id := range ids {
+		if task := f.waitState(id, "done"); task["attempts"] != 1.0 {
+			t.Errorf("task %s ran %v times, want once", id, task["attempts"])
+		}
 	}
 }

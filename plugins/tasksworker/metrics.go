@@ -38,7 +38,7 @@ type telemetry struct {
 	duration                              *prometheus.HistogramVec
 	reportsDropped                        prometheus.Counter
 	straysRequeued                        prometheus.Counter
-	rejected                              *prometheus.CounterVec
+	rejected, republished                 *prometheus.CounterVec
 }
 
 var _ worker.Observer = (*telemetry)(nil)
@@ -50,7 +50,10 @@ const statusCancelled = broker.StateCancelled
 // durationBuckets run from 1ms to about 70 minutes, by factors of 4.
 var durationBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
 
-func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), lastBeat func() (time.Time, bool), log hclog.Logger) *telemetry {
+// newTelemetry builds the registry: stats and lastBeat are read at each
+// scrape, and so is missing (the messages the rabbitmq broker's topic
+// queues lacked at its last looks).
+func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), lastBeat func() (time.Time, bool), missing func() int, log hclog.Logger) *telemetry {
 	t := &telemetry{
 		reg: prometheus.NewRegistry(),
 		submitted: prometheus.NewCounter(prometheus.CounterOpts{
@@ -108,17 +111,31 @@ func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), l
 				"other_store, a task of another state store on this amqp_prefix, which waits in that store (give each state store its own amqp_prefix); " +
 				"not_a_task, a message the broker did not publish. Always 0 on the other brokers, which take no deliveries.",
 		}, []string{"reason"}),
+		republished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fastpluggy_broker_messages_republished_total",
+			Help: "Queued messages the rabbitmq broker of this process published again because their topic queue had lost them, since it started, by reason: " +
+				"missing, the topic queue held fewer messages than the state store's queued rows it should hold, at every look for a publish lease " +
+				"(purged by an operator, or lost by RabbitMQ); the oldest were published again. Always 0 on the other brokers, whose queue is the store.",
+		}, []string{"reason"}),
 	}
-	// Both reasons are there from the start, at 0, so that an increase
-	// is seen from the first one.
+	// Every reason is there from the start, at 0, so that an increase is
+	// seen from the first one.
 	for _, r := range []string{rabbitmq.RejectedOtherStore, rabbitmq.RejectedNotATask} {
 		t.rejected.WithLabelValues(r)
 	}
+	t.republished.WithLabelValues(rabbitmq.RepublishedMissing)
+	missingGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "fastpluggy_broker_messages_missing",
+		Help: "Queued messages (available, and published) that the topic queues in RabbitMQ lacked at this process's last look at each topic it uses: " +
+			"0 while they hold what the state store has queued; above 0 after a purge or a loss in RabbitMQ until the broker has published them again, " +
+			"which it does once a topic has been short for a publish lease (fastpluggy_broker_messages_republished_total). Always 0 on the other brokers.",
+	}, func() float64 { return float64(missing()) })
 	t.reg.MustRegister(
 		t.submitted, t.completed, t.failed,
 		t.submittedPer, t.completedPer, t.failedPer,
 		t.cancelled, t.cancelledPer,
 		t.running, t.duration, t.reportsDropped, t.straysRequeued, t.rejected,
+		t.republished, missingGauge,
 		&brokerCollector{stats: stats, log: log},
 		heartbeatCollector(lastBeat),
 		collectors.NewGoCollector(),
@@ -136,6 +153,12 @@ func (t *telemetry) Submitted(topic string) {
 // Rejected counts one delivery the rabbitmq broker moved to its topic's
 // rejected queue, by reason (rabbitmq.Options.Rejected).
 func (t *telemetry) Rejected(reason string) { t.rejected.WithLabelValues(reason).Inc() }
+
+// Republished counts n messages the rabbitmq broker published again, by
+// reason (rabbitmq.Options.Republished).
+func (t *telemetry) Republished(reason string, n int) {
+	t.republished.WithLabelValues(reason).Add(float64(n))
+}
 
 // Cancelled counts n tasks of topic that ended cancelled; an empty topic
 // (not known) counts in the total only.

@@ -37,6 +37,8 @@ var goldenMetrics = map[string]dto.MetricType{
 	"fastpluggy_broker_beats":                        dto.MetricType_GAUGE,
 	"fastpluggy_broker_oldest_running_claim_seconds": dto.MetricType_GAUGE,
 	"fastpluggy_broker_deliveries_rejected_total":    dto.MetricType_COUNTER,
+	"fastpluggy_broker_messages_republished_total":   dto.MetricType_COUNTER,
+	"fastpluggy_broker_messages_missing":             dto.MetricType_GAUGE,
 	"fastpluggy_tasks_submitted_total":               dto.MetricType_COUNTER,
 	"fastpluggy_tasks_completed_total":               dto.MetricType_COUNTER,
 	"fastpluggy_tasks_failed_total":                  dto.MetricType_COUNTER,
@@ -170,6 +172,12 @@ func TestCountersStartAtZeroAndMove(t *testing.T) {
 		if v := value(fams, "fastpluggy_broker_deliveries_rejected_total", "reason", reason); v != 0 {
 			t.Errorf("fastpluggy_broker_deliveries_rejected_total{reason=%q} = %v, want 0 from the start", reason, v)
 		}
+	}
+	if v := value(fams, "fastpluggy_broker_messages_republished_total", "reason", "missing"); v != 0 {
+		t.Errorf(`fastpluggy_broker_messages_republished_total{reason="missing"} = %v, want 0 from the start`, v)
+	}
+	if v := value(fams, "fastpluggy_broker_messages_missing"); v != 0 {
+		t.Errorf("fastpluggy_broker_messages_missing = %v, want 0 on a broker whose queue is its store", v)
 	}
 
 	f.waitState(f.submit(`{"task": "demo.echo"}`), "done")

@@ -58,7 +58,7 @@ func New(logger hclog.Logger) *Plugin {
 		logger = hclog.NewNullLogger()
 	}
 	p := &Plugin{log: logger}
-	p.metrics = newTelemetry(p.stats, p.lastHeartbeat, logger)
+	p.metrics = newTelemetry(p.stats, p.lastHeartbeat, p.missing, logger)
 	p.reaperMetrics = reaper.NewMetrics(p.metrics.reg)
 	p.providerMetrics = newProviderMetrics(p.metrics.reg, func() int {
 		if rt := p.current(); rt != nil {
@@ -110,6 +110,18 @@ func (p *Plugin) stats(ctx context.Context) (broker.Stats, bool, error) {
 	return st, true, err
 }
 
+// missing is how many queued messages the current broker's topic queues
+// lacked at its last looks (the rabbitmq broker's Missing); 0 on the
+// other brokers, whose queue is the store.
+func (p *Plugin) missing() int {
+	if rt := p.current(); rt != nil {
+		if m, ok := rt.broker.(interface{ Missing() int }); ok {
+			return m.Missing()
+		}
+	}
+	return 0
+}
+
 // Describe implements capability.Lifecycle.
 func (p *Plugin) Describe(context.Context) (capability.Description, error) {
 	return capability.Description{
@@ -153,7 +165,7 @@ func (p *Plugin) Configure(ctx context.Context, req capability.ConfigureRequest)
 	if err != nil {
 		return err
 	}
-	open, err := openBroker(cfg, p.log, p.metrics.Rejected)
+	open, err := openBroker(cfg, p.log, p.metrics)
 	if err != nil {
 		return err
 	}
