@@ -90,7 +90,7 @@ func TestOnlyProcessesSeenToEndAreNamedEnded(t *testing.T) {
 	if got := s.endedInstances(); !slices.Equal(got, want) {
 		t.Fatalf("ended instances %v, want the newest %d first: %v", got, capability.MaxEndedInstances, want)
 	}
-	if !capability.ValidInstance(newInstance()) || newInstance() == newInstance() {
+	if a, b := newInstance(), newInstance(); !capability.ValidInstance(a) || a == b {
 		t.Fatal("instance ids are not 16 random hex digits")
 	}
 }
