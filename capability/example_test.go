@@ -66,4 +66,3 @@ func ExampleSubmit() {
 	}
 	_ = run // a TaskProvider's RunTask
 }
-
