@@ -32,17 +32,65 @@ var lockHeld = `(EXISTS (
 			WHERE c.id = ` + claimOf("l.token::text") + ` AND l.message_id = ANY (c.ids)
 				AND (c.key # l.message_id) = ` + keyOf("l.token::text") + `))`
 
+// countsKeptSQL goes before an ack statement in its transaction: it sets
+// taskhost.topic_counts_kept to the schema until the transaction ends,
+// which says that the statements that follow count what they change in
+// tw_topic_counts themselves (ackCounts), so that the update and delete
+// triggers of tw_messages, whose WHEN reads it (migration 025), are not
+// called. That holds because nothing after it in an ack's transaction but
+// the ack (the release of its claims' locks, the claim of an AckAndClaim)
+// updates or deletes a message.
+//
+// Counted in the statement, an ack adds to one row of tw_topic_counts;
+// counted by the triggers, it cost two trigger calls reading transition
+// tables, in the transaction of nearly every claim.
+const countsKeptSQL = `SELECT set_config('taskhost.topic_counts_kept', current_schema(), true)`
+
+// ackCounts is the CTE n of an ack statement: it takes the queued rows the
+// ack ended (those of ended, a CTE of the statement with the columns topic
+// and taken: the row was held by a claim row, so queued) off their topics'
+// counts, in a shard of each topic (countsShard). An ack ends no dead
+// row, and a row made running the old way counts in neither count.
+func ackCounts(ended string) string {
+	return `n AS (
+		INSERT INTO tw_topic_counts AS c (topic, shard, queued, dead)
+		SELECT e.topic, ` + countsShard("e.topic") + `, -count(*), 0 FROM ` + ended + ` e WHERE e.taken GROUP BY e.topic
+		ON CONFLICT (topic, shard) DO UPDATE SET queued = c.queued + excluded.queued
+	)`
+}
+
+// countsShard is the SQL expression of the shard of tw_topic_counts a
+// statement adds the changes of topic (an expression) to, and locks until
+// its transaction ends: the first of the 16, from the connection's own,
+// whose lock it gets without waiting, else the connection's own, waiting
+// for it. The locks are tw_topic_counts_add's (migration 025), which the
+// triggers call: countsLock.
+func countsShard(topic string) string {
+	return `coalesce(
+			(SELECT (pg_backend_pid() + g) % 16 FROM generate_series(0, 15) g
+				WHERE pg_try_advisory_xact_lock(` + countsLock(topic, "(pg_backend_pid() + g) % 16") + `) LIMIT 1),
+			(SELECT pg_backend_pid() % 16 FROM pg_advisory_xact_lock(` + countsLock(topic, "pg_backend_pid() % 16") + `)))`
+}
+
+// countsLock is the key of the advisory lock of a shard of topic's counts
+// (expressions), as tw_topic_counts_add takes it.
+func countsLock(topic, shard string) string {
+	return `hashtextextended('taskhost topic counts ' || current_schema() || ' ' || ` + topic + `, ` + shard + `)`
+}
+
 // ackSQL marks done the messages whose claims are in the arrays $1 ids
 // and $2 tokens (their claim rows and keys $5 and $6: takeCTEs), storing
 // the results $3, and returns the ordinals $4 of the outcomes it applied,
-// with their messages' topics.
-var ackSQL = `WITH ` + takeCTEs("$1", "$5", "$6") + `
+// with their messages' topics (ackCounts counts them).
+var ackSQL = `WITH ` + takeCTEs("$1", "$5", "$6") + `, a AS (
 	UPDATE tw_messages m
 	SET state = 'done', finished_at = now(), result = u.res::jsonb, token = NULL, ` + heldSet + `
 	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint[]) AS u(id, tok, res, ord, cid, ckey)
 		LEFT JOIN ` + hJoin("u") + `
 	WHERE m.id = ANY ($1::bigint[]) AND m.id = u.id AND ` + heldBy("u.tok") + `
-	RETURNING u.ord, m.topic`
+	RETURNING u.ord, m.topic, h.id IS NOT NULL AS taken
+), ` + ackCounts("a") + `
+	SELECT ord, topic FROM a`
 
 // ackReportsSQL is ackSQL (its claim rows and keys $22 and $23) storing,
 // in the same statement, the reports
@@ -67,8 +115,8 @@ var ackReportsSQL = `WITH ` + takeCTEs("$1", "$22", "$23") + `, a AS (
 	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], ` + reportArrays(5) + `, $21::bool[], $22::bigint[], $23::bigint[])
 		AS v(id, tok, ares, ord, ` + reportArrayCols + `, keep, cid, ckey) LEFT JOIN ` + hJoin("v") + `
 	WHERE m.id = ANY ($1::bigint[]) AND m.id = v.id AND ` + heldBy("v.tok") + `
-	RETURNING v.ord, m.topic, m.report_id IS NOT NULL AS held
-), ` + reportCTEs(5, "x.status <> '' AND x.ref IN (SELECT ord FROM a WHERE NOT held)") + `
+	RETURNING v.ord, m.topic, m.report_id IS NOT NULL AS held, h.id IS NOT NULL AS taken
+), ` + reportCTEs(5, "x.status <> '' AND x.ref IN (SELECT ord FROM a WHERE NOT held)") + `, ` + ackCounts("a") + `
 	SELECT ord, topic FROM a`
 
 // endOneSQL wraps the claim-ending UPDATE sql of message $1 under token
@@ -218,6 +266,7 @@ func (a *ackBatch) lockFirst() bool { return a.kept != nil && a.keyed }
 // locks to batch. A claim row the ack empties stays, for the next claim
 // of its topic to reuse (claimStatement).
 func (a *ackBatch) queue(batch *pgx.Batch) {
+	batch.Queue(countsKeptSQL)
 	switch {
 	case a.kept != nil:
 		if a.lockFirst() {
@@ -237,6 +286,9 @@ func (a *ackBatch) queue(batch *pgx.Batch) {
 // read reads the answers of the statements queue added.
 func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 	errs := a.lostAll()
+	if _, err := br.Exec(); err != nil { // countsKeptSQL
+		return nil, err
+	}
 	if a.lockFirst() {
 		if _, err := br.Exec(); err != nil {
 			return nil, err

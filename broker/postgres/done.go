@@ -68,7 +68,7 @@ var ackKeptSQL = `WITH ` + takeCTEs("$1", "$14", "$15") + `, a AS (
 	DELETE FROM tw_messages m
 	USING ` + keptArrays + `
 	WHERE ` + keptMatch + ` AND m.unique_key IS NULL
-	RETURNING v.*, m.topic AS mtopic, m.task AS mtask, ` + keepReport + ` AS held, ` + doneMessageRow() + ` AS x
+	RETURNING v.*, m.topic AS mtopic, m.task AS mtask, ` + keepReport + ` AS held, h.id IS NOT NULL AS taken, ` + doneMessageRow() + ` AS x
 ), b AS (
 	INSERT INTO tw_done (topic, task, finished_at, ids, max_id, reports, max_report, first_ended, messages)
 	SELECT mtopic, mtask, now(), int8range(min((x).id), max((x).id), '[]'), max((x).id),
@@ -83,12 +83,14 @@ var ackKeptSQL = `WITH ` + takeCTEs("$1", "$14", "$15") + `, a AS (
 	WHERE (SELECT count(*) FROM a) < cardinality($1::bigint[])
 		AND m.id = ANY (ARRAY (SELECT i FROM unnest($1::bigint[]) i EXCEPT ALL SELECT id FROM a))
 		AND m.id = v.id AND ` + heldBy("v.tok") + ` AND m.unique_key IS NOT NULL
-	RETURNING v.*, m.topic AS mtopic, m.report_id IS NOT NULL AS held
+	RETURNING v.*, m.topic AS mtopic, m.report_id IS NOT NULL AS held, h.id IS NOT NULL AS taken
 ), o AS (
-	SELECT id, tok, ares, ord, task, topic, att, worker, st, en, dur, prog, key, mtopic, held FROM a
+	SELECT id, tok, ares, ord, task, topic, att, worker, st, en, dur, prog, key, mtopic, held, taken FROM a
 	UNION ALL
-	SELECT id, tok, ares, ord, task, topic, att, worker, st, en, dur, prog, key, mtopic, held FROM k
-), r AS (
+	SELECT id, tok, ares, ord, task, topic, att, worker, st, en, dur, prog, key, mtopic, held, taken FROM k
+), ended AS (
+	SELECT mtopic AS topic, taken FROM o
+), ` + ackCounts("ended") + `, r AS (
 	INSERT INTO tw_report_rows (id, message_id, task, topic, attempt, worker, status,
 		started_at, ended_at, duration_seconds, result, progress, report_key)
 	SELECT nextval('tw_reports_id_seq'), id, task, topic, att, worker, 'success',

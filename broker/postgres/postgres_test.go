@@ -162,7 +162,7 @@ func TestMigrateFreshSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"tw_amqp_orphans", "tw_amqp_outbox", "tw_claims", "tw_done", "tw_leases", "tw_locks", "tw_messages", "tw_messages_all", "tw_report_rows", "tw_reports", "tw_schedule_fires", "tw_schedules",
-		"tw_schema_migrations", "tw_store", "tw_topics", "tw_unique_keys", "tw_workers"}
+		"tw_schema_migrations", "tw_store", "tw_topic_counts", "tw_topics", "tw_unique_keys", "tw_workers"}
 	if !slices.Equal(tables, want) {
 		t.Fatalf("tables %v, want %v", tables, want)
 	}

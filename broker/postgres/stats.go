@@ -8,10 +8,15 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-// Stats counts per topic and overall in one round trip, every count from
-// an index (the partial queued, running and dead indexes). Workers, Beats
-// and Subscribers count live workers only (heartbeat fresher than
-// LiveAfter, by database time).
+// Stats counts per topic and overall in one round trip, in one snapshot,
+// at a cost that follows the topics, the running messages and the live
+// workers, never the queue: the queued and dead counts are the sums of the
+// topic's rows of tw_topic_counts, which triggers keep with every write of
+// tw_messages (migration 025), less the messages claim rows hold (they
+// stay queued rows while they run); running is the rows made running the
+// old way plus the held ones, each through an index of running rows alone.
+// Workers, Beats and Subscribers count live workers only (heartbeat
+// fresher than LiveAfter, by database time).
 func (d dialect) Stats(ctx context.Context) (broker.Stats, error) {
 	var st broker.Stats
 	err := d.b.run(ctx, "stats", func(c *pgx.Conn) error {
@@ -30,12 +35,16 @@ func (d dialect) Stats(ctx context.Context) (broker.Stats, error) {
 				SELECT topics FROM tw_workers WHERE heartbeat_at > now() - $1::bigint * interval '1 microsecond'
 			)
 			SELECT t.name, t.concurrency_limit, t.dead_letter_enabled, t.paused,
-				(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'queued') - h.n,
+				k.queued - h.n,
 				r.n + h.n,
 				greatest(r.age_us, h.age_us),
-				(SELECT count(*) FROM tw_messages m WHERE m.topic = t.name AND m.state = 'dead'),
+				k.dead,
 				(SELECT count(*) FROM live w WHERE t.name = ANY (w.topics) OR '*' = ANY (w.topics))
 			FROM tw_topics t
+			CROSS JOIN LATERAL (
+				SELECT coalesce(sum(k.queued), 0)::bigint AS queued, coalesce(sum(k.dead), 0)::bigint AS dead
+				FROM tw_topic_counts k WHERE k.topic = t.name
+			) k
 			CROSS JOIN LATERAL (
 				SELECT count(*) AS n,
 					coalesce(greatest(0, (extract(epoch FROM now() - min(m.claimed_at)) * 1000000)::bigint), 0) AS age_us
