@@ -3,6 +3,7 @@ package local
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 
@@ -111,5 +112,48 @@ func BenchmarkClaimEmpty(b *testing.B) {
 		if msgs, err := br.Claim(ctx, req); err != nil || len(msgs) != 0 {
 			b.Fatalf("Claim = %d, %v", len(msgs), err)
 		}
+	}
+}
+
+// BenchmarkStats: Stats (what the broker gauges, GET topics and the task
+// UI's dashboard read) with a million and ten million queued messages,
+// seeded once per depth (the ten million take a few minutes and a few GB
+// of temporary disk). It reports the median besides the mean.
+func BenchmarkStats(b *testing.B) {
+	for _, q := range []struct {
+		name  string
+		depth int
+	}{{"1M", 1_000_000}, {"10M", 10_000_000}} {
+		b.Run("queued="+q.name, func(b *testing.B) {
+			br := openTest(b, Options{})
+			ctx := context.Background()
+			start := time.Now()
+			err := br.write(ctx, "seed", func(tx *txn, now time.Time) error {
+				if _, err := tx.Exec(`INSERT INTO tw_topics (name) VALUES ('deep')`); err != nil {
+					return err
+				}
+				_, err := tx.Exec(`WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?)
+					INSERT INTO tw_messages (topic, task, payload, state, available_at, created_at)
+					SELECT 'deep', 'x', '{"n":' || i || '}', 'queued', ?, ? FROM n`, q.depth, ns(now), ns(now))
+				return err
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Logf("seeded %d queued messages in %v", q.depth, time.Since(start).Round(time.Millisecond))
+			b.Run("stats", func(b *testing.B) {
+				took := make([]time.Duration, 0, b.N)
+				for range b.N {
+					t0 := time.Now()
+					st, err := br.Stats(ctx)
+					took = append(took, time.Since(t0))
+					if err != nil || len(st.Topics) != 1 || st.Topics[0].Queued != q.depth {
+						b.Fatalf("Stats = %+v, %v; want topic deep with %d queued", st, err, q.depth)
+					}
+				}
+				slices.Sort(took)
+				b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "median-ms")
+			})
+		})
 	}
 }

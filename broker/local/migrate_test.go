@@ -20,7 +20,10 @@ func TestMigrationUpgrade(t *testing.T) {
 	}
 	id := mustSubmit(t, b, "u")
 	// Roll back what the later migrations created.
-	for _, table := range []string{"tw_reports", "tw_schedule_fires", "tw_schedules", "tw_leases", "tw_amqp_outbox", "tw_amqp_orphans"} {
+	for _, trigger := range []string{"tw_topic_counts_insert", "tw_topic_counts_delete", "tw_topic_counts_leave", "tw_topic_counts_enter"} {
+		execSQL(t, b, `DROP TRIGGER `+trigger)
+	}
+	for _, table := range []string{"tw_topic_counts", "tw_reports", "tw_schedule_fires", "tw_schedules", "tw_leases", "tw_amqp_outbox", "tw_amqp_orphans"} {
 		execSQL(t, b, `DROP TABLE `+table)
 	}
 	execSQL(t, b, `ALTER TABLE tw_messages DROP COLUMN orphaned`)
@@ -53,6 +56,10 @@ func TestMigrationUpgrade(t *testing.T) {
 	}
 	mustState(t, b, id, broker.StateQueued)
 	wantCarried(t, b, id, orphan, waiter)
+	// The topic counts (0016) count the messages stored before them.
+	if st, err := b.Stats(ctx); err != nil || len(st.Topics) != 1 || st.Topics[0].Queued != 3 {
+		t.Fatalf("Stats after the upgrade = %+v, %v; want topic u with its 3 queued messages", st, err)
+	}
 	// The reports table got its key column back (0008/011 on the
 	// recreated table): a keyed report is stored once.
 	wantReportKeyed(t, b)

@@ -10,6 +10,10 @@ import (
 )
 
 // Stats counts per topic and overall from one snapshot; see broker.Stats.
+// Its cost follows the topics, the running messages and the live workers,
+// never the queue: the queued and dead counts are read from
+// tw_topic_counts, which triggers keep with every write of tw_messages
+// (migration 0016); running ones are counted through the state index.
 // Workers, Beats and Subscribers count live workers only (heartbeat within
 // LiveAfter).
 func (d dialect) Stats(ctx context.Context) (broker.Stats, error) {
@@ -21,7 +25,7 @@ func (d dialect) Stats(ctx context.Context) (broker.Stats, error) {
 		if err != nil {
 			return err
 		}
-		queued, _, err := countBy(c, `SELECT topic, count(*), NULL FROM tw_messages WHERE state = 'queued' GROUP BY topic`)
+		queued, _, err := countBy(c, `SELECT topic, queued, NULL FROM tw_topic_counts`)
 		if err != nil {
 			return err
 		}
@@ -29,7 +33,7 @@ func (d dialect) Stats(ctx context.Context) (broker.Stats, error) {
 		if err != nil {
 			return err
 		}
-		dead, _, err := countBy(c, `SELECT topic, count(*), NULL FROM tw_messages WHERE state = 'dead' GROUP BY topic`)
+		dead, _, err := countBy(c, `SELECT topic, dead, NULL FROM tw_topic_counts`)
 		if err != nil {
 			return err
 		}
