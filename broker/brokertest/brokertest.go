@@ -51,6 +51,7 @@ func Run(t *testing.T, newBroker func(t *testing.T) broker.Broker, opts ...Optio
 		{"LocksUnderContention", testLocks},
 		{"LocksReleasedWhenClaimEnds", testLocksAutoRelease},
 		{"WorkersAndStats", testWorkersStats},
+		{"StatsCountEveryWrite", testStatsCountEveryWrite},
 		{"RunningClaims", testRunningClaims},
 		{"Topics", testTopics},
 		{"ListMessages", testListMessages},

@@ -53,6 +53,7 @@ func RunDurable(t *testing.T, newStore func(t *testing.T) Store, opts ...Options
 		{"FencedReclaim", testFencedReclaim},
 		{"LeaseOneLeader", testLeaseOneLeader},
 		{"ClosedOrphanMethods", testClosedOrphanMethods},
+		{"StatsCountReclaims", testStatsCountReclaims},
 	})
 	runCases(t, newStore, o, cancelDurableCases)
 }
