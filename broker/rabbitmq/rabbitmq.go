@@ -215,9 +215,10 @@ func Open(ctx context.Context, o Options) (*Broker, error) {
 }
 
 // Missing is how many queued messages the topic queues lacked at this
-// process's last look at each topic it uses (see reconcile.go): 0 while
-// they hold what the state store has queued, more for a while after a
-// purge, until the reconcile has published them again.
+// process's last look at each topic it uses, counted once a second look
+// in a row finds the topic short (see reconcile.go): 0 while they hold
+// what the state store has queued, more for a while after a purge, until
+// the reconcile has published them again.
 func (b *Broker) Missing() int { return b.recon.missing() }
 
 // Kind returns "rabbitmq".

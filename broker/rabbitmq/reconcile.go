@@ -19,12 +19,13 @@ import (
 // each process looks at the topics it uses: every reconcileEvery, and
 // soon after a topic's claims, having taken deliveries, find its queue
 // empty (at most once per reconcileIdle). A look reads the queue's ready
-// count (a passive queue.declare), waits reconcileSettle, then reads up to
-// that many rows of the topic and reconcileBatch more, and keeps those
-// RabbitMQ should hold (sqlstore.External.QueuedOutside: queued, available
-// since the settle before the count, and without an outbox entry, so their
+// count (a passive queue.declare, a few times early in reconcileSettle,
+// keeping the highest), waits out the settle, then reads up to that many
+// rows of the topic and reconcileBatch more, and keeps those RabbitMQ
+// should hold (sqlstore.External.QueuedOutside: queued, available since
+// the settle before the count, and without an outbox entry, so their
 // publish was confirmed). More such rows than ready messages is a
-// shortfall, which the look shows in Missing.
+// shortfall, which Missing shows once a second look finds it.
 //
 // The count sees only ready messages, so what it cannot see is told apart
 // by time and by the rows themselves:
@@ -43,9 +44,10 @@ import (
 //     a while, never make one up, and once the queue has drained the
 //     missing rows show;
 //   - a take that puts a delivery back at the end of the queue (its topic
-//     at its limit) leaves it unready for an instant, which a look may
-//     catch. So nothing is republished before the topic has been short at
-//     every look for reconcileHold (a publish lease).
+//     at its limit) leaves it unready for an instant, which one count may
+//     catch and several hardly all do. And nothing is republished before
+//     the topic has been short at every look for reconcileHold (a publish
+//     lease).
 //
 // A look that reads fewer ready messages than rows it passed over (too
 // young to judge, delayed, being published) looks again after
@@ -82,8 +84,10 @@ const (
 	reconcileIdle = 5 * time.Second
 	// reconcileSettle is the wait between reading a queue's count and its
 	// rows: the deliveries then on their way to a take have been taken or
-	// put back.
-	reconcileSettle = 3 * time.Second
+	// put back. The count is read reconcileSamples times over its first
+	// quarter, and the highest taken.
+	reconcileSettle  = 3 * time.Second
+	reconcileSamples = 4
 	// reconcileBatch is the most rows one look republishes per topic, and
 	// how many rows it reads beyond the queue's count.
 	reconcileBatch = 5000
@@ -253,15 +257,34 @@ func (r *reconciler) pass(ctx context.Context) error {
 	if len(topics) == 0 {
 		return nil
 	}
-	ready, err := r.counts(s, topics)
-	if err != nil {
-		return err
-	}
+	// The highest of several counts early in the settle: a delivery put back
+	// at the end of its queue (its topic at its limit) is out of the
+	// count while it is in flight, an instant that one count may catch
+	// and several hardly all do. A later count is never higher for
+	// messages taken meanwhile, and a queue that lost messages counts
+	// low at every one.
 	counted := time.Now()
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-time.After(r.settle):
+	var ready map[string]int
+	for i := range reconcileSamples {
+		n, err := r.counts(s, topics)
+		if err != nil {
+			return err
+		}
+		if ready == nil {
+			ready = n
+		}
+		for t, c := range n {
+			ready[t] = max(ready[t], c)
+		}
+		wait := r.settle / (4 * reconcileSamples)
+		if i == reconcileSamples-1 {
+			wait = time.Until(counted.Add(r.settle))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
 	}
 	for _, t := range topics {
 		n, ok := ready[t]
@@ -353,13 +376,22 @@ func (r *reconciler) done(topic string, counted time.Time, ready int, ids []int6
 		}
 		return nil, 0
 	}
-	w.missing = short
 	w.next = counted.Add(r.idle)
 	if w.since.IsZero() {
 		w.since = counted
 	}
+	if w.since.Before(counted) {
+		// Shown once a second look finds it: one look may catch what
+		// the count cannot see.
+		w.missing = short
+	}
+	r.b.log.Debug("reconcile: a topic queue holds fewer messages than the rows it should", "topic", topic,
+		"ready_in_queue", ready, "queued_in_store", len(ids), "short_since", w.since)
 	shortFor = counted.Sub(w.since)
 	if shortFor < r.hold {
+		if end := w.since.Add(r.hold); end.Before(w.next) {
+			w.next = end
+		}
 		return nil, shortFor
 	}
 	for _, id := range ids {

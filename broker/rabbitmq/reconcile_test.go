@@ -97,7 +97,7 @@ func (l *logBuffer) String() string {
 }
 
 func (l *logBuffer) logger() hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{Output: l, Level: hclog.Info})
+	return hclog.New(&hclog.LoggerOptions{Output: l, Level: hclog.Debug})
 }
 
 // runs counts how many times each task ran, across every runner.
@@ -237,7 +237,17 @@ func TestTasksOfAPurgedQueueRunOnceEach(t *testing.T) {
 			if purged == 0 {
 				t.Fatal("the purge took no message: the burn-down was over before it")
 			}
-			t.Logf("purged %d messages", purged)
+			// What went missing: the tasks still queued once the deliveries
+			// on their way to a take at the purge have been taken, well
+			// before the reconcile may act. The purge's count can be higher:
+			// it also takes duplicate pointers, which a submit whose publish
+			// outlasts its outbox entry's due time leaves.
+			time.Sleep(5 * time.Second)
+			missing := queuedLeft(t, a, ids)
+			t.Logf("purged %d messages; %d tasks left without one", purged, missing)
+			if missing == 0 {
+				t.Fatal("the purge left no task without a message: the burn-down was over before it")
+			}
 			// The gauge says how many are missing until they are back.
 			var sawMissing atomic.Int64
 			watchCtx, unwatch := context.WithCancel(t.Context())
@@ -271,8 +281,8 @@ func TestTasksOfAPurgedQueueRunOnceEach(t *testing.T) {
 					t.Fatalf("task %d: %+v, %v; want done after one attempt", id, m, err)
 				}
 			}
-			if got := rep.of(RepublishedMissing); got != purged {
-				t.Errorf("republished %d messages as missing, want the %d purged", got, purged)
+			if got := rep.of(RepublishedMissing); got != missing {
+				t.Errorf("republished %d messages as missing, want the %d tasks the purge left without one", got, missing)
 			}
 			unwatch()
 			if n := sawMissing.Load(); n == 0 {
@@ -371,7 +381,7 @@ func TestAHealthyBurnDownRepublishesNothing(t *testing.T) {
 		t.Errorf("republished %d messages as missing from a healthy burn-down; the log:\n%s", n, logs.String())
 	}
 	if n := missing.Load(); n != 0 {
-		t.Errorf("Missing() said %d messages were missing during a healthy burn-down", n)
+		t.Errorf("Missing() said %d messages were missing during a healthy burn-down; the log:\n%s", n, logs.String())
 	}
 }
 
@@ -417,11 +427,13 @@ func TestQueuedOutsideReadsWhatItMayReturn(t *testing.T) {
 			if _, err := st.TakeMessages(ctx, "w", []sqlstore.Delivery{{ID: running}}); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(50 * time.Millisecond)
+			// The rows above are older than the age asked, the next one
+			// younger, with room for a slow machine.
+			time.Sleep(1500 * time.Millisecond)
 			young := submit("t", 0, 0)
 			published(young)
 
-			ids, read, err := st.QueuedOutside(ctx, "t", 25*time.Millisecond, 100)
+			ids, read, err := st.QueuedOutside(ctx, "t", time.Second, 100)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -430,7 +442,7 @@ func TestQueuedOutsideReadsWhatItMayReturn(t *testing.T) {
 			}
 			// The limit bounds the rows read: the delayed row of priority 9
 			// and the urgent one are the first two.
-			ids, read, err = st.QueuedOutside(ctx, "t", 25*time.Millisecond, 2)
+			ids, read, err = st.QueuedOutside(ctx, "t", time.Second, 2)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -126,7 +126,7 @@ func newTelemetry(stats func(ctx context.Context) (broker.Stats, bool, error), l
 	t.republished.WithLabelValues(rabbitmq.RepublishedMissing)
 	missingGauge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "fastpluggy_broker_messages_missing",
-		Help: "Queued messages (available, and published) that the topic queues in RabbitMQ lacked at this process's last look at each topic it uses: " +
+		Help: "Queued messages (available, and published) that the topic queues in RabbitMQ lacked at this process's last look at each topic it uses, once two looks in a row found the topic short: " +
 			"0 while they hold what the state store has queued; above 0 after a purge or a loss in RabbitMQ until the broker has published them again, " +
 			"which it does once a topic has been short for a publish lease (fastpluggy_broker_messages_republished_total). Always 0 on the other brokers.",
 	}, func() float64 { return float64(missing()) })
