@@ -120,7 +120,9 @@ func listLocks(w http.ResponseWriter, r *http.Request, rt *runtime) {
 
 func health(w http.ResponseWriter, r *http.Request, rt *runtime) {
 	svc := rt.svc
-	st, err := svc.Stats(r.Context())
+	// The live workers, not Stats: health is read often and must cost the
+	// same whatever the queue holds.
+	workers, err := svc.LiveWorkerCount(r.Context())
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{
 			"status": "error", "broker": svc.Kind(),
@@ -137,7 +139,7 @@ func health(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		"status":       "ok",
 		"broker":       svc.Kind(),
 		"worker_id":    svc.WorkerID(),
-		"workers":      st.Workers,
+		"workers":      workers,
 		"running":      svc.Running(),
 		"concurrency":  svc.Concurrency(),
 		"topics":       svc.Served(),

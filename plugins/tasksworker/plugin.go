@@ -197,7 +197,9 @@ func (p *Plugin) CheckHealth(ctx context.Context) (capability.Health, error) {
 	if rt == nil {
 		return capability.Health{Status: capability.HealthError, Message: "not running: not configured yet, or stopped"}, nil
 	}
-	st, err := rt.broker.Stats(ctx)
+	// The live workers, not Stats: a health check runs every few seconds
+	// and must cost the same whatever the queue holds.
+	workers, err := rt.svc.LiveWorkerCount(ctx)
 	if err != nil {
 		return capability.Health{Status: capability.HealthError, Message: fmt.Sprintf("the %s broker does not answer: %v", rt.broker.Kind(), err)}, nil
 	}
@@ -214,7 +216,7 @@ func (p *Plugin) CheckHealth(ctx context.Context) (capability.Health, error) {
 	return capability.Health{
 		Status: capability.HealthOK,
 		Message: fmt.Sprintf("%s broker; %d live worker(s); %d/%d tasks running here",
-			rt.broker.Kind(), st.Workers, rt.pool.Running(), rt.pool.Concurrency()),
+			rt.broker.Kind(), workers, rt.pool.Running(), rt.pool.Concurrency()),
 	}, nil
 }
 

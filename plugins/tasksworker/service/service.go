@@ -184,6 +184,22 @@ func (s *Service) LiveWorkers(ctx context.Context) (live []string, known bool, e
 	return live, true, err
 }
 
+// LiveWorkerCount is the number of live workers, as Stats counts them,
+// read at a cost that follows the workers alone, never the queue: what a
+// health check reads. A broker that cannot list its live workers (memory)
+// answers from its Stats, which count nothing stored.
+func (s *Service) LiveWorkerCount(ctx context.Context) (int, error) {
+	live, known, err := s.LiveWorkers(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if known {
+		return len(live), nil
+	}
+	st, err := s.b.Stats(ctx)
+	return st.Workers, err
+}
+
 // Locks are the locks held now.
 func (s *Service) Locks(ctx context.Context) ([]broker.Lock, error) { return s.b.Locks(ctx) }
 
