@@ -166,7 +166,7 @@ func TestRejectedDeliveriesAreCounted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(settle)
 	for {
 		fams := f.scrape()
 		other := value(fams, "fastpluggy_broker_deliveries_rejected_total", "reason", rabbitmq.RejectedOtherStore)

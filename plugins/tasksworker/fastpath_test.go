@@ -82,24 +82,30 @@ func TestFastReclaimLeavesHeartbeatingNeighbours(t *testing.T) {
 		}
 		claimed[id] = ms[0].ID
 	}
-	const window = 600 * time.Millisecond
+	// The window is long beside the heartbeats' pace, so that a loaded
+	// machine's late heartbeat is still within it.
+	const window = 2 * time.Second
 	hbCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() {
 		for hbCtx.Err() == nil {
 			_ = b.Heartbeat(hbCtx, "self")
 			_ = b.Heartbeat(hbCtx, "elsewhere")
-			time.Sleep(window / 10)
+			time.Sleep(window / 20)
 		}
 	}()
 	// "dead" and "late" have been silent a while when the fast path first
-	// looks; "late" heartbeats once while it waits.
+	// looks; "late" begins to heartbeat while it waits, and goes on.
 	time.Sleep(window)
 	go func() {
 		select {
 		case <-hbCtx.Done():
-		case <-time.After(window / 2):
+			return
+		case <-time.After(window / 4):
+		}
+		for hbCtx.Err() == nil {
 			_ = b.Heartbeat(hbCtx, "late")
+			time.Sleep(window / 20)
 		}
 	}()
 
@@ -238,7 +244,9 @@ func TestCertainPathTakesAnEndedInstancesWorkAtOnce(t *testing.T) {
 	}
 	claimed["poisoned"] = ms[0]
 
-	const grace = 1500 * time.Millisecond
+	// The grace is long beside the checks made before it ends, which must
+	// find the suspect's work still out on a loaded machine too.
+	const grace = 4 * time.Second
 	s := reaper.DefaultSettings()
 	metrics := reaper.NewMetrics(prometheus.NewRegistry())
 	rp := reaper.New(b, "self", s, hclog.NewNullLogger(), metrics)

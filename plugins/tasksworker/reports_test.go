@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestReportsCarryTheTaskIDAsTheTasksAPIDoes: a report gives task_id, the
@@ -28,7 +27,7 @@ func TestReportsCarryTheTaskIDAsTheTasksAPIDoes(t *testing.T) {
 		return list
 	}
 	// Reports are written in batches, after the task is done.
-	waitUntil(t, 10*time.Second, "both tasks have a report", func() bool {
+	waitUntil(t, settle, "both tasks have a report", func() bool {
 		return len(reports("task=demo.echo")) == 2
 	})
 	n, _ := strconv.ParseInt(second, 10, 64)

@@ -55,7 +55,7 @@ func TestSchedulesAPI(t *testing.T) {
 		t.Fatalf("bad requests stored schedules: %v", list)
 	}
 	// The beat fires it; its reports say success.
-	waitUntil(t, 10*time.Second, "the schedule produced two successful reports", func() bool {
+	waitUntil(t, settle, "the schedule produced two successful reports", func() bool {
 		reps := f.do("GET", "/api/reports?schedule=every-sec&status=success", "").json(t)["reports"].([]any)
 		return len(reps) >= 2
 	})
@@ -124,14 +124,14 @@ func TestScheduleThatStopsProducing(t *testing.T) {
 		}
 		return since / interval, overdue, true
 	}
-	waitUntil(t, 10*time.Second, "the first success gives the schedule its series", func() bool {
+	waitUntil(t, settle, "the first success gives the schedule its series", func() bool {
 		_, _, ok := ratio()
 		return ok
 	})
 	// The first run of brain may succeed before any scrape could look, so
 	// the rule "no success, no series" is checked on never, which has run
 	// and failed by now (both are due from the start).
-	waitUntil(t, 10*time.Second, "never has run and failed", func() bool {
+	waitUntil(t, settle, "never has run and failed", func() bool {
 		rs, _ := f.do("GET", "/api/reports?schedule=never", "").json(t)["reports"].([]any)
 		return len(rs) > 0
 	})
@@ -157,7 +157,7 @@ func TestScheduleThatStopsProducing(t *testing.T) {
 	}
 
 	var overdue float64
-	waitUntil(t, 20*time.Second, "since_success / interval climbs above 3", func() bool {
+	waitUntil(t, settle, "since_success / interval climbs above 3", func() bool {
 		r, o, ok := ratio()
 		overdue = o
 		return ok && r > 3
@@ -176,7 +176,7 @@ func TestScheduleThatStopsProducing(t *testing.T) {
 	if err := f.client.Configure(ctx, capability.ConfigureRequest{Config: raw, Host: &capabilitytest.Host{}}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 20*time.Second, "the ratio falls below 3 again", func() bool {
+	waitUntil(t, settle, "the ratio falls below 3 again", func() bool {
 		r, _, ok := ratio()
 		return ok && r < 3
 	})

@@ -29,12 +29,12 @@ func flowUIPagesRender(t *testing.T, cfg map[string]any) {
 	f.waitState(echo, "done")
 	f.waitState(fail, "dead")
 	f.waitState(sleep, "running")
-	uiWait(t, 5*time.Second, "the sleep holds its lock", func() bool { return len(f.locks()) == 1 })
+	uiWait(t, settle, "the sleep holds its lock", func() bool { return len(f.locks()) == 1 })
 	if res := f.do("POST", "/api/schedules", `{"name": "hourly", "task": "demo.echo", "interval_seconds": 3600}`); res.status != http.StatusCreated {
 		t.Fatalf("create schedule: %d %s", res.status, res.body)
 	}
 	wid := f.apiJSON("/api/health")["worker_id"].(string)
-	uiWait(t, 10*time.Second, "this process leads the beat", func() bool {
+	uiWait(t, settle, "this process leads the beat", func() bool {
 		return f.apiJSON("/api/health")["beat"].(map[string]any)["leader"] == true
 	})
 	link := func(id string) string { return `href="` + uiTestPrefix + `/ui/tasks/` + id + `"` }
@@ -201,7 +201,7 @@ func flowUIRequeue(t *testing.T, cfg map[string]any) {
 	if got := flashOf(f.follow(res)); got != "Task "+id+" is queued again." {
 		t.Errorf("flash %q", got)
 	}
-	uiWait(t, 10*time.Second, "the requeued task fails again", func() bool {
+	uiWait(t, settle, "the requeued task fails again", func() bool {
 		m := f.apiJSON("/api/tasks/" + id)
 		return m["state"] == "dead" && m["attempts"] == 2.0
 	})
@@ -322,7 +322,7 @@ func TestUIForceReleaseLock(t *testing.T) { flowUIForceReleaseLock(t, nil) }
 func flowUIForceReleaseLock(t *testing.T, cfg map[string]any) {
 	f := start(t, cfg)
 	id := f.submit(`{"task": "demo.sleep", "payload": {"seconds": 30, "lock": "L"}}`)
-	uiWait(t, 10*time.Second, "the sleep holds lock L", func() bool { return len(f.locks()) == 1 })
+	uiWait(t, settle, "the sleep holds lock L", func() bool { return len(f.locks()) == 1 })
 	page := f.follow(f.uiPost("/ui/locks/release", url.Values{"name": {"L"}}))
 	if got := flashOf(page); !strings.HasPrefix(got, "Lock L released.") {
 		t.Errorf("flash %q", got)

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/capability/capabilitytest"
@@ -65,7 +64,7 @@ func TestScheduleAndSubmitOfAProviderThatStartsLate(t *testing.T) {
 	}
 	mustContain(t, "the schedules page", f.uiGet("/ui/schedules"), "waiting for a worker", "images.resize")
 	mustContain(t, "the schedule's page", f.uiGet("/ui/schedules/resize"), "Waiting for a worker", `no live worker runs task "images.resize"`)
-	waitUntil(t, 10*time.Second, "the waiting gauge counts the schedule", func() bool {
+	waitUntil(t, settle, "the waiting gauge counts the schedule", func() bool {
 		return value(f.scrape(), "fastpluggy_schedules_waiting") == 1
 	})
 	if fams := f.scrape(); value(fams, "fastpluggy_schedule_overdue_seconds") != 0 {
@@ -86,10 +85,10 @@ func TestScheduleAndSubmitOfAProviderThatStartsLate(t *testing.T) {
 	}
 
 	up.Store(true)
-	waitUntil(t, 60*time.Second, "the task submitted before its provider was up is done", func() bool {
+	waitUntil(t, settle, "the task submitted before its provider was up is done", func() bool {
 		return f.do("GET", "/api/tasks/"+id, "").json(t)["state"] == "done"
 	})
-	waitUntil(t, 30*time.Second, "the schedule fired and succeeded", func() bool {
+	waitUntil(t, settle, "the schedule fired and succeeded", func() bool {
 		reps := f.do("GET", "/api/reports?schedule=resize&status=success", "").json(t)["reports"].([]any)
 		return len(reps) > 0
 	})
