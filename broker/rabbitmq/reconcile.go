@@ -125,7 +125,7 @@ type watch struct {
 	next    time.Time // when the topic is looked at next
 	last    time.Time // the last look (its count)
 	busy    bool      // a claim took deliveries of it since the last look
-	missing int       // the shortfall at the last look
+	missing int       // the shortfall at the last look, once two in a row found one
 	// since is the first look of the shortfall the topic has had at every
 	// look since (zero: none), and sent when this process republished
 	// each row during it.
@@ -385,9 +385,9 @@ func (r *reconciler) done(topic string, counted time.Time, ready int, ids []int6
 		// the count cannot see.
 		w.missing = short
 	}
-	r.b.log.Debug("reconcile: a topic queue holds fewer messages than the rows it should", "topic", topic,
-		"ready_in_queue", ready, "queued_in_store", len(ids), "short_since", w.since)
 	shortFor = counted.Sub(w.since)
+	r.b.log.Debug("reconcile: a topic queue holds fewer messages than the rows it should", "topic", topic,
+		"ready_in_queue", ready, "queued_in_store", len(ids), "short_for", shortFor.Round(time.Second).String())
 	if shortFor < r.hold {
 		if end := w.since.Add(r.hold); end.Before(w.next) {
 			w.next = end
