@@ -103,27 +103,12 @@ func (p *Pool) dispatch() {
 		inflight := iso.settle(int(p.inflight.Load()), x.reserved)
 		if x.flying < maxExchanges && !failed {
 			nAcks := p.out.ackCountExcept(x.busy)
-			// Offloaded attempts hold no worker: the slots are the
-			// workers' (see offload).
-			local := inflight - int(p.offloaded.Load())
-			free := min(n-local-x.reserved, 2*n-local-x.reserved-(int(p.out.pending.Load())-nAcks))
-			if iso.blocks() {
-				free = 0
+			s := slots{
+				n: n, inflight: inflight, offloaded: int(p.offloaded.Load()), reserved: x.reserved,
+				pending: int(p.out.pending.Load()), acks: nAcks, carried: x.acks, blocked: iso.blocks(),
 			}
-			free = max(free, 0)
-			var launch bool
-			if x.flying == 0 {
-				launch = nAcks > 0 || (free > 0 && !idling)
-			} else {
-				// A second exchange carries a whole batch of acks: every
-				// outcome handed over is in flight or may go in it. Acks
-				// held back for a busy claim count as not yet here, so
-				// while some are held back only half the pool's worth
-				// sends it (counting them as here measured 0.98 of this).
-				whole := inflight == 0 && int(p.out.pending.Load())-x.acks-nAcks <= 0
-				launch = nAcks > 0 && !iso.blocks() && (whole || 2*nAcks >= n)
-			}
-			if launch {
+			if s.launches(x.flying, idling) {
+				free := s.free()
 				acks := p.out.takeAcksExcept(x.busy)
 				if free > 0 {
 					// A write that returns from here on may free a slot this
@@ -215,6 +200,64 @@ func (p *Pool) dispatch() {
 		case <-p.claimCtx.Done():
 		}
 	}
+}
+
+// slots is what the dispatcher counts before it sends an exchange out:
+// whether one goes, and how many messages its claim asks for.
+type slots struct {
+	n         int  // Options.Concurrency
+	inflight  int  // claimed and not yet handed to the completer
+	offloaded int  // of inflight, run on goroutines of their own (offload)
+	reserved  int  // what the exchanges in flight may claim
+	pending   int  // outcomes handed to the completer, not yet written
+	acks      int  // acks the next exchange may carry (none held back for a busy claim)
+	carried   int  // acks the exchanges in flight carry
+	blocked   bool // a suspect is held or runs alone (isolation.blocks)
+}
+
+// local is how many messages hold a worker: offloaded attempts hold none,
+// so the slots are the workers' (see offload).
+func (s slots) local() int { return s.inflight - s.offloaded }
+
+// idle is how many handlers are idle and not already asked for by an
+// exchange in flight.
+func (s slots) idle() int { return s.n - s.local() - s.reserved }
+
+// room is how many more messages the pool may hold: at most
+// 2*Concurrency claimed and not yet written back, the acks about to go
+// out counted as written.
+func (s slots) room() int { return 2*s.n - s.local() - s.reserved - (s.pending - s.acks) }
+
+// free is how many messages the next claim asks for: none while a suspect
+// blocks claiming.
+func (s slots) free() int {
+	if s.blocked {
+		return 0
+	}
+	return max(min(s.idle(), s.room()), 0)
+}
+
+// whole reports whether the acks are a whole batch: no handler busy, and
+// every outcome handed over is in flight or may go in the next exchange.
+// Acks held back for a busy claim count as not yet here, so while some
+// are held back only half the pool's worth sends a second exchange
+// (secondLaunches), which keeps its batch large.
+func (s slots) whole() bool { return s.inflight == 0 && s.pending-s.carried-s.acks <= 0 }
+
+// launches reports whether an exchange goes out now, with flying in
+// flight already and the dispatcher idling or not (see dispatch).
+func (s slots) launches(flying int, idling bool) bool {
+	if flying == 0 {
+		return s.acks > 0 || (s.free() > 0 && !idling)
+	}
+	return s.secondLaunches()
+}
+
+// secondLaunches reports whether a second exchange goes out beside the
+// one in flight: it carries a whole batch of acks, or at least half the
+// pool's worth.
+func (s slots) secondLaunches() bool {
+	return s.acks > 0 && !s.blocked && (s.whole() || 2*s.acks >= s.n)
 }
 
 // exchanges is the dispatcher's view of its exchanges in flight.
