@@ -47,7 +47,7 @@ plugins:
 		t.Fatalf("tasks submit: %v %s", err, id)
 	}
 	var got string
-	waitFor(t, 10*time.Second, "the task is done", func() bool {
+	waitFor(t, 60*time.Second, "the task is done", func() bool {
 		got, err = cli("tasks", "get", id)
 		return err == nil && strings.Contains(got, "done")
 	})

@@ -114,9 +114,9 @@ func testKilledWorkerRecovers(t *testing.T, config string) {
 			t.Errorf("task %s: attempts %d, result %s; want 2 attempts (one lost with the process, one run to the end)", id, m.Attempts, m.Result)
 		}
 	}
-	if log := h.log.String(); !strings.Contains(log, "reclaimed the work of this plugin's previous process") {
-		t.Errorf("the host log does not say the previous process's work was reclaimed as certainly dead")
-	}
+	waitFor(t, 60*time.Second, "the host log says the previous process's work was reclaimed as certainly dead", func() bool {
+		return strings.Contains(h.log.String(), "reclaimed the work of this plugin's previous process")
+	})
 	// Nothing was refused by a guard: the dead worker was named, not
 	// guessed.
 	if log := h.log.String(); strings.Contains(log, "reaper failed closed") || strings.Contains(log, "reaper left orphans alone") {

@@ -7,6 +7,7 @@ package host_test
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -44,13 +45,25 @@ func TestMain(m *testing.M) {
 	binDir = dir
 	pluginsDir = filepath.Join(dir, "plugins")
 	code := 1
-	if err := buildBinaries(); err != nil {
+	if fuzzWorker() {
+		// A worker of `go test -fuzz` runs the fuzz target alone, which
+		// needs no binaries; building them in each worker would take the
+		// fuzzing time.
+		code = m.Run()
+	} else if err := buildBinaries(); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)
 	} else {
 		code = m.Run()
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// fuzzWorker says whether this process is a worker of `go test -fuzz`.
+func fuzzWorker() bool {
+	flag.Parse()
+	f := flag.Lookup("test.fuzzworker")
+	return f != nil && f.Value.String() == "true"
 }
 
 func goBuild(out, pkg string) error {
@@ -146,7 +159,7 @@ func startHost(t testing.TB, config string) *hostProc {
 			t.Logf("host log:\n%s", p.log.String())
 		}
 	})
-	waitFor(t, 20*time.Second, "host answers /healthz", func() bool {
+	waitFor(t, 60*time.Second, "host answers /healthz", func() bool {
 		resp, err := http.Get(p.base + "/healthz")
 		if err != nil {
 			return false
@@ -331,7 +344,7 @@ func TestHostEndToEnd(t *testing.T) {
 				t.Errorf("%s: last error %q, want it to contain %q", name, st.LastError, want)
 			}
 			escaped := strings.ReplaceAll(want, `"`, `\"`)
-			waitFor(t, 5*time.Second, name+"'s error is in the host log", func() bool {
+			waitFor(t, 60*time.Second, name+"'s error is in the host log", func() bool {
 				return strings.Contains(h.log.String(), want) || strings.Contains(h.log.String(), escaped)
 			})
 		}
@@ -384,7 +397,7 @@ func TestHostEndToEnd(t *testing.T) {
 			State  string          `json:"state"`
 			Result json.RawMessage `json:"result"`
 		}
-		waitFor(t, 10*time.Second, "the task is done", func() bool {
+		waitFor(t, 60*time.Second, "the task is done", func() bool {
 			_, body := get(t, h.base+"/plugin-pkg/tasks_worker/api/tasks/"+created.ID)
 			_ = json.Unmarshal([]byte(body), &task)
 			return task.State == "done"
@@ -561,7 +574,7 @@ func TestHostEndToEnd(t *testing.T) {
 			t.Errorf("reclaim: %d, page does not show the answer:\n%s", resp.StatusCode, answer)
 		}
 		audit := regexp.MustCompile(`audit: admin action.*plugin=tasks_worker.*action=reclaim_orphaned_messages.*outcome=ok`)
-		waitFor(t, 5*time.Second, "the audit line for the reclaim action is in the host log", func() bool {
+		waitFor(t, 60*time.Second, "the audit line for the reclaim action is in the host log", func() bool {
 			return audit.MatchString(h.log.String())
 		})
 	})
@@ -594,7 +607,7 @@ func TestHostEndToEnd(t *testing.T) {
 		if after.Restarts < 1 {
 			t.Errorf("after restart: pid %d (was %d), restarts %d", after.PID, before.PID, after.Restarts)
 		}
-		waitFor(t, 10*time.Second, "tasks_worker series are back", func() bool {
+		waitFor(t, 60*time.Second, "tasks_worker series are back", func() bool {
 			_, body := get(t, h.base+"/plugin-pkg/metrics/api/prometheus")
 			return hasSeries(body, "fp_tasks_worker_fastpluggy_broker_beats") && strings.Contains(body, `fp_metrics_source_up{plugin="tasks_worker"} 1`)
 		})
@@ -622,7 +635,7 @@ func TestHostEndToEnd(t *testing.T) {
 			t.Errorf("echo after the freeze: restarts %d (was %d), last error %q; want a restart for failed health checks",
 				after.Restarts, before.Restarts, after.LastError)
 		}
-		waitFor(t, 10*time.Second, "the frozen process is gone", func() bool { return !pidAlive(before.PID) })
+		waitFor(t, 60*time.Second, "the frozen process is gone", func() bool { return !pidAlive(before.PID) })
 	})
 
 	t.Run("SIGTERM stops every plugin and the host exits cleanly", func(t *testing.T) {
@@ -693,7 +706,7 @@ plugins:
 		t.Fatal(err)
 	}
 	<-h.exited
-	waitFor(t, 15*time.Second, "plugins exit after their host was SIGKILLed", func() bool {
+	waitFor(t, 60*time.Second, "plugins exit after their host was SIGKILLed", func() bool {
 		return !pidAlive(echo.PID) && !pidAlive(metrics.PID)
 	})
 }
@@ -741,7 +754,7 @@ plugins:
 	}
 	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
 	t.Cleanup(func() { _ = p.cmd.Process.Kill(); <-p.exited })
-	waitFor(t, 20*time.Second, "host answers", func() bool {
+	waitFor(t, 60*time.Second, "host answers", func() bool {
 		resp, err := http.Get(p.base + "/healthz")
 		if err == nil {
 			resp.Body.Close()
@@ -779,7 +792,7 @@ plugins:
 			t.Errorf("/admin/api/plugins with the token (%s): %d", scheme, resp.StatusCode)
 		}
 	}
-	waitFor(t, 20*time.Second, "echo runs", func() bool {
+	waitFor(t, 60*time.Second, "echo runs", func() bool {
 		req, _ := http.NewRequest("GET", p.base+"/plugin-pkg/echo/echo", nil)
 		req.Header.Set("Authorization", "Bearer test-token-0123456789")
 		resp, err := http.DefaultClient.Do(req)
@@ -841,7 +854,7 @@ func TestPluginChildrenDieWithIt(t *testing.T) {
 	}
 	startHost(t, "listen: LISTEN\nplugins_dir: "+dir+"\nplugins:\n  spawner:\n    enabled: true\n")
 	var child int
-	waitFor(t, 15*time.Second, "the plugin started its child", func() bool {
+	waitFor(t, 60*time.Second, "the plugin started its child", func() bool {
 		b, err := os.ReadFile(pidFile)
 		if err != nil {
 			return false
@@ -850,5 +863,5 @@ func TestPluginChildrenDieWithIt(t *testing.T) {
 		return err == nil && child > 0
 	})
 	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
-	waitFor(t, 15*time.Second, "the child of the failed plugin is gone", func() bool { return !pidAlive(child) })
+	waitFor(t, 60*time.Second, "the child of the failed plugin is gone", func() bool { return !pidAlive(child) })
 }

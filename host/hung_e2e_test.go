@@ -75,7 +75,7 @@ plugins:
 	if !strings.Contains(page, "not answering its health check for") {
 		t.Error("/admin/ does not say why echo is degraded")
 	}
-	waitFor(t, 10*time.Second, "the host log says echo does not answer", func() bool {
+	waitFor(t, 60*time.Second, "the host log says echo does not answer", func() bool {
 		return strings.Contains(h.log.String(), "not answering its health check for")
 	})
 	if err := syscall.Kill(before.PID, syscall.SIGCONT); err != nil {
@@ -123,5 +123,5 @@ plugins:
 	if after.Restarts <= before.Restarts || !strings.Contains(after.LastError, "not answering its health check for") {
 		t.Errorf("echo after the freeze: restarts %d (was %d), last error %q; want a restart saying it did not answer", after.Restarts, before.Restarts, after.LastError)
 	}
-	waitFor(t, 10*time.Second, "the frozen process is gone", func() bool { return !pidAlive(before.PID) })
+	waitFor(t, 60*time.Second, "the frozen process is gone", func() bool { return !pidAlive(before.PID) })
 }

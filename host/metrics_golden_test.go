@@ -102,7 +102,7 @@ func produceConditionalSeries(t *testing.T, h *hostProc) []string {
 		}
 	}
 	var surface []string
-	waitFor(t, 30*time.Second, "every conditional series is present", func() bool {
+	waitFor(t, 90*time.Second, "every conditional series is present", func() bool {
 		code, body := get(t, h.base+"/plugin-pkg/metrics/api/prometheus")
 		if code != http.StatusOK {
 			return false // the metrics plugin is still starting (503)

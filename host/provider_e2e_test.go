@@ -45,7 +45,7 @@ func submitTask(t *testing.T, h *hostProc, body string) string {
 func submitOnceRegistered(t *testing.T, h *hostProc, task, body string) string {
 	t.Helper()
 	var id string
-	waitFor(t, 20*time.Second, task+" is accepted", func() bool {
+	waitFor(t, 60*time.Second, task+" is accepted", func() bool {
 		resp, err := http.Post(h.base+"/plugin-pkg/tasks_worker/api/tasks", "application/json", strings.NewReader(body))
 		if err != nil {
 			return false
@@ -90,7 +90,7 @@ plugins:
 	// The provider's tasks are registered within a refresh.
 	id := submitOnceRegistered(t, h, "example.greet", `{"task": "example.greet", "payload": {"name": "Ada"}}`)
 	var v taskView
-	waitFor(t, 20*time.Second, "example.greet is done", func() bool {
+	waitFor(t, 60*time.Second, "example.greet is done", func() bool {
 		v = taskState(t, h, id)
 		return v.State == "done"
 	})
@@ -99,7 +99,7 @@ plugins:
 	}
 
 	id = submitTask(t, h, `{"task": "example.count", "payload": {"to": 30, "step_ms": 100}}`)
-	waitFor(t, 20*time.Second, "example.count runs", func() bool { return taskState(t, h, id).State == "running" })
+	waitFor(t, 60*time.Second, "example.count runs", func() bool { return taskState(t, h, id).State == "running" })
 	time.Sleep(300 * time.Millisecond)
 	if err := syscall.Kill(ex.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -156,7 +156,7 @@ plugins:
 	h.waitState(t, "tasks_worker", "running", 30*time.Second)
 	h.waitState(t, "example", "running", 30*time.Second)
 	id := submitOnceRegistered(t, h, "example.count", `{"task": "example.count", "payload": {"to": 20, "step_ms": 100}, "max_attempts": 1}`)
-	waitFor(t, 20*time.Second, "example.count runs", func() bool { return taskState(t, h, id).State == "running" })
+	waitFor(t, 60*time.Second, "example.count runs", func() bool { return taskState(t, h, id).State == "running" })
 	h.sigterm(t)
 
 	b, err := local.Open(t.Context(), local.Options{Path: filepath.Join(dataDir, "taskhost.db")})

@@ -88,7 +88,7 @@ plugins:
 
 	var leader, standby *hostProc
 	var term int64
-	waitFor(t, 10*time.Second, "exactly one host leads", func() bool {
+	waitFor(t, 60*time.Second, "exactly one host leads", func() bool {
 		ha, okA := health(a)
 		hb, okB := health(b)
 		if !okA || !okB || ha.Beat.Leader == hb.Beat.Leader {

@@ -51,7 +51,7 @@ func (h *hostProc) expectRefused(t *testing.T, name string, want ...string) {
 	if !strings.Contains(page, template_escape(st.LastError)) {
 		t.Errorf("/admin/ does not show %s's error %q", name, st.LastError)
 	}
-	waitFor(t, 5*time.Second, name+"'s error is in the host log", func() bool {
+	waitFor(t, 60*time.Second, name+"'s error is in the host log", func() bool {
 		return strings.Contains(h.log.String(), want[0])
 	})
 }

@@ -156,7 +156,7 @@ func TestUIBrowser(t *testing.T) {
 			t.Errorf("flash %q", msg)
 		}
 		var state string
-		waitFor(t, 20*time.Second, "the task page says done", func() bool {
+		waitFor(t, 60*time.Second, "the task page says done", func() bool {
 			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			if err := chromedp.Do(ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#state"))); err != nil {
@@ -195,7 +195,7 @@ func TestUIBrowser(t *testing.T) {
 			}
 			return false
 		}
-		waitFor(t, 20*time.Second, "/api/locks shows L", held)
+		waitFor(t, 60*time.Second, "/api/locks shows L", held)
 		step(t, ctx, "press Force release and accept the confirm dialog",
 			chromedp.Navigate(h.base+"/plugin-pkg/tasks_worker/ui/locks"),
 			chromedp.WaitVisible(chromedp.CSS(`form[data-lock="L"] button`)),
