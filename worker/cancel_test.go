@@ -132,7 +132,7 @@ func TestCancelReachesThePoolThroughTheBroker(t *testing.T) {
 			p := startPool(t, b, reg, Options{HeartbeatInterval: beat})
 			if beat == time.Hour {
 				// A notice sent before the pool listens reaches no one.
-				eventually(t, "the pool listens for notices", func() bool { return p.notices != nil && p.notices.Listening() })
+				eventually(t, "the pool listens for notices", func() bool { return p.disp.notices != nil && p.disp.notices.Listening() })
 			}
 			id := submit(t, b, "block", `{}`)
 			bl.waitStarted(t, id)

@@ -1,29 +1,32 @@
 package worker
 
 import (
+	"context"
 	"slices"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/taskhost/taskhost/broker"
 )
 
-// This file owns the claim loop: the dispatcher goroutine, which claims
+// This file owns the claim loop: the dispatcher, whose goroutine claims
 // messages for free slots, with the pending acks (exchange), and hands
-// them to the workers. The pool starts it in Start and stops it (claimCtx)
-// and waits for it (dispatcherDone) in Stop.
+// them to the workers. The pool starts it in Start and stops it, and waits
+// for it, in Stop.
 
 // maxExchanges is how many exchanges (acks and a claim in one broker call)
 // the dispatcher keeps in flight at once.
 const maxExchanges = 2
 
-// dispatch claims messages while there are free slots and hands them to
+// dispatcher claims messages while there are free slots and hands them to
 // the workers, and has the completer write the acks the collectors leave
 // it with its claims (exchange). It closes jobs when it returns.
 //
 // A claim asks for as many messages as there are idle handlers not
 // already asked for by an exchange in flight, but the pool holds at most
 // 2*Concurrency messages claimed and not yet written back (running in the
-// broker), so slow outcome writes slow claiming down.
+// broker), so slow outcome writes slow claiming down (slots).
 //
 // A topic's concurrency limit counts a message as running until its
 // outcome is written. The acks therefore go with the next claim, written
@@ -53,152 +56,264 @@ const maxExchanges = 2
 // the broker announces submitted messages (announcements), until one for
 // a topic of this pool comes or ClaimIdleFallback passes, before it
 // claims with no acks to write.
-func (p *Pool) dispatch() {
-	defer close(p.dispatcherDone)
-	defer close(p.jobs)
-	defer p.out.closeAcks()
-	n := p.opts.Concurrency
+type dispatcher struct {
+	n        int // Options.Concurrency
+	workerID string
+	log      hclog.Logger
+	b        broker.Broker
+	topics   *topicSet
+	out      *completer
+	claims   *holdings
+	pool     *Pool // the workers' side: jobs, inflight, offloaded, slotFreed
+
+	idleInterval, idleFallback time.Duration // Options.ClaimIdleInterval, ClaimIdleFallback
+
+	wake    chan struct{}       // Wake: claim now
+	notices broker.Subscription // the broker's announcements (broker.Notifier), or nil
+	ctx     context.Context     // cancelled: stop claiming
+	cancel  context.CancelFunc
+	done    chan struct{} // closed when the claim loop has returned
+	started bool          // start ran (the pool calls start, then stop)
+
+	// The claim loop's state, its goroutine's alone.
+	iso *isolation
+	ann *announcements
+	x   *exchanges
+	bo  *backoff
+	// idling: after a short claim, claim with no acks only once the idle
+	// wait ends (deadline, the idle timer).
+	idling   bool
+	deadline time.Time
+	idle     *time.Timer
+	// woken: something that may make messages claimable (an
+	// announcement, an outcome written, a Wake) came while an exchange
+	// was out, which may not have seen it; a short exchange then does not
+	// make the dispatcher idle.
+	woken   bool
+	failed  bool        // a call failed: nothing goes out until the backoff timer fires
+	backoff *time.Timer // fires when the failed call may be retried
+}
+
+func newDispatcher(p *Pool, back *giveBacks) *dispatcher {
+	d := &dispatcher{
+		n: p.opts.Concurrency, workerID: p.opts.WorkerID, log: p.log, b: p.b,
+		topics: &p.topics, out: p.out, claims: &p.claims, pool: p,
+		idleInterval: p.opts.ClaimIdleInterval, idleFallback: p.opts.ClaimIdleFallback,
+		wake: make(chan struct{}, 1),
+		done: make(chan struct{}),
+	}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
 	// A suspect (see suspect) waits until it can run alone.
-	iso := newIsolation(p)
-	defer iso.stop()
-	ann := newAnnouncements(p)
-	x := &exchanges{results: make(chan exchanged, maxExchanges), busy: map[int64]int{}}
+	d.iso = newIsolation(d, p.reg, back)
+	return d
+}
+
+// start subscribes to the broker's announcements and starts the claim
+// loop.
+func (d *dispatcher) start() {
+	if n, ok := d.b.(broker.Notifier); ok {
+		d.notices = n.Subscribe()
+	}
+	d.started = true
+	go d.run()
+}
+
+// stop stops claiming and waits for the claim loop, which closed jobs as
+// it returned: the workers end once it is empty. It may be called more
+// than once, and before start.
+func (d *dispatcher) stop() {
+	d.cancel()
+	if !d.started {
+		return
+	}
+	<-d.done
+	if d.notices != nil {
+		d.notices.Close()
+	}
+}
+
+// wakeUp makes the dispatcher claim at once (Pool.Wake); it never blocks.
+func (d *dispatcher) wakeUp() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the claim loop: it sends an exchange out whenever one is due
+// (launch), and otherwise waits for what may make one due (wait).
+func (d *dispatcher) run() {
+	defer close(d.done)
+	defer close(d.pool.jobs)
+	defer d.out.closeAcks()
+	defer d.iso.stop()
+	d.ann = newAnnouncements(d)
+	d.x = &exchanges{results: make(chan exchanged, maxExchanges), busy: map[int64]int{}}
 	// The exchanges in flight end first: what they claimed goes to the
 	// workers, and the acks they give back go to closeAcks.
 	defer func() {
-		for x.flying > 0 {
-			x.land(p, iso, <-x.results)
+		for d.x.flying > 0 {
+			d.x.land(d, <-d.x.results)
 		}
 	}()
-	bo := retryBackoff()
-	idle := time.NewTimer(0)
-	<-idle.C
-	var (
-		idling   bool      // after a short claim: claim with no acks only once it ends
-		deadline time.Time // when the idle wait ends
-		// woken: something that may make messages claimable (an
-		// announcement, an outcome written, a Wake) came while an
-		// exchange was out, which may not have seen it; a short exchange
-		// then does not make the dispatcher idle.
-		woken   bool
-		backoff = time.NewTimer(0)
-		failed  bool // a call failed: nothing goes out until backoff fires
-	)
-	<-backoff.C
-	defer idle.Stop()
-	defer backoff.Stop()
-	stopIdling := func() {
-		if idling {
-			idling = false
-			idle.Stop()
+	d.bo = retryBackoff()
+	d.idle = time.NewTimer(0)
+	<-d.idle.C
+	d.backoff = time.NewTimer(0)
+	<-d.backoff.C
+	defer d.idle.Stop()
+	defer d.backoff.Stop()
+	for d.ctx.Err() == nil {
+		if d.launch() {
+			continue
+		}
+		if !d.wait() {
+			return
 		}
 	}
-	wakeUp := func() {
-		stopIdling()
-		if x.flying > 0 {
-			woken = true
-		}
+}
+
+// launch sends an exchange out when one is due (slots.launches): the acks
+// it may carry and a claim of the free slots. False when none is.
+func (d *dispatcher) launch() bool {
+	x := d.x
+	inflight := d.iso.settle(int(d.pool.inflight.Load()), x.reserved)
+	if x.flying >= maxExchanges || d.failed {
+		return false
 	}
-	for p.claimCtx.Err() == nil {
-		inflight := iso.settle(int(p.inflight.Load()), x.reserved)
-		if x.flying < maxExchanges && !failed {
-			nAcks := p.out.ackCountExcept(x.busy)
-			s := slots{
-				n: n, inflight: inflight, offloaded: int(p.offloaded.Load()), reserved: x.reserved,
-				pending: int(p.out.pending.Load()), acks: nAcks, carried: x.acks, blocked: iso.blocks(),
-			}
-			if s.launches(x.flying, idling) {
-				free := s.free()
-				acks := p.out.takeAcksExcept(x.busy)
-				if free > 0 {
-					// A write that returns from here on may free a slot this
-					// claim does not see: it signals afresh.
-					select {
-					case <-p.out.written:
-					default:
-					}
-				}
-				stopIdling()
-				if free > 0 {
-					// This claim sees what woke the dispatcher so far.
-					woken = false
-				}
-				ann.claiming()
-				x.launch(p, acks, broker.ClaimRequest{WorkerID: p.opts.WorkerID, Topics: p.claimTopics(), Max: free})
-				continue
-			}
-		}
-		var written <-chan struct{}
-		if !idling || p.inflight.Load()+p.out.pending.Load() > 0 {
-			written = p.out.written
-		}
-		var idleC <-chan time.Time
-		if idling {
-			idleC = idle.C
-		}
-		var backoffC <-chan time.Time
-		if failed {
-			backoffC = backoff.C
-		}
-		// A freed slot can launch nothing while every exchange is out: the
-		// next one to land brings the dispatcher back to the top, where it
-		// reads the slots afresh. Not waking for each finished message
-		// then saves a wake-up of the dispatcher per message.
-		var slotFreed <-chan struct{}
-		if x.flying < maxExchanges && !failed {
-			slotFreed = p.slotFreed
-		}
+	nAcks := d.out.ackCountExcept(x.busy)
+	s := slots{
+		n: d.n, inflight: inflight, offloaded: int(d.pool.offloaded.Load()), reserved: x.reserved,
+		pending: int(d.out.pending.Load()), acks: nAcks, carried: x.acks, blocked: d.iso.blocks(),
+	}
+	if !s.launches(x.flying, d.idling) {
+		return false
+	}
+	free := s.free()
+	acks := d.out.takeAcksExcept(x.busy)
+	if free > 0 {
+		// A write that returns from here on may free a slot this
+		// claim does not see: it signals afresh.
 		select {
-		case r := <-x.results:
-			x.land(p, iso, r)
-			if r.err != nil {
-				if p.claimCtx.Err() != nil {
-					return
-				}
-				d := bo.next()
-				p.log.Warn("claim failed; retrying", "error", r.err, "retry_in", d.String())
-				if !failed {
-					failed = true
-					backoff.Reset(d)
-				}
-				continue
-			}
-			bo.reset()
-			if iso.holding() || r.max == 0 {
-				continue
-			}
-			if len(r.msgs) == r.max || woken {
-				woken = false
-				stopIdling()
-				continue
-			}
-			// Short: the queues ran dry, or a concurrency limit binds. Our
-			// own messages free the limit's slots as their outcomes are
-			// written.
-			idling = true
-			deadline = time.Now().Add(ann.interval())
-			idle.Reset(time.Until(deadline))
-		case <-backoffC:
-			failed = false
-		case <-slotFreed:
-		case <-written:
-			wakeUp()
-		case <-p.out.acksReady:
-			stopIdling()
-		case <-iso.holdOver():
-		case <-idleC:
-			idling = false
-		case nt := <-ann.notices():
-			if ann.wakes(nt) {
-				wakeUp()
-			} else if next, ok := ann.next(); idling && ok && next.Before(deadline) {
-				deadline = next
-				idle.Reset(time.Until(deadline))
-			}
-		case <-p.wake:
-			wakeUp()
-		case <-p.claimCtx.Done():
+		case <-d.out.written:
+		default:
 		}
+	}
+	d.stopIdling()
+	if free > 0 {
+		// This claim sees what woke the dispatcher so far.
+		d.woken = false
+	}
+	d.ann.claiming()
+	x.launch(d, acks, broker.ClaimRequest{WorkerID: d.workerID, Topics: d.topics.claim(), Max: free})
+	return true
+}
+
+// wait waits for one thing that may make an exchange due, and takes it
+// in; false when the dispatcher stops (a claim failed as it stopped).
+func (d *dispatcher) wait() bool {
+	var written <-chan struct{}
+	if !d.idling || d.pool.inflight.Load()+d.out.pending.Load() > 0 {
+		written = d.out.written
+	}
+	var idleC <-chan time.Time
+	if d.idling {
+		idleC = d.idle.C
+	}
+	var backoffC <-chan time.Time
+	if d.failed {
+		backoffC = d.backoff.C
+	}
+	// A freed slot can launch nothing while every exchange is out: the
+	// next one to land brings the dispatcher back to the top, where it
+	// reads the slots afresh. Not waking for each finished message
+	// then saves a wake-up of the dispatcher per message.
+	var slotFreed <-chan struct{}
+	if d.x.flying < maxExchanges && !d.failed {
+		slotFreed = d.pool.slotFreed
+	}
+	select {
+	case r := <-d.x.results:
+		return d.landed(r)
+	case <-backoffC:
+		d.failed = false
+	case <-slotFreed:
+	case <-written:
+		d.woke()
+	case <-d.out.acksReady:
+		d.stopIdling()
+	case <-d.iso.holdOver():
+	case <-idleC:
+		d.idling = false
+	case nt := <-d.ann.notices():
+		d.announced(nt)
+	case <-d.wake:
+		d.woke()
+	case <-d.ctx.Done():
+	}
+	return true
+}
+
+// landed takes an exchange's answer: after a failed call the dispatcher
+// backs off, after a short claim it idles. False when it stops.
+func (d *dispatcher) landed(r exchanged) bool {
+	d.x.land(d, r)
+	if r.err != nil {
+		if d.ctx.Err() != nil {
+			return false
+		}
+		wait := d.bo.next()
+		d.log.Warn("claim failed; retrying", "error", r.err, "retry_in", wait.String())
+		if !d.failed {
+			d.failed = true
+			d.backoff.Reset(wait)
+		}
+		return true
+	}
+	d.bo.reset()
+	if d.iso.holding() || r.max == 0 {
+		return true
+	}
+	if len(r.msgs) == r.max || d.woken {
+		d.woken = false
+		d.stopIdling()
+		return true
+	}
+	// Short: the queues ran dry, or a concurrency limit binds. Our
+	// own messages free the limit's slots as their outcomes are
+	// written.
+	d.idling = true
+	d.deadline = time.Now().Add(d.ann.interval())
+	d.idle.Reset(time.Until(d.deadline))
+	return true
+}
+
+// announced takes a notice of submitted messages: one that calls for a
+// claim wakes the dispatcher, one of delayed messages may end its idle
+// wait sooner.
+func (d *dispatcher) announced(nt broker.Notice) {
+	if d.ann.wakes(nt) {
+		d.woke()
+	} else if next, ok := d.ann.next(); d.idling && ok && next.Before(d.deadline) {
+		d.deadline = next
+		d.idle.Reset(time.Until(d.deadline))
+	}
+}
+
+// stopIdling ends the idle wait.
+func (d *dispatcher) stopIdling() {
+	if d.idling {
+		d.idling = false
+		d.idle.Stop()
+	}
+}
+
+// woke takes in something that may make messages claimable: the idle
+// wait ends, and an exchange in flight may not have seen it.
+func (d *dispatcher) woke() {
+	d.stopIdling()
+	if d.x.flying > 0 {
+		d.woken = true
 	}
 }
 
@@ -281,7 +396,7 @@ type exchanged struct {
 }
 
 // launch sends acks and req out in an exchange of their own.
-func (x *exchanges) launch(p *Pool, acks []*completion, req broker.ClaimRequest) {
+func (x *exchanges) launch(d *dispatcher, acks []*completion, req broker.ClaimRequest) {
 	x.flying++
 	x.reserved += req.Max
 	x.acks += len(acks)
@@ -293,14 +408,14 @@ func (x *exchanges) launch(p *Pool, acks []*completion, req broker.ClaimRequest)
 		}
 	}
 	go func() {
-		msgs, err := p.out.exchange(p.claimCtx, acks, req)
+		msgs, err := d.out.exchange(d.ctx, acks, req)
 		x.results <- exchanged{msgs: msgs, err: err, max: req.Max, acks: len(acks), groups: groups}
 	}()
 }
 
 // land takes an exchange's answer: whatever it claimed is ours to finish,
 // even if we are stopping (the workers requeue it).
-func (x *exchanges) land(p *Pool, iso *isolation, r exchanged) {
+func (x *exchanges) land(d *dispatcher, r exchanged) {
 	x.flying--
 	x.reserved -= r.max
 	x.acks -= r.acks
@@ -309,12 +424,12 @@ func (x *exchanges) land(p *Pool, iso *isolation, r exchanged) {
 			delete(x.busy, g)
 		}
 	}
-	p.claims.hold(r.msgs)
+	d.claims.hold(r.msgs)
 	// The messages go to the workers by pointer: each is then one of the
 	// claim's slice, which lives until its last attempt is done.
 	for i := range r.msgs {
-		if m := &r.msgs[i]; iso.admit(m) {
-			p.toWorkers(m)
+		if m := &r.msgs[i]; d.iso.admit(m) {
+			d.pool.toWorkers(m)
 		}
 	}
 }
@@ -323,7 +438,7 @@ func (x *exchanges) land(p *Pool, iso *isolation, r exchanged) {
 // submitted messages (broker.Notifier): which wake it, and how long it may
 // wait idle.
 type announcements struct {
-	p   *Pool
+	d   *dispatcher
 	sub broker.Subscription // nil: the broker has none
 	// due holds, in order, when the messages announced with a delay become
 	// available (at most maxDue, the earliest kept): the idle wait ends at
@@ -335,8 +450,8 @@ type announcements struct {
 // poll.
 const maxDue = 256
 
-func newAnnouncements(p *Pool) *announcements {
-	return &announcements{p: p, sub: p.notices}
+func newAnnouncements(d *dispatcher) *announcements {
+	return &announcements{d: d, sub: d.notices}
 }
 
 // notices is the subscription's channel; nil (never ready) without one.
@@ -351,9 +466,9 @@ func (a *announcements) notices() <-chan broker.Notice {
 // announcements arrive, the idle interval otherwise, and never past the
 // first due time.
 func (a *announcements) interval() time.Duration {
-	d := a.p.opts.ClaimIdleInterval
+	d := a.d.idleInterval
 	if a.sub != nil && a.sub.Listening() {
-		d = a.p.opts.ClaimIdleFallback
+		d = a.d.idleFallback
 	}
 	if next, ok := a.next(); ok {
 		d = min(d, max(time.Until(next), 0))
@@ -375,7 +490,7 @@ func (a *announcements) wakes(n broker.Notice) bool {
 	if n.Topic == "" {
 		return true
 	}
-	if _, ours := slices.BinarySearch(a.p.claimTopics(), n.Topic); !ours {
+	if !a.d.topics.ours(n.Topic) {
 		return false
 	}
 	if n.Delay <= 0 {

@@ -107,7 +107,7 @@ func (p *Pool) offloader(m *broker.Message) {
 		case <-idle.C:
 			p.workers.Done()
 			return
-		case <-p.dispatcherDone:
+		case <-p.disp.done:
 			p.workers.Done()
 			return
 		}
@@ -168,7 +168,7 @@ func (p *Pool) handle(m *broker.Message) (out *completion) {
 	}()
 
 	// Only suspects are given back (see dispatch): the others skip the lock.
-	if back := p.givenBack(c); back != nil {
+	if back := p.back.outcome(c); back != nil {
 		return back
 	}
 	if p.draining.Load() {

@@ -82,13 +82,7 @@ func (p *Pool) heartbeat() {
 // their own) so their gauges show, and wakes the dispatcher to claim from
 // them. A topic is never dropped: its messages still need this worker.
 func (p *Pool) refreshTopics(ctx context.Context) {
-	old := p.claimTopics()
-	var added []string
-	for _, t := range p.wantedTopics() {
-		if _, has := slices.BinarySearch(old, t); !has {
-			added = append(added, t)
-		}
-	}
+	added := p.topics.added()
 	if len(added) == 0 {
 		return
 	}
@@ -97,8 +91,7 @@ func (p *Pool) refreshTopics(ctx context.Context) {
 			p.log.Warn("could not create the topic of a task registered since the start; claiming from it anyway", "topic", t, "error", err)
 		}
 	}
-	topics := slices.Sorted(slices.Values(append(slices.Clone(old), added...)))
-	p.topics.Store(&topics)
+	topics := p.topics.widen(added)
 	p.log.Info("claiming from the topics of tasks registered since the start", "added", added, "topics", topics)
 	p.Wake()
 }

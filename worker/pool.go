@@ -44,33 +44,26 @@ type Pool struct {
 	log  hclog.Logger
 	obs  Observer
 
-	mu    sync.Mutex
-	state poolState
-	// topics is what the pool claims from, sorted: Options.Topics and the
-	// topic of every registered task, set by Start and widened by the
-	// heartbeat when tasks are registered later (refreshTopics).
-	topics  atomic.Pointer[[]string]
+	mu      sync.Mutex
+	state   poolState
+	topics  topicSet      // what the pool claims from
 	stopped chan struct{} // closed when the pool is fully stopped
 
-	wake      chan struct{}       // Wake: claim now
-	notices   broker.Subscription // the broker's announcements (broker.Notifier), or nil
-	slotFreed chan struct{}       // a worker finished a message
+	disp      *dispatcher   // the claim loop
+	slotFreed chan struct{} // a worker finished a message
 	jobs      chan *broker.Message
 	offJobs   chan *broker.Message // offloaded attempts, to an idle offloader
 	out       *completer           // writes every outcome
 
-	claimCtx  context.Context // cancelled: stop claiming
-	stopClaim context.CancelFunc
 	runCtx    context.Context // parent of handler contexts; cancelled: hard stop
 	cancelRun context.CancelFunc
 	hbCtx     context.Context // cancelled: stop the heartbeat and the stray check
 	stopHB    context.CancelFunc
 
-	dispatcherDone chan struct{}
-	heartbeatDone  chan struct{}
-	strayDone      chan struct{}
-	cancelsDone    chan struct{} // closed: watchCancels returned (or never ran)
-	workers        sync.WaitGroup
+	heartbeatDone chan struct{}
+	strayDone     chan struct{}
+	cancelsDone   chan struct{} // closed: watchCancels returned (or never ran)
+	workers       sync.WaitGroup
 
 	elsewhere elsewhereView // what other workers run (see RunsElsewhere)
 
@@ -79,7 +72,7 @@ type Pool struct {
 
 	claims   holdings  // claimed, outcome not yet written (see hold)
 	attempts attempts  // the handlers running, for CancelRunning
-	back     giveBacks // claims to requeue without running (see giveBack)
+	back     giveBacks // claims to requeue without running
 	beat     beat      // the latest heartbeat
 
 	inflight  atomic.Int64 // claimed and not yet handed to the completer
@@ -96,15 +89,20 @@ func NewPool(b broker.Broker, reg *Registry, opts Options) *Pool {
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	return &Pool{
+	p := &Pool{
 		b:       b,
 		reg:     reg,
 		opts:    opts,
 		log:     opts.Logger.With("worker_id", opts.WorkerID),
 		obs:     obs,
 		stopped: make(chan struct{}),
-		wake:    make(chan struct{}, 1),
+		topics:  topicSet{reg: reg, extra: opts.Topics},
 	}
+	n := opts.Concurrency
+	p.claims.init(2 * n)
+	p.out = newCompleter(b, p.log, opts.WorkerID, obs, opts.Reporter, &p.claims, n)
+	p.disp = newDispatcher(p, &p.back)
+	return p
 }
 
 // WorkerID is the id this pool registers under.
@@ -115,41 +113,14 @@ func (p *Pool) Concurrency() int { return p.opts.Concurrency }
 
 // Topics lists the topics the pool claims from (known after Start). It
 // grows when tasks of a new topic are registered (other plugins' tasks).
-func (p *Pool) Topics() []string { return append([]string(nil), p.claimTopics()...) }
-
-// claimTopics is the topics to claim from now; the caller must not change
-// the slice.
-func (p *Pool) claimTopics() []string {
-	if t := p.topics.Load(); t != nil {
-		return *t
-	}
-	return nil
-}
-
-// wantedTopics is Options.Topics and the topic of every registered task,
-// sorted.
-func (p *Pool) wantedTopics() []string {
-	topics := map[string]bool{}
-	for _, t := range p.reg.Topics() {
-		topics[t] = true
-	}
-	for _, t := range p.opts.Topics {
-		topics[t] = true
-	}
-	return sortedKeys(topics)
-}
+func (p *Pool) Topics() []string { return p.topics.list() }
 
 // Running is the number of handlers running now.
 func (p *Pool) Running() int { return int(p.running.Load()) }
 
 // Wake makes the dispatcher claim at once instead of waiting out its idle
 // interval; call it after submitting a message locally. It never blocks.
-func (p *Pool) Wake() {
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
-}
+func (p *Pool) Wake() { p.disp.wakeUp() }
 
 // Start registers the worker with the broker and starts claiming. ctx
 // bounds the registration only: the pool runs until Stop.
@@ -168,11 +139,11 @@ func (p *Pool) Start(ctx context.Context) error {
 			return fmt.Errorf("start worker pool: topic %q: %w", t, err)
 		}
 	}
-	topics := p.wantedTopics()
+	topics := p.topics.wanted()
 	if len(topics) == 0 {
 		return errors.New("start worker pool: no topic to claim from: register a task or list topics in Options.Topics")
 	}
-	p.topics.Store(&topics)
+	p.topics.set(topics)
 
 	info := p.info()
 	if err := p.b.RegisterWorker(ctx, info); err != nil {
@@ -185,16 +156,12 @@ func (p *Pool) Start(ctx context.Context) error {
 	p.slotFreed = make(chan struct{}, 1)
 	p.jobs = make(chan *broker.Message, n)
 	p.offJobs = make(chan *broker.Message)
-	p.claimCtx, p.stopClaim = context.WithCancel(context.Background())
 	p.runCtx, p.cancelRun = context.WithCancel(context.Background())
 	p.hbCtx, p.stopHB = context.WithCancel(context.Background())
-	p.dispatcherDone = make(chan struct{})
 	p.heartbeatDone = make(chan struct{})
 	p.strayDone = make(chan struct{})
 	p.cancelsDone = make(chan struct{})
 	p.startedAt = time.Now()
-	p.claims.init(2 * n)
-	p.out = newCompleter(p.b, p.log, p.opts.WorkerID, p.obs, p.opts.Reporter, &p.claims, n)
 
 	go p.heartbeat()
 	go p.checkStrays()
@@ -208,10 +175,7 @@ func (p *Pool) Start(ctx context.Context) error {
 	for range n {
 		go p.work()
 	}
-	if n, ok := p.b.(broker.Notifier); ok {
-		p.notices = n.Subscribe()
-	}
-	go p.dispatch()
+	p.disp.start()
 	p.state = stateRunning
 	p.log.Info("worker pool started", "topics", topics, "concurrency", n)
 	return nil
@@ -266,11 +230,7 @@ func (p *Pool) Stop(ctx context.Context) error {
 	defer stopAfter()
 
 	p.draining.Store(true)
-	p.stopClaim()
-	<-p.dispatcherDone // it closed jobs: the workers end when it is empty
-	if p.notices != nil {
-		p.notices.Close()
-	}
+	p.disp.stop() // it closed jobs: the workers end when it is empty
 
 	workersDone := make(chan struct{})
 	go func() {

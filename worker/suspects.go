@@ -10,7 +10,7 @@ import (
 // This file owns the handling of suspects: messages whose last worker died
 // running them (see suspect). The dispatcher holds one at a time until the
 // pool is idle and runs it alone (isolation); the others, and a suspect
-// held too long, are given back to the queue without running (giveBack).
+// held too long, are given back to the queue without running (giveBacks).
 
 // suspectHoldMax bounds how long a pool holds a suspect (see suspect)
 // waiting for what it runs to finish, claiming nothing meanwhile; then the
@@ -30,17 +30,19 @@ func suspect(m broker.Message) bool {
 // held until it can run alone; alone is set while it runs. Nothing is
 // claimed while one is held or runs. Only the dispatcher uses it.
 type isolation struct {
-	p     *Pool
+	d     *dispatcher
+	reg   *Registry
+	back  *giveBacks
 	held  *broker.Message
 	since time.Time // when held was claimed
 	alone bool
 	timer *time.Timer // fires when held has waited suspectHoldMax
 }
 
-func newIsolation(p *Pool) *isolation {
+func newIsolation(d *dispatcher, reg *Registry, back *giveBacks) *isolation {
 	t := time.NewTimer(0)
 	<-t.C
-	return &isolation{p: p, timer: t}
+	return &isolation{d: d, reg: reg, back: back, timer: t}
 }
 
 // settle moves the suspect on before a claim, given how many messages the
@@ -50,18 +52,18 @@ func newIsolation(p *Pool) *isolation {
 // gives it back when the pool stays busy. It returns inflight, counting
 // what it handed to the workers.
 func (s *isolation) settle(inflight, coming int) int {
-	p := s.p
+	d := s.d
 	if s.alone && inflight == 0 {
 		s.alone = false
 	}
-	if s.held != nil && (inflight > 0 || p.out.pending.Load() > 0) && time.Since(s.since) >= suspectHoldMax {
+	if s.held != nil && (inflight > 0 || d.out.pending.Load() > 0) && time.Since(s.since) >= suspectHoldMax {
 		// The pool stayed busy (long tasks): rather than claim
 		// nothing for as long, give the suspect back for a while,
 		// for an idle worker, or for this one later.
-		p.log.Info("giving back a message whose last worker died running it: this worker stays busy and would claim nothing until it is idle",
+		d.log.Info("giving back a message whose last worker died running it: this worker stays busy and would claim nothing until it is idle",
 			"message_id", s.held.ID, "task", s.held.Task, "retry_in", suspectHoldMax.String())
-		p.giveBackAfter(s.held.ClaimOf(), suspectHoldMax)
-		p.toWorkers(s.held)
+		s.back.markAfter(s.held.ClaimOf(), suspectHoldMax)
+		d.pool.toWorkers(s.held)
 		s.held = nil
 		inflight++
 	}
@@ -70,10 +72,10 @@ func (s *isolation) settle(inflight, coming int) int {
 	// claimed by this worker until its write returns, and would be
 	// orphaned with the suspect if it is the poison), and no claim out
 	// whose messages would go to the workers beside it when it lands.
-	if !s.alone && s.held != nil && inflight == 0 && coming == 0 && p.out.pending.Load() == 0 {
-		p.log.Info("running a message whose last worker died while running it on its own, so that if it kills this process too, nothing else is lost with it",
+	if !s.alone && s.held != nil && inflight == 0 && coming == 0 && d.out.pending.Load() == 0 {
+		d.log.Info("running a message whose last worker died while running it on its own, so that if it kills this process too, nothing else is lost with it",
 			"message_id", s.held.ID, "task", s.held.Task)
-		p.toWorkers(s.held)
+		d.pool.toWorkers(s.held)
 		s.held = nil
 		s.alone, inflight = true, 1
 	}
@@ -99,8 +101,7 @@ func (s *isolation) holdOver() <-chan time.Time {
 // admit takes a claimed message: false when it is a suspect that it holds
 // (it goes to the workers later), true when it goes to the workers now.
 func (s *isolation) admit(m *broker.Message) bool {
-	p := s.p
-	if p.opts.Concurrency > 1 && suspect(*m) && p.runs(m.Task) {
+	if s.d.n > 1 && suspect(*m) && s.runs(m.Task) {
 		if s.held == nil {
 			s.held, s.since = m, time.Now()
 			return false
@@ -108,7 +109,7 @@ func (s *isolation) admit(m *broker.Message) bool {
 		// One suspect is held at a time: held, the others
 		// would die with it if it is the poison. They go back
 		// at once (see handle), for any worker to take.
-		p.giveBack(m.ClaimOf())
+		s.back.mark(m.ClaimOf())
 	}
 	return true
 }
@@ -118,7 +119,7 @@ func (s *isolation) admit(m *broker.Message) bool {
 func (s *isolation) stop() {
 	s.timer.Stop()
 	if s.held != nil {
-		s.p.toWorkers(s.held)
+		s.d.pool.toWorkers(s.held)
 		s.held = nil
 	}
 }
@@ -126,48 +127,47 @@ func (s *isolation) stop() {
 // runs reports whether this pool has task registered. A suspect of a task
 // it does not run is not held: handle requeues it (still marked) for a
 // worker that runs it, which isolates it.
-func (p *Pool) runs(task string) bool {
-	_, ok := p.reg.Lookup(task)
+func (s *isolation) runs(task string) bool {
+	_, ok := s.reg.Lookup(task)
 	return ok
 }
 
 // giveBacks are the claims that handle requeues at once without running
-// them, with their delay (see giveBack).
+// them, with their delay (see mark).
 type giveBacks struct {
 	mu     sync.Mutex
 	claims map[broker.Claim]time.Duration
 }
 
-// giveBack marks a claim that handle requeues at once without running it.
-func (p *Pool) giveBack(c broker.Claim) { p.giveBackAfter(c, 0) }
+// mark marks a claim that handle requeues at once without running it.
+func (g *giveBacks) mark(c broker.Claim) { g.markAfter(c, 0) }
 
-// giveBackAfter is giveBack, the message available again after d.
-func (p *Pool) giveBackAfter(c broker.Claim, d time.Duration) {
-	p.back.mu.Lock()
-	defer p.back.mu.Unlock()
-	if p.back.claims == nil {
-		p.back.claims = map[broker.Claim]time.Duration{}
+// markAfter is mark, the message available again after d.
+func (g *giveBacks) markAfter(c broker.Claim, d time.Duration) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.claims == nil {
+		g.claims = map[broker.Claim]time.Duration{}
 	}
-	p.back.claims[c] = d
+	g.claims[c] = d
 }
 
-// takeBack reports whether c was marked by giveBack, with its delay, and
-// unmarks it.
-func (p *Pool) takeBack(c broker.Claim) (time.Duration, bool) {
-	p.back.mu.Lock()
-	defer p.back.mu.Unlock()
-	d, ok := p.back.claims[c]
-	delete(p.back.claims, c)
+// take reports whether c was marked, with its delay, and unmarks it.
+func (g *giveBacks) take(c broker.Claim) (time.Duration, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	d, ok := g.claims[c]
+	delete(g.claims, c)
 	return d, ok
 }
 
-// givenBack is the outcome of c when the dispatcher gave its message back
-// (giveBack): requeued without running. Nil when it did not.
-func (p *Pool) givenBack(c *completion) *completion {
+// outcome is the outcome of c when the dispatcher gave its message back
+// (mark): requeued without running. Nil when it did not.
+func (g *giveBacks) outcome(c *completion) *completion {
 	if !suspect(*c.msg) {
 		return nil
 	}
-	d, ok := p.takeBack(c.claim)
+	d, ok := g.take(c.claim)
 	if !ok {
 		return nil
 	}
