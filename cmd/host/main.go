@@ -9,7 +9,7 @@
 //	host version                        print the version
 //
 // migrate and bench are the task system's: the tasks_worker plugin's
-// binary runs them (see tasksCmd), so the host links no broker.
+// binary runs them (taskscmd.go), so the host links no broker.
 package main
 
 import (
@@ -60,9 +60,9 @@ func (cl *cli) run(args []string) int {
 	case cmd == "check-config":
 		return cl.checkConfig(args)
 	case cmd == "migrate":
-		return tasksCmd(cmd, args, true)
+		return cl.migrate(args)
 	case cmd == "bench":
-		return tasksCmd(cmd, args, false)
+		return cl.bench(args)
 	case clientGroups[cmd]:
 		return cl.clientCmd(append([]string{cmd}, args...))
 	case cmd == "version":

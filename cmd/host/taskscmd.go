@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"errors"
+	"flag"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	"github.com/taskhost/taskhost/host"
@@ -16,91 +19,146 @@ import (
 // `host bench` and `host migrate`: the host itself links no broker.
 const tasksPlugin = "tasks_worker"
 
-// tasksCmd runs `host <cmd> args` as `fp-plugin-tasks_worker <cmd> args`,
-// replacing this process: the binary gets the same arguments, standard
-// streams, environment and working directory, and its exit status is the
-// command's. The binary is found as `host check-config` finds plugins:
-// plugins_dir of the config file (-config when the command takes it, else
-// $TASKHOST_CONFIG, else taskhost.yaml), bin/plugins when there is no such
-// file, and it is not run when it does not match the plugin's sha256 pin.
-func tasksCmd(cmd string, args []string, takesConfig bool) int {
-	path := os.Getenv("TASKHOST_CONFIG")
-	if path == "" {
-		path = "taskhost.yaml"
+// migrate runs `host migrate` as `fp-plugin-tasks_worker migrate`, handing
+// it the tasks_worker plugin's config block on stdin as `host
+// check-config` does, so that the plugin reads its own settings (dsn,
+// schema) and the plugin's binary needs nothing of the host. The binary is
+// found as check-config finds plugins: in plugins_dir of the config file
+// (-config, else $TASKHOST_CONFIG, else taskhost.yaml), in bin/plugins
+// when there is no such file, and it is not run when it does not match
+// the plugin's sha256 pin. Its output is the command's, and so is its exit
+// status.
+func (cl *cli) migrate(args []string) int {
+	set := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	set.SetOutput(cl.stderr)
+	path := configFlag(set)
+	dsn := set.String("dsn", "", "PostgreSQL `address` (default: the tasks_worker config's dsn, then $TASKHOST_DATABASE_URL)")
+	schema := set.String("schema", "", "the `schema` holding the tables (default: the config's schema, then public)")
+	set.Usage = func() {
+		fmt.Fprint(set.Output(), "usage: host migrate [-config FILE] [-dsn DSN] [-schema S]\n\nBrings the PostgreSQL broker's tables up to date (in the tasks_worker plugin's binary).\n\n")
+		set.PrintDefaults()
 	}
-	if takesConfig {
-		if p, ok := configArg(args); ok {
-			path = p
+	if err := set.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
 		}
+		return 2
 	}
-	bin, f, err := tasksBinary(path)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "host %s: %v\n", cmd, err)
+	if set.NArg() > 0 {
+		fmt.Fprintf(cl.stderr, "host migrate: unexpected argument %q: the flags are -config, -dsn and -schema\n", set.Arg(0))
+		return 2
+	}
+	cfg, err := host.LoadConfig(*path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(cl.stderr, "host migrate: %v\n", err)
 		return 1
 	}
-	// Run the file that was checked, through its descriptor, as the host
-	// starts plugins: a file swapped in after the checks never runs.
-	argv := append([]string{bin, cmd}, args...)
-	err = syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), argv, os.Environ()) // returns only on failure
-	fmt.Fprintf(os.Stderr, "host %s: running %s: %v\n", cmd, bin, err)
-	return 1
+	if err != nil {
+		cfg = nil
+	}
+	bin, f, block, err := tasksBinary(cfg, *path)
+	if err != nil {
+		fmt.Fprintf(cl.stderr, "host migrate: %v\n", err)
+		return 1
+	}
+	defer f.Close()
+	argv := []string{"migrate"}
+	if *dsn != "" {
+		argv = append(argv, "-dsn", *dsn)
+	}
+	if *schema != "" {
+		argv = append(argv, "-schema", *schema)
+	}
+	return cl.runPluginBinary(bin, f, argv, block)
 }
 
-// configArg returns the value of the last -config flag in args as the
-// flag package reads `host migrate`'s flags, all of which take a value
-// (-config F, -config=F, --config F); "--" or the first argument that is
-// not a flag ends the flags.
-func configArg(args []string) (string, bool) {
-	var path string
-	found := false
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "--" || a == "-" || !strings.HasPrefix(a, "-") {
-			break
-		}
-		name, value, hasValue := strings.Cut(strings.TrimPrefix(a[1:], "-"), "=")
-		if name == "h" || name == "help" {
-			break
-		}
-		if !hasValue {
-			if i+1 == len(args) {
-				break
+// runPluginBinary runs the open plugin binary f (at path bin) with args and
+// stdin on this command's standard output and error, and returns its exit
+// status. What runs is the file checked, through its descriptor, as the
+// host starts plugins: a file swapped in after the checks never runs.
+// SIGINT and SIGTERM are passed on to it.
+func (cl *cli) runPluginBinary(bin string, f *os.File, args []string, stdin []byte) int {
+	cmd := exec.Command("/proc/self/fd/3") // the first of ExtraFiles
+	cmd.Args = append([]string{bin}, args...)
+	cmd.ExtraFiles = []*os.File{f}
+	cmd.Stdin = bytes.NewReader(stdin)
+	cmd.Stdout, cmd.Stderr = cl.stdout, cl.stderr
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(cl.stderr, "host %s: running %s: %v\n", args[0], bin, err)
+		return 1
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		select {
+		case sig := <-sigs:
+			_ = cmd.Process.Signal(sig)
+		case err := <-done:
+			var ee *exec.ExitError
+			switch {
+			case err == nil:
+				return 0
+			case errors.As(err, &ee) && ee.ExitCode() >= 0:
+				return ee.ExitCode()
+			default:
+				fmt.Fprintf(cl.stderr, "host %s: %s: %v\n", args[0], bin, err)
+				return 1
 			}
-			i++
-			value = args[i]
-		}
-		if name == "config" {
-			path, found = value, true
 		}
 	}
-	return path, found
 }
 
-// tasksBinary returns the path of the tasks_worker plugin binary that
-// the config at path names, and the binary opened after the checks the
-// host makes before it starts a plugin (see host.OpenPluginBinary), or
-// says why there is none to run.
-func tasksBinary(path string) (string, *os.File, error) {
+// tasksBinary returns the path of the tasks_worker plugin binary that cfg
+// (loaded from path; nil when there is no such file) names, the binary
+// opened after the checks the host makes before it starts a plugin (see
+// host.OpenPluginBinary), and the plugin's config block (nil without
+// one), or says why there is none to run.
+func tasksBinary(cfg *host.Config, path string) (string, *os.File, []byte, error) {
 	dir, where := host.DefaultPluginsDir, "the default plugins_dir: "+path+" does not exist"
 	var pin string
-	cfg, err := host.LoadConfig(path)
-	switch {
-	case err == nil:
+	var block []byte
+	if cfg != nil {
 		dir, where = cfg.PluginsDir, "the plugins_dir of "+path
 		if pc, ok := cfg.Plugin(tasksPlugin); ok {
-			pin = pc.SHA256
+			pin, block = pc.SHA256, pc.Config
 		}
-	case !errors.Is(err, fs.ErrNotExist):
-		where = fmt.Sprintf("the default plugins_dir: the config did not load: %v", err)
 	}
 	bin := filepath.Join(dir, host.BinaryPrefix+tasksPlugin)
 	if info, err := os.Stat(bin); err != nil || info.IsDir() || info.Mode().Perm()&0o111 == 0 {
-		return "", nil, fmt.Errorf("this command runs in the %s plugin's binary, and there is no executable %s (%s); build it with `make build`, or set plugins_dir to the directory that holds it", tasksPlugin, bin, where)
+		return "", nil, nil, fmt.Errorf("this command runs in the %s plugin's binary, and there is no executable %s (%s); build it with `make build`, or set plugins_dir to the directory that holds it", tasksPlugin, bin, where)
 	}
 	f, err := host.OpenPluginBinary(dir, tasksPlugin, pin)
 	if err != nil {
 		// Never run a binary the host would refuse to start.
-		return "", nil, fmt.Errorf("%w; not run", err)
+		return "", nil, nil, fmt.Errorf("%w; not run", err)
 	}
-	return bin, f, nil
+	return bin, f, block, nil
+}
+
+// bench runs `host bench` as `fp-plugin-tasks_worker bench`, replacing
+// this process: the binary gets the same arguments, standard streams,
+// environment and working directory, and its exit status is the
+// command's. The binary is found as migrate finds it, with the config
+// file $TASKHOST_CONFIG, else taskhost.yaml.
+func (cl *cli) bench(args []string) int {
+	path := os.Getenv("TASKHOST_CONFIG")
+	if path == "" {
+		path = "taskhost.yaml"
+	}
+	cfg, err := host.LoadConfig(path)
+	if err != nil {
+		cfg = nil
+	}
+	bin, f, _, err := tasksBinary(cfg, path)
+	if err != nil {
+		fmt.Fprintf(cl.stderr, "host bench: %v\n", err)
+		return 1
+	}
+	argv := append([]string{bin, "bench"}, args...)
+	err = syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), argv, os.Environ()) // returns only on failure
+	fmt.Fprintf(cl.stderr, "host bench: running %s: %v\n", bin, err)
+	return 1
 }
