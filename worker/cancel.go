@@ -6,15 +6,18 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/broker"
 )
 
 // This file owns the cancellation of running attempts: the pool's record
-// of the attempts it runs (attempts), CancelRunning, which cancels one of
-// them, and how a cancel request that comes before its handler starts is
-// kept for it (early). The heartbeat asks the broker for the cancel
-// requests of this worker's messages (pollCancels), and a broker that
-// announces them (broker.CancelNotifier) makes the pool act at once
-// (watchCancels).
+// of the attempts it runs (attempts), the cancels that carry requests to
+// them (Pool.CancelRunning, and the broker's requests: cancels.poll after
+// each heartbeat, cancels.watch when the broker announces them), and how
+// a cancel request that comes before its handler starts is kept for it
+// (early).
 
 // ErrCancelRequested is the cause (context.Cause) of a handler's context
 // cancelled because someone asked to cancel its task (Pool.CancelRunning):
@@ -175,26 +178,6 @@ func (as *attempts) overrunning(now time.Time, warnAfter time.Duration) (all, wa
 // cancel request before the pool logs it.
 const overrunWarnAfter = 2 * time.Second
 
-// Overrunning is how many handlers run on past their timeout or a cancel
-// request now: each keeps its slot, and its topic's concurrency limit
-// counts it, until it returns (for a provider plugin's task, until the
-// plugin says its handler returned).
-func (p *Pool) Overrunning() int {
-	all, _ := p.attempts.overrunning(time.Now(), time.Duration(1<<62))
-	return len(all)
-}
-
-// warnOverruns logs each handler that has run on for overrunWarnAfter
-// past its timeout or a cancel request, once; the heartbeat calls it.
-func (p *Pool) warnOverruns() {
-	now := time.Now()
-	_, warn := p.attempts.overrunning(now, overrunWarnAfter)
-	for _, o := range warn {
-		p.log.Warn("a task runs on past its timeout or cancel; its slot stays held until it returns (its topic's concurrency limit counts it)",
-			"message_id", o.id, "task", o.task, "overrun", now.Sub(o.since).Round(time.Millisecond).String())
-	}
-}
-
 // keepEarly keeps a cancel request for message id, held by the pool but
 // not running yet, for its handler's start.
 func (as *attempts) keepEarly(id int64) {
@@ -220,67 +203,121 @@ func (as *attempts) forgetEarly(id int64) {
 	as.mu.Unlock()
 }
 
-// CancelRunning cancels the attempt of message id that this pool runs:
-// its handler's context is cancelled with cause ErrCancelRequested
-// (across the plugin boundary, for a provider plugin's task), and the
-// attempt ends cancelled (StatusCancelled) — never retried — unless the
-// handler returns success first, in which case the ack wins. A message
-// the pool has claimed but whose handler has not started yet is cancelled
-// before it runs. It returns false when the pool holds no such message.
-//
-// The tasks_worker plugin calls it when a cancel is asked for through
-// this process; a cancel asked for elsewhere reaches the pool through the
-// broker (its cancel notices, or the heartbeat's Broker.CancelRequests).
-func (p *Pool) CancelRunning(id int64) bool {
-	if running, first := p.attempts.cancel(id); running {
+// cancels carries cancel requests to the attempts the pool runs: those
+// asked for through this process (Pool.CancelRunning), those the broker
+// announces (broker.CancelNotifier: watch, a goroutine the pool starts in
+// Start and stops in Stop), and those the heartbeat finds in the broker
+// after each beat (poll). It also tells of handlers that run on past
+// their timeout or a cancel request (overrunning).
+type cancels struct {
+	b        broker.Broker
+	workerID string
+	log      hclog.Logger
+	attempts *attempts
+	claims   *holdings
+	ctx      context.Context // cancelled: stop watching
+	cancel   context.CancelFunc
+	done     chan struct{} // closed: watch returned
+	started  bool          // watch runs (the pool calls start, then stop)
+}
+
+func newCancels(b broker.Broker, workerID string, log hclog.Logger, as *attempts, claims *holdings) *cancels {
+	c := &cancels{b: b, workerID: workerID, log: log, attempts: as, claims: claims, done: make(chan struct{})}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c
+}
+
+// start watches the broker's cancel notices, when it announces them.
+func (c *cancels) start() {
+	if cn, ok := c.b.(broker.CancelNotifier); ok {
+		c.started = true
+		go c.watch(cn.CancelNotices())
+	}
+}
+
+// stop stops watching and waits for it. It may be called more than once,
+// and before start.
+func (c *cancels) stop() {
+	c.cancel()
+	if c.started {
+		<-c.done
+	}
+}
+
+// request cancels the attempt of message id that the pool runs, or keeps
+// the request for its handler when the pool holds the message and has not
+// started it yet (see Pool.CancelRunning); false when the pool holds no
+// such message.
+func (c *cancels) request(id int64) bool {
+	if running, first := c.attempts.cancel(id); running {
 		if first {
-			p.log.Info("cancel requested: cancelling the running task", "message_id", id)
+			c.log.Info("cancel requested: cancelling the running task", "message_id", id)
 		}
 		return true
 	}
-	if !p.claims.holdsID(id) {
+	if !c.claims.holdsID(id) {
 		return false
 	}
-	p.attempts.keepEarly(id)
+	c.attempts.keepEarly(id)
 	// The handler may have started between the two looks.
-	if running, _ := p.attempts.cancel(id); running {
-		p.attempts.forgetEarly(id)
+	if running, _ := c.attempts.cancel(id); running {
+		c.attempts.forgetEarly(id)
 	}
-	p.log.Debug("cancel requested for a task claimed and not running", "message_id", id)
+	c.log.Debug("cancel requested for a task claimed and not running", "message_id", id)
 	return true
 }
 
-// pollCancels asks the broker which of the messages running under this
-// worker have a cancel request, and cancels those the pool holds. The
-// heartbeat calls it after each beat: it is how a cancel asked for in
-// another process reaches a pool whose broker announces none, or whose
-// announcement was missed.
-func (p *Pool) pollCancels(ctx context.Context) {
-	claims, err := p.b.CancelRequests(ctx, p.opts.WorkerID)
+// poll asks the broker which of the messages running under this worker
+// have a cancel request, and cancels those the pool holds, within
+// brokerCallTimeout; stop is the heartbeat's context. The heartbeat calls
+// it after each beat: it is how a cancel asked for in another process
+// reaches a pool whose broker announces none, or whose announcement was
+// missed.
+func (c *cancels) poll(stop context.Context) {
+	ctx, cancel := context.WithTimeout(stop, brokerCallTimeout)
+	defer cancel()
+	claims, err := c.b.CancelRequests(ctx, c.workerID)
 	if err != nil {
-		if p.hbCtx.Err() == nil {
-			p.log.Warn("could not ask the broker for cancel requests; asking again at the next heartbeat", "error", err)
+		if stop.Err() == nil {
+			c.log.Warn("could not ask the broker for cancel requests; asking again at the next heartbeat", "error", err)
 		}
 		return
 	}
-	for _, c := range claims {
-		if held, _ := p.claims.holds(c); held {
-			p.CancelRunning(c.ID)
+	for _, cl := range claims {
+		if held, _ := c.claims.holds(cl); held {
+			c.request(cl.ID)
 		}
 	}
 }
 
-// watchCancels cancels, as they are announced, the attempts the pool runs
-// whose cancel is requested, until the heartbeat stops (hbCtx); the pool
-// starts it when its broker is a broker.CancelNotifier.
-func (p *Pool) watchCancels(notices <-chan int64) {
-	defer close(p.cancelsDone)
+// watch cancels, as they are announced, the attempts the pool runs whose
+// cancel is requested, until stop.
+func (c *cancels) watch(notices <-chan int64) {
+	defer close(c.done)
 	for {
 		select {
-		case <-p.hbCtx.Done():
+		case <-c.ctx.Done():
 			return
 		case id := <-notices:
-			p.CancelRunning(id)
+			c.request(id)
 		}
+	}
+}
+
+// overrunning is how many handlers run on past their timeout or a cancel
+// request now (see Pool.Overrunning).
+func (c *cancels) overrunning() int {
+	all, _ := c.attempts.overrunning(time.Now(), time.Duration(1<<62))
+	return len(all)
+}
+
+// warnOverruns logs each handler that has run on for overrunWarnAfter
+// past its timeout or a cancel request, once; the heartbeat calls it.
+func (c *cancels) warnOverruns() {
+	now := time.Now()
+	_, warn := c.attempts.overrunning(now, overrunWarnAfter)
+	for _, o := range warn {
+		c.log.Warn("a task runs on past its timeout or cancel; its slot stays held until it returns (its topic's concurrency limit counts it)",
+			"message_id", o.id, "task", o.task, "overrun", now.Sub(o.since).Round(time.Millisecond).String())
 	}
 }

@@ -20,7 +20,7 @@
 // outcomes are being written is retried as soon as one of those writes
 // returns, not after the idle interval. A heartbeat goroutine keeps the
 // worker's row fresh, and a stray check requeues messages claimed for this
-// worker whose claim's answer never reached it (see checkStrays).
+// worker whose claim's answer never reached it (see strayCheck).
 //
 // Delivery is at least once. A worker whose claim was taken from it (the
 // reaper requeued the message, an operator forced it) learns so from

@@ -74,7 +74,7 @@ type Options struct {
 	Reporter Reporter
 	// StrayCheckInterval is how often the pool looks for strays: messages
 	// running in the broker under its worker id that it does not hold,
-	// because their claim's answer was lost (see checkStrays). Default
+	// because their claim's answer was lost (see strayCheck). Default
 	// 30s; negative turns the check off. The check assumes that this pool
 	// is the only one claiming under its worker id.
 	StrayCheckInterval time.Duration

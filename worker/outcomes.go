@@ -222,7 +222,7 @@ func (o *completer) lose(c *completion, op string, err error) {
 }
 
 // requeueUnheld requeues claim c, which the pool does not hold (a stray,
-// or a message whose outcome could not be written; see checkStrays), in
+// or a message whose outcome could not be written; see strayCheck), in
 // one try under ctx; notRun gives the attempt back. The stray check
 // handles the error. It may be called after stop.
 func (o *completer) requeueUnheld(ctx context.Context, c broker.Claim, notRun bool, reason string) error {

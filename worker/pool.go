@@ -55,25 +55,21 @@ type Pool struct {
 	offJobs   chan *broker.Message // offloaded attempts, to an idle offloader
 	out       *completer           // writes every outcome
 
+	hb      *heartbeater // the worker's row in the broker
+	strays  *strayCheck
+	cancels *cancels
+
 	runCtx    context.Context // parent of handler contexts; cancelled: hard stop
 	cancelRun context.CancelFunc
-	hbCtx     context.Context // cancelled: stop the heartbeat and the stray check
-	stopHB    context.CancelFunc
-
-	heartbeatDone chan struct{}
-	strayDone     chan struct{}
-	cancelsDone   chan struct{} // closed: watchCancels returned (or never ran)
-	workers       sync.WaitGroup
+	workers   sync.WaitGroup
 
 	elsewhere elsewhereView // what other workers run (see RunsElsewhere)
 
-	startedAt  time.Time // when Start ran
-	startTasks []string  // the tasks Start registered the worker with
+	startedAt time.Time // when Start ran
 
 	claims   holdings  // claimed, outcome not yet written (see hold)
 	attempts attempts  // the handlers running, for CancelRunning
 	back     giveBacks // claims to requeue without running
-	beat     beat      // the latest heartbeat
 
 	inflight  atomic.Int64 // claimed and not yet handed to the completer
 	offloaded atomic.Int64 // of inflight, run on goroutines of their own (offload)
@@ -102,8 +98,37 @@ func NewPool(b broker.Broker, reg *Registry, opts Options) *Pool {
 	p.claims.init(2 * n)
 	p.out = newCompleter(b, p.log, opts.WorkerID, obs, opts.Reporter, &p.claims, n)
 	p.disp = newDispatcher(p, &p.back)
+	p.cancels = newCancels(b, opts.WorkerID, p.log, &p.attempts, &p.claims)
+	p.hb = newHeartbeater(p, p.cancels)
+	p.strays = newStrayCheck(p)
 	return p
 }
+
+// LastHeartbeat returns when this pool's worker last stamped its
+// heartbeat (or registered), and the error of the latest try when it
+// failed (nil when it went through). A worker whose heartbeats fail looks
+// dead to the others once orphan_reclaim_after passes, and its broker
+// writes are likely failing too. Zero before Start.
+func (p *Pool) LastHeartbeat() (time.Time, error) { return p.hb.last() }
+
+// Overrunning is how many handlers run on past their timeout or a cancel
+// request now: each keeps its slot, and its topic's concurrency limit
+// counts it, until it returns (for a provider plugin's task, until the
+// plugin says its handler returned).
+func (p *Pool) Overrunning() int { return p.cancels.overrunning() }
+
+// CancelRunning cancels the attempt of message id that this pool runs:
+// its handler's context is cancelled with cause ErrCancelRequested
+// (across the plugin boundary, for a provider plugin's task), and the
+// attempt ends cancelled (StatusCancelled) — never retried — unless the
+// handler returns success first, in which case the ack wins. A message
+// the pool has claimed but whose handler has not started yet is cancelled
+// before it runs. It returns false when the pool holds no such message.
+//
+// The tasks_worker plugin calls it when a cancel is asked for through
+// this process; a cancel asked for elsewhere reaches the pool through the
+// broker (its cancel notices, or the heartbeat's Broker.CancelRequests).
+func (p *Pool) CancelRunning(id int64) bool { return p.cancels.request(id) }
 
 // WorkerID is the id this pool registers under.
 func (p *Pool) WorkerID() string { return p.opts.WorkerID }
@@ -145,31 +170,20 @@ func (p *Pool) Start(ctx context.Context) error {
 	}
 	p.topics.set(topics)
 
-	info := p.info()
-	if err := p.b.RegisterWorker(ctx, info); err != nil {
+	if err := p.hb.register(ctx); err != nil {
 		return fmt.Errorf("start worker pool: register worker %s: %w", p.opts.WorkerID, err)
 	}
-	p.startTasks = info.Tasks
-	p.beaten(nil)
 
 	n := p.opts.Concurrency
 	p.slotFreed = make(chan struct{}, 1)
 	p.jobs = make(chan *broker.Message, n)
 	p.offJobs = make(chan *broker.Message)
 	p.runCtx, p.cancelRun = context.WithCancel(context.Background())
-	p.hbCtx, p.stopHB = context.WithCancel(context.Background())
-	p.heartbeatDone = make(chan struct{})
-	p.strayDone = make(chan struct{})
-	p.cancelsDone = make(chan struct{})
 	p.startedAt = time.Now()
 
-	go p.heartbeat()
-	go p.checkStrays()
-	if cn, ok := p.b.(broker.CancelNotifier); ok {
-		go p.watchCancels(cn.CancelNotices())
-	} else {
-		close(p.cancelsDone)
-	}
+	p.hb.start()
+	p.strays.start()
+	p.cancels.start()
 	p.out.start()
 	p.workers.Add(n)
 	for range n {
@@ -179,18 +193,6 @@ func (p *Pool) Start(ctx context.Context) error {
 	p.state = stateRunning
 	p.log.Info("worker pool started", "topics", topics, "concurrency", n)
 	return nil
-}
-
-func (p *Pool) info() broker.WorkerInfo {
-	return broker.WorkerInfo{
-		ID:       p.opts.WorkerID,
-		Host:     p.opts.Host,
-		PID:      p.opts.PID,
-		Roles:    append([]string(nil), p.opts.Roles...),
-		Topics:   p.Topics(),
-		Capacity: p.opts.Concurrency,
-		Tasks:    p.reg.Names(),
-	}
 }
 
 // Stop stops claiming, lets running handlers finish for up to
@@ -266,19 +268,12 @@ func (p *Pool) Stop(ctx context.Context) error {
 
 	p.out.stop()
 
-	p.stopHB()
-	<-p.heartbeatDone
-	<-p.strayDone
-	<-p.cancelsDone
+	p.hb.stop()
+	p.strays.stop()
+	p.cancels.stop()
 	p.cancelRun()
 
-	unregister := brokerCallTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		unregister = min(unregister, max(time.Until(dl), lastTryTimeout))
-	}
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unregister)
-	defer cancel()
-	if err := p.b.UnregisterWorker(uctx, p.opts.WorkerID); err != nil && !errors.Is(err, broker.ErrNotFound) {
+	if err := p.hb.unregister(ctx); err != nil {
 		p.log.Error("could not unregister worker", "error", err)
 		return fmt.Errorf("stop worker pool: unregister worker %s: %w", p.opts.WorkerID, err)
 	}

@@ -7,13 +7,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/taskhost/taskhost/broker"
 )
 
-// This file owns the stray check (checkStrays), a goroutine the pool starts
-// in Start and stops (hbCtx) and waits for (strayDone) in Stop, and the
-// record of the claims the pool holds (holdings), which it compares with
-// the broker's.
+// This file owns the stray check (strayCheck), a goroutine the pool starts
+// in Start and stops in Stop, and the record of the claims the pool holds
+// (holdings), which it compares with the broker's.
 
 // Defaults of the stray check (Options.StrayCheckInterval, StrayAfter).
 const (
@@ -41,7 +42,7 @@ const (
 // limited topic a few strays hold every slot and wedge the topic for as
 // long as the process lives.
 //
-// checkStrays compares, every StrayCheckInterval, the claims the broker
+// The strayCheck compares, every StrayCheckInterval, the claims the broker
 // lists as running under the worker id with those the pool holds (claimed,
 // outcome not yet written). A claim the pool does not hold, seen again at
 // least StrayAfter after it was first seen and still not held, is a
@@ -51,33 +52,73 @@ const (
 // back (broker.NackRequest.NotRun): the task never ran. (A message whose
 // task did run here, but whose outcome could not be written, is requeued
 // the same way once the pool has given up on it, keeping its attempt.)
-func (p *Pool) checkStrays() {
-	defer close(p.strayDone)
-	if p.opts.StrayCheckInterval <= 0 {
+type strayCheck struct {
+	b        broker.Broker
+	log      hclog.Logger
+	workerID string
+	interval time.Duration // Options.StrayCheckInterval; <= 0: no check
+	after    time.Duration // Options.StrayAfter
+	claims   *holdings
+	out      *completer  // requeues the strays
+	strays   func(n int) // Options.Strays; may be nil
+	ctx      context.Context
+	cancel   context.CancelFunc
+	done     chan struct{}
+	started  bool // start ran (the pool calls start, then stop)
+}
+
+func newStrayCheck(p *Pool) *strayCheck {
+	s := &strayCheck{
+		b: p.b, log: p.log, workerID: p.opts.WorkerID, interval: p.opts.StrayCheckInterval, after: p.opts.StrayAfter,
+		claims: &p.claims, out: p.out, strays: p.opts.Strays, done: make(chan struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	return s
+}
+
+// start starts the check.
+func (s *strayCheck) start() {
+	s.started = true
+	go s.run()
+}
+
+// stop stops the check and waits for it. It may be called more than once,
+// and before start.
+func (s *strayCheck) stop() {
+	s.cancel()
+	if s.started {
+		<-s.done
+	}
+}
+
+// run compares the claims every interval, until stop.
+func (s *strayCheck) run() {
+	defer close(s.done)
+	if s.interval <= 0 {
 		return
 	}
-	t := time.NewTicker(p.opts.StrayCheckInterval)
+	t := time.NewTicker(s.interval)
 	defer t.Stop()
 	var seen map[broker.Claim]time.Time
 	for {
 		select {
 		case <-t.C:
-		case <-p.hbCtx.Done():
+		case <-s.ctx.Done():
 			return
 		}
-		seen = p.strayPass(seen)
+		seen = s.pass(seen)
 	}
 }
 
-// strayPass is one comparison of checkStrays. seen holds when each claim
-// not held was first seen; it returns the same for the next pass.
-func (p *Pool) strayPass(seen map[broker.Claim]time.Time) map[broker.Claim]time.Time {
-	ctx, cancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
-	claims, err := p.b.RunningClaims(ctx, p.opts.WorkerID)
+// pass is one comparison. seen holds when each claim not held was first
+// seen; it returns the same for the next pass.
+func (s *strayCheck) pass(seen map[broker.Claim]time.Time) map[broker.Claim]time.Time {
+	ctx, cancel := context.WithTimeout(s.ctx, brokerCallTimeout)
+	claims, err := s.b.RunningClaims(ctx, s.workerID)
 	cancel()
 	if err != nil {
-		if p.hbCtx.Err() == nil {
-			p.log.Warn("could not list this worker's running messages to look for strays", "error", err)
+		if s.ctx.Err() == nil {
+			s.log.Warn("could not list this worker's running messages to look for strays", "error", err)
 		}
 		return seen
 	}
@@ -86,10 +127,10 @@ func (p *Pool) strayPass(seen map[broker.Claim]time.Time) map[broker.Claim]time.
 	now := time.Now()
 	next := make(map[broker.Claim]time.Time)
 	requeued := 0
-	p.claims.forgetRanLost(claims)
+	s.claims.forgetRanLost(claims)
 scan:
 	for _, c := range claims {
-		held, ran := p.claims.holds(c)
+		held, ran := s.claims.holds(c)
 		if held {
 			continue
 		}
@@ -98,33 +139,33 @@ scan:
 			next[c] = now
 			continue
 		}
-		if now.Sub(first) < p.opts.StrayAfter {
+		if now.Sub(first) < s.after {
 			next[c] = first
 			continue
 		}
-		nctx, ncancel := context.WithTimeout(p.hbCtx, brokerCallTimeout)
+		nctx, ncancel := context.WithTimeout(s.ctx, brokerCallTimeout)
 		msg := strayError
 		if ran {
 			msg = ranLostError
 		}
-		err := p.out.requeueUnheld(nctx, c, !ran, msg)
+		err := s.out.requeueUnheld(nctx, c, !ran, msg)
 		ncancel()
 		switch {
 		case err == nil:
 			requeued++
-			p.log.Warn("requeued a message claimed for this worker that never reached it (the claim's answer was lost)",
+			s.log.Warn("requeued a message claimed for this worker that never reached it (the claim's answer was lost)",
 				"message_id", c.ID, "not_held_for", now.Sub(first).Round(time.Millisecond).String())
 		case errors.Is(err, broker.ErrClaimLost) || errors.Is(err, broker.ErrNotFound):
 			// It ended meanwhile (reclaimed, purged): nothing to do.
-		case p.hbCtx.Err() != nil:
+		case s.ctx.Err() != nil:
 			break scan // stopping
 		default:
-			p.log.Warn("could not requeue a stray message; trying again at the next check", "message_id", c.ID, "error", err)
+			s.log.Warn("could not requeue a stray message; trying again at the next check", "message_id", c.ID, "error", err)
 			next[c] = first
 		}
 	}
-	if requeued > 0 && p.opts.Strays != nil {
-		p.opts.Strays(requeued)
+	if requeued > 0 && s.strays != nil {
+		s.strays(requeued)
 	}
 	return next
 }
