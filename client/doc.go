@@ -30,11 +30,12 @@
 // ErrOutcomeUnknown is never retried, nor is any other answer.
 //
 // Duplicates: a task without a unique key submitted twice is stored
-// twice. Submit is the one call whose automatic retry can store a task
-// twice: when the plugin stored it, then its broker failed to confirm the
-// commit and it answered 503. A task with a UniqueKey cannot be: the
-// retry finds the first one and answers its id as a duplicate
-// (SubmitUnique says so). SubmitBatch, SubmitTasks and SubmitNDJSON are
+// twice, but never by Submit's automatic retries: tasks_worker answers a
+// submit 503 only when it stored nothing, and one whose database's answer
+// was lost (it may be stored) with "X-Taskhost-Outcome: unknown", which is
+// ErrOutcomeUnknown. A task with a UniqueKey may be sent again after
+// ErrOutcomeUnknown: the retry finds the first one and answers its id as a
+// duplicate (SubmitUnique says so). SubmitBatch, SubmitTasks and SubmitNDJSON are
 // never retried (a stream cannot be sent again), and Action (Reclaim) is
 // never retried. Retrying any of them by hand after ErrOutcomeUnknown, or
 // after a *BatchError without starting from its Line, may store tasks

@@ -46,7 +46,7 @@ func (b *Broker) SubmitOutbox(ctx context.Context, reqs []broker.SubmitRequest, 
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, outcomeOf(err)
 	}
 	return out, nil
 }

@@ -34,10 +34,11 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 		id, err = b.ins.insert(ctx, c, req)
 		return err
 	})
-	if err == nil {
-		b.announce.add([]broker.SubmitRequest{req})
+	if err != nil {
+		return 0, outcomeOf(err)
 	}
-	return id, err
+	b.announce.add([]broker.SubmitRequest{req})
+	return id, nil
 }
 
 var _ broker.BatchSubmitter = (*Broker)(nil)
@@ -87,7 +88,7 @@ func (b *Broker) SubmitBatch(ctx context.Context, reqs []broker.SubmitRequest) (
 		})
 	}
 	if err != nil {
-		return nil, err
+		return nil, outcomeOf(err)
 	}
 	if s := stored(reqs, out); len(s) > 0 {
 		b.announce.add(s)

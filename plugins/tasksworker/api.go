@@ -140,6 +140,26 @@ func problemStatus(p *service.Problem) int {
 	return http.StatusBadRequest
 }
 
+// outcomeHeader says, with "unknown", that a write failed in a way that
+// leaves it unknown whether it was done: the name and value the host uses
+// for a plugin that stopped while it handled a write, which the Go client
+// reads as client.ErrOutcomeUnknown and never retries.
+const outcomeHeader = "X-Taskhost-Outcome"
+
+// writeSubmitError answers a submit that failed: as writeServiceError,
+// except a submit whose store lost the answer of its write
+// (broker.ErrOutcomeUnknown), which may be stored: a 502 saying the outcome
+// is unknown. A 503 would tell the client to send it again, and a task
+// stored but not confirmed would be stored twice.
+func writeSubmitError(w http.ResponseWriter, what string, err error) {
+	if errors.Is(err, broker.ErrOutcomeUnknown) {
+		w.Header().Set(outcomeHeader, "unknown")
+		writeError(w, http.StatusBadGateway, "%s: %v; it may have been stored: look it up before sending it again, or give each task a unique_key, which makes sending it again safe", what, err)
+		return
+	}
+	writeServiceError(w, what, err)
+}
+
 // writeServiceError answers an error of the service: its own refusal
 // with its message, a broker's failure as writeBrokerError does.
 func writeServiceError(w http.ResponseWriter, what string, err error) {

@@ -122,7 +122,7 @@ func submitJSONBatch(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		}
 		writeItemError(w, status, item.Index, item.Err)
 	case err != nil:
-		writeServiceError(w, "submit batch", err)
+		writeSubmitError(w, "submit batch", err)
 	default:
 		answer := map[string]any{"ids": idStrings(out)}
 		if dups := duplicates(out); len(dups) > 0 {
@@ -272,6 +272,7 @@ type committer struct {
 	failLine         int
 	failErr          error
 	failStatus       int
+	failUnknown      bool // the failed chunk may be stored
 }
 
 func (c *committer) run(chunks <-chan ndChunk) {
@@ -279,10 +280,19 @@ func (c *committer) run(chunks <-chan ndChunk) {
 		ids, err := c.svc.Store(c.ctx, ch.batch)
 		if err != nil {
 			c.failLine = ch.first
-			c.failErr = fmt.Errorf("lines %d to %d could not be stored (%v); they and the lines after them are not stored: send them again", ch.first, ch.last, err)
 			c.failStatus = http.StatusServiceUnavailable
-			if errors.Is(err, broker.ErrInvalid) {
+			switch {
+			case errors.Is(err, broker.ErrOutcomeUnknown):
+				// The chunk may be stored: sending it again would store
+				// it twice.
+				c.failUnknown = true
+				c.failStatus = http.StatusBadGateway
+				c.failErr = fmt.Errorf("lines %d to %d may have been stored, or not (%v): look up line %d's task before sending them again (lines with a unique_key may be sent again); the lines after them are not stored", ch.first, ch.last, err, ch.last)
+			case errors.Is(err, broker.ErrInvalid):
 				c.failStatus = http.StatusBadRequest
+				fallthrough
+			default:
+				c.failErr = fmt.Errorf("lines %d to %d could not be stored (%v); they and the lines after them are not stored: send them again", ch.first, ch.last, err)
 			}
 			close(c.failed)
 			return
@@ -471,6 +481,9 @@ loop:
 			status := http.StatusBadRequest
 			if c.failErr != nil {
 				status = c.failStatus
+				if c.failUnknown {
+					w.Header().Set(outcomeHeader, "unknown")
+				}
 			} else if p, ok := service.IsProblem(stopErr); ok {
 				status = problemStatus(p)
 			}

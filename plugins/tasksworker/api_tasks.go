@@ -76,7 +76,7 @@ func submitTask(w http.ResponseWriter, r *http.Request, rt *runtime) {
 		return
 	}
 	if err != nil {
-		writeServiceError(w, "submit", err)
+		writeSubmitError(w, "submit", err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, map[string]string{"id": strconv.FormatInt(id, 10)})
