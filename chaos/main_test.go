@@ -62,7 +62,7 @@ func prerequisites() error {
 		return fmt.Errorf("`ip` (iproute2) not found: apt-get install -y iproute2")
 	}
 	if _, err := exec.LookPath("setpriv"); err != nil {
-		return fmt.Errorf("`setpriv` (util-linux) not found")
+		return fmt.Errorf("`setpriv` not found: apt-get install -y util-linux")
 	}
 	if out, err := exec.Command("ip", "netns", "list").CombinedOutput(); err != nil {
 		return fmt.Errorf("`ip netns list` failed: %v: %s", err, out)

@@ -2,7 +2,7 @@
 # Makes sure what the test suite needs is there, installing or starting what
 # is missing: PostgreSQL answering at $PGHOST:$PGPORT with a database "test",
 # RabbitMQ answering at 127.0.0.1:5672 (guest/guest), promtool and prometheus (metrics and alert-rule tests), Chromium (the UI
-# test), Debian's Python 3 with python3-grpcio, python3-protobuf and
+# test), ip, setpriv and the PostgreSQL server binaries (the chaos suite), Debian's Python 3 with python3-grpcio, python3-protobuf and
 # python3-cryptography (the Python SDK's tests). Quick when everything is in place. `make test` and `make test/race`
 # run it first; TASKHOST_TEST_SETUP=0 skips it.
 #
@@ -140,6 +140,15 @@ fi
 # itself scrapes a running host in a test; Chromium drives the UI test.
 command -v promtool >/dev/null || apt_install prometheus
 command -v chromium >/dev/null || apt_install chromium
+
+# The chaos suite (make chaos, which CI runs) runs a PostgreSQL cluster of
+# its own in a network namespace: it needs iproute2's ip, setpriv
+# (util-linux) and the server binaries under /usr/lib/postgresql/*/bin.
+# Without root this only names them: the rest of the suite does not need
+# them, and make chaos names them again.
+command -v ip >/dev/null || apt_install iproute2 || true
+command -v setpriv >/dev/null || apt_install util-linux || true
+ls /usr/lib/postgresql/*/bin/initdb /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || apt_install postgresql || true
 
 # The Python SDK (sdk/python) uses Debian's interpreter and packages only,
 # never the PATH's python3 (which may be another one).
