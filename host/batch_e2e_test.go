@@ -638,17 +638,19 @@ func TestTwoHostsRacingOneUniqueKeyStoreOneTask(t *testing.T) {
 	patient := &http.Client{Timeout: 2 * time.Minute}
 
 	type answer struct {
+		host   int
 		status int
 		id     string
 		dup    bool
 		err    error
 	}
+	won := [2]int{}
 	for k := range keys {
 		key := fmt.Sprintf("race-%d", k)
 		answers := make(chan answer, 2*perHost)
 		start := make(chan struct{})
 		var wg sync.WaitGroup
-		for _, h := range hosts {
+		for i, h := range hosts {
 			for range perHost {
 				wg.Go(func() {
 					<-start
@@ -659,7 +661,7 @@ func TestTwoHostsRacingOneUniqueKeyStoreOneTask(t *testing.T) {
 					status, err := callWith(patient, "POST", h.api("/tasks"), map[string]any{
 						"task": "demo.echo", "topic": "bulk", "unique_key": key, "payload": map[string]any{"c": key},
 					}, &body)
-					answers <- answer{status, body.ID, body.Duplicate, err}
+					answers <- answer{i, status, body.ID, body.Duplicate, err}
 				})
 			}
 		}
@@ -674,6 +676,7 @@ func TestTwoHostsRacingOneUniqueKeyStoreOneTask(t *testing.T) {
 			ids[a.id] = true
 			if a.status == http.StatusCreated && !a.dup {
 				created++
+				won[a.host]++
 			} else if a.status != http.StatusOK || !a.dup {
 				t.Errorf("key %s: answer %d duplicate=%t; want 201 for the one created, 200 and duplicate for the others", key, a.status, a.dup)
 			}
@@ -687,4 +690,5 @@ func TestTwoHostsRacingOneUniqueKeyStoreOneTask(t *testing.T) {
 			t.Errorf("key %s: %d tasks stored (id %d), %d answers said created, answers named %v; want one task, created once, named by every answer", key, n, stored, created, ids)
 		}
 	}
+	t.Logf("%d keys, each sent %d times to each host at once: created by the first host %d times, by the second %d times", keys, perHost, won[0], won[1])
 }
