@@ -1,5 +1,7 @@
 # taskhost: a plugin host running a PostgreSQL-backed task system.
-# `make` alone lists the targets.
+# `make` alone lists the targets. The bench (bench/) is a module of its own
+# (`go ... ./...` here does not enter it): build, test, lint and tidy run
+# there too.
 
 .DEFAULT_GOAL := help
 SHELL := /bin/bash
@@ -23,9 +25,10 @@ help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z0-9_\/-]+:.*## /{printf "  \033[1m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
-build: ## build the host into bin/ and the plugins into bin/plugins/
+build: ## build the host and the bench (host bench) into bin/, and the plugins into bin/plugins/
 	@mkdir -p $(PLUGINS)
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/host ./cmd/host
+	cd bench && $(GO) build -o ../$(BIN)/taskhost-bench ./cmd/taskhost-bench
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(PLUGINS)/fp-plugin-tasks_worker ./plugins/tasksworker/cmd/fp-plugin-tasks_worker
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(PLUGINS)/fp-plugin-metrics ./plugins/metricsagg/cmd/fp-plugin-metrics
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(PLUGINS)/fp-plugin-example ./plugins/example/cmd/fp-plugin-example
@@ -53,8 +56,9 @@ test/setup: ## install or start what the tests need (PostgreSQL, RabbitMQ, promt
 	@if [ "$${TASKHOST_TEST_SETUP:-1}" != 0 ]; then bash scripts/test-setup.sh; fi
 
 .PHONY: test
-test: test/setup ## run the whole test suite (starts PostgreSQL and RabbitMQ and installs their tools when missing)
+test: test/setup ## run the whole test suite, the bench's too (starts PostgreSQL and RabbitMQ and installs their tools when missing)
 	$(GO) test -count=1 -timeout 30m ./...
+	cd bench && $(GO) test -count=1 -timeout 30m ./...
 
 .PHONY: test/race
 test/race: test/setup ## run the tests of the concurrent packages with the race detector
@@ -91,10 +95,12 @@ fuzz: ## run every fuzz target (func Fuzz... in a *_test.go) for FUZZTIME each (
 	exit $$fail
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck
+lint: ## gofmt, go vet and staticcheck (the bench's module too)
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: the files above need formatting"; exit 1; }
 	$(GO) vet ./...
+	cd bench && $(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+	cd bench && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 .PHONY: proto
 proto: ## regenerate capability/internal/pb from the .proto files (needs protoc)
@@ -138,8 +144,9 @@ test/python: ## the Python SDK's unit tests (Debian's python3, see sdk/python/RE
 	cd $(PYSDK) && $(PYTHON) -m unittest discover -s tests -t . -v
 
 .PHONY: tidy
-tidy: ## go mod tidy
+tidy: ## go mod tidy (the bench's module too)
 	$(GO) mod tidy
+	cd bench && $(GO) mod tidy
 
 .PHONY: clean
 clean: ## remove build output

@@ -195,31 +195,11 @@ func writeConfig(t *testing.T, config string) string {
 	return path
 }
 
-// TestBenchRunsInTheTasksWorkerBinary: `host bench` runs in the
-// tasks_worker plugin binary that plugins_dir of $TASKHOST_CONFIG names,
-// with its flags, output and exit statuses.
-func TestBenchRunsInTheTasksWorkerBinary(t *testing.T) {
-	env := []string{"TASKHOST_CONFIG=" + writeConfig(t, "plugins_dir: PLUGINS\n")}
-	out, errOut, code := runCLI(t, env, "bench", "-broker", "memory", "-jobs", "200", "-workers", "4", "-rate", "200", "-duration", "200ms", "-runs", "1")
-	if code != 0 || !strings.Contains(out, "== medians of 1 runs") || !strings.Contains(out, "== summary (JSON)\n{\"broker\":\"memory\"") {
-		t.Fatalf("bench: status %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
-	}
-	if _, errOut, code = runCLI(t, env, "bench", "-broker", "nosuch"); code != 2 || !strings.Contains(errOut, `host bench: unknown broker "nosuch"`) {
-		t.Errorf("bench -broker nosuch: status %d, stderr:\n%s", code, errOut)
-	}
-	if _, errOut, code = runCLI(t, env, "bench", "-h"); code != 0 || !strings.Contains(errOut, "usage: host bench [flags]") || !strings.Contains(errOut, "-claim-latency") {
-		t.Errorf("bench -h: status %d, stderr:\n%s", code, errOut)
-	}
-	// No config file and no bin/plugins in the working directory.
-	if _, errOut, code = runCLI(t, []string{"TASKHOST_CONFIG="}, "bench", "-broker", "memory"); code != 1 || !strings.Contains(errOut, "no executable bin/plugins/fp-plugin-tasks_worker") || !strings.Contains(errOut, "make build") {
-		t.Errorf("bench without the plugin binary: status %d, stderr:\n%s", code, errOut)
-	}
-}
-
 // TestMigrateRunsInTheTasksWorkerBinary: `host migrate` runs in the
-// tasks_worker plugin binary that plugins_dir of -config names, takes the
-// DSN and schema from that config's tasks_worker block, and is not run
-// from a binary that does not match its pin.
+// tasks_worker plugin binary that plugins_dir of -config names, which takes
+// the DSN and schema from that config's tasks_worker block (handed to it on
+// stdin), and is not run from a binary that does not match its pin. (`host
+// bench` runs the bench's own binary: bench/cmd/taskhost-bench tests it.)
 func TestMigrateRunsInTheTasksWorkerBinary(t *testing.T) {
 	schema := pgSchema(t)
 	cfg := writeConfig(t, "plugins_dir: PLUGINS\nplugins:\n  tasks_worker:\n    enabled: true\n    config: {broker: postgres, dsn: \""+testdb.DSN()+"\", schema: "+schema+"}\n")

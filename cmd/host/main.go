@@ -8,8 +8,10 @@
 //	                                    talk to a running host (client.go)
 //	host version                        print the version
 //
-// migrate and bench are the task system's: the tasks_worker plugin's
-// binary runs them (taskscmd.go), so the host links no broker.
+// migrate and bench are the task system's, and run in binaries of their
+// own (taskscmd.go): migrate in the tasks_worker plugin's, bench in
+// taskhost-bench beside this one, built from the bench module (bench/).
+// So the host links no broker.
 package main
 
 import (

@@ -15,9 +15,17 @@ import (
 	"github.com/taskhost/taskhost/host"
 )
 
-// tasksPlugin is the plugin whose binary runs the task system's commands,
-// `host bench` and `host migrate`: the host itself links no broker.
+// The task system's own commands run in binaries of their own, so that the
+// host links no broker: `host migrate` in the tasks_worker plugin's binary,
+// and `host bench` in the bench's binary, which the bench module (bench/)
+// builds beside the host.
+
+// tasksPlugin is the plugin whose binary runs `host migrate`.
 const tasksPlugin = "tasks_worker"
+
+// benchBinary is the name of the bench's binary, which `make build` puts
+// beside bin/host.
+const benchBinary = "taskhost-bench"
 
 // migrate runs `host migrate` as `fp-plugin-tasks_worker migrate`, handing
 // it the tasks_worker plugin's config block on stdin as `host
@@ -138,27 +146,22 @@ func tasksBinary(cfg *host.Config, path string) (string, *os.File, []byte, error
 	return bin, f, block, nil
 }
 
-// bench runs `host bench` as `fp-plugin-tasks_worker bench`, replacing
-// this process: the binary gets the same arguments, standard streams,
-// environment and working directory, and its exit status is the
-// command's. The binary is found as migrate finds it, with the config
-// file $TASKHOST_CONFIG, else taskhost.yaml.
+// bench runs `host bench` as the bench's own binary beside this one
+// (bin/taskhost-bench, from the bench module), replacing this process: it
+// gets the same arguments, standard streams, environment and working
+// directory, and its exit status is the command's.
 func (cl *cli) bench(args []string) int {
-	path := os.Getenv("TASKHOST_CONFIG")
-	if path == "" {
-		path = "taskhost.yaml"
-	}
-	cfg, err := host.LoadConfig(path)
+	self, err := os.Executable()
 	if err != nil {
-		cfg = nil
-	}
-	bin, f, _, err := tasksBinary(cfg, path)
-	if err != nil {
-		fmt.Fprintf(cl.stderr, "host bench: %v\n", err)
+		fmt.Fprintf(cl.stderr, "host bench: where is this host binary: %v\n", err)
 		return 1
 	}
-	argv := append([]string{bin, "bench"}, args...)
-	err = syscall.Exec(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), argv, os.Environ()) // returns only on failure
+	bin := filepath.Join(filepath.Dir(self), benchBinary)
+	if info, err := os.Stat(bin); err != nil || info.IsDir() || info.Mode().Perm()&0o111 == 0 {
+		fmt.Fprintf(cl.stderr, "host bench: the bench is a binary of its own, and there is no executable %s beside this host; build it with `make build`, which builds it from the bench module (bench/)\n", bin)
+		return 1
+	}
+	err = syscall.Exec(bin, append([]string{bin}, args...), os.Environ()) // returns only on failure
 	fmt.Fprintf(cl.stderr, "host bench: running %s: %v\n", bin, err)
 	return 1
 }

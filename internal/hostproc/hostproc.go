@@ -133,8 +133,9 @@ func Terminate(cmd *exec.Cmd, exited <-chan struct{}, sig os.Signal, grace time.
 }
 
 // Binaries returns the host binary and plugins directory of a build laid
-// out as `make build` lays it out (bin/host and bin/plugins), given either
-// the host binary or a plugin binary in that build, as absolute paths.
+// out as `make build` lays it out (bin/host and bin/plugins), given the
+// host binary, another binary beside it (bin/taskhost-bench) or a plugin
+// binary in that build, as absolute paths.
 func Binaries(bin string) (host, pluginsDir string, err error) {
 	bin, err = filepath.Abs(bin)
 	if err != nil {

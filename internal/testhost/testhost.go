@@ -39,7 +39,9 @@ func (b *SyncBuffer) String() string {
 }
 
 // Build builds bin/host into dir/host and the tasks_worker plugin into
-// dir/plugins/fp-plugin-tasks_worker, from the module this test runs in.
+// dir/plugins/fp-plugin-tasks_worker, from the product's module: the one
+// this test runs in, or the one above it (the bench's module is nested in
+// the product's).
 func Build(dir string) error {
 	root, err := moduleRoot()
 	if err != nil {
@@ -60,23 +62,34 @@ func Build(dir string) error {
 	return nil
 }
 
-// moduleRoot is the nearest directory above the working directory that
-// holds go.mod.
+// moduleRoot is the nearest directory above the working directory whose
+// go.mod is the product's module, github.com/taskhost/taskhost.
 func moduleRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && productModule(b) {
 			return dir, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
+			return "", errors.New("no go.mod of github.com/taskhost/taskhost above the working directory")
 		}
 		dir = parent
 	}
+}
+
+// productModule reports whether the go.mod file gomod declares the
+// product's module.
+func productModule(gomod []byte) bool {
+	for _, line := range strings.Split(string(gomod), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`) == "github.com/taskhost/taskhost"
+		}
+	}
+	return false
 }
 
 // Start runs the host Build put in dir on a free loopback port and waits

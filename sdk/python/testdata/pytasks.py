@@ -32,7 +32,7 @@ def count(ctx, payload):
 
 @plugin.task("pytasks.noop")
 def noop(ctx, payload):
-    """Does nothing: the per-task cost of a Python task (scripts/bench-providers.sh)."""
+    """Does nothing: the per-task cost of a Python task (bench/providers.sh)."""
     return None
 
 

@@ -2,13 +2,15 @@
 // host starts it; run by hand it refuses to start. It never writes to
 // stdout, which carries the go-plugin handshake.
 //
-// It also runs the task system's own commands, which the host's command
-// line hands on to it (`host bench ...` runs `fp-plugin-tasks_worker
-// bench ...`):
+// It also runs the task system's migrations, which the host's command
+// line hands on to it (`host migrate ...` runs `fp-plugin-tasks_worker
+// migrate ...` with the plugin's config block on stdin):
 //
-//	fp-plugin-tasks_worker bench [flags]     measure the broker and the worker pool
 //	fp-plugin-tasks_worker migrate [flags]   migrate the PostgreSQL broker's tables
 //	fp-plugin-tasks_worker check-config      check the config block on stdin
+//
+// `host bench` is a binary of its own, built from the bench module
+// (bench/), so this one links none of the bench.
 package main
 
 import (
@@ -16,7 +18,6 @@ import (
 
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/plugins/tasksworker"
-	"github.com/taskhost/taskhost/plugins/tasksworker/cmd/internal/bench"
 	"github.com/taskhost/taskhost/plugins/tasksworker/cmd/internal/migrate"
 	"github.com/taskhost/taskhost/worker"
 )
@@ -25,7 +26,6 @@ import (
 // plugin; each takes the arguments after its name and returns the exit
 // status. (check-config is answered by capability.Serve.)
 var commands = map[string]func(args []string) int{
-	"bench":   bench.Main,
 	"migrate": migrate.Main,
 }
 

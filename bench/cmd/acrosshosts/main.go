@@ -1,5 +1,5 @@
 // Command acrosshosts submits no-op tasks to a host's API at a steady rate,
-// for scripts/bench-across-hosts.sh.
+// for bench/across-hosts.sh.
 //
 // Each submit starts at its own time on a fixed schedule (t0 + i/rate),
 // whatever the earlier ones took, from a set of goroutines, so the rate

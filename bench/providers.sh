@@ -2,7 +2,7 @@
 # The per-task cost of a task run in a provider plugin (Go and Python)
 # against an in-process task: a burn-down of N no-op tasks through each.
 #
-#   scripts/bench-providers.sh [N] [ROUNDS]        (defaults: 50000 3)
+#   bench/providers.sh [N] [ROUNDS]        (defaults: 50000 3)
 #
 # It builds (make build, and the test plugin pytasks of the Python SDK,
 # sdk/python/testdata/pytasks.py, packed with mkplugin.py), starts bin/host

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Submit N no-op tasks to a real host as NDJSON, then burn them down.
 #
-#   scripts/bench-submit.sh [local|postgres] [N]        (defaults: local 1000000)
+#   bench/submit.sh [local|postgres] [N]        (defaults: local 1000000)
 #
 # It builds (make build), starts bin/host with tasks_worker alone on the
 # broker, pauses the topic "default", streams N lines of

@@ -3,7 +3,7 @@
 # batch instead of updating each message's row, against the floor model's
 # row-by-row claim, in one serial cycle (claim 50, ack 50) on one topic.
 #
-#   scripts/lease-model/run.sh [ROUNDS] [MESSAGES]     (defaults: 5 50000)
+#   bench/lease-model/run.sh [ROUNDS] [MESSAGES]     (defaults: 5 50000)
 #
 # Each round loads MESSAGES fresh messages per variant and runs the three
 # variants one after the other, the order rotating each round, with pgbench
@@ -13,8 +13,8 @@
 # which only records the range). It
 # prints, per variant, the cycle's time and the machine's CPU per message,
 # each round and their medians. A model, not the product: see
-# docs/architecture.md for what it leaves out.
-# `go run ./scripts/lease-model/pipeline` runs the lease model as a pool
+# bench/JOURNAL.md for what it leaves out.
+# `go run ./lease-model/pipeline` in bench/ runs the lease model as a pool
 # does, for jobs/s.
 #
 # Environment:

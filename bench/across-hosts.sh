@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Real host processes sharing one PostgreSQL database.
 #
-#   scripts/bench-across-hosts.sh across   submit-to-outcome latency across two hosts
-#   scripts/bench-across-hosts.sh idle     transactions/s that ten idle hosts cause
+#   bench/across-hosts.sh across   submit-to-outcome latency across two hosts
+#   bench/across-hosts.sh idle     transactions/s that ten idle hosts cause
 #
 # across: host B's tasks_worker serves the topic "remote" (topics: in its
 # config); host A's does not (workers: 1, its tasks' own topics only). A
-# program (scripts/acrosshosts, the Go client) submits demo.echo on topic
+# program (bench/cmd/acrosshosts, the Go client) submits demo.echo on topic
 # "remote" through host A's API at RATE/s for DURATION, each submit at its own
 # time on a fixed schedule. A accepts it because a live worker elsewhere runs
 # demo.echo on that topic, so every task is claimed by host B. Latency is
@@ -24,7 +24,7 @@
 # another build in either mode, such as the one before announcements (its
 # pools poll every 100 ms):
 #   git worktree add --detach /tmp/taskhost-before 1ba2848^ && make -C /tmp/taskhost-before build
-#   BIN=/tmp/taskhost-before/bin scripts/bench-across-hosts.sh idle
+#   BIN=/tmp/taskhost-before/bin bench/across-hosts.sh idle
 #
 # Environment:
 #   RUNS=3  RATE=500  DURATION=30s  HOSTS=10  SETTLE=10  IDLE=30
@@ -116,7 +116,7 @@ wait_up() {
 median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 
 if [ "$MODE" = across ]; then
-	go build -o "$TMP/acrosshosts" ./scripts/acrosshosts
+	(cd bench && go build -o "$TMP/acrosshosts" ./cmd/acrosshosts)
 	start_host B $((PORT + 2)) "      workers: $B_WORKERS
       topics:
         remote: {}"

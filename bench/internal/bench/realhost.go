@@ -54,7 +54,7 @@ type realHostResult struct {
 
 // realHostBinaries returns the host binary and the plugins directory the
 // phase runs, as absolute paths: from -host-bin, else the build this
-// bench runs from (bin/plugins/fp-plugin-tasks_worker beside bin/host).
+// bench runs from (bin/taskhost-bench beside bin/host and bin/plugins).
 func realHostBinaries(hostBin string) (host, pluginsDir string, err error) {
 	if hostBin == "" {
 		if hostBin, err = os.Executable(); err != nil {

@@ -3,13 +3,13 @@
 # phases (bulk submit, burn-down with reports, steady stream), one run of
 # each broker per round, interleaved, then the medians per broker.
 #
-#   scripts/bench-brokers.sh [ROUNDS] [BROKER ...]   (defaults: 3 postgres rabbitmq)
+#   bench/brokers.sh [ROUNDS] [BROKER ...]   (defaults: 3 postgres rabbitmq)
 #
 # Environment:
 #   JOBS=50000      messages per bulk submit and burn-down
 #   DURATION=10s    the steady stream's length (at 500/s)
 #   OUT=dir         where each run's output is kept (default a temporary directory)
-#   BENCH="bin/plugins/fp-plugin-tasks_worker bench"
+#   BENCH="bin/host bench"
 #                   the bench command (make build makes it)
 # The rabbitmq broker needs RabbitMQ (127.0.0.1:5672, or TASKHOST_AMQP_URL);
 # postgres and rabbitmq's state store need PostgreSQL (see bench -help).
@@ -23,7 +23,7 @@ JOBS=${JOBS:-50000}
 DURATION=${DURATION:-10s}
 
 cd "$(dirname "$0")/.."
-BENCH=${BENCH:-bin/plugins/fp-plugin-tasks_worker bench}
+BENCH=${BENCH:-bin/host bench}
 OUT=${OUT:-$(mktemp -d /tmp/taskhost-bench-brokers.XXXXXX)}
 mkdir -p "$OUT"
 echo "runs kept in $OUT" >&2

@@ -1,5 +1,5 @@
-// Package bench is `host bench`, which the host runs as
-// `fp-plugin-tasks_worker bench`. It measures the broker and the worker
+// Package bench is `host bench`, which the host runs as the bench's own
+// binary beside it (bin/taskhost-bench, cmd/taskhost-bench). It measures the broker and the worker
 // pool as they ship: the real worker.Pool with its default options (only
 // Concurrency is set) running a no-op task from a worker.Registry, against
 // a broker opened with its default options. Each run has three phases,
