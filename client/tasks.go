@@ -134,11 +134,12 @@ func (c *Client) Get(ctx context.Context, id string) (Task, error) {
 }
 
 // Wait polls the task until it is finished (done, failed, dead or
-// cancelled: see Task.Finished) and returns it; the polls start 100 ms
-// apart and grow to 2 s. ctx bounds the wait: when it ends first, Wait
-// returns the task as last read with ctx's error. A finished task's State
-// says how it ended; a failed, dead or cancelled task is not an error of
-// Wait.
+// cancelled: see Task.Finished) and returns it. The polls start close
+// together and grow apart, up to a few seconds, so that a short task is
+// seen finished soon and a long one costs the host few reads. ctx bounds
+// the wait: when it ends first, Wait returns the task as last read with
+// ctx's error. A finished task's State says how it ended; a failed, dead
+// or cancelled task is not an error of Wait.
 func (c *Client) Wait(ctx context.Context, id string) (Task, error) {
 	delay := 100 * time.Millisecond
 	for {

@@ -9,7 +9,8 @@ import (
 // shared by the dispatcher's claims, the completer's writes and the
 // heartbeat.
 
-// Broker errors are retried after 100ms, doubling up to 5s.
+// Broker errors are retried after retryMin, doubling up to retryMax: a
+// blip costs little, and a database that is down is not hammered.
 const (
 	retryMin = 100 * time.Millisecond
 	retryMax = 5 * time.Second

@@ -48,7 +48,8 @@ type Options struct {
 	// default 5s.
 	HeartbeatInterval time.Duration
 	// ClaimIdleInterval is how long the dispatcher waits after a claim
-	// that found nothing; Wake cuts it short. Default 100ms.
+	// that found nothing; Wake cuts it short. Default
+	// DefaultClaimIdleInterval.
 	ClaimIdleInterval time.Duration
 	// ClaimIdleFallback replaces ClaimIdleInterval while the broker
 	// announces submitted messages (broker.Notifier: postgres, whose

@@ -11,7 +11,7 @@ import (
 // This file owns the binary encoding of the arrays the hot statements send
 // (an ack sends 13 of them, one element per claim). pgx encodes an array
 // element by element through its generic plans, boxing each element in an
-// interface: in a burn-down that was 11% of the process's CPU. The plans
+// interface: an allocation per element on the hottest path. The plans
 // here write the same bytes (PostgreSQL's array_send format) straight from
 // the Go slices. registerArrays puts them on each connection the broker
 // opens; a value of any other type, or the text format, goes to the type's

@@ -469,10 +469,11 @@ func (b *Broker) EnableOutbox(ctx context.Context) error {
 // statement that claims many rows draws one random salt (tokenSaltSQL)
 // and gives each row the md5 of the salt and the row's id
 // (claimTokenSQL): distinct rows get distinct tokens, two claims get
-// unrelated ones, and md5's output is spread evenly. One
-// gen_random_uuid() per row took about a quarter of the claim statement's
-// time (5.5 us of 19.7 a message in BenchmarkClaimAckLimited, with
-// pg_stat_statements).
+// unrelated ones, and md5's output is spread evenly. One random draw a
+// statement, not one a row (gen_random_uuid() per row), because the
+// claim statement runs under the topic's lock, and a draw from the
+// server's strong random source costs more than the hash of a short
+// string.
 const tokenSaltSQL = `gen_random_uuid()::text`
 
 // claimTokenSQL is the token of the row whose id is the expression id, in

@@ -11,7 +11,7 @@ import (
 
 // The statements of a reclaim, of one of two kinds. A reaper pass takes
 // the claims (and locks) of workers not in $1 (the live set) made at
-// least $2 µs ago; a reclaim of dead workers (ReclaimDead) takes those of
+// least $2 microseconds ago; a reclaim of dead workers (ReclaimDead) takes those of
 // the workers in $1, whatever their age. newReclaimQueries builds one
 // kind from its condition on a claimer column and the column of the
 // claim's time (taken), and the words its last errors say of the claimer
@@ -39,7 +39,7 @@ type reclaimQueries struct {
 	// sees its changes.
 	locks string
 	// withinGrace counts what the grace protected: running messages,
-	// claim rows and locks of the claimers not in $1, younger than $2 µs.
+	// claim rows and locks of the claimers not in $1, younger than $2 microseconds.
 	// Empty for a reclaim of dead workers, which asks no age.
 	withinGrace string
 }

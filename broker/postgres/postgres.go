@@ -264,9 +264,9 @@ func connConfig(dsn, schema string) (*pgx.ConnConfig, string, error) {
 		cfg.RuntimeParams["application_name"] = "taskhost-broker"
 	}
 	// The broker's statements are short index lookups, but the planner
-	// prices Stats' counts over a deep queue high enough to JIT-compile
-	// them, which cost 300 ms a call on a 1M-message queue. The dsn may
-	// still turn it on.
+	// can price a statement over a deep queue high enough to JIT-compile
+	// it, and the compilation costs far more than the walk it would
+	// speed up. The dsn may still turn it on.
 	if cfg.RuntimeParams["jit"] == "" {
 		cfg.RuntimeParams["jit"] = "off"
 	}

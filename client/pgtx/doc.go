@@ -25,9 +25,9 @@
 // The announcement has a cost: PostgreSQL commits notifying transactions
 // one at a time, each holding a database-wide lock from the start of its
 // commit to the end of its WAL flush. Transactions that call Submit
-// therefore commit one after the other (on a test machine whose flush
-// takes about 18 ms: at most about 56 a second, where 16 clients
-// committing plain inserts reached 1,400). An application that enqueues
+// therefore commit one after the other, at most one a WAL flush however
+// many clients commit, where plain inserts would commit side by side. An
+// application that enqueues
 // at a high rate can pass WithoutNotify: its tasks are then found by the
 // pools' fallback poll (5 s by default) instead. The broker's own Submit
 // announces after its commit, from a transaction of its own, and does not

@@ -47,7 +47,9 @@ var _ worker.Observer = (*telemetry)(nil)
 // cancelled (worker.StatusCancelled).
 const statusCancelled = broker.StateCancelled
 
-// durationBuckets run from 1ms to about 70 minutes, by factors of 4.
+// durationBuckets run from a millisecond to over an hour, by factors of 4,
+// so that a no-op task and an hour-long one each land in a bucket of
+// their own.
 var durationBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
 
 // newTelemetry builds the registry: stats and lastBeat are read at each
