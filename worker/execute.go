@@ -176,7 +176,7 @@ func (p *Pool) handle(m *broker.Message) (out *completion) {
 	}
 	t, ok := p.reg.Lookup(m.Task)
 	if !ok {
-		return p.unknownTask(c, log)
+		return p.unknown.decide(c, log)
 	}
 	maxAttempts := m.MaxAttempts
 	if maxAttempts <= 0 {

@@ -63,9 +63,8 @@ type Pool struct {
 	cancelRun context.CancelFunc
 	workers   sync.WaitGroup
 
-	elsewhere elsewhereView // what other workers run (see RunsElsewhere)
-
-	startedAt time.Time // when Start ran
+	fleet   *Fleet        // who else runs a task
+	unknown *unknownTasks // the messages of tasks not registered here
 
 	claims   holdings  // claimed, outcome not yet written (see hold)
 	attempts attempts  // the handlers running, for CancelRunning
@@ -101,6 +100,8 @@ func NewPool(b broker.Broker, reg *Registry, opts Options) *Pool {
 	p.cancels = newCancels(b, opts.WorkerID, p.log, &p.attempts, &p.claims)
 	p.hb = newHeartbeater(p, p.cancels)
 	p.strays = newStrayCheck(p)
+	p.fleet = newFleet(b, opts.WorkerID, opts.HeartbeatInterval, p.log)
+	p.unknown = &unknownTasks{fleet: p.fleet, workerID: opts.WorkerID, grace: opts.UnknownTaskGrace, wait: opts.UnknownTaskWait}
 	return p
 }
 
@@ -129,6 +130,10 @@ func (p *Pool) Overrunning() int { return p.cancels.overrunning() }
 // this process; a cancel asked for elsewhere reaches the pool through the
 // broker (its cancel notices, or the heartbeat's Broker.CancelRequests).
 func (p *Pool) CancelRunning(id int64) bool { return p.cancels.request(id) }
+
+// Fleet is the pool's view of the other live workers sharing its broker:
+// which tasks they run, on which topics.
+func (p *Pool) Fleet() *Fleet { return p.fleet }
 
 // WorkerID is the id this pool registers under.
 func (p *Pool) WorkerID() string { return p.opts.WorkerID }
@@ -179,7 +184,7 @@ func (p *Pool) Start(ctx context.Context) error {
 	p.jobs = make(chan *broker.Message, n)
 	p.offJobs = make(chan *broker.Message)
 	p.runCtx, p.cancelRun = context.WithCancel(context.Background())
-	p.startedAt = time.Now()
+	p.unknown.started = time.Now()
 
 	p.hb.start()
 	p.strays.start()

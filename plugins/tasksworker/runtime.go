@@ -178,7 +178,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 // newService is the task system's operations over one runtime's parts.
 func (p *Plugin) newService(cfg Config, b broker.Broker, reg *worker.Registry, pool *worker.Pool, rp *reaper.Reaper) *service.Service {
 	deps := service.Deps{
-		Broker: b, Tasks: reg, Pool: pool, Reaper: rp, Submitted: p.metrics.Submitted, Cancelled: p.metrics.Cancelled,
+		Broker: b, Tasks: reg, Pool: pool, Fleet: pool.Fleet(), Reaper: rp, Submitted: p.metrics.Submitted, Cancelled: p.metrics.Cancelled,
 		Settings: service.Settings{
 			MaxPayloadBytes: cfg.MaxPayloadBytes, Beat: cfg.Beat, HeartbeatInterval: cfg.HeartbeatInterval, Reaper: cfg.Reaper,
 		},

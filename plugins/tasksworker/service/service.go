@@ -53,6 +53,7 @@ type Deps struct {
 	Broker   broker.Broker
 	Tasks    *worker.Registry
 	Pool     *worker.Pool
+	Fleet    *worker.Fleet // which tasks other live workers run; nil: the pool's
 	Reaper   *reaper.Reaper
 	Settings Settings
 	// Submitted counts a message submitted to topic; may be nil.
@@ -73,6 +74,7 @@ type Service struct {
 	b         broker.Broker
 	reg       *worker.Registry
 	pool      *worker.Pool
+	fleet     *worker.Fleet // who else runs a task
 	reaper    *reaper.Reaper
 	leader    *scheduler.Leader
 	pending   PendingProviders // nil: none (SetPendingProviders)
@@ -85,8 +87,11 @@ type Service struct {
 
 // New returns the service over d.
 func New(d Deps) *Service {
-	s := &Service{b: d.Broker, reg: d.Tasks, pool: d.Pool, reaper: d.Reaper, settings: d.Settings, submitted: d.Submitted,
+	s := &Service{b: d.Broker, reg: d.Tasks, pool: d.Pool, fleet: d.Fleet, reaper: d.Reaper, settings: d.Settings, submitted: d.Submitted,
 		cancelledHook: d.Cancelled, onCancelRequested: d.OnCancelRequested}
+	if s.fleet == nil && d.Pool != nil {
+		s.fleet = d.Pool.Fleet()
+	}
 	if s.submitted == nil {
 		s.submitted = func(string) {}
 	}

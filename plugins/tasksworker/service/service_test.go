@@ -78,13 +78,9 @@ func (workersDown) Workers(context.Context) ([]broker.WorkerInfo, error) {
 
 func TestPlaceUnavailableWhenWorkersUnreadable(t *testing.T) {
 	s := newTestService(t, workersDown{memory.New()})
-	_, err := s.Place(context.Background(), "other.task", "elsewhere", true)
+	_, err := s.Place(context.Background(), "other.task", "elsewhere")
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "retry shortly") {
 		t.Errorf("Place = %v, want ErrUnavailable", err)
-	}
-	// A config schedule is checked against this worker alone.
-	if _, err := s.Place(context.Background(), "other.task", "elsewhere", false); !errors.Is(err, ErrInvalid) {
-		t.Errorf("Place (config) = %v, want ErrInvalid", err)
 	}
 }
 

@@ -15,21 +15,18 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-// Place returns the topic a message or schedule of task goes to (topic,
-// or the task's own when empty) once it checked the topic's name and that
-// a worker runs the task there: this one, or with client (a client's
-// request) another live worker, hosts sharing a broker need not run the
-// same plugins or claim the same topics. A client's request of a task no
-// live worker runs is accepted while task providers may still register it
+// Place returns the topic a client's message of task goes to (topic, or
+// the task's own when empty) once it checked the topic's name (as
+// CheckTopic does) and that a worker runs the task there: this one, or
+// another live worker (the fleet's view), as hosts sharing a broker need
+// not run the same plugins or claim the same topics. A task no live worker
+// runs is accepted while task providers may still register it
 // (tasks_worker's start-up grace, PendingProviders), on its topic or the
 // default one, and its message waits for the task as package worker
 // says. The error is a *Problem that says what is wrong: ErrUnavailable
 // when it cannot be told.
-func (s *Service) Place(ctx context.Context, task, topic string, client bool) (string, error) {
+func (s *Service) Place(ctx context.Context, task, topic string) (string, error) {
 	t, local, pending := s.lookupSoon(ctx, task)
-	if !client {
-		pending = nil
-	}
 	if topic == "" {
 		if !local {
 			if topic, ok, err := s.placePending(ctx, task, "", pending); ok {
@@ -40,26 +37,20 @@ func (s *Service) Place(ctx context.Context, task, topic string, client bool) (s
 		}
 		topic = t.Topic
 	}
-	check := broker.ValidateTopicName
-	if client {
-		check = func(topic string) error { return s.CheckTopic(ctx, topic) }
-	}
-	if err := check(topic); err != nil {
+	if err := s.CheckTopic(ctx, topic); err != nil {
 		return "", invalid("bad topic: %v", err)
 	}
 	served := s.pool.Topics()
 	if local && slices.Contains(served, topic) {
 		return topic, nil
 	}
-	if client {
-		elsewhere, err := s.pool.RunsElsewhere(task, topic)
-		if err != nil {
-			return "", &Problem{Kind: ErrUnavailable, Msg: fmt.Sprintf(
-				"cannot tell whether a worker elsewhere runs task %q on topic %q: the broker's worker list cannot be read: %v; retry shortly", task, topic, err)}
-		}
-		if elsewhere {
-			return topic, nil
-		}
+	elsewhere, err := s.fleet.RunsElsewhere(task, topic)
+	if err != nil {
+		return "", &Problem{Kind: ErrUnavailable, Msg: fmt.Sprintf(
+			"cannot tell whether a worker elsewhere runs task %q on topic %q: the broker's worker list cannot be read: %v; retry shortly", task, topic, err)}
+	}
+	if elsewhere {
+		return topic, nil
 	}
 	if !local {
 		if _, ok, err := s.placePending(ctx, task, topic, pending); ok {
@@ -236,7 +227,7 @@ func (s *Service) prepare(ctx context.Context, req SubmitRequest, placed placeme
 	key := [2]string{req.Task, req.Topic}
 	p, ok := placed[key]
 	if !ok {
-		p.topic, p.err = s.Place(ctx, req.Task, req.Topic, true)
+		p.topic, p.err = s.Place(ctx, req.Task, req.Topic)
 		if placed != nil {
 			placed[key] = p
 		}

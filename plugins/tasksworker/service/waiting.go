@@ -89,7 +89,7 @@ func (s *Service) waitingFor(task, topic string) (string, bool) {
 	if local && slices.Contains(served, topic) {
 		return "", false
 	}
-	if runs, err := s.pool.RunsElsewhere(task, topic); err != nil || runs {
+	if runs, err := s.fleet.RunsElsewhere(task, topic); err != nil || runs {
 		return "", false
 	}
 	if local {
