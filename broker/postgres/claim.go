@@ -35,7 +35,7 @@ const serialLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 FOR UPDATE`
 // over the empty rows keeps the table as small as the claims outstanding
 // without VACUUM: inserted and deleted, its rows left dead tuples and
 // pages that only VACUUM gives back, and the outcomes' cached plans read
-// it whole (docs/architecture.md). A claim runs only after serialLockSQL, so no other claim of the
+// it whole (bench/JOURNAL.md). A claim runs only after serialLockSQL, so no other claim of the
 // topic runs at the same time.
 //
 // claimed_at is the claim statement's start, not the transaction's: an
