@@ -64,7 +64,7 @@ type dispatcher struct {
 	topics   *topicSet
 	out      *completer
 	claims   *holdings
-	pool     *Pool // the workers' side: jobs, inflight, offloaded, slotFreed
+	exec     *executor // the workers
 
 	idleInterval, idleFallback time.Duration // Options.ClaimIdleInterval, ClaimIdleFallback
 
@@ -97,7 +97,7 @@ type dispatcher struct {
 func newDispatcher(p *Pool, back *giveBacks) *dispatcher {
 	d := &dispatcher{
 		n: p.opts.Concurrency, workerID: p.opts.WorkerID, log: p.log, b: p.b,
-		topics: &p.topics, out: p.out, claims: &p.claims, pool: p,
+		topics: &p.topics, out: p.out, claims: &p.claims, exec: p.exec,
 		idleInterval: p.opts.ClaimIdleInterval, idleFallback: p.opts.ClaimIdleFallback,
 		wake: make(chan struct{}, 1),
 		done: make(chan struct{}),
@@ -144,7 +144,7 @@ func (d *dispatcher) wakeUp() {
 // (launch), and otherwise waits for what may make one due (wait).
 func (d *dispatcher) run() {
 	defer close(d.done)
-	defer close(d.pool.jobs)
+	defer d.exec.closeJobs()
 	defer d.out.closeAcks()
 	defer d.iso.stop()
 	d.ann = newAnnouncements(d)
@@ -177,13 +177,13 @@ func (d *dispatcher) run() {
 // it may carry and a claim of the free slots. False when none is.
 func (d *dispatcher) launch() bool {
 	x := d.x
-	inflight := d.iso.settle(int(d.pool.inflight.Load()), x.reserved)
+	inflight := d.iso.settle(int(d.exec.inflight.Load()), x.reserved)
 	if x.flying >= maxExchanges || d.failed {
 		return false
 	}
 	nAcks := d.out.ackCountExcept(x.busy)
 	s := slots{
-		n: d.n, inflight: inflight, offloaded: int(d.pool.offloaded.Load()), reserved: x.reserved,
+		n: d.n, inflight: inflight, offloaded: int(d.exec.offloaded.Load()), reserved: x.reserved,
 		pending: int(d.out.pending.Load()), acks: nAcks, carried: x.acks, blocked: d.iso.blocks(),
 	}
 	if !s.launches(x.flying, d.idling) {
@@ -213,7 +213,7 @@ func (d *dispatcher) launch() bool {
 // in; false when the dispatcher stops (a claim failed as it stopped).
 func (d *dispatcher) wait() bool {
 	var written <-chan struct{}
-	if !d.idling || d.pool.inflight.Load()+d.out.pending.Load() > 0 {
+	if !d.idling || d.exec.inflight.Load()+d.out.pending.Load() > 0 {
 		written = d.out.written
 	}
 	var idleC <-chan time.Time
@@ -230,7 +230,7 @@ func (d *dispatcher) wait() bool {
 	// then saves a wake-up of the dispatcher per message.
 	var slotFreed <-chan struct{}
 	if d.x.flying < maxExchanges && !d.failed {
-		slotFreed = d.pool.slotFreed
+		slotFreed = d.exec.slotFreed
 	}
 	select {
 	case r := <-d.x.results:
@@ -360,7 +360,7 @@ func (s slots) free() int {
 func (s slots) whole() bool { return s.inflight == 0 && s.pending-s.carried-s.acks <= 0 }
 
 // launches reports whether an exchange goes out now, with flying in
-// flight already and the dispatcher idling or not (see dispatch).
+// flight already and the dispatcher idling or not (see dispatcher).
 func (s slots) launches(flying int, idling bool) bool {
 	if flying == 0 {
 		return s.acks > 0 || (s.free() > 0 && !idling)
@@ -429,7 +429,7 @@ func (x *exchanges) land(d *dispatcher, r exchanged) {
 	// claim's slice, which lives until its last attempt is done.
 	for i := range r.msgs {
 		if m := &r.msgs[i]; d.iso.admit(m) {
-			d.pool.toWorkers(m)
+			d.exec.give(m)
 		}
 	}
 }
@@ -516,10 +516,4 @@ func (a *announcements) claiming() {
 		i++
 	}
 	a.due = a.due[i:]
-}
-
-// toWorkers hands a claimed message to the workers.
-func (p *Pool) toWorkers(m *broker.Message) {
-	p.inflight.Add(1)
-	p.jobs <- m
 }

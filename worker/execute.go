@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -18,42 +19,169 @@ import (
 // messages the dispatcher hands them and hand each attempt's outcome to
 // the completer, and how one message is run (handle, run). The pool starts
 // the workers in Start; they end once the dispatcher closes jobs, and Stop
-// waits for them (workers), cancelling (runCtx) and then abandoning
-// (abandonHandlers) handlers that outlast the drain. A handler runs on its
+// waits for them (drain), cancelling (runCtx) and then abandoning
+// (abandon) handlers that outlast the drain. A handler runs on its
 // worker's goroutine: no goroutine, channel or switch per attempt.
 
 // lockErrorRetryDelay is the requeue delay when a lock could not be
 // taken because the broker failed.
 const lockErrorRetryDelay = time.Second
 
+// executor runs the messages the dispatcher hands it (give) on
+// Concurrency worker goroutines, and offloaded attempts on goroutines of
+// their own (offload), and hands each attempt's outcome to the completer.
+// It keeps the counts the dispatcher's slots are read from (inflight,
+// offloaded) and the record of the attempts it runs (attempts), through
+// which cancels reach them.
+type executor struct {
+	b        broker.Broker
+	reg      *Registry
+	log      hclog.Logger
+	obs      Observer
+	workerID string
+	n        int        // Options.Concurrency
+	slots    func() int // Options.OffloadSlots; nil: offload none
+	drainFor time.Duration
+	grace    time.Duration // Options.AbandonAfter
+	out      *completer
+	back     *giveBacks    // the suspects the dispatcher gives back
+	unknown  *unknownTasks // the messages of tasks not registered here
+
+	jobs      chan *broker.Message
+	offJobs   chan *broker.Message // offloaded attempts, to an idle offloader
+	jobsDone  chan struct{}        // closed with jobs: the dispatcher has stopped
+	slotFreed chan struct{}        // a worker finished a message
+	runCtx    context.Context      // parent of handler contexts; cancelled: hard stop
+	cancelRun context.CancelFunc
+	workers   sync.WaitGroup
+	attempts  attempts // the handlers running, for cancels
+
+	inflight  atomic.Int64 // claimed and not yet handed to the completer
+	offloaded atomic.Int64 // of inflight, run on goroutines of their own (offload)
+	running   atomic.Int64 // handlers running
+	draining  atomic.Bool  // Stop began: what has not started does not run
+}
+
+func newExecutor(p *Pool, back *giveBacks, unknown *unknownTasks) *executor {
+	n := p.opts.Concurrency
+	e := &executor{
+		b: p.b, reg: p.reg, log: p.log, obs: p.obs, workerID: p.opts.WorkerID, n: n, slots: p.opts.OffloadSlots,
+		drainFor: p.opts.DrainTimeout, grace: p.opts.AbandonAfter, out: p.out, back: back, unknown: unknown,
+		jobs:      make(chan *broker.Message, n),
+		offJobs:   make(chan *broker.Message),
+		jobsDone:  make(chan struct{}),
+		slotFreed: make(chan struct{}, 1),
+	}
+	e.runCtx, e.cancelRun = context.WithCancel(context.Background())
+	return e
+}
+
+// start starts the workers.
+func (e *executor) start() {
+	e.workers.Add(e.n)
+	for range e.n {
+		go e.work()
+	}
+}
+
+// give hands a claimed message to the workers.
+func (e *executor) give(m *broker.Message) {
+	e.inflight.Add(1)
+	e.jobs <- m
+}
+
+// closeJobs tells the workers that nothing more comes, as the dispatcher
+// stops: they end once they have run what jobs holds.
+func (e *executor) closeJobs() {
+	close(e.jobs)
+	close(e.jobsDone)
+}
+
+// drain waits for the workers to finish what they hold, for up to
+// Options.DrainTimeout, then cancels the handlers still running and, after
+// Options.AbandonAfter more, gives up on those that ignore it (abandon).
+// With a deadline on ctx it keeps part of it for what Stop does next.
+// When it abandons handlers, the completer's writes are bounded from then
+// on, Stop's flush included: the caller calls the returned func once that
+// is done. Call it once the dispatcher has stopped.
+func (e *executor) drain(ctx context.Context) (release func()) {
+	workersDone := make(chan struct{})
+	go func() {
+		e.workers.Wait()
+		close(workersDone)
+	}()
+	// With a deadline, keep part of it for requeueing, flushing and
+	// unregistering: a drain that used all of it would have the caller
+	// kill the process before the messages are handed back.
+	drain, grace := e.drainFor, e.grace
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		reserve := min(max(left/10, 50*time.Millisecond), 2*time.Second)
+		drain = min(drain, left-reserve)
+		grace = min(grace, max(reserve/2, 20*time.Millisecond))
+	}
+	if waitFor(ctx, workersDone, drain) {
+		return func() {}
+	}
+	e.log.Warn("drain time is up: cancelling running tasks and requeueing their messages",
+		"running", e.running.Load(), "drained_for", drain.String())
+	e.cancelRun()
+	if waitFor(context.Background(), workersDone, grace) {
+		return func() {}
+	}
+	e.log.Error("tasks ignored cancellation: requeueing their messages; their goroutines run on until they return",
+		"running", e.running.Load())
+	// The workers (and the requeues below) may be blocked handing
+	// outcomes to a collector that retries a dead broker: bound
+	// that too.
+	t := time.AfterFunc(flushTimeout, e.out.giveUp)
+	e.abandon()
+	<-workersDone
+	return func() { t.Stop() }
+}
+
+// abandon gives up on the handlers still running at Stop, which ignored
+// their cancelled contexts: each one's message is requeued, as a stopped
+// attempt, and its worker is counted out of workers (it runs on until the
+// handler returns, then drops the result: see run).
+func (e *executor) abandon() {
+	for _, c := range e.attempts.abandon() {
+		c.dur = time.Since(c.started)
+		c.tc = &c.taskCtx
+		e.out.add(c.requeueNow("worker stopped (the task ignored cancellation)", StatusStopped))
+		e.inflight.Add(-1)
+		e.workers.Done()
+	}
+}
+
 // work runs messages until jobs is closed and empty, or until Stop
 // abandons the handler it runs (which counts it out of workers then).
-func (p *Pool) work() {
-	for m := range p.jobs {
-		if p.offload(m) {
-			p.freed()
+func (e *executor) work() {
+	for m := range e.jobs {
+		if e.offload(m) {
+			e.freed()
 			continue
 		}
-		c := p.handle(m)
+		c := e.handle(m)
 		if c == nil {
 			return
 		}
-		p.handed(c)
+		e.handed(c)
 	}
-	p.workers.Done()
+	e.workers.Done()
 }
 
 // handed hands an attempt's outcome to the completer and frees its slot.
-func (p *Pool) handed(c *completion) {
-	p.out.add(c)
-	p.inflight.Add(-1)
-	p.freed()
+func (e *executor) handed(c *completion) {
+	e.out.add(c)
+	e.inflight.Add(-1)
+	e.freed()
 }
 
 // freed tells the dispatcher a worker is free.
-func (p *Pool) freed() {
+func (e *executor) freed() {
 	select {
-	case p.slotFreed <- struct{}{}:
+	case e.slotFreed <- struct{}{}:
 	default:
 	}
 }
@@ -62,25 +190,25 @@ func (p *Pool) freed() {
 // (Task.Offload) and Options.OffloadSlots has room: the worker is free for
 // the next message at once. The goroutine counts among the workers Stop
 // waits for; while it runs, m does not count against Concurrency (see
-// dispatch), so the pool claims past it for offloaded attempts, as many
+// slots), so the pool claims past it for offloaded attempts, as many
 // as their slots admit. Without room, the worker runs m itself, and the
 // claims wait for it as for any handler.
-func (p *Pool) offload(m *broker.Message) bool {
-	if p.opts.OffloadSlots == nil {
+func (e *executor) offload(m *broker.Message) bool {
+	if e.slots == nil {
 		return false
 	}
-	t, ok := p.reg.Lookup(m.Task)
-	if !ok || !t.Offload || p.offloaded.Load() >= int64(p.opts.OffloadSlots()) {
+	t, ok := e.reg.Lookup(m.Task)
+	if !ok || !t.Offload || e.offloaded.Load() >= int64(e.slots()) {
 		return false
 	}
-	p.offloaded.Add(1)
+	e.offloaded.Add(1)
 	select {
-	case p.offJobs <- m: // an offloader waits for one
+	case e.offJobs <- m: // an offloader waits for one
 		return true
 	default:
 	}
-	p.workers.Add(1)
-	go p.offloader(m)
+	e.workers.Add(1)
+	go e.offloader(m)
 	return true
 }
 
@@ -91,24 +219,24 @@ const offloaderIdle = time.Second
 
 // offloader runs offloaded attempts, m first, until none comes for
 // offloaderIdle or the dispatcher ends.
-func (p *Pool) offloader(m *broker.Message) {
+func (e *executor) offloader(m *broker.Message) {
 	idle := time.NewTimer(offloaderIdle)
 	defer idle.Stop()
 	for {
-		c := p.handle(m)
-		p.offloaded.Add(-1)
+		c := e.handle(m)
+		e.offloaded.Add(-1)
 		if c == nil {
 			return // abandoned by Stop, which counted it out of workers
 		}
-		p.handed(c)
+		e.handed(c)
 		idle.Reset(offloaderIdle)
 		select {
-		case m = <-p.offJobs:
+		case m = <-e.offJobs:
 		case <-idle.C:
-			p.workers.Done()
+			e.workers.Done()
 			return
-		case <-p.disp.done:
-			p.workers.Done()
+		case <-e.jobsDone:
+			e.workers.Done()
 			return
 		}
 	}
@@ -147,10 +275,10 @@ type handlerResult struct {
 
 // handle runs one message and says how it ended: nil when Stop abandoned
 // its handler, and wrote its outcome itself (see run).
-func (p *Pool) handle(m *broker.Message) (out *completion) {
-	p.obs.TaskStarted(m.Topic)
+func (e *executor) handle(m *broker.Message) (out *completion) {
+	e.obs.TaskStarted(m.Topic)
 	c := &completion{claim: m.ClaimOf(), topic: m.Topic, task: m.Task, started: time.Now(), msg: m}
-	c.logger = msgLogger{base: p.log, m: m}
+	c.logger = msgLogger{base: e.log, m: m}
 	log := &c.logger
 	// The handler's panics are caught where it runs (run); this catches
 	// those of the task's other code: its lock key, its backoff, its
@@ -167,59 +295,76 @@ func (p *Pool) handle(m *broker.Message) (out *completion) {
 		}
 	}()
 
-	// Only suspects are given back (see dispatch): the others skip the lock.
-	if back := p.back.outcome(c); back != nil {
+	// Only suspects are given back (see isolation): the others skip the lock.
+	if back := e.back.outcome(c); back != nil {
 		return back
 	}
-	if p.draining.Load() {
+	if e.draining.Load() {
 		return c.notRun(0, "worker stopped", StatusStopped)
 	}
-	t, ok := p.reg.Lookup(m.Task)
+	t, ok := e.reg.Lookup(m.Task)
 	if !ok {
-		return p.unknown.decide(c, log)
+		return e.unknown.decide(c, log)
 	}
 	maxAttempts := m.MaxAttempts
 	if maxAttempts <= 0 {
 		maxAttempts = t.MaxAttempts
 	}
 	attempt := max(m.Attempts, 1)
-
-	if name := t.lockName(m.Payload); name != "" {
-		lctx, cancel := context.WithTimeout(p.runCtx, brokerCallTimeout)
-		got, err := p.b.AcquireLock(lctx, name, p.opts.WorkerID, c.claim)
-		cancel()
-		switch {
-		case errors.Is(err, broker.ErrClaimLost):
-			log.Warn("claim lost before the task ran", "lock", name)
-			c.lost, c.status = true, StatusLost
-			return c
-		case err != nil:
-			log.Warn("could not take the task's lock; requeueing", "lock", name, "error", err)
-			return c.notRun(lockErrorRetryDelay, fmt.Sprintf("could not take lock %q: %v", name, err), StatusDeferred)
-		case !got && t.OnLockConflict == LockRequeue:
-			log.Debug("lock held; requeueing", "lock", name, "retry_in", t.LockRetryDelay.String())
-			return c.notRun(t.LockRetryDelay, fmt.Sprintf("lock %q is held by another message; retrying in %s", name, t.LockRetryDelay), StatusDeferred)
-		case !got:
-			log.Info("lock held; skipping the message", "lock", name)
-			c.ack, c.result, c.status = true, json.RawMessage(`{"skipped":"lock held"}`), StatusSkipped
-			return c
-		}
+	if out := e.lock(t, c); out != nil {
+		return out
 	}
 
 	tc := &c.taskCtx
 	tc.Payload, tc.MessageID, tc.Task, tc.Topic, tc.Headers = m.Payload, m.ID, m.Task, m.Topic, m.Headers
 	tc.Attempt, tc.MaxAttempts, tc.log = attempt, maxAttempts, log
-	r := p.run(t, c)
+	r := e.run(t, c)
 	if r.abandoned {
 		// Stop wrote the outcome and counted this worker out: c is its.
 		return nil
 	}
-	res, cancelled := r.handlerResult, r.cancelled
 	c.dur = time.Since(c.started)
 	if r.ran {
 		c.tc, c.timedOut = tc, r.timedOut
 	}
+	return e.outcome(t, c, r, attempt, maxAttempts)
+}
 
+// lock takes the lock of c's message when its task has one (Task.LockKey,
+// NonConcurrent): nil when it has none or took it, else c's outcome.
+func (e *executor) lock(t Task, c *completion) *completion {
+	name := t.lockName(c.msg.Payload)
+	if name == "" {
+		return nil
+	}
+	log := &c.logger
+	lctx, cancel := context.WithTimeout(e.runCtx, brokerCallTimeout)
+	got, err := e.b.AcquireLock(lctx, name, e.workerID, c.claim)
+	cancel()
+	switch {
+	case errors.Is(err, broker.ErrClaimLost):
+		log.Warn("claim lost before the task ran", "lock", name)
+		c.lost, c.status = true, StatusLost
+		return c
+	case err != nil:
+		log.Warn("could not take the task's lock; requeueing", "lock", name, "error", err)
+		return c.notRun(lockErrorRetryDelay, fmt.Sprintf("could not take lock %q: %v", name, err), StatusDeferred)
+	case !got && t.OnLockConflict == LockRequeue:
+		log.Debug("lock held; requeueing", "lock", name, "retry_in", t.LockRetryDelay.String())
+		return c.notRun(t.LockRetryDelay, fmt.Sprintf("lock %q is held by another message; retrying in %s", name, t.LockRetryDelay), StatusDeferred)
+	case !got:
+		log.Info("lock held; skipping the message", "lock", name)
+		c.ack, c.result, c.status = true, json.RawMessage(`{"skipped":"lock held"}`), StatusSkipped
+		return c
+	}
+	return nil
+}
+
+// outcome decides how c's attempt ended, as run says: done, cancelled,
+// given back by a stopping pool, or failed (failure).
+func (e *executor) outcome(t Task, c *completion, r runResult, attempt, maxAttempts int) *completion {
+	log := &c.logger
+	res := r.handlerResult
 	switch {
 	case r.stopped:
 		return c.notRun(0, "worker stopped before the task started", StatusStopped)
@@ -234,25 +379,32 @@ func (p *Pool) handle(m *broker.Message) (out *completion) {
 			return c
 		}
 		res.err = fmt.Errorf("the task's result cannot be stored: %w", err)
-	case cancelled:
+	case r.cancelled:
 		log.Info("task cancelled while it ran", "error", res.err.Error())
 		return c.cancelled(cancelledWhileRunning)
-	case p.runCtx.Err() != nil:
+	case e.runCtx.Err() != nil:
 		// Hard stop: the failure is most likely the cancellation itself.
 		// The worker's stop cut the attempt short, not the task: it gives
 		// the attempt back, so a deploy does not use up a message's
 		// max_attempts (nor show more attempts than it allows).
 		return c.notRun(0, "worker stopped before the task finished; requeued", StatusStopped)
 	}
+	return failure(t, c, res.err, r.timedOut, attempt, maxAttempts)
+}
 
-	msg := res.err.Error()
-	if r.timedOut {
+// failure is the outcome of c's attempt, which failed with err: as err
+// asks (Snooze, Permanent, CancelTask), else retried after the task's
+// backoff while attempts remain, else failed for good.
+func failure(t Task, c *completion, err error, timedOut bool, attempt, maxAttempts int) *completion {
+	log := &c.logger
+	msg := err.Error()
+	if timedOut {
 		msg = fmt.Sprintf("timed out after %s: %s", t.Timeout, msg)
 	}
 	if msg == "" {
 		msg = "task failed"
 	}
-	if oe := outcomeOf(res.err); oe != nil {
+	if oe := outcomeOf(err); oe != nil {
 		switch oe.kind {
 		case outcomeSnooze:
 			if err := checkSnooze(oe.after); err != nil {
@@ -270,7 +422,7 @@ func (p *Pool) handle(m *broker.Message) (out *completion) {
 		}
 	}
 	if attempt < maxAttempts {
-		d := t.retryDelay(attempt, res.err)
+		d := t.retryDelay(attempt, err)
 		log.Warn("task failed; retrying", "error", msg, "max_attempts", maxAttempts, "retry_in", d.String())
 		return c.fail(msg, true, d)
 	}
@@ -313,9 +465,9 @@ type runResult struct {
 // Stop is abandoned by Stop itself (attempts.abandon), which requeues its
 // message and counts its worker out: this goroutine then runs on until
 // the handler returns, and drops its result.
-func (p *Pool) run(t Task, c *completion) (r runResult) {
+func (e *executor) run(t Task, c *completion) (r runResult) {
 	tc := &c.taskCtx
-	base, cancelBase := context.WithCancelCause(p.runCtx)
+	base, cancelBase := context.WithCancelCause(e.runCtx)
 	defer cancelBase(nil)
 	ctx := base
 	if t.Timeout > 0 {
@@ -323,22 +475,22 @@ func (p *Pool) run(t Task, c *completion) (r runResult) {
 		ctx, cancel = context.WithTimeout(base, t.Timeout)
 		defer cancel()
 	}
-	a, requested, stopping := p.attempts.start(c, ctx, cancelBase)
+	a, requested, stopping := e.attempts.start(c, ctx, cancelBase)
 	if stopping {
 		return runResult{stopped: true}
 	}
-	defer func() { r.cancelled = p.attempts.end(c.claim.ID, a) }()
+	defer func() { r.cancelled = e.attempts.end(c.claim.ID, a) }()
 	if requested {
 		return runResult{}
 	}
-	p.running.Add(1)
-	defer p.running.Add(-1)
+	e.running.Add(1)
+	defer e.running.Add(-1)
 
 	res := callHandler(ctx, t, tc, &c.logger)
 	if !a.finish() {
 		return runResult{ran: true, abandoned: true}
 	}
-	timedOut := res.err != nil && t.Timeout > 0 && pastDeadline(ctx) && base.Err() == nil && p.runCtx.Err() == nil
+	timedOut := res.err != nil && t.Timeout > 0 && pastDeadline(ctx) && base.Err() == nil && e.runCtx.Err() == nil
 	return runResult{handlerResult: res, ran: true, timedOut: timedOut}
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -13,11 +12,13 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-// This file owns the Pool: its state, its lifecycle (Start, Stop) and the
-// goroutines it owns. Start starts the heartbeat (heartbeat.go), the stray
-// check (strays.go), the completer (completer.go), the workers
-// (execute.go) and the dispatcher (dispatch.go); Stop stops each of them
-// in turn and waits for it.
+// This file owns the Pool: its state, its lifecycle (Start, Stop) and
+// the parts it is made of, each a type that owns its goroutines: the
+// heartbeater (heartbeat.go), the stray check (strays.go), the cancels
+// (cancel.go), the completer (completer.go), the executor (execute.go)
+// and the dispatcher (dispatch.go). Start starts them in that order; Stop
+// stops the dispatcher, drains the executor, then stops the completer and
+// the others, and waits for each.
 
 // ErrStopped is returned by Start on a pool that was stopped.
 var ErrStopped = errors.New("worker pool stopped")
@@ -36,7 +37,8 @@ const (
 )
 
 // Pool claims messages and runs them. Create it with NewPool, then Start
-// and Stop it once each.
+// and Stop it once each. It holds its parts and their shared records (the
+// claims it holds, the claims to give back), and answers for them.
 type Pool struct {
 	b    broker.Broker
 	reg  *Registry
@@ -49,31 +51,19 @@ type Pool struct {
 	topics  topicSet      // what the pool claims from
 	stopped chan struct{} // closed when the pool is fully stopped
 
-	disp      *dispatcher   // the claim loop
-	slotFreed chan struct{} // a worker finished a message
-	jobs      chan *broker.Message
-	offJobs   chan *broker.Message // offloaded attempts, to an idle offloader
-	out       *completer           // writes every outcome
+	disp *dispatcher // the claim loop
+	exec *executor   // runs what it claims
+	out  *completer  // writes every outcome
 
 	hb      *heartbeater // the worker's row in the broker
 	strays  *strayCheck
 	cancels *cancels
 
-	runCtx    context.Context // parent of handler contexts; cancelled: hard stop
-	cancelRun context.CancelFunc
-	workers   sync.WaitGroup
-
 	fleet   *Fleet        // who else runs a task
 	unknown *unknownTasks // the messages of tasks not registered here
 
-	claims   holdings  // claimed, outcome not yet written (see hold)
-	attempts attempts  // the handlers running, for CancelRunning
-	back     giveBacks // claims to requeue without running
-
-	inflight  atomic.Int64 // claimed and not yet handed to the completer
-	offloaded atomic.Int64 // of inflight, run on goroutines of their own (offload)
-	running   atomic.Int64 // handlers running
-	draining  atomic.Bool
+	claims holdings  // claimed, outcome not yet written (see hold)
+	back   giveBacks // claims to requeue without running
 }
 
 // NewPool returns a pool that runs reg's tasks from b. Nothing happens
@@ -96,12 +86,13 @@ func NewPool(b broker.Broker, reg *Registry, opts Options) *Pool {
 	n := opts.Concurrency
 	p.claims.init(2 * n)
 	p.out = newCompleter(b, p.log, opts.WorkerID, obs, opts.Reporter, &p.claims, n)
-	p.disp = newDispatcher(p, &p.back)
-	p.cancels = newCancels(b, opts.WorkerID, p.log, &p.attempts, &p.claims)
-	p.hb = newHeartbeater(p, p.cancels)
-	p.strays = newStrayCheck(p)
 	p.fleet = newFleet(b, opts.WorkerID, opts.HeartbeatInterval, p.log)
 	p.unknown = &unknownTasks{fleet: p.fleet, workerID: opts.WorkerID, grace: opts.UnknownTaskGrace, wait: opts.UnknownTaskWait}
+	p.exec = newExecutor(p, &p.back, p.unknown)
+	p.disp = newDispatcher(p, &p.back)
+	p.cancels = newCancels(b, opts.WorkerID, p.log, &p.exec.attempts, &p.claims)
+	p.hb = newHeartbeater(p, p.cancels)
+	p.strays = newStrayCheck(p)
 	return p
 }
 
@@ -146,7 +137,7 @@ func (p *Pool) Concurrency() int { return p.opts.Concurrency }
 func (p *Pool) Topics() []string { return p.topics.list() }
 
 // Running is the number of handlers running now.
-func (p *Pool) Running() int { return int(p.running.Load()) }
+func (p *Pool) Running() int { return int(p.exec.running.Load()) }
 
 // Wake makes the dispatcher claim at once instead of waiting out its idle
 // interval; call it after submitting a message locally. It never blocks.
@@ -179,24 +170,16 @@ func (p *Pool) Start(ctx context.Context) error {
 		return fmt.Errorf("start worker pool: register worker %s: %w", p.opts.WorkerID, err)
 	}
 
-	n := p.opts.Concurrency
-	p.slotFreed = make(chan struct{}, 1)
-	p.jobs = make(chan *broker.Message, n)
-	p.offJobs = make(chan *broker.Message)
-	p.runCtx, p.cancelRun = context.WithCancel(context.Background())
 	p.unknown.started = time.Now()
 
 	p.hb.start()
 	p.strays.start()
 	p.cancels.start()
 	p.out.start()
-	p.workers.Add(n)
-	for range n {
-		go p.work()
-	}
+	p.exec.start()
 	p.disp.start()
 	p.state = stateRunning
-	p.log.Info("worker pool started", "topics", topics, "concurrency", n)
+	p.log.Info("worker pool started", "topics", topics, "concurrency", p.opts.Concurrency)
 	return nil
 }
 
@@ -236,47 +219,17 @@ func (p *Pool) Stop(ctx context.Context) error {
 	stopAfter := context.AfterFunc(ctx, p.out.giveUp)
 	defer stopAfter()
 
-	p.draining.Store(true)
+	p.exec.draining.Store(true)
 	p.disp.stop() // it closed jobs: the workers end when it is empty
-
-	workersDone := make(chan struct{})
-	go func() {
-		p.workers.Wait()
-		close(workersDone)
-	}()
-	// With a deadline, keep part of it for requeueing, flushing and
-	// unregistering: a drain that used all of it would have the caller
-	// kill the process before the messages are handed back.
-	drain, grace := p.opts.DrainTimeout, p.opts.AbandonAfter
-	if dl, ok := ctx.Deadline(); ok {
-		left := time.Until(dl)
-		reserve := min(max(left/10, 50*time.Millisecond), 2*time.Second)
-		drain = min(drain, left-reserve)
-		grace = min(grace, max(reserve/2, 20*time.Millisecond))
-	}
-	if !waitFor(ctx, workersDone, drain) {
-		p.log.Warn("drain time is up: cancelling running tasks and requeueing their messages",
-			"running", p.running.Load(), "drained_for", drain.String())
-		p.cancelRun()
-		if !waitFor(context.Background(), workersDone, grace) {
-			p.log.Error("tasks ignored cancellation: requeueing their messages; their goroutines run on until they return",
-				"running", p.running.Load())
-			// The workers (and the requeues below) may be blocked handing
-			// outcomes to a collector that retries a dead broker: bound
-			// that too.
-			t := time.AfterFunc(flushTimeout, p.out.giveUp)
-			defer t.Stop()
-			p.abandonHandlers()
-			<-workersDone
-		}
-	}
+	release := p.exec.drain(ctx)
+	defer release()
 
 	p.out.stop()
 
 	p.hb.stop()
 	p.strays.stop()
 	p.cancels.stop()
-	p.cancelRun()
+	p.exec.cancelRun()
 
 	if err := p.hb.unregister(ctx); err != nil {
 		p.log.Error("could not unregister worker", "error", err)
@@ -284,20 +237,6 @@ func (p *Pool) Stop(ctx context.Context) error {
 	}
 	p.log.Info("worker pool stopped")
 	return nil
-}
-
-// abandonHandlers gives up on the handlers still running at Stop, which
-// ignored their cancelled contexts: each one's message is requeued, as a
-// stopped attempt, and its worker is counted out of workers (it runs on
-// until the handler returns, then drops the result: see run).
-func (p *Pool) abandonHandlers() {
-	for _, c := range p.attempts.abandon() {
-		c.dur = time.Since(c.started)
-		c.tc = &c.taskCtx
-		p.out.add(c.requeueNow("worker stopped (the task ignored cancellation)", StatusStopped))
-		p.inflight.Add(-1)
-		p.workers.Done()
-	}
 }
 
 // waitFor waits up to d for done; false if d or ctx ran out first.

@@ -63,7 +63,7 @@ func (s *isolation) settle(inflight, coming int) int {
 		d.log.Info("giving back a message whose last worker died running it: this worker stays busy and would claim nothing until it is idle",
 			"message_id", s.held.ID, "task", s.held.Task, "retry_in", suspectHoldMax.String())
 		s.back.markAfter(s.held.ClaimOf(), suspectHoldMax)
-		d.pool.toWorkers(s.held)
+		d.exec.give(s.held)
 		s.held = nil
 		inflight++
 	}
@@ -75,7 +75,7 @@ func (s *isolation) settle(inflight, coming int) int {
 	if !s.alone && s.held != nil && inflight == 0 && coming == 0 && d.out.pending.Load() == 0 {
 		d.log.Info("running a message whose last worker died while running it on its own, so that if it kills this process too, nothing else is lost with it",
 			"message_id", s.held.ID, "task", s.held.Task)
-		d.pool.toWorkers(s.held)
+		d.exec.give(s.held)
 		s.held = nil
 		s.alone, inflight = true, 1
 	}
@@ -119,7 +119,7 @@ func (s *isolation) admit(m *broker.Message) bool {
 func (s *isolation) stop() {
 	s.timer.Stop()
 	if s.held != nil {
-		s.d.pool.toWorkers(s.held)
+		s.d.exec.give(s.held)
 		s.held = nil
 	}
 }
