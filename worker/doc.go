@@ -2,25 +2,43 @@
 // pool that claims messages from a broker.Broker, runs their handlers and
 // reports each attempt's outcome back to the broker.
 //
-// A Pool has three kinds of goroutines, all owned by it and stopped and
-// awaited by Stop: one dispatcher that claims up to as many messages as it
-// has free slots in a single broker.Claim call (at most two in flight), Concurrency worker
-// goroutines that run handlers, and the completer, which owns every write
-// of an outcome, with two collectors that take the workers' outcomes.
+// A Pool is made of parts, each a small type that owns its goroutines,
+// which Start starts and Stop stops and waits for:
+//
+//   - the dispatcher (dispatch.go) claims up to as many messages as it has
+//     free slots (slots) in a single broker.Claim call, at most two in
+//     flight (exchanges), and hands them to the executor; it holds back a
+//     suspect until it can run alone (isolation), and between claims it
+//     waits for the broker's announcements (announcements);
+//   - the executor (execute.go) runs handlers on Concurrency worker
+//     goroutines, and offloaded tasks' attempts on goroutines of their
+//     own; it decides each attempt's outcome, drains at Stop and abandons
+//     the handlers that ignore their cancelled contexts;
+//   - the completer (completer.go, outcomes.go) owns every write of an
+//     outcome, with two collectors that take the workers' outcomes;
+//   - the heartbeater (heartbeat.go) registers the worker, keeps its row
+//     fresh, and unregisters it;
+//   - the stray check (strays.go) requeues messages claimed for this
+//     worker whose claim's answer never reached it;
+//   - the cancels (cancel.go) carry cancel requests to running attempts.
+//
+// The Fleet (fleet.go), the pool's view of which tasks other live workers
+// run, serves the executor's unknown-task policy (elsewhere.go) and the
+// tasks_worker service (Pool.Fleet).
+//
 // Nacks the collectors write themselves; acks they leave to the
 // dispatcher, which has the completer write every ack pending with its
 // next claim, ahead of it (one transaction and one round trip with a
-// broker.AckClaimer such as the PostgreSQL broker). A finishing handler frees a slot and so starts
-// that claim at once: a lone completion is never held back by a timer, and
-// a busy pool writes many acks per round trip. While one such exchange is
-// in flight, a second one carries the acks of a whole batch (see
-// dispatch), so finished messages do not wait for the write in flight. A topic's concurrency limit
-// counts a message until its outcome is written, so the claim that carries
-// the acks sees their slots free, and a claim that comes back short while
+// broker.AckClaimer such as the PostgreSQL broker). A finishing handler
+// frees a slot and so starts that claim at once: a lone completion is
+// never held back by a timer, and a busy pool writes many acks per round
+// trip. While one such exchange is in flight, a second one carries the
+// acks of a whole batch (see dispatcher), so finished messages do not
+// wait for the write in flight. A topic's concurrency limit counts a
+// message until its outcome is written, so the claim that carries the
+// acks sees their slots free, and a claim that comes back short while
 // outcomes are being written is retried as soon as one of those writes
-// returns, not after the idle interval. A heartbeat goroutine keeps the
-// worker's row fresh, and a stray check requeues messages claimed for this
-// worker whose claim's answer never reached it (see strayCheck).
+// returns, not after the idle interval.
 //
 // Delivery is at least once. A worker whose claim was taken from it (the
 // reaper requeued the message, an operator forced it) learns so from

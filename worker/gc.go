@@ -11,11 +11,10 @@ import (
 // with unless its environment sets GOGC.
 //
 // A worker's live heap is small (the messages in flight and the registry)
-// while every message it runs leaves a few kilobytes of short-lived
-// garbage; with Go's default of 100 the collector runs several times a
-// second under load and takes CPU the handlers and the database need (a
-// tenth of the burn-down rate on a 2-core machine). At 400 the heap peaks
-// at about five times the live heap, a few tens of megabytes.
+// while every message it runs leaves short-lived garbage; with Go's
+// default of 100 the collector runs often under load and takes CPU the
+// handlers and the database need. At 400 the heap grows to five times the
+// live heap before a collection, which a small live heap affords.
 const GCPercent = 400
 
 // TuneGC sets the garbage collector's target to GCPercent unless the GOGC
