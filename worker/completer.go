@@ -53,11 +53,10 @@ type completer struct {
 	carry  bool
 	claims *holdings // released once written; ran-and-lost marked
 
-	in        chan *completion // outcomes handed over by the workers
-	acks      ackQueue
-	acksReady chan struct{} // a collector left acks to the dispatcher
-	written   chan struct{} // an outcome write returned: the broker may have a free slot
-	pending   atomic.Int64  // handed over, outcome not yet written
+	in      chan *completion // outcomes handed over by the workers
+	acks    ackQueue         // the acks left to the dispatcher
+	written chan struct{}    // an outcome write returned: the broker may have a free slot
+	pending atomic.Int64     // handed over, outcome not yet written
 
 	giveUpCtx context.Context // cancelled: stop retrying broker writes
 	giveUp    context.CancelFunc
@@ -72,11 +71,10 @@ func newCompleter(b broker.Broker, log hclog.Logger, workerID string, obs Observ
 	mobs, _ := obs.(MessageObserver)
 	o := &completer{
 		b: b, log: log, workerID: workerID, obs: obs, mobs: mobs, reporter: reporter, claims: claims,
-		carry:     storesInto(reporter, b),
-		in:        make(chan *completion, 2*n),
-		acks:      ackQueue{open: true},
-		acksReady: make(chan struct{}, 1),
-		written:   make(chan struct{}, 1),
+		carry:   storesInto(reporter, b),
+		in:      make(chan *completion, 2*n),
+		acks:    ackQueue{open: true, ready: make(chan struct{}, 1)},
+		written: make(chan struct{}, 1),
 	}
 	o.giveUpCtx, o.giveUp = context.WithCancel(context.Background())
 	return o
@@ -134,7 +132,7 @@ func (o *completer) flush(batch []*completion) {
 		}
 		rest = append(rest, c)
 	}
-	if len(acks) > 0 && !o.leaveAcks(acks) {
+	if len(acks) > 0 && !o.acks.leave(acks) {
 		o.ackAll(acks)
 		rest = append(rest, acks...)
 	}
@@ -171,54 +169,65 @@ func (o *completer) finish(batch []*completion, signal bool) {
 	}
 }
 
-// ackQueue holds the acks the collectors leave to the dispatcher.
+// ackQueue holds the acks the collectors leave to the dispatcher, which
+// takes them for its exchanges; it is the completer's side that faces the
+// dispatcher.
 type ackQueue struct {
 	mu    sync.Mutex
 	items []*completion
-	open  bool // the dispatcher runs and takes acks
+	open  bool          // the dispatcher runs and takes acks
+	ready chan struct{} // acks were left: the dispatcher may send them
 }
 
-// leaveAcks gives acks to the dispatcher; false when it has stopped (the
+// leave gives acks to the dispatcher; false when it has stopped (the
 // caller writes them).
-func (o *completer) leaveAcks(acks []*completion) bool {
-	o.acks.mu.Lock()
-	if !o.acks.open {
-		o.acks.mu.Unlock()
+func (q *ackQueue) leave(acks []*completion) bool {
+	q.mu.Lock()
+	if !q.open {
+		q.mu.Unlock()
 		return false
 	}
-	o.acks.items = append(o.acks.items, acks...)
-	o.acks.mu.Unlock()
+	q.items = append(q.items, acks...)
+	q.mu.Unlock()
 	select {
-	case o.acksReady <- struct{}{}:
+	case q.ready <- struct{}{}:
 	default:
 	}
 	return true
 }
 
-// takeAcks returns the acks left to the dispatcher, for its next exchange.
-func (o *completer) takeAcks() []*completion {
-	o.acks.mu.Lock()
-	defer o.acks.mu.Unlock()
-	acks := o.acks.items
-	o.acks.items = nil
+// take returns the acks left to the dispatcher, for its next exchange.
+func (q *ackQueue) take() []*completion {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	acks := q.items
+	q.items = nil
 	return acks
 }
 
-// requeueAcks puts back acks an exchange could not write, ahead of the
+// requeue puts back acks an exchange could not write, ahead of the
 // others, for the next one.
-func (o *completer) requeueAcks(acks []*completion) {
-	o.acks.mu.Lock()
-	o.acks.items = append(acks, o.acks.items...)
-	o.acks.mu.Unlock()
+func (q *ackQueue) requeue(acks []*completion) {
+	q.mu.Lock()
+	q.items = append(acks, q.items...)
+	q.mu.Unlock()
 }
 
-// closeAcks stops the queue, as the dispatcher ends, and writes what is
-// left in it; from then on the collectors write their acks themselves.
+// close stops the queue, as the dispatcher ends, and returns what is left
+// in it: from then on the collectors write their acks themselves.
+func (q *ackQueue) close() []*completion {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.open = false
+	acks := q.items
+	q.items = nil
+	return acks
+}
+
+// closeAcks closes the queue, as the dispatcher ends, and writes what is
+// left in it.
 func (o *completer) closeAcks() {
-	o.acks.mu.Lock()
-	o.acks.open = false
-	o.acks.mu.Unlock()
-	acks := o.takeAcks()
+	acks := o.acks.close()
 	if len(acks) > 0 {
 		// Stop waits for this before its own bounds start: bound it here,
 		// or a broker that does not answer would hold Stop for ever.
@@ -245,16 +254,16 @@ func heldBack(c *completion, busy map[int64]int) bool {
 	return g != 0 && busy[g] > 0
 }
 
-// ackCountExcept is how many acks left to the dispatcher are of no claim
+// countExcept is how many acks left to the dispatcher are of no claim
 // in busy.
-func (o *completer) ackCountExcept(busy map[int64]int) int {
-	o.acks.mu.Lock()
-	defer o.acks.mu.Unlock()
+func (q *ackQueue) countExcept(busy map[int64]int) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	if len(busy) == 0 {
-		return len(o.acks.items)
+		return len(q.items)
 	}
 	n := 0
-	for _, c := range o.acks.items {
+	for _, c := range q.items {
 		if !heldBack(c, busy) {
 			n++
 		}
@@ -262,22 +271,21 @@ func (o *completer) ackCountExcept(busy map[int64]int) int {
 	return n
 }
 
-// takeAcksExcept is takeAcks, leaving in the queue the acks of the claims
-// in busy.
-func (o *completer) takeAcksExcept(busy map[int64]int) []*completion {
+// takeExcept is take, leaving in the queue the acks of the claims in busy.
+func (q *ackQueue) takeExcept(busy map[int64]int) []*completion {
 	if len(busy) == 0 {
-		return o.takeAcks()
+		return q.take()
 	}
-	o.acks.mu.Lock()
-	defer o.acks.mu.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	var take, keep []*completion
-	for _, c := range o.acks.items {
+	for _, c := range q.items {
 		if heldBack(c, busy) {
 			keep = append(keep, c)
 		} else {
 			take = append(take, c)
 		}
 	}
-	o.acks.items = keep
+	q.items = keep
 	return take
 }

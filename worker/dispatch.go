@@ -181,7 +181,7 @@ func (d *dispatcher) launch() bool {
 	if x.flying >= maxExchanges || d.failed {
 		return false
 	}
-	nAcks := d.out.ackCountExcept(x.busy)
+	nAcks := d.out.acks.countExcept(x.busy)
 	s := slots{
 		n: d.n, inflight: inflight, offloaded: int(d.exec.offloaded.Load()), reserved: x.reserved,
 		pending: int(d.out.pending.Load()), acks: nAcks, carried: x.acks, blocked: d.iso.blocks(),
@@ -190,7 +190,7 @@ func (d *dispatcher) launch() bool {
 		return false
 	}
 	free := s.free()
-	acks := d.out.takeAcksExcept(x.busy)
+	acks := d.out.acks.takeExcept(x.busy)
 	if free > 0 {
 		// A write that returns from here on may free a slot this
 		// claim does not see: it signals afresh.
@@ -240,7 +240,7 @@ func (d *dispatcher) wait() bool {
 	case <-slotFreed:
 	case <-written:
 		d.woke()
-	case <-d.out.acksReady:
+	case <-d.out.acks.ready:
 		d.stopIdling()
 	case <-d.iso.holdOver():
 	case <-idleC:

@@ -42,7 +42,7 @@ func (o *completer) exchange(parent context.Context, acks []*completion, req bro
 		// The call may have committed all the same: when the acks come
 		// back refused as stale, acked checks whether they went through.
 		markResent(acks)
-		o.requeueAcks(acks)
+		o.acks.requeue(acks)
 		return nil, err
 	}
 	if errors.Is(err, broker.ErrInvalid) {
