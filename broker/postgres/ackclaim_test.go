@@ -162,7 +162,7 @@ func TestClaimRoomAndStillFree(t *testing.T) {
 	}
 	freed := map[string]bool{"room": true, "other": true}
 
-	got, err := b.claimFrom(ctx, "room", 1, "w", nil, false, claimFloor{})
+	got, err := b.claimFrom(ctx, "room", 1, "w", nil, nil, false, claimFloor{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +174,7 @@ func TestClaimRoomAndStillFree(t *testing.T) {
 		t.Fatalf("a claim that left room announces %v, want room and other", s)
 	}
 
-	got, err = b.claimFrom(ctx, "room", 5, "w", nil, false, claimFloor{})
+	got, err = b.claimFrom(ctx, "room", 5, "w", nil, nil, false, claimFloor{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestClaimRoomAndStillFree(t *testing.T) {
 		t.Fatalf("a claim that left the topic full announces %v (freed now %v), want other alone and freed unchanged", s, freed)
 	}
 
-	got, err = b.claimFrom(ctx, "open", 2, "w", nil, false, claimFloor{})
+	got, err = b.claimFrom(ctx, "open", 2, "w", nil, nil, false, claimFloor{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -276,7 +277,15 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	active := broker.ClaimOrder(req.Topics, b.rr.Add(1)-1)
+	active, idle := b.idle.split(broker.ClaimOrder(req.Topics, b.rr.Add(1)-1))
+	if len(active) == 0 && len(idle) > 0 {
+		// No claim to look at the idle topics with: a read of its own.
+		woke, err := b.idle.peek(ctx, b, idle)
+		if err != nil {
+			return nil, nil, err
+		}
+		active, idle = woke, nil
+	}
 	if len(active) == 0 {
 		return nil, nil, nil
 	}
@@ -298,8 +307,17 @@ func (b *Broker) claim(ctx context.Context, req broker.ClaimRequest, a *ackBatch
 				next = append(next, topic)
 				continue
 			}
-			got, err := b.claimTopic(ctx, topic, share, req.WorkerID, a)
+			got, err := b.claimTopic(ctx, topic, share, req.WorkerID, a, idle)
 			msgs := got.msgs
+			if err == nil {
+				b.idle.claimed(topic, len(msgs) > 0)
+				if idle != nil {
+					// The idle topics that may have a message now are
+					// claimed in the next pass.
+					next = append(next, got.woke...)
+					idle = nil
+				}
+			}
 			if err != nil {
 				// Once something was written (claims, or acks that went
 				// with an earlier topic), it must reach the caller.
@@ -348,6 +366,110 @@ func stillFree(freed map[string]bool, topic string, got claimTx) map[string]bool
 	return out
 }
 
+// idleTopics are the topics whose last claim in this process took
+// nothing. A claim does not claim them again until a look (peekSQL) finds
+// that they may hold a message to claim: a claim of a topic takes its
+// lock, a row lock, so it commits with a WAL flush even when it finds
+// nothing, and a pool claims from every topic it serves (the topics of all
+// its tasks) at each exchange; while one of them is busy, the others'
+// empty claims would multiply the exchange's commits and split its share.
+// The look goes in the batch of the call's first claim, before the topic's
+// lock, or, when every topic is idle, in a read of its own; a topic it
+// finds may hold a message is claimed in the call's next pass. The look is
+// a snapshot: what it misses was queued after it, as after a claim made at
+// that instant, and the next claim looks again. A topic whose messages
+// are announced (listen.go) is no longer idle.
+type idleTopics struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+// peekSQL returns, of the topics $1, those that may have a message to
+// claim: known, not paused, and with more queued rows than their claim
+// rows hold, by their kept counts (tw_topic_counts). A topic with delayed
+// messages only is returned too; its claim then finds them not yet
+// available.
+var peekSQL = `SELECT t.name FROM tw_topics t
+	WHERE t.name = ANY ($1::text[]) AND NOT t.paused
+		AND (SELECT coalesce(sum(k.queued), 0) FROM tw_topic_counts k WHERE k.topic = t.name) > ` + heldCount("t.name")
+
+// split returns topics (in their order) less the idle ones, and the idle
+// ones.
+func (it *idleTopics) split(topics []string) (busy, idle []string) {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	if len(it.m) == 0 {
+		return topics, nil
+	}
+	busy = make([]string, 0, len(topics))
+	for _, t := range topics {
+		if it.m[t] {
+			idle = append(idle, t)
+		} else {
+			busy = append(busy, t)
+		}
+	}
+	return busy, idle
+}
+
+// peek looks at the idle topics in a read of its own and returns those
+// that may have a message to claim.
+func (it *idleTopics) peek(ctx context.Context, b *Broker, idle []string) ([]string, error) {
+	var woke []string
+	err := b.run(ctx, "claim", func(c *pgx.Conn) error {
+		rows, err := c.Query(ctx, peekSQL, idle)
+		if err != nil {
+			return err
+		}
+		woke, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return it.looked(idle, woke), nil
+}
+
+// looked takes the topics a look found may have a message (woke) out of
+// the idle ones, and returns them in the order of idle.
+func (it *idleTopics) looked(idle, woke []string) []string {
+	if len(woke) == 0 {
+		return nil
+	}
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	out := make([]string, 0, len(woke))
+	for _, t := range idle {
+		if slices.Contains(woke, t) {
+			delete(it.m, t)
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// heard takes topic out of the idle ones: messages of it were announced,
+// so the next claim claims it without a look first.
+func (it *idleTopics) heard(topic string) {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	delete(it.m, topic)
+}
+
+// claimed records that a claim of topic took something (busy) or nothing.
+func (it *idleTopics) claimed(topic string, busy bool) {
+	it.mu.Lock()
+	defer it.mu.Unlock()
+	if busy {
+		delete(it.m, topic)
+		return
+	}
+	if it.m == nil {
+		it.m = make(map[string]bool)
+	}
+	it.m[topic] = true
+}
+
 // claimTopic claims up to n messages of topic in one transaction: the
 // topic lock and the claim go as one batch (one round trip), which pgx runs
 // as one implicit transaction. With a, the acks go first in the same
@@ -358,10 +480,10 @@ func stillFree(freed map[string]bool, topic string, got claimTx) map[string]bool
 // when that comes back short, a second transaction claims the rest walking
 // from the start, so a message behind the floor is never left waiting
 // while the queue looks empty.
-func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch) (claimTx, error) {
+func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker string, a *ackBatch, idle []string) (claimTx, error) {
 	started := time.Now()
 	floor, hinted := b.floors.get(topic, started)
-	first, err := b.claimFrom(ctx, topic, n, worker, a, hinted, floor)
+	first, err := b.claimFrom(ctx, topic, n, worker, a, idle, hinted, floor)
 	if err != nil {
 		return claimTx{}, err
 	}
@@ -369,7 +491,7 @@ func (b *Broker) claimTopic(ctx context.Context, topic string, n int, worker str
 	if !hinted || len(first.msgs) >= first.allowed {
 		return first, nil
 	}
-	more, err := b.claimFrom(ctx, topic, n-len(first.msgs), worker, nil, false, claimFloor{})
+	more, err := b.claimFrom(ctx, topic, n-len(first.msgs), worker, nil, nil, false, claimFloor{})
 	if err != nil {
 		// The first claims are running and must reach the caller; the
 		// error shows again on the next claim.
@@ -406,6 +528,9 @@ type claimTx struct {
 	// claim).
 	room int
 	errs []error // the acks' errors, when acks went first
+	// woke is the idle topics looked at with the claim (idleTopics) that
+	// may have a message to claim.
+	woke []string
 }
 
 // full reports whether t left its topic with no free slot: it is limited
@@ -413,8 +538,9 @@ type claimTx struct {
 func (t claimTx) full() bool { return t.limited && t.room <= len(t.msgs) }
 
 // claimFrom is one claim transaction of claimTopic, from the key of floor
-// when hinted (see claimStatement).
-func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker string, a *ackBatch,
+// when hinted (see claimStatement), with a look at the idle topics idle
+// before the topic's lock (idleTopics).
+func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker string, a *ackBatch, idle []string,
 	hinted bool, floor claimFloor) (claimTx, error) {
 	var (
 		errs    []error
@@ -423,13 +549,17 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		allowed int32
 		limited bool
 		room    pgtype.Int4
+		woke    []string
 	)
 	out := make([]broker.Message, 0, n)
 	err := b.run(ctx, "claim", func(c *pgx.Conn) error {
-		out = out[:0]
+		out, woke = out[:0], nil
 		batch := &pgx.Batch{}
 		if a != nil {
 			a.queue(batch)
+		}
+		if len(idle) > 0 {
+			batch.Queue(peekSQL, idle)
 		}
 		batch.Queue(serialLockSQL, topic)
 		if hinted {
@@ -441,6 +571,16 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		if a != nil {
 			var err error
 			if errs, err = a.read(br); err != nil {
+				br.Close()
+				return err
+			}
+		}
+		if len(idle) > 0 {
+			rows, err := br.Query()
+			if err == nil {
+				woke, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			}
+			if err != nil {
 				br.Close()
 				return err
 			}
@@ -489,7 +629,8 @@ func (b *Broker) claimFrom(ctx context.Context, topic string, n int, worker stri
 		return claimTx{}, err
 	}
 	sortByKey(out)
-	return claimTx{msgs: out, allowed: int(allowed), limited: limited, room: int(room.Int32), errs: errs}, nil
+	return claimTx{msgs: out, allowed: int(allowed), limited: limited, room: int(room.Int32), errs: errs,
+		woke: b.idle.looked(idle, woke)}, nil
 }
 
 // gateOnly is the scan destinations of a claim row that claimed nothing:

@@ -62,7 +62,8 @@ type listener struct {
 	pingAfter time.Duration // listenPingAfter; tests shorten it
 	pings     atomic.Int64  // pings that found the connection alive
 	// prioritized, when set, hears of the priority of each announcement
-	// (the broker drops a claim floor the messages are behind: claim.go).
+	// (the broker drops a claim floor the messages are behind, and the
+	// topic is no longer idle: claim.go).
 	prioritized func(topic string, priority int)
 
 	// cancelChannel, when set, is listened to as well: its notices go to

@@ -21,6 +21,10 @@
 //     (claims.go). A claim starts its walk of the queued index where the
 //     previous claim of the topic ended (claimFloors), past the dead
 //     entries acked messages leave until VACUUM and the held messages.
+//     A topic whose last claim here took nothing is not claimed again
+//     until a look at its kept counts (tw_topic_counts) finds it may hold
+//     a message (idleTopics in claim.go): a claim that finds nothing still
+//     takes the topic's lock and flushes its commit.
 //   - AckAndClaim (broker.AckClaimer), the worker pool's way to write
 //     acks, puts them at the head of the transaction of its next claim:
 //     they lock their claim rows (in id order) and their messages' rows
@@ -146,6 +150,7 @@ type Broker struct {
 	closed   atomic.Bool
 	rr       atomic.Uint64 // rotates the topic Claim serves first
 	floors   claimFloors
+	idle     idleTopics // topics whose last claim took nothing
 }
 
 // New connects, brings the schema up to date (see Migrate) and returns the
@@ -181,7 +186,10 @@ func New(ctx context.Context, opts Options) (*Broker, error) {
 	}
 	b.listen = newListener(cfg, b.ins.Channel(), b.log)
 	b.listen.cancelChannel = CancelChannel(schema)
-	b.listen.prioritized = b.floors.raised
+	b.listen.prioritized = func(topic string, priority int) {
+		b.floors.raised(topic, priority)
+		b.idle.heard(topic)
+	}
 	b.announce = newAnnouncer(b)
 	maxConns := int(opts.MaxConns)
 	if maxConns <= 0 {
