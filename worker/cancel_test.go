@@ -192,7 +192,7 @@ func (g *lockGate) AcquireLock(ctx context.Context, name, holder string, c broke
 
 // TestCancelBeforeTheHandlerStarts: a cancel of a message the pool holds
 // but has not started (it waits for its lock) ends it cancelled without
-// running it.
+// running it, with a cancelled report of the attempt its claim counted.
 func TestCancelBeforeTheHandlerStarts(t *testing.T) {
 	b := &lockGate{Broker: testBrokers(t)["memory"](t), entered: make(chan struct{}, 1), open: make(chan struct{})}
 	reg := NewRegistry()
@@ -201,8 +201,8 @@ func TestCancelBeforeTheHandlerStarts(t *testing.T) {
 		calls.Add(1)
 		return nil, nil
 	}})
-	rec := newRecorder()
-	p := startPool(t, b, reg, Options{Observer: rec, HeartbeatInterval: time.Hour})
+	rec, reps := newRecorder(), &reportLog{}
+	p := startPool(t, b, reg, Options{Observer: rec, Reporter: reps, HeartbeatInterval: time.Hour})
 	id := submit(t, b, "locked", `{}`)
 	select {
 	case <-b.entered:
@@ -218,4 +218,10 @@ func TestCancelBeforeTheHandlerStarts(t *testing.T) {
 		t.Errorf("runs %d, last error %q; want no run", calls.Load(), m.LastError)
 	}
 	eventually(t, "a cancelled attempt observed", func() bool { return rec.count(StatusCancelled) == 1 })
+	// The claim counted an attempt: it has its report, as every attempt a
+	// message counts does.
+	eventually(t, "the cancelled attempt's report", func() bool { return len(reps.statuses(id)) == 1 })
+	if st := reps.statuses(id); m.Attempts != 1 || len(st) != 1 || st[0] != broker.ReportCancelled {
+		t.Errorf("attempts %d, reports %v; want the one attempt reported %s", m.Attempts, st, broker.ReportCancelled)
+	}
 }

@@ -118,8 +118,11 @@ func (c *completion) reportKey() string {
 }
 
 // report builds the attempt's report, as worker ran it; false when there
-// is nothing to report (the handler never ran: lock deferred, stopped
-// before start).
+// is nothing to report (the handler never ran and the attempt was given
+// back: lock deferred, stopped before start). An attempt that ends its
+// message without its handler (an unknown task, a cancel before the start)
+// is reported: its claim counted it, and every attempt a message counts
+// has its report.
 func (c *completion) report(worker string) (broker.Report, bool) {
 	r := broker.Report{
 		MessageID: c.msg.ID, Task: c.task, Topic: c.topic, Schedule: c.msg.Headers["schedule"],
@@ -136,6 +139,8 @@ func (c *completion) report(worker string) (broker.Report, bool) {
 		}
 	case c.status == StatusSkipped:
 		r.Status, r.Result = broker.ReportSkipped, c.result
+	case c.tc == nil && c.status == StatusCancelled:
+		r.Status = broker.ReportCancelled
 	case c.tc == nil:
 		if c.status != StatusFailed {
 			return broker.Report{}, false
