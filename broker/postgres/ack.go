@@ -32,25 +32,32 @@ var lockHeld = `(EXISTS (
 			WHERE c.id = ` + claimOf("l.token::text") + ` AND l.message_id = ANY (c.ids)
 				AND (c.key # l.message_id) = ` + keyOf("l.token::text") + `))`
 
-// countsKeptSQL goes before an ack statement in its transaction: it sets
-// taskhost.topic_counts_kept to the schema until the transaction ends,
-// which says that the statements that follow count what they change in
-// tw_topic_counts themselves (ackCounts), so that the update and delete
-// triggers of tw_messages, whose WHEN reads it (migration 025), are not
-// called. That holds because nothing after it in an ack's transaction but
-// the ack (the release of its claims' locks, the claim of an AckAndClaim)
-// updates or deletes a message.
+// ackTakeCTEs is takeCTEs for an ack statement, which counts what it
+// ends in tw_topic_counts itself (ackCounts): a claim row it takes from
+// also sets taskhost.topic_counts_kept to the schema until the
+// transaction ends, which says so, and the update and delete triggers of
+// tw_messages, whose WHEN reads it (migration 025), are then not called.
+// The rows an ack changes are counted once either way: the held ones it
+// ends (the only ones that change a count) are those t took, so the
+// setting is set whenever there are any, before the statement ends and
+// its triggers' WHEN is read; a row made running the old way counts in
+// neither count. That the setting holds for the rest of the transaction is
+// right because nothing after an ack in its transaction (the release of
+// its claims' locks, the claim of an AckAndClaim) updates or deletes a
+// message.
 //
 // Counted in the statement, an ack adds to one row of tw_topic_counts;
 // counted by the triggers, it cost two trigger calls reading transition
 // tables, in the transaction of nearly every claim.
-const countsKeptSQL = `SELECT set_config('taskhost.topic_counts_kept', current_schema(), true)`
+func ackTakeCTEs(ids, cids, keys string) string {
+	return takeCTEsAnd(ids, cids, keys, `set_config('taskhost.topic_counts_kept', current_schema(), true) IS NOT NULL`)
+}
 
 // ackCounts is the CTE n of an ack statement: it takes the queued rows the
 // ack ended (those of ended, a CTE of the statement with the columns topic
 // and taken: the row was held by a claim row, so queued) off their topics'
 // counts, in a shard of each topic (countsShard). An ack ends no dead
-// row, and a row made running the old way counts in neither count.
+// row.
 func ackCounts(ended string) string {
 	return `n AS (
 		INSERT INTO tw_topic_counts AS c (topic, shard, queued, dead)
@@ -82,7 +89,7 @@ func countsLock(topic, shard string) string {
 // and $2 tokens (their claim rows and keys $5 and $6: takeCTEs), storing
 // the results $3, and returns the ordinals $4 of the outcomes it applied,
 // with their messages' topics (ackCounts counts them).
-var ackSQL = `WITH ` + takeCTEs("$1", "$5", "$6") + `, a AS (
+var ackSQL = `WITH ` + ackTakeCTEs("$1", "$5", "$6") + `, a AS (
 	UPDATE tw_messages m
 	SET state = 'done', finished_at = now(), result = u.res::jsonb, token = NULL, ` + heldSet + `
 	FROM unnest($1::bigint[], $2::text[], $3::text[], $4::int[], $5::bigint[], $6::bigint[]) AS u(id, tok, res, ord, cid, ckey)
@@ -108,7 +115,7 @@ var ackSQL = `WITH ` + takeCTEs("$1", "$5", "$6") + `, a AS (
 // tw_report_rows for its key: a report of the same attempt is stored apart
 // only after its outcome failed (a lost report), and AddReports checks the
 // rows (held).
-var ackReportsSQL = `WITH ` + takeCTEs("$1", "$22", "$23") + `, a AS (
+var ackReportsSQL = `WITH ` + ackTakeCTEs("$1", "$22", "$23") + `, a AS (
 	UPDATE tw_messages m
 	SET state = 'done', finished_at = now(), result = v.ares::jsonb, token = NULL, ` + heldSet + `,
 		` + heldReportSet("v.keep AND v.task = m.task AND v.topic = m.topic") + `
@@ -266,7 +273,6 @@ func (a *ackBatch) lockFirst() bool { return a.kept != nil && a.keyed }
 // locks to batch. A claim row the ack empties stays, for the next claim
 // of its topic to reuse (claimStatement).
 func (a *ackBatch) queue(batch *pgx.Batch) {
-	batch.Queue(countsKeptSQL)
 	switch {
 	case a.kept != nil:
 		if a.lockFirst() {
@@ -286,9 +292,6 @@ func (a *ackBatch) queue(batch *pgx.Batch) {
 // read reads the answers of the statements queue added.
 func (a *ackBatch) read(br pgx.BatchResults) ([]error, error) {
 	errs := a.lostAll()
-	if _, err := br.Exec(); err != nil { // countsKeptSQL
-		return nil, err
-	}
 	if a.lockFirst() {
 		if _, err := br.Exec(); err != nil {
 			return nil, err

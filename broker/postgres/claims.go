@@ -113,7 +113,14 @@ func keyOf(tok string) string {
 // rows are locked in id order first,
 // as the reaper locks them (lockDeadClaimsSQL): two outcomes in flight
 // that name the same claim rows wait for each other, never deadlock.
-func takeCTEs(ids, cids, keys string) string {
+func takeCTEs(ids, cids, keys string) string { return takeCTEsAnd(ids, cids, keys, "") }
+
+// takeCTEsAnd is takeCTEs with cond (when not empty) one more condition
+// on each claim row t takes from.
+func takeCTEsAnd(ids, cids, keys, cond string) string {
+	if cond != "" {
+		cond = " AND " + cond
+	}
 	return `t AS (
 		UPDATE tw_claims c
 		SET took = ARRAY (SELECT x FROM unnest(c.ids) x WHERE x = ANY (g.want)),
@@ -122,7 +129,7 @@ func takeCTEs(ids, cids, keys string) string {
 			FROM unnest(` + ids + `::bigint[], ` + cids + `::bigint[], ` + keys + `::bigint[]) AS u(id, cid, key)
 			WHERE u.cid > 0 GROUP BY 1, 2) g
 		WHERE c.id = ANY (ARRAY (SELECT l.id FROM tw_claims l WHERE l.id = ANY (` + cids + `::bigint[]) ORDER BY l.id FOR UPDATE))
-			AND c.id = g.cid AND c.key = g.ckey
+			AND c.id = g.cid AND c.key = g.ckey` + cond + `
 		RETURNING c.id, c.key, c.worker, c.claimed_at, c.took
 	)`
 }

@@ -64,7 +64,7 @@ const doneBlock = "4096"
 // order first: lockInIDOrderSQL). A report that names another task or
 // topic than its message's is stored in tw_report_rows (r) from what a
 // and k return.
-var ackKeptSQL = `WITH ` + takeCTEs("$1", "$14", "$15") + `, a AS (
+var ackKeptSQL = `WITH ` + ackTakeCTEs("$1", "$14", "$15") + `, a AS (
 	DELETE FROM tw_messages m
 	USING ` + keptArrays + `
 	WHERE ` + keptMatch + ` AND m.unique_key IS NULL
