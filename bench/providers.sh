@@ -22,6 +22,11 @@
 #                           each with a host of its own (default 8)
 #   KINDS="go"              the kinds to run besides in-process (default
 #                           go python)
+#   CPU=1                   also print, for each burn-down, the CPU time
+#                           (user + system, from /proc/<pid>/stat) each
+#                           process spent per task: the host, tasks_worker
+#                           and the provider; less sensitive to a busy
+#                           machine than tasks/s
 #   LISTEN=127.0.0.1:18091  the host's address
 #   KEEP=1                  keep the temporary directory (config, host log)
 set -euo pipefail
@@ -110,7 +115,28 @@ YAML
 	drain
 }
 
-median() { printf "%s\n" "$@" | sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# cpu_ticks prints "name ticks" for the host and each of its plugins
+# (named by the binary they run), user + system time in clock ticks.
+cpu_ticks() {
+	local pid exe
+	awk '{ print "host", $14 + $15 }' "/proc/$HOST_PID/stat"
+	for pid in $(ps -o pid= --ppid "$HOST_PID"); do
+		exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
+		case "$exe" in
+		*fp-plugin-*) awk -v n="${exe##*fp-plugin-}" '{ print n, $14 + $15 }' "/proc/$pid/stat" ;;
+		esac
+	done
+}
+# cpu_per_task prints each process's CPU time per task in µs between two
+# cpu_ticks outputs ($1, $2) over $3 tasks, for the processes that used any.
+cpu_per_task() {
+	awk -v n="$3" -v hz="$(getconf CLK_TCK)" '
+		NR == FNR { before[$1] = $2; next }
+		{ d = $2 - before[$1]; if (d > 0) { printf "%s %.1f  ", $1, d / hz * 1e6 / n; all += d } }
+		END { printf "all %.1f µs/task", all / hz * 1e6 / n }' <(echo "$1") <(echo "$2")
+}
+
+median() { printf "%s\n" "$@" | sort -n | awk '{ v[NR] = $1 } END { printf "%.0f\n", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 echo "load before: $(cat /proc/loadavg)"
 declare -A MEDIAN
@@ -122,13 +148,16 @@ for workers in $WORKERS; do
 			"${HOSTCLI[@]}" topics pause default "${ADDR[@]}" >/dev/null
 			awk -v n="$N" -v l="${LINE[$kind]}" 'BEGIN { for (i = 0; i < n; i++) print l }' |
 				"${HOSTCLI[@]}" tasks submit -file - "${ADDR[@]}" >/dev/null 2>&1
+			[ "${CPU:-0}" = 1 ] && C0=$(cpu_ticks)
 			T0=$(now)
 			"${HOSTCLI[@]}" topics resume default "${ADDR[@]}" >/dev/null
 			drain
 			T1=$(now)
+			[ "${CPU:-0}" = 1 ] && C1=$(cpu_ticks)
 			rate=$(awk -v n="$N" -v a="$T0" -v b="$T1" 'BEGIN { printf "%.0f", n / (b - a) }')
 			RATES[$kind]="${RATES[$kind]:-} $rate"
 			printf "workers %-3d round %d  %-10s  %6d tasks in %6.2f s  %6d tasks/s\n" "$workers" "$round" "$kind" "$N" "$(awk -v a="$T0" -v b="$T1" 'BEGIN { print b - a }')" "$rate"
+			if [ "${CPU:-0}" = 1 ]; then echo "    cpu per task, µs: $(cpu_per_task "$C0" "$C1" "$N")"; fi
 		done
 	done
 	if grep -q "plugin failed\|panic" "$TMP/host-$workers.log"; then

@@ -19,6 +19,7 @@ import (
 	"github.com/taskhost/taskhost/capability"
 	"github.com/taskhost/taskhost/reaper"
 	"github.com/taskhost/taskhost/scheduler"
+	"github.com/taskhost/taskhost/worker"
 )
 
 // Name is the plugin's name: its config key, URL segment and metric prefix.
@@ -38,6 +39,10 @@ type Plugin struct {
 	// providerMetrics are the series of the plugin boundary.
 	providerMetrics *providerMetrics
 
+	// ownTasks register the tasks linked into this binary (WithTasks),
+	// in order, beside the built-in ones, at each start.
+	ownTasks []func(*worker.Registry) error
+
 	// life serialises Configure and Stop; mu guards rt, which the HTTP
 	// handlers, actions and metrics read.
 	life sync.Mutex
@@ -52,12 +57,31 @@ var (
 	_ capability.ActionProvider  = (*Plugin)(nil)
 )
 
+// An Option changes the plugin New returns.
+type Option func(*Plugin)
+
+// WithTasks registers a program's own tasks in the plugin, beside the
+// built-in ones: register is called with the registry of each start
+// (each Configure), before the worker pool starts, and its error fails
+// that start. Tasks registered so run in the tasks_worker process, as the
+// built-in ones do, with no plugin boundary to cross: build the program
+// as fp-plugin-tasks_worker (see package program). A name taken by a
+// built-in task, or registered twice, is an error (worker.ErrDuplicateTask);
+// a provider plugin's task of the same name is then ignored, with a
+// warning.
+func WithTasks(register func(*worker.Registry) error) Option {
+	return func(p *Plugin) { p.ownTasks = append(p.ownTasks, register) }
+}
+
 // New returns an unconfigured plugin that logs to logger.
-func New(logger hclog.Logger) *Plugin {
+func New(logger hclog.Logger, opts ...Option) *Plugin {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
 	p := &Plugin{log: logger}
+	for _, o := range opts {
+		o(p)
+	}
 	p.metrics = newTelemetry(p.stats, p.lastHeartbeat, p.missing, logger)
 	p.reaperMetrics = reaper.NewMetrics(p.metrics.reg)
 	p.providerMetrics = newProviderMetrics(p.metrics.reg, func() int {

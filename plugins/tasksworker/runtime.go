@@ -52,6 +52,11 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	if err := registerBuiltins(reg, cfg, reclaim); err != nil {
 		return nil, fmt.Errorf("register built-in tasks: %w", err)
 	}
+	for _, register := range p.ownTasks {
+		if err := register(reg); err != nil {
+			return nil, fmt.Errorf("register the program's own tasks (tasksworker.WithTasks): %w", err)
+		}
+	}
 	if err := applyTopics(ctx, b, cfg.Topics, p.log); err != nil {
 		return nil, err
 	}
