@@ -49,6 +49,7 @@ type benchConfig struct {
 	hostPlugin   string // -real-host: a plugin enabled besides tasks_worker
 	resume       bool   // -real-host: time from a paused topic's resume
 	hostSteady   bool   // -real-host: also a steady stream through the host
+	readers      bool   // -real-host: an operator's reads run during the runs
 }
 
 func benchDefaultDSN() string {
@@ -91,6 +92,7 @@ func Main(args []string) int {
 	fs.StringVar(&c.hostTask, "task", realHostTask, "-real-host: the task submitted, with the payload {\"n\": i}: tasks_worker's demo.echo, or a provider plugin's task (see -plugin), such as example.noop")
 	fs.StringVar(&c.hostPlugin, "plugin", "", "-real-host: a plugin the host runs besides tasks_worker, from plugins/ beside the host binary (such as example, for -task example.noop)")
 	fs.BoolVar(&c.hostSteady, "steady", false, "-real-host: after the runs, a steady stream through the host: -rate POST tasks a second for -duration, each task's latency from its creation to its outcome as the database records them (p50, p95, p99)")
+	fs.BoolVar(&c.readers, "readers", false, "-real-host: while the runs go, an operator's reads run as a browser and Prometheus would: the task UI's dashboard every 5 s and the metrics plugin's scrape every 15 s (the metrics plugin runs too); their latencies are printed")
 	fs.BoolVar(&c.resume, "resume", false, "-real-host: submit each run's tasks on a paused topic, then time from the topic's resume until the last is done with its report (the burn-down alone, without the submit)")
 	fs.StringVar(&c.hostBin, "host-bin", "", "-real-host: the `path` of the host binary, with the tasks_worker plugin in plugins/ beside it (default: the build this bench runs from, laid out as make build does: bin/host and bin/plugins)")
 	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process to this file")
@@ -121,7 +123,7 @@ func Main(args []string) int {
 	case c.realHost && (c.acrossHosts || c.idlePools > 0):
 		fmt.Fprintln(os.Stderr, "host bench: -real-host runs instead of -across-hosts and -idle-pools: give one of them")
 		return 2
-	case !c.realHost && (c.hostTask != realHostTask || c.hostPlugin != "" || c.resume || c.hostSteady):
+	case !c.realHost && (c.hostTask != realHostTask || c.hostPlugin != "" || c.resume || c.hostSteady || c.readers):
 		fmt.Fprintln(os.Stderr, "host bench: -task, -plugin, -resume and -steady go with -real-host")
 		return 2
 	case c.hostPlugin != "" && !capability.ValidName(c.hostPlugin):

@@ -8,8 +8,10 @@ import (
 	"io"
 	"iter"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -82,6 +84,9 @@ func realHostConfig(cfg benchConfig, schema, topic string) string {
 	if cfg.hostPlugin != "" {
 		conf += fmt.Sprintf("  %s:\n    enabled: true\n", cfg.hostPlugin)
 	}
+	if cfg.readers {
+		conf += "  metrics:\n    enabled: true\n"
+	}
 	return conf
 }
 
@@ -152,6 +157,10 @@ func runRealHost(ctx context.Context, bn *bench, out io.Writer, summary map[stri
 		return fmt.Errorf("real host: %w%s", err, logTail(logPath))
 	}
 
+	var stopReaders func() []readerResult
+	if cfg.readers {
+		stopReaders = startReaders(ctx, p.URL)
+	}
 	var results []realHostResult
 	for run := 1; run <= cfg.runs; run++ {
 		r, err := bn.realHostRun(ctx, c, topic, run, p.Exited())
@@ -168,6 +177,14 @@ func runRealHost(ctx context.Context, bn *bench, out io.Writer, summary map[stri
 		fmt.Fprintf(out, "  run %d  %8d jobs in %7.3fs  %10s jobs/s  %s  WAL %s B/message  (%s)\n",
 			run, cfg.jobs, r.Secs, fmtNum(r.JobsPerSec), bn.mode(), fmtNum(r.WALPerMsg), submitted)
 		results = append(results, r)
+	}
+	if stopReaders != nil {
+		rr := stopReaders()
+		for _, r := range rr {
+			fmt.Fprintf(out, "  reader %-10s every %-4s %3d reads  median %s ms  max %s ms  failed %d\n",
+				r.Name, r.Every, r.N, fmtNum(r.MedianMS), fmtNum(r.MaxMS), r.Failed)
+		}
+		summary["readers"] = rr
 	}
 	fmt.Fprintf(out, "== medians of %d runs\n", len(results))
 	for _, row := range []struct {
@@ -445,4 +462,77 @@ func logTail(path string) string {
 		lines = lines[len(lines)-20:]
 	}
 	return "\nthe host's log ends with:\n" + string(bytes.Join(lines, []byte("\n")))
+}
+
+// readerResult is what one of the operator's reads took during the runs.
+type readerResult struct {
+	Name     string  `json:"name"`
+	Every    string  `json:"every"`
+	N        int     `json:"n"`
+	Failed   int     `json:"failed"`
+	MedianMS float64 `json:"median_ms"`
+	MaxMS    float64 `json:"max_ms"`
+}
+
+// startReaders runs an operator's reads against the host at base, each on
+// its own period, until the returned stop, which reports what they took:
+// the task UI's dashboard, as an open browser tab reloads it, and the
+// Prometheus scrape.
+func startReaders(ctx context.Context, base string) (stop func() []readerResult) {
+	readers := []struct {
+		name, path string
+		every      time.Duration
+	}{
+		{"dashboard", "/plugin-pkg/tasks_worker/ui/", 5 * time.Second},
+		{"scrape", "/plugin-pkg/metrics/api/prometheus", 15 * time.Second},
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	results := make([]readerResult, len(readers))
+	var wg sync.WaitGroup
+	for i, rd := range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			hc := &http.Client{Timeout: time.Minute}
+			var took []float64
+			failed := 0
+			t := time.NewTicker(rd.every)
+			defer t.Stop()
+			for {
+				start := time.Now()
+				req, _ := http.NewRequestWithContext(ctx, "GET", base+rd.path, nil)
+				resp, err := hc.Do(req)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+				}
+				switch {
+				case ctx.Err() != nil:
+				case err != nil:
+					failed++
+				default:
+					took = append(took, float64(time.Since(start).Microseconds())/1000)
+				}
+				select {
+				case <-ctx.Done():
+					r := readerResult{Name: rd.name, Every: rd.every.String(), N: len(took), Failed: failed}
+					if len(took) > 0 {
+						r.MedianMS = round2(median(took))
+						r.MaxMS = round2(slices.Max(took))
+					}
+					results[i] = r
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+	return func() []readerResult {
+		cancel()
+		wg.Wait()
+		return results
+	}
 }
