@@ -31,19 +31,26 @@ type brokerEvents interface {
 	Republished(reason string, n int)
 }
 
+// leasingBroker is a broker that also elects the beat's leader: every
+// broker the config can name is one.
+type leasingBroker interface {
+	broker.Broker
+	broker.Leaser
+}
+
 // openBroker is the one place that maps the broker setting to an
 // implementation. It checks everything it can before the caller stops the
 // running broker, and returns the function that opens the new one.
-func openBroker(cfg Config, log hclog.Logger, events brokerEvents) (func(ctx context.Context) (broker.Broker, error), error) {
+func openBroker(cfg Config, log hclog.Logger, events brokerEvents) (func(ctx context.Context) (leasingBroker, error), error) {
 	switch cfg.Broker {
 	case "memory":
-		return func(context.Context) (broker.Broker, error) { return memory.New(), nil }, nil
+		return func(context.Context) (leasingBroker, error) { return memory.New(), nil }, nil
 	case "local":
-		return func(ctx context.Context) (broker.Broker, error) { return openLocal(ctx, cfg, log) }, nil
+		return func(ctx context.Context) (leasingBroker, error) { return openLocal(ctx, cfg, log) }, nil
 	case "postgres":
-		return func(ctx context.Context) (broker.Broker, error) { return openPostgres(ctx, cfg, log) }, nil
+		return func(ctx context.Context) (leasingBroker, error) { return openPostgres(ctx, cfg, log) }, nil
 	case "rabbitmq":
-		return func(ctx context.Context) (broker.Broker, error) { return openRabbitMQ(ctx, cfg, log, events) }, nil
+		return func(ctx context.Context) (leasingBroker, error) { return openRabbitMQ(ctx, cfg, log, events) }, nil
 	}
 	return nil, invalid("broker", "unknown broker %q; use one of %s", cfg.Broker, strings.Join(brokerKinds, ", "))
 }
@@ -72,7 +79,7 @@ func openPostgres(ctx context.Context, cfg Config, log hclog.Logger) (*postgres.
 // openRabbitMQ opens the state store the config names (the local or the
 // postgres store, with the same settings as that broker), then the
 // rabbitmq broker over it; the broker closes the store.
-func openRabbitMQ(ctx context.Context, cfg Config, log hclog.Logger, events brokerEvents) (broker.Broker, error) {
+func openRabbitMQ(ctx context.Context, cfg Config, log hclog.Logger, events brokerEvents) (*rabbitmq.Broker, error) {
 	var state rabbitmq.StateStore
 	var err error
 	switch cfg.StateStore {

@@ -42,7 +42,7 @@ type runtime struct {
 	wg     sync.WaitGroup
 }
 
-func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host capability.HostServices) (*runtime, error) {
+func (p *Plugin) start(ctx context.Context, cfg Config, b leasingBroker, host capability.HostServices) (*runtime, error) {
 	reg := worker.NewRegistry()
 	// The watchdog task runs the same pass as the beat and the admin
 	// action; the reaper needs the pool's worker id, so it is bound below,
@@ -67,8 +67,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 	}
 	reports := worker.NewReportWriter(b, p.log.Named("reports"), func(n int) { p.metrics.reportsDropped.Add(float64(n)) })
 	roles := []string{broker.RoleWorker}
-	leaser, canLead := b.(broker.Leaser)
-	if cfg.Beat && canLead {
+	if cfg.Beat {
 		roles = append(roles, broker.RoleBeat)
 	}
 	// The attempts of provided tasks run in their plugins, as many at
@@ -139,7 +138,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 				fastReclaimWindow(cfg.HeartbeatInterval, cfg.Reaper.After), p.log.Named("reaper"))
 		})
 	}
-	if cfg.Beat && canLead {
+	if cfg.Beat {
 		beat := &scheduler.Beat{
 			Reaper: rp, Settings: cfg.Reaper, Logger: p.log.Named("beat"),
 			Schedules: &scheduler.Ticker{
@@ -166,7 +165,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 				}
 			},
 		}
-		rt.leader = scheduler.NewLeader(leaser, scheduler.LeaderOptions{
+		rt.leader = scheduler.NewLeader(b, scheduler.LeaderOptions{
 			Holder:    pool.WorkerID(),
 			TTL:       cfg.BeatLeaseTTL,
 			OnElected: beat.Run,
@@ -174,8 +173,6 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b broker.Broker, host ca
 		})
 		svc.SetLeader(rt.leader)
 		rt.leader.Start(ctx)
-	} else if cfg.Beat {
-		p.log.Warn("this broker cannot elect a beat leader; no beat runs", "broker", b.Kind())
 	}
 	return rt, nil
 }
@@ -187,12 +184,9 @@ func (p *Plugin) newService(cfg Config, b broker.Broker, reg *worker.Registry, p
 		Settings: service.Settings{
 			MaxPayloadBytes: cfg.MaxPayloadBytes, Beat: cfg.Beat, HeartbeatInterval: cfg.HeartbeatInterval, Reaper: cfg.Reaper,
 		},
-	}
-	// A running task's cancel stops it at once when this process's pool
-	// runs it (the pool's CancelRunning); other processes' pools learn of
-	// it from the broker.
-	if c, ok := any(pool).(interface{ CancelRunning(id int64) bool }); ok && pool != nil {
-		deps.OnCancelRequested = func(id int64) { c.CancelRunning(id) }
+		// A running task's cancel stops it at once when this process's
+		// pool runs it; other processes' pools learn of it from the broker.
+		OnCancelRequested: func(id int64) { pool.CancelRunning(id) },
 	}
 	return service.New(deps)
 }
