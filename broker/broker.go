@@ -27,8 +27,12 @@
 //     names its index) or more than MaxSubmitBatch store nothing.
 //   - Claim serves the requested topics round-robin: each pass takes at most
 //     one message per topic, and the topic that starts the passes rotates
-//     from one call to the next. Within a topic the oldest available message
-//     goes first, ordered by (available_at, id). Paused topics, topics at
+//     from one call to the next. Within a topic the available messages go
+//     by (priority descending, available_at, id): the highest priority
+//     first, the oldest first within a priority. The rabbitmq broker is the
+//     exception: its quorum queues have no priorities, so a topic's
+//     messages go in the order they were published (its NotApplicable in
+//     brokertest says so). Paused topics, topics at
 //     their concurrency limit (the count of their running messages) and
 //     unknown topics yield nothing. Max below 1 counts as 1; an empty worker
 //     id is invalid. Each claimed message gets a fresh random 128-bit token
@@ -431,7 +435,7 @@ type Lock struct {
 // concurrent use. Times that decide ownership are the broker's own clock
 // (database time for the SQL brokers).
 type Broker interface {
-	// Kind is "memory", "local" or "postgres".
+	// Kind is "memory", "local", "postgres" or "rabbitmq".
 	Kind() string
 
 	Submit(ctx context.Context, req SubmitRequest) (int64, error)

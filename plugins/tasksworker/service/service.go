@@ -105,7 +105,7 @@ func (s *Service) SetLeader(l *scheduler.Leader) { s.leader = l }
 // Settings are the config's settings the service runs with.
 func (s *Service) Settings() Settings { return s.settings }
 
-// Kind is the broker's kind: memory, local or postgres.
+// Kind is the broker's kind: memory, local, postgres or rabbitmq.
 func (s *Service) Kind() string { return s.b.Kind() }
 
 // WorkerID is this process's worker id.
