@@ -418,8 +418,12 @@ func TestReaperWedgeClearsAfterSIGKILL(t *testing.T) {
 	if len(overLimit) > 0 {
 		t.Errorf("the topic ran more than its limit of 2: %v", overLimit)
 	}
-	if samples < 10 || maxRunning != 2 {
-		t.Errorf("topic sampled %d times, max running %d; want many samples that saw the topic full", samples, maxRunning)
+	// The two sleeps, orphaned together, are suspects after the restart:
+	// the pool runs each alone (worker/suspects.go), so the topic shows 2
+	// running only in the window before the SIGKILL, which the wait above
+	// saw; the samples must have seen the reruns.
+	if samples < 10 || maxRunning < 1 {
+		t.Errorf("topic sampled %d times, max running %d; want many samples that saw the reruns", samples, maxRunning)
 	}
 
 	// A manual pass runs (the guards trust the live set) and finds nothing.
