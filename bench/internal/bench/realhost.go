@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/taskhost/taskhost/client"
 	"github.com/taskhost/taskhost/internal/hostproc"
 	"github.com/taskhost/taskhost/plugins/tasksworker"
@@ -237,7 +238,7 @@ func (bn *bench) realHostSteady(ctx context.Context, c *client.Client, topic str
 	cfg := bn.cfg
 	n := max(1, int(math.Round(cfg.rate*cfg.duration.Seconds())))
 	r := realHostSteadyResult{N: n}
-	if _, err := bn.admin.Exec(ctx, `TRUNCATE tw_messages, tw_locks, tw_report_rows, tw_done`); err != nil {
+	if err := bn.emptyTables(ctx); err != nil {
 		return r, err
 	}
 	var (
@@ -299,12 +300,26 @@ func (bn *bench) realHostSteady(ctx context.Context, c *client.Client, topic str
 	return r, err
 }
 
+// emptyTables empties the tables a real-host run fills. The host's own
+// reads (with -readers, the dashboard's and the scrape's) take their locks
+// in another order than TRUNCATE does, so PostgreSQL may pick the TRUNCATE
+// as a deadlock's victim: it is tried again.
+func (bn *bench) emptyTables(ctx context.Context) error {
+	for try := 1; ; try++ {
+		_, err := bn.admin.Exec(ctx, `TRUNCATE tw_messages, tw_locks, tw_report_rows, tw_done`)
+		var pgErr *pgconn.PgError
+		if err == nil || try == 5 || !errors.As(err, &pgErr) || pgErr.Code != "40P01" {
+			return err
+		}
+	}
+}
+
 // realHostRun is one run of the real-host phase on topic.
 func (bn *bench) realHostRun(ctx context.Context, c *client.Client, topic string, run int, exited <-chan struct{}) (realHostResult, error) {
 	n := bn.cfg.jobs
 	r := realHostResult{Run: run}
 	// The reports too: the run counts those of topic.
-	if _, err := bn.admin.Exec(ctx, `TRUNCATE tw_messages, tw_locks, tw_report_rows, tw_done`); err != nil {
+	if err := bn.emptyTables(ctx); err != nil {
 		return r, err
 	}
 	// A checkpoint, as after the main phases' seed, but no ANALYZE: the
