@@ -75,6 +75,17 @@ func (b ScheduleSpec) Check(maxPayload int) (json.RawMessage, error) {
 	return checkPayload(b.Payload, maxPayload)
 }
 
+// Timing is when a schedule of intervalSeconds or cron fires, in words
+// ("every 1m0s", "cron 0 3 * * *"); the error says why the two make no
+// timing, as Check refuses them.
+func Timing(intervalSeconds int, cron string) (string, error) {
+	tm, err := scheduler.ParseTiming(intervalSeconds, cron)
+	if err != nil {
+		return "", err
+	}
+	return tm.String(), nil
+}
+
 // ScheduleOf checks a declared schedule and returns it as it is stored,
 // or a *Problem that says which field is wrong and why. Its task need not
 // be run by a live worker yet: the schedule then waits for one

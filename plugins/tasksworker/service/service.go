@@ -127,11 +127,36 @@ func (s *Service) LastHeartbeat() (time.Time, error) { return s.pool.LastHeartbe
 // TaskNames are the names of the tasks registered here, sorted.
 func (s *Service) TaskNames() []string { return s.reg.Names() }
 
-// Tasks are the tasks registered here.
-func (s *Service) Tasks() []worker.Task { return s.reg.Tasks() }
+// TaskInfo is what the UI shows of a task registered here.
+type TaskInfo struct {
+	Name        string
+	Description string // for people
+	Topic       string // where its messages go when the submitter names none
+	MaxAttempts int    // the attempt limit of its messages that name none
+}
+
+func taskInfoOf(t worker.Task) TaskInfo {
+	return TaskInfo{Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: t.MaxAttempts}
+}
+
+// Tasks are the tasks registered here, sorted by name.
+func (s *Service) Tasks() []TaskInfo {
+	tasks := s.reg.Tasks()
+	out := make([]TaskInfo, len(tasks))
+	for i, t := range tasks {
+		out[i] = taskInfoOf(t)
+	}
+	return out
+}
 
 // Task is the task registered here under name.
-func (s *Service) Task(name string) (worker.Task, bool) { return s.reg.Lookup(name) }
+func (s *Service) Task(name string) (TaskInfo, bool) {
+	t, ok := s.reg.Lookup(name)
+	if !ok {
+		return TaskInfo{}, false
+	}
+	return taskInfoOf(t), true
+}
 
 // MaxAttempts is m's attempt limit: its own, or its task's default when
 // it has none and the task is registered here.

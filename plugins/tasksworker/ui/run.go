@@ -14,7 +14,6 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
-	"github.com/taskhost/taskhost/worker"
 )
 
 type uiRunForm struct {
@@ -23,7 +22,7 @@ type uiRunForm struct {
 }
 
 type uiRun struct {
-	Tasks  []worker.Task
+	Tasks  []service.TaskInfo
 	Topics []string
 	Form   uiRunForm
 }

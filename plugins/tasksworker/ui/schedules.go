@@ -16,7 +16,6 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
-	"github.com/taskhost/taskhost/scheduler"
 )
 
 type uiSchedForm struct {
@@ -48,8 +47,8 @@ type uiSchedules struct {
 
 func uiSchedRowOf(s broker.Schedule) uiSchedRow {
 	row := uiSchedRow{Schedule: s}
-	if tm, err := scheduler.ParseTiming(s.IntervalSeconds, s.Cron); err == nil {
-		row.Timing = tm.String()
+	if timing, err := service.Timing(s.IntervalSeconds, s.Cron); err == nil {
+		row.Timing = timing
 	} else {
 		row.Timing = "invalid: " + err.Error()
 	}
