@@ -14,7 +14,7 @@ import (
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 )
 
-type uiWorkerRow struct {
+type workerRow struct {
 	broker.WorkerInfo
 	Self  bool
 	Age   time.Duration
@@ -22,21 +22,21 @@ type uiWorkerRow struct {
 	Late  bool // missed two heartbeats
 }
 
-type uiBeat struct {
+type beat struct {
 	Enabled, Candidate, Leader bool
 	Term                       int64
 	Beats                      int
 }
 
-type uiDashboard struct {
+type dashboardView struct {
 	Err                       string
 	Topics                    []broker.TopicStats
 	Queued, Running, Dead     int
 	Locks, LiveWorkers        int
-	Workers                   []uiWorkerRow
-	Beat                      uiBeat
+	Workers                   []workerRow
+	Beat                      beat
 	HereRunning, HereCapacity int
-	Charts                    []uiChart
+	Charts                    []chart
 	Reaper                    struct {
 		Enabled      bool
 		Every, After time.Duration
@@ -46,16 +46,16 @@ type uiDashboard struct {
 	}
 }
 
-func (u *UI) workers(ctx context.Context, svc *service.Service) ([]uiWorkerRow, error) {
+func (u *UI) workers(ctx context.Context, svc *service.Service) ([]workerRow, error) {
 	ws, err := svc.Workers(ctx)
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
-	out := make([]uiWorkerRow, 0, len(ws))
+	out := make([]workerRow, 0, len(ws))
 	for _, w := range ws {
 		age := max(0, now.Sub(w.HeartbeatAt))
-		out = append(out, uiWorkerRow{WorkerInfo: w, Self: w.ID == svc.WorkerID(), Age: age,
+		out = append(out, workerRow{WorkerInfo: w, Self: w.ID == svc.WorkerID(), Age: age,
 			Stale: age > svc.Settings().Reaper.After, Late: age > 2*svc.Settings().HeartbeatInterval})
 	}
 	return out, nil
@@ -63,11 +63,11 @@ func (u *UI) workers(ctx context.Context, svc *service.Service) ([]uiWorkerRow, 
 
 func (u *UI) dashboard(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	ctx := r.Context()
-	d := uiDashboard{HereRunning: svc.Running(), HereCapacity: svc.Concurrency()}
+	d := dashboardView{HereRunning: svc.Running(), HereCapacity: svc.Concurrency()}
 	var problems []string
 	st, statsErr := svc.Stats(ctx)
 	if statsErr != nil {
-		problems = append(problems, uiBrokerProblem("read the topics", statsErr))
+		problems = append(problems, brokerProblem("read the topics", statsErr))
 	} else {
 		d.Topics, d.Locks, d.LiveWorkers = st.Topics, st.Locks, st.Workers
 		for _, t := range st.Topics {
@@ -78,10 +78,10 @@ func (u *UI) dashboard(w http.ResponseWriter, r *http.Request, svc *service.Serv
 	}
 	var err error
 	if d.Workers, err = u.workers(ctx, svc); err != nil {
-		problems = append(problems, uiBrokerProblem("read the workers", err))
+		problems = append(problems, brokerProblem("read the workers", err))
 	}
 	b := svc.Beat()
-	d.Beat = uiBeat{Enabled: b.Enabled, Candidate: b.Candidate, Leader: b.Leader, Term: b.Term, Beats: st.Beats}
+	d.Beat = beat{Enabled: b.Enabled, Candidate: b.Candidate, Leader: b.Leader, Term: b.Term, Beats: st.Beats}
 	d.Reaper.Enabled, d.Reaper.Every, d.Reaper.After = svc.Settings().Reaper.Enabled, svc.Settings().Reaper.Interval, svc.Settings().Reaper.After
 	d.Reaper.Grace, d.Reaper.MaxAttempts = svc.Settings().Reaper.Grace, svc.Settings().Reaper.MaxAttempts
 	d.Reaper.Reclaims = svc.ReclaimsOrphans()
@@ -99,11 +99,11 @@ func (u *UI) dashboard(w http.ResponseWriter, r *http.Request, svc *service.Serv
 	if d.Err != "" {
 		status = http.StatusServiceUnavailable
 	}
-	u.render(w, r, svc, status, "dashboard", &uiPage{Title: "Dashboard", D: d})
+	u.render(w, r, svc, status, "dashboard", &page{Title: "Dashboard", D: d})
 }
 
 func (u *UI) reclaim(w http.ResponseWriter, r *http.Request, svc *service.Service) {
-	ctx, cancel := context.WithTimeout(r.Context(), uiActionTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), actionTimeout)
 	defer cancel()
 	res := svc.Reclaim(ctx)
 	u.audit(r, "reclaim orphaned messages", "result", res.Summary())

@@ -14,7 +14,7 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
-func uiTimeOf(v any) (time.Time, bool) {
+func timeOf(v any) (time.Time, bool) {
 	switch t := v.(type) {
 	case time.Time:
 		return t, !t.IsZero()
@@ -27,33 +27,33 @@ func uiTimeOf(v any) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// uiWhen formats a time (or *time.Time) in UTC; "—" for none.
-func uiWhen(v any) string {
-	t, ok := uiTimeOf(v)
+// when formats a time (or *time.Time) in UTC; "—" for none.
+func when(v any) string {
+	t, ok := timeOf(v)
 	if !ok {
 		return "—"
 	}
 	return t.UTC().Format("2006-01-02 15:04:05") + " UTC"
 }
 
-// uiRel says how long ago (or in how long) a time is; "—" for none.
-func uiRel(v any) string {
-	t, ok := uiTimeOf(v)
+// rel says how long ago (or in how long) a time is; "—" for none.
+func rel(v any) string {
+	t, ok := timeOf(v)
 	if !ok {
 		return "—"
 	}
 	d := time.Until(t)
 	switch {
 	case d > time.Second:
-		return "in " + uiDuration(d)
+		return "in " + duration(d)
 	case d > -time.Second:
 		return "just now"
 	}
-	return uiDuration(-d) + " ago"
+	return duration(-d) + " ago"
 }
 
-// uiDuration is a short, rounded duration: 45s, 3m 05s, 2h 03m, 3d 4h.
-func uiDuration(d time.Duration) string {
+// duration is a short, rounded duration: 45s, 3m 05s, 2h 03m, 3d 4h.
+func duration(d time.Duration) string {
 	if d < 0 {
 		d = -d
 	}
@@ -66,15 +66,15 @@ func uiDuration(d time.Duration) string {
 	case d < time.Minute:
 		return fmt.Sprintf("%ds", int(d.Seconds()))
 	case d < time.Hour:
-		return uiUnits(int(d.Minutes()), "m", int(d.Seconds())%60, "s")
+		return units(int(d.Minutes()), "m", int(d.Seconds())%60, "s")
 	case d < 48*time.Hour:
-		return uiUnits(int(d.Hours()), "h", int(d.Minutes())%60, "m")
+		return units(int(d.Hours()), "h", int(d.Minutes())%60, "m")
 	}
-	return uiUnits(int(d.Hours())/24, "d", int(d.Hours())%24, "h")
+	return units(int(d.Hours())/24, "d", int(d.Hours())%24, "h")
 }
 
-// uiUnits prints "3m 05s", or "3m" when the second unit is zero.
-func uiUnits(a int, au string, b int, bu string) string {
+// units prints "3m 05s", or "3m" when the second unit is zero.
+func units(a int, au string, b int, bu string) string {
 	if b == 0 {
 		return fmt.Sprintf("%d%s", a, au)
 	}
@@ -85,51 +85,51 @@ func uiUnits(a int, au string, b int, bu string) string {
 // an earlier version stored it, nested thousands deep, and an indented
 // line is as long as its depth (a 20 KB value nested 10,000 deep is
 // 200 MB indented). A value is indented only when it is valid JSON at
-// most uiJSONMaxDepth deep whose indented text fits in uiJSONMaxText
-// bytes; otherwise it is shown as stored, cut at uiJSONMaxText bytes,
+// most jsonMaxDepth deep whose indented text fits in jsonMaxText
+// bytes; otherwise it is shown as stored, cut at jsonMaxText bytes,
 // with a note.
 const (
-	uiJSONMaxText  = 64 << 10
-	uiJSONMaxDepth = broker.MaxJSONDepth
+	jsonMaxText  = 64 << 10
+	jsonMaxDepth = broker.MaxJSONDepth
 )
 
-// uiJSONText is a stored JSON value as a page shows it (the "json"
+// jsonText is a stored JSON value as a page shows it (the "json"
 // template).
-type uiJSONText struct {
-	Text string // indented, or as stored (its first uiJSONMaxText bytes when Cut)
+type jsonText struct {
+	Text string // indented, or as stored (its first jsonMaxText bytes when Cut)
 	Cut  bool
 	Note string // why it is shown as stored; "" when it is indented (or not JSON)
 	// The pre element's id, and where to read the whole value.
 	ID, Link, LinkText string
 }
 
-// uiJSONOf returns raw as a page shows it (uiJSONText).
-func uiJSONOf(raw []byte) uiJSONText {
+// jsonOf returns raw as a page shows it (jsonText).
+func jsonOf(raw []byte) jsonText {
 	if len(bytes.TrimSpace(raw)) == 0 {
-		return uiJSONText{}
+		return jsonText{}
 	}
-	out, why := uiIndentJSON(raw, uiJSONMaxText, uiJSONMaxDepth)
+	out, why := indentJSON(raw, jsonMaxText, jsonMaxDepth)
 	if why == "" {
-		return uiJSONText{Text: string(out)}
+		return jsonText{Text: string(out)}
 	}
 	switch {
-	case len(raw) <= uiJSONMaxText && why == uiNotJSON:
-		return uiJSONText{Text: string(raw)}
-	case len(raw) <= uiJSONMaxText:
-		return uiJSONText{Text: string(raw), Note: "Shown as stored, not laid out: " + why + "."}
+	case len(raw) <= jsonMaxText && why == notJSON:
+		return jsonText{Text: string(raw)}
+	case len(raw) <= jsonMaxText:
+		return jsonText{Text: string(raw), Note: "Shown as stored, not laid out: " + why + "."}
 	}
-	n := uiJSONMaxText
+	n := jsonMaxText
 	for n > 0 && !utf8.RuneStart(raw[n]) {
 		n--
 	}
-	return uiJSONText{Text: string(raw[:n]), Cut: true,
-		Note: fmt.Sprintf("Shown as stored, cut after %s of %s: too large to show whole here.", uiBytes(n), uiBytes(len(raw)))}
+	return jsonText{Text: string(raw[:n]), Cut: true,
+		Note: fmt.Sprintf("Shown as stored, cut after %s of %s: too large to show whole here.", byteSize(n), byteSize(len(raw)))}
 }
 
-// uiJSONView is the "json" template function: v (json.RawMessage, []byte
+// jsonView is the "json" template function: v (json.RawMessage, []byte
 // or string) as a page shows it, in the pre element id, with a link to
 // the whole value for when it is cut.
-func uiJSONView(v any, id, link, linkText string) uiJSONText {
+func jsonView(v any, id, link, linkText string) jsonText {
 	var raw []byte
 	switch b := v.(type) {
 	case json.RawMessage:
@@ -141,15 +141,15 @@ func uiJSONView(v any, id, link, linkText string) uiJSONText {
 	default:
 		raw = []byte(fmt.Sprint(v))
 	}
-	j := uiJSONOf(raw)
+	j := jsonOf(raw)
 	j.ID, j.Link, j.LinkText = id, link, linkText
 	return j
 }
 
-// uiPrettyJSON is JSON for a form field: indented when it fits the bounds
-// of uiJSONOf, else whole as stored (a form must hold all of it);
+// prettyJSON is JSON for a form field: indented when it fits the bounds
+// of jsonOf, else whole as stored (a form must hold all of it);
 // anything else comes back as is.
-func uiPrettyJSON(v any) string {
+func prettyJSON(v any) string {
 	var raw []byte
 	switch b := v.(type) {
 	case json.RawMessage:
@@ -164,22 +164,22 @@ func uiPrettyJSON(v any) string {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return ""
 	}
-	if out, why := uiIndentJSON(raw, uiJSONMaxText, uiJSONMaxDepth); why == "" {
+	if out, why := indentJSON(raw, jsonMaxText, jsonMaxDepth); why == "" {
 		return string(out)
 	}
 	return string(raw)
 }
 
-// uiNotJSON is uiIndentJSON's reason for text that is not JSON.
-const uiNotJSON = "it is not valid JSON"
+// notJSON is indentJSON's reason for text that is not JSON.
+const notJSON = "it is not valid JSON"
 
-// uiIndentJSON returns raw indented as json.Indent(dst, raw, "", "  ")
+// indentJSON returns raw indented as json.Indent(dst, raw, "", "  ")
 // does, or why it does not: raw is not valid JSON, nests arrays and
 // objects more than maxDepth deep (maxDepth is at most
 // broker.MaxJSONDepth), or would be over maxOut bytes indented. It stops as soon as it knows, so it allocates at most about
 // maxOut bytes whatever raw is.
-func uiIndentJSON(raw []byte, maxOut, maxDepth int) ([]byte, string) {
-	tooLarge := fmt.Sprintf("laid out, it would be over %s", uiBytes(maxOut))
+func indentJSON(raw []byte, maxOut, maxDepth int) ([]byte, string) {
+	tooLarge := fmt.Sprintf("laid out, it would be over %s", byteSize(maxOut))
 	if len(raw) > maxOut {
 		return nil, tooLarge
 	}
@@ -189,7 +189,7 @@ func uiIndentJSON(raw []byte, maxOut, maxDepth int) ([]byte, string) {
 	case errors.Is(err, broker.ErrTooDeep):
 		return nil, fmt.Sprintf("it nests arrays and objects more than %d levels deep", min(maxDepth, broker.MaxJSONDepth))
 	case err != nil:
-		return nil, uiNotJSON
+		return nil, notJSON
 	}
 	out := make([]byte, 0, min(maxOut, 2*len(raw)+64))
 	// As json.Indent: white space between tokens goes, and after the
@@ -267,8 +267,8 @@ func uiIndentJSON(raw []byte, maxOut, maxDepth int) ([]byte, string) {
 	return out, ""
 }
 
-// uiBytes is a size for people: 900 bytes, 64 KB, 1.5 MB.
-func uiBytes(n int) string {
+// byteSize is a size for people: 900 bytes, 64 KB, 1.5 MB.
+func byteSize(n int) string {
 	switch {
 	case n < 1<<10:
 		return fmt.Sprintf("%d bytes", n)
@@ -278,8 +278,8 @@ func uiBytes(n int) string {
 	return fmt.Sprintf("%.1f MB", float64(n)/(1<<20))
 }
 
-// uiClip shortens s to n characters.
-func uiClip(n int, s string) string {
+// clip shortens s to n characters.
+func clip(n int, s string) string {
 	s = strings.Join(strings.Fields(s), " ")
 	if r := []rune(s); len(r) > n {
 		return string(r[:n]) + "…"

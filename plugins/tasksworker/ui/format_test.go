@@ -32,23 +32,23 @@ func TestUIIndentJSONIsJSONIndent(t *testing.T) {
 	for _, in := range []string{
 		`{}`, `[]`, `1`, `"s"`, ` 1 `, "\t{\"a\" : [ ] , \"b\":{ }}\n\n", `{"a": [1, 2, {"b": null}], "c": "x\"}\\"}`,
 		`[[[[]]]]`, `{"html": "<b>&amp;</b>", "u": "\u00e9\u2028"}`, "[1,\n2]  \t", `{"a":{"b":{"c":[true,false]}}}`,
-		nested(uiJSONMaxDepth-1, `{"k":`, `[1, 2]`, `}`),
-		nested(uiJSONMaxDepth, `[`, `1`, `]`),
+		nested(jsonMaxDepth-1, `{"k":`, `[1, 2]`, `}`),
+		nested(jsonMaxDepth, `[`, `1`, `]`),
 	} {
 		var want bytes.Buffer
 		if err := json.Indent(&want, []byte(in), "", "  "); err != nil {
 			t.Fatalf("json.Indent(%q): %v", in, err)
 		}
-		got, why := uiIndentJSON([]byte(in), 1<<20, uiJSONMaxDepth)
+		got, why := indentJSON([]byte(in), 1<<20, jsonMaxDepth)
 		if why != "" || string(got) != want.String() {
-			t.Errorf("uiIndentJSON(%q) = %q (%s), want %q", in, got, why, want.String())
+			t.Errorf("indentJSON(%q) = %q (%s), want %q", in, got, why, want.String())
 		}
-		if p := uiPrettyJSON(json.RawMessage(in)); p != want.String() {
-			t.Errorf("uiPrettyJSON(%q) = %q, want %q", in, p, want.String())
+		if p := prettyJSON(json.RawMessage(in)); p != want.String() {
+			t.Errorf("prettyJSON(%q) = %q, want %q", in, p, want.String())
 		}
 	}
-	if got, why := uiIndentJSON([]byte(`{"a":`), 1<<20, uiJSONMaxDepth); got != nil || why != uiNotJSON {
-		t.Errorf("uiIndentJSON of broken JSON = %q, %q", got, why)
+	if got, why := indentJSON([]byte(`{"a":`), 1<<20, jsonMaxDepth); got != nil || why != notJSON {
+		t.Errorf("indentJSON of broken JSON = %q, %q", got, why)
 	}
 }
 
@@ -69,18 +69,18 @@ func TestUIJSONViewIsBounded(t *testing.T) {
 		{"1 MB not JSON", strings.Repeat(`é[`, 1<<18), true, "cut after 64 KB of 768 KB"},
 		{"not JSON", `{"a": [}`, false, ""},
 	} {
-		var v uiJSONText
+		var v jsonText
 		raw := json.RawMessage(c.raw)
-		got := allocated(3, func() { v = uiJSONView(raw, "payload", "/x", "x") })
+		got := allocated(3, func() { v = jsonView(raw, "payload", "/x", "x") })
 		// The input's copy as a string, the cut text, and small change.
-		if bound := uint64(min(len(c.raw), uiJSONMaxText) + 2*uiJSONMaxText + 64<<10); got > bound {
-			t.Errorf("%s: uiJSONView allocates %d bytes, want at most %d", c.name, got, bound)
+		if bound := uint64(min(len(c.raw), jsonMaxText) + 2*jsonMaxText + 64<<10); got > bound {
+			t.Errorf("%s: jsonView allocates %d bytes, want at most %d", c.name, got, bound)
 		}
-		if v.Cut != c.cut || !strings.Contains(v.Note, c.note) || (c.note == "") != (v.Note == "") || len(v.Text) > uiJSONMaxText || !strings.HasPrefix(c.raw, v.Text) {
+		if v.Cut != c.cut || !strings.Contains(v.Note, c.note) || (c.note == "") != (v.Note == "") || len(v.Text) > jsonMaxText || !strings.HasPrefix(c.raw, v.Text) {
 			t.Errorf("%s: cut %v, note %q, %d bytes shown", c.name, v.Cut, v.Note, len(v.Text))
 		}
-		if p := uiPrettyJSON(json.RawMessage(c.raw)); p != c.raw {
-			t.Errorf("%s: uiPrettyJSON (for forms) did not give the stored text whole", c.name)
+		if p := prettyJSON(json.RawMessage(c.raw)); p != c.raw {
+			t.Errorf("%s: prettyJSON (for forms) did not give the stored text whole", c.name)
 		}
 	}
 }
@@ -94,7 +94,7 @@ func BenchmarkUIJSONViewDeep(b *testing.B) {
 			data := json.RawMessage(raw)
 			b.ReportAllocs()
 			for b.Loop() {
-				uiJSONView(data, "payload", "", "")
+				jsonView(data, "payload", "", "")
 			}
 		})
 	}

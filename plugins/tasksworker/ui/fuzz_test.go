@@ -11,14 +11,14 @@ import (
 	"unicode/utf8"
 )
 
-// uiJSONHTML is the "json" template's output: a pre element, then maybe a
+// jsonHTML is the "json" template's output: a pre element, then maybe a
 // note with a link. Its texts must hold no markup ([^<>]) and its
 // attributes no quote.
-var uiJSONHTML = regexp.MustCompile(`^<pre(?: id="([^"<>]*)")?>([^<>]*)</pre>(?:<p class="hint json-note">([^<>]*)(?: The whole value: <a href="([^"<>]*)">([^<>]*)</a>\.)?</p>)?$`)
+var jsonHTML = regexp.MustCompile(`^<pre(?: id="([^"<>]*)")?>([^<>]*)</pre>(?:<p class="hint json-note">([^<>]*)(?: The whole value: <a href="([^"<>]*)">([^<>]*)</a>\.)?</p>)?$`)
 
 // FuzzUIJSONView: the UI's view of a stored JSON value never panics,
-// shows at most uiJSONMaxText bytes (an indented line is at most
-// 2*uiJSONMaxDepth+1 bytes longer than the text it lays out), renders as
+// shows at most jsonMaxText bytes (an indented line is at most
+// 2*jsonMaxDepth+1 bytes longer than the text it lays out), renders as
 // escaped HTML that gives back the text, and is json.Indent's layout when
 // the value is valid JSON within the bounds, else a prefix of the stored
 // text with a note (none for small text that is not JSON).
@@ -26,22 +26,22 @@ func FuzzUIJSONView(f *testing.F) {
 	for _, s := range []string{
 		`{}`, `[]`, `{"a": [1, 2, {"b": null}]}`, `"<script>alert(1)</script>"`, `{"html": "<b>&amp;</b>", "q": "'\""}`,
 		"\x00", "\"\xff\xfe\"", `{"a":`, ` [ 1 , 2 ] `, "[1]\n\t ", `"\u003c/pre\u003e"`, `</pre><p>`,
-		nested(uiJSONMaxDepth, `[`, `1`, `]`), nested(uiJSONMaxDepth+1, `[`, `1`, `]`), nested(9999, `{"a":`, `1`, `}`),
+		nested(jsonMaxDepth, `[`, `1`, `]`), nested(jsonMaxDepth+1, `[`, `1`, `]`), nested(9999, `{"a":`, `1`, `}`),
 		`[` + strings.Repeat(`"abcdefgh",`, 8000) + `1]`, strings.Repeat("é", 40000),
 	} {
 		f.Add([]byte(s))
 	}
-	page := uiPages["task"]
+	tmpl := pages["task"]
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		v := uiJSONView(json.RawMessage(raw), "payload", "/ui/run?from=1", "the Run again form")
-		if len(v.Text) > uiJSONMaxText || len(v.Text) > len(raw)*(2*uiJSONMaxDepth+3) {
+		v := jsonView(json.RawMessage(raw), "payload", "/ui/run?from=1", "the Run again form")
+		if len(v.Text) > jsonMaxText || len(v.Text) > len(raw)*(2*jsonMaxDepth+3) {
 			t.Fatalf("%d bytes in, %d bytes shown", len(raw), len(v.Text))
 		}
 		// The reference: json.Indent, within the bounds (beyond them it
 		// takes memory quadratic in the depth).
 		var want bytes.Buffer
 		err := errOutOfBounds
-		if len(raw) <= uiJSONMaxText && refDepth(raw) <= uiJSONMaxDepth {
+		if len(raw) <= jsonMaxText && refDepth(raw) <= jsonMaxDepth {
 			err = json.Indent(&want, raw, "", "  ")
 		}
 		switch {
@@ -49,7 +49,7 @@ func FuzzUIJSONView(f *testing.F) {
 			if v.Text != "" || v.Note != "" {
 				t.Fatalf("blank %q shown as %q (%s)", raw, v.Text, v.Note)
 			}
-		case err == nil && want.Len() <= uiJSONMaxText:
+		case err == nil && want.Len() <= jsonMaxText:
 			if v.Text != want.String() || v.Note != "" || v.Cut {
 				t.Fatalf("%q shown as %q (%s), want json.Indent's %q", raw, v.Text, v.Note, want.String())
 			}
@@ -57,7 +57,7 @@ func FuzzUIJSONView(f *testing.F) {
 			if !strings.HasPrefix(string(raw), v.Text) || v.Cut != (len(v.Text) < len(raw)) {
 				t.Fatalf("%q shown as %q, cut %v, want a prefix", raw, v.Text, v.Cut)
 			}
-			small := len(raw) <= uiJSONMaxText
+			small := len(raw) <= jsonMaxText
 			switch {
 			case err != nil && err != errOutOfBounds && small:
 				// Not JSON: shown as it is, as before the bounds.
@@ -73,10 +73,10 @@ func FuzzUIJSONView(f *testing.F) {
 		}
 
 		var out bytes.Buffer
-		if err := page.ExecuteTemplate(&out, "json", v); err != nil {
+		if err := tmpl.ExecuteTemplate(&out, "json", v); err != nil {
 			t.Fatal(err)
 		}
-		m := uiJSONHTML.FindStringSubmatch(out.String())
+		m := jsonHTML.FindStringSubmatch(out.String())
 		if m == nil {
 			t.Fatalf("%q renders as %q, not the pre and note of the json template", raw, out.String())
 		}

@@ -11,24 +11,24 @@ import (
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 )
 
-type uiLockRow struct {
+type lockRow struct {
 	broker.Lock
 	Age    time.Duration
-	Worker *uiWorkerRow
+	Worker *workerRow
 }
 
-type uiLocks struct {
+type locksView struct {
 	Err  string
-	Rows []uiLockRow
+	Rows []lockRow
 }
 
 func (u *UI) locks(w http.ResponseWriter, r *http.Request, svc *service.Service) {
-	var d uiLocks
+	var d locksView
 	locks, err := svc.Locks(r.Context())
 	if err != nil {
-		d.Err = uiBrokerProblem("list the locks", err)
+		d.Err = brokerProblem("list the locks", err)
 	}
-	workers := map[string]uiWorkerRow{}
+	workers := map[string]workerRow{}
 	if ws, err := u.workers(r.Context(), svc); err == nil {
 		for _, w := range ws {
 			workers[w.ID] = w
@@ -36,13 +36,13 @@ func (u *UI) locks(w http.ResponseWriter, r *http.Request, svc *service.Service)
 	}
 	now := time.Now()
 	for _, l := range locks {
-		row := uiLockRow{Lock: l, Age: max(0, now.Sub(l.AcquiredAt))}
+		row := lockRow{Lock: l, Age: max(0, now.Sub(l.AcquiredAt))}
 		if wr, ok := workers[l.Holder]; ok {
 			row.Worker = &wr
 		}
 		d.Rows = append(d.Rows, row)
 	}
-	u.render(w, r, svc, uiStatus(d.Err != ""), "locks", &uiPage{Title: "Locks", D: d})
+	u.render(w, r, svc, pageStatus(d.Err != ""), "locks", &page{Title: "Locks", D: d})
 }
 
 func (u *UI) releaseLock(w http.ResponseWriter, r *http.Request, svc *service.Service) {
@@ -55,7 +55,7 @@ func (u *UI) releaseLock(w http.ResponseWriter, r *http.Request, svc *service.Se
 	u.audit(r, "force-release lock", "lock", name, "released", released, "error", err)
 	switch {
 	case err != nil:
-		u.redirect(w, r, "/locks", "error", uiBrokerProblem(fmt.Sprintf("release lock %q", name), err), "")
+		u.redirect(w, r, "/locks", "error", brokerProblem(fmt.Sprintf("release lock %q", name), err), "")
 	case !released:
 		u.redirect(w, r, "/locks", "ok", fmt.Sprintf("Lock %s was not held (any more): nothing to release.", name), "")
 	default:

@@ -16,11 +16,11 @@ import (
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 )
 
-// uiFailure is the one mapping of the service's errors to a page's
+// failure is the one mapping of the service's errors to a page's
 // status and a message: a refusal of the service (a *service.Problem)
 // says what is wrong in its own words; a broker's failure is told by
-// uiBrokerProblem, what being what could not be done.
-func uiFailure(what string, err error) (int, string) {
+// brokerProblem, what being what could not be done.
+func failure(what string, err error) (int, string) {
 	if p, ok := service.IsProblem(err); ok {
 		switch {
 		case errors.Is(p, service.ErrConflict):
@@ -37,11 +37,11 @@ func uiFailure(what string, err error) (int, string) {
 	case errors.Is(err, broker.ErrNotFound):
 		status = http.StatusNotFound
 	}
-	return status, uiBrokerProblem(what, err)
+	return status, brokerProblem(what, err)
 }
 
-// uiBrokerProblem says in plain words why a broker call failed.
-func uiBrokerProblem(what string, err error) string {
+// brokerProblem says in plain words why a broker call failed.
+func brokerProblem(what string, err error) string {
 	msg := err.Error()
 	switch {
 	case errors.Is(err, broker.ErrInvalid):
@@ -57,8 +57,8 @@ func uiBrokerProblem(what string, err error) string {
 	return fmt.Sprintf("Could not %s: the broker failed (%s). Retry later, and check the broker's health if it persists.", what, msg)
 }
 
-// uiJSONProblem says in plain words what is wrong with a JSON text, or "".
-func uiJSONProblem(what, s string) string {
+// jsonProblem says in plain words what is wrong with a JSON text, or "".
+func jsonProblem(what, s string) string {
 	if json.Valid([]byte(s)) {
 		return ""
 	}

@@ -16,30 +16,30 @@ import (
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 )
 
-type uiRunForm struct {
+type runFields struct {
 	Task, Topic, Payload, Delay, MaxAttempts string
 	RunAt, Priority, UniqueKey               string
 }
 
-type uiRun struct {
+type runView struct {
 	Tasks  []service.TaskInfo
 	Topics []string
-	Form   uiRunForm
+	Form   runFields
 }
 
-func (u *UI) runPage(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, f uiRunForm, fl *uiFlash) {
-	d := uiRun{Tasks: svc.Tasks(), Topics: svc.Served(), Form: f}
-	u.render(w, r, svc, status, "run", &uiPage{Title: "Run a task", Flash: fl, D: d})
+func (u *UI) runPage(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, f runFields, fl *flash) {
+	d := runView{Tasks: svc.Tasks(), Topics: svc.Served(), Form: f}
+	u.render(w, r, svc, status, "run", &page{Title: "Run a task", Flash: fl, D: d})
 }
 
 func (u *UI) runForm(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	q := r.URL.Query()
-	f := uiRunForm{Task: q.Get("task"), Payload: "{}"}
+	f := runFields{Task: q.Get("task"), Payload: "{}"}
 	if from := q.Get("from"); from != "" {
 		// "Run again": start from a stored message.
 		if id, err := strconv.ParseInt(from, 10, 64); err == nil && id > 0 {
 			if m, err := svc.Message(r.Context(), id); err == nil {
-				f.Task, f.Topic, f.Payload = m.Task, m.Topic, uiPrettyJSON(m.Payload)
+				f.Task, f.Topic, f.Payload = m.Task, m.Topic, prettyJSON(m.Payload)
 			}
 		}
 	}
@@ -48,17 +48,17 @@ func (u *UI) runForm(w http.ResponseWriter, r *http.Request, svc *service.Servic
 
 func (u *UI) run(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	pf := r.PostForm
-	f := uiRunForm{Task: pf.Get("task"), Topic: strings.TrimSpace(pf.Get("topic")), Payload: pf.Get("payload"),
+	f := runFields{Task: pf.Get("task"), Topic: strings.TrimSpace(pf.Get("topic")), Payload: pf.Get("payload"),
 		Delay: strings.TrimSpace(pf.Get("delay_seconds")), MaxAttempts: strings.TrimSpace(pf.Get("max_attempts")),
 		RunAt: strings.TrimSpace(pf.Get("run_at")), Priority: strings.TrimSpace(pf.Get("priority")), UniqueKey: pf.Get("unique_key")}
 	fail := func(status int, msg string) {
-		u.runPage(w, r, svc, status, f, &uiFlash{Kind: "error", Message: msg})
+		u.runPage(w, r, svc, status, f, &flash{Kind: "error", Message: msg})
 	}
 	payload := strings.TrimSpace(f.Payload)
 	if payload == "" {
 		payload = "{}"
 	}
-	if msg := uiJSONProblem("payload", payload); msg != "" {
+	if msg := jsonProblem("payload", payload); msg != "" {
 		fail(http.StatusBadRequest, msg)
 		return
 	}
@@ -106,7 +106,7 @@ func (u *UI) run(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 		return
 	}
 	if err != nil {
-		status, msg := uiFailure("submit the task", err)
+		status, msg := failure("submit the task", err)
 		if _, ok := service.IsProblem(err); ok {
 			msg = "The task was not submitted: " + strings.TrimSuffix(msg, ".") + "."
 		}

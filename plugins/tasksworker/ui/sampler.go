@@ -20,57 +20,57 @@ import (
 )
 
 const (
-	// uiSampleEvery is how often the sampler reads the broker's stats.
-	uiSampleEvery  = 30 * time.Second
-	uiChartMinutes = 60
-	// uiStatsTimeout bounds the broker.Stats call of one sample.
-	uiStatsTimeout = 5 * time.Second
+	// sampleEvery is how often the sampler reads the broker's stats.
+	sampleEvery  = 30 * time.Second
+	chartMinutes = 60
+	// statsTimeout bounds the broker.Stats call of one sample.
+	statsTimeout = 5 * time.Second
 )
 
-// uiMinute is one minute of samples. Depths are the highest seen in the
+// minuteSample is one minute of samples. Depths are the highest seen in the
 // minute; Done and Failed count attempts that ended in it.
-type uiMinute struct {
+type minuteSample struct {
 	At                    time.Time // the minute's start; zero: no sample
 	Queued, Running, Dead int
 	Done, Failed          float64
 }
 
-type uiSampler struct {
+type sampleRing struct {
 	mu           sync.Mutex
-	ring         [uiChartMinutes]uiMinute
+	ring         [chartMinutes]minuteSample
 	last, since  time.Time
 	done, failed float64
 	counted      bool
 }
 
-// uiSamplers maps each live *service.Service to its sampler.
-var uiSamplers sync.Map
+// samplers maps each live *service.Service to its sampler.
+var samplers sync.Map
 
 // sampler returns svc's sampler, starting it on first use.
-func (u *UI) sampler(svc *service.Service) *uiSampler {
-	if v, ok := uiSamplers.Load(svc); ok {
-		return v.(*uiSampler)
+func (u *UI) sampler(svc *service.Service) *sampleRing {
+	if v, ok := samplers.Load(svc); ok {
+		return v.(*sampleRing)
 	}
-	s := &uiSampler{}
-	if v, loaded := uiSamplers.LoadOrStore(svc, s); loaded {
-		return v.(*uiSampler)
+	s := &sampleRing{}
+	if v, loaded := samplers.LoadOrStore(svc, s); loaded {
+		return v.(*sampleRing)
 	}
 	go u.runSampler(svc, s)
 	return s
 }
 
-func (u *UI) runSampler(svc *service.Service, s *uiSampler) {
-	defer uiSamplers.Delete(svc)
+func (u *UI) runSampler(svc *service.Service, s *sampleRing) {
+	defer samplers.Delete(svc)
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for range tick.C {
 		if u.current() != svc {
 			return
 		}
-		if !s.due(time.Now(), uiSampleEvery) {
+		if !s.due(time.Now(), sampleEvery) {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), uiStatsTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), statsTimeout)
 		st, err := svc.Stats(ctx)
 		cancel()
 		if err != nil {
@@ -84,30 +84,30 @@ func (u *UI) runSampler(svc *service.Service, s *uiSampler) {
 }
 
 // due says whether the last sample is at least every old.
-func (s *uiSampler) due(now time.Time, every time.Duration) bool {
+func (s *sampleRing) due(now time.Time, every time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return now.Sub(s.last) >= every
 }
 
 // skip notes a failed sample, so the next try waits a full period.
-func (s *uiSampler) skip(now time.Time) {
+func (s *sampleRing) skip(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.last = now
 }
 
-func uiSlot(m time.Time) int { return int((m.Unix() / 60) % uiChartMinutes) }
+func slot(m time.Time) int { return int((m.Unix() / 60) % chartMinutes) }
 
 // record adds one sample: the broker's counts and this process's counters
 // of finished attempts.
-func (s *uiSampler) record(now time.Time, st broker.Stats, done, failed float64) {
+func (s *sampleRing) record(now time.Time, st broker.Stats, done, failed float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	minute := now.Truncate(time.Minute)
-	b := &s.ring[uiSlot(minute)]
+	b := &s.ring[slot(minute)]
 	if !b.At.Equal(minute) {
-		*b = uiMinute{At: minute}
+		*b = minuteSample{At: minute}
 	}
 	var q, run, dead int
 	for _, t := range st.Topics {
@@ -127,14 +127,14 @@ func (s *uiSampler) record(now time.Time, st broker.Stats, done, failed float64)
 
 // minutes returns the last hour, oldest first; a minute without a sample
 // has a zero At.
-func (s *uiSampler) minutes(now time.Time) []uiMinute {
+func (s *sampleRing) minutes(now time.Time) []minuteSample {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]uiMinute, uiChartMinutes)
+	out := make([]minuteSample, chartMinutes)
 	cur := now.Truncate(time.Minute)
 	for i := range out {
-		m := cur.Add(time.Duration(i-(uiChartMinutes-1)) * time.Minute)
-		if b := s.ring[uiSlot(m)]; b.At.Equal(m) {
+		m := cur.Add(time.Duration(i-(chartMinutes-1)) * time.Minute)
+		if b := s.ring[slot(m)]; b.At.Equal(m) {
 			out[i] = b
 		}
 	}

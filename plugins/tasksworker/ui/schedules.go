@@ -18,35 +18,35 @@ import (
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 )
 
-type uiSchedForm struct {
+type schedForm struct {
 	Name, Task, Topic, Payload, Interval, Cron, MissedPolicy string
 	Enabled                                                  bool
 	Source                                                   string
 }
 
-type uiSchedRow struct {
+type schedRow struct {
 	broker.Schedule
 	Timing string
 	// Waiting: the schedule waits for a live worker that runs its task.
 	Waiting *service.Waiting
 }
 
-type uiSchedules struct {
+type schedulesView struct {
 	Err      string
-	Rows     []uiSchedRow
-	Form     uiSchedForm
+	Rows     []schedRow
+	Form     schedForm
 	Tasks    []string
 	Topics   []string
 	Policies []string
 	// the edit page
 	Edit       bool
-	Stored     *uiSchedRow
+	Stored     *schedRow
 	Reports    []broker.Report
 	ReportsErr string
 }
 
-func uiSchedRowOf(s broker.Schedule) uiSchedRow {
-	row := uiSchedRow{Schedule: s}
+func schedRowOf(s broker.Schedule) schedRow {
+	row := schedRow{Schedule: s}
 	if timing, err := service.Timing(s.IntervalSeconds, s.Cron); err == nil {
 		row.Timing = timing
 	} else {
@@ -55,8 +55,8 @@ func uiSchedRowOf(s broker.Schedule) uiSchedRow {
 	return row
 }
 
-func uiSchedFormOf(s broker.Schedule) uiSchedForm {
-	f := uiSchedForm{Name: s.Name, Task: s.Task, Topic: s.Topic, Payload: uiPrettyJSON(s.Payload), Cron: s.Cron,
+func schedFormOf(s broker.Schedule) schedForm {
+	f := schedForm{Name: s.Name, Task: s.Task, Topic: s.Topic, Payload: prettyJSON(s.Payload), Cron: s.Cron,
 		MissedPolicy: s.MissedPolicy, Enabled: s.Enabled, Source: s.Source}
 	if s.IntervalSeconds > 0 {
 		f.Interval = strconv.Itoa(s.IntervalSeconds)
@@ -64,21 +64,21 @@ func uiSchedFormOf(s broker.Schedule) uiSchedForm {
 	return f
 }
 
-func uiSchedFormFrom(r *http.Request) uiSchedForm {
+func schedFormFrom(r *http.Request) schedForm {
 	pf := r.PostForm
-	return uiSchedForm{Name: strings.TrimSpace(pf.Get("name")), Task: pf.Get("task"), Topic: strings.TrimSpace(pf.Get("topic")),
+	return schedForm{Name: strings.TrimSpace(pf.Get("name")), Task: pf.Get("task"), Topic: strings.TrimSpace(pf.Get("topic")),
 		Payload: pf.Get("payload"), Interval: strings.TrimSpace(pf.Get("interval_seconds")), Cron: strings.TrimSpace(pf.Get("cron")),
 		MissedPolicy: pf.Get("missed_policy"), Enabled: pf.Get("enabled") != ""}
 }
 
 // body turns the form into what the API takes; the service then checks
 // it exactly as it checks the API's.
-func (f uiSchedForm) body() (service.ScheduleSpec, error) {
+func (f schedForm) body() (service.ScheduleSpec, error) {
 	payload := strings.TrimSpace(f.Payload)
 	if payload == "" {
 		payload = "{}"
 	}
-	if msg := uiJSONProblem("payload", payload); msg != "" {
+	if msg := jsonProblem("payload", payload); msg != "" {
 		return service.ScheduleSpec{}, errors.New(msg)
 	}
 	interval := 0
@@ -94,28 +94,28 @@ func (f uiSchedForm) body() (service.ScheduleSpec, error) {
 		IntervalSeconds: interval, Cron: f.Cron, Enabled: &enabled, MissedPolicy: f.MissedPolicy}, nil
 }
 
-func (u *UI) schedulesPage(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, f uiSchedForm, fl *uiFlash) {
-	d := uiSchedules{Form: f, Tasks: svc.TaskNames(), Topics: svc.Served(), Policies: []string{broker.MissedSkip, broker.MissedFireOnce}}
+func (u *UI) schedulesPage(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, f schedForm, fl *flash) {
+	d := schedulesView{Form: f, Tasks: svc.TaskNames(), Topics: svc.Served(), Policies: []string{broker.MissedSkip, broker.MissedFireOnce}}
 	list, err := svc.Schedules(r.Context())
 	if err != nil {
-		d.Err = uiBrokerProblem("list the schedules", err)
+		d.Err = brokerProblem("list the schedules", err)
 	}
 	for _, s := range list {
-		row := uiSchedRowOf(s)
+		row := schedRowOf(s)
 		row.Waiting = svc.ScheduleWaiting(s)
 		d.Rows = append(d.Rows, row)
 	}
-	u.render(w, r, svc, status, "schedules", &uiPage{Title: "Schedules", Flash: fl, D: d})
+	u.render(w, r, svc, status, "schedules", &page{Title: "Schedules", Flash: fl, D: d})
 }
 
 func (u *UI) schedules(w http.ResponseWriter, r *http.Request, svc *service.Service) {
-	u.schedulesPage(w, r, svc, http.StatusOK, uiSchedForm{Payload: "{}", Enabled: true, Interval: "3600"}, nil)
+	u.schedulesPage(w, r, svc, http.StatusOK, schedForm{Payload: "{}", Enabled: true, Interval: "3600"}, nil)
 }
 
 func (u *UI) createSchedule(w http.ResponseWriter, r *http.Request, svc *service.Service) {
-	f := uiSchedFormFrom(r)
+	f := schedFormFrom(r)
 	fail := func(status int, msg string) {
-		u.schedulesPage(w, r, svc, status, f, &uiFlash{Kind: "error", Message: msg})
+		u.schedulesPage(w, r, svc, status, f, &flash{Kind: "error", Message: msg})
 	}
 	b, err := f.body()
 	if err != nil {
@@ -133,13 +133,13 @@ func (u *UI) createSchedule(w http.ResponseWriter, r *http.Request, svc *service
 	}
 	u.audit(r, "create schedule", "schedule", b.Name, "error", err)
 	if err != nil {
-		fail(http.StatusServiceUnavailable, uiBrokerProblem("store the schedule", err))
+		fail(http.StatusServiceUnavailable, brokerProblem("store the schedule", err))
 		return
 	}
-	u.redirect(w, r, "/schedules", "ok", fmt.Sprintf("Schedule %s created: %s, task %s.", stored.Name, uiSchedRowOf(stored).Timing, stored.Task), "")
+	u.redirect(w, r, "/schedules", "ok", fmt.Sprintf("Schedule %s created: %s, task %s.", stored.Name, schedRowOf(stored).Timing, stored.Task), "")
 }
 
-func uiSchedName(r *http.Request) string {
+func schedName(r *http.Request) string {
 	name := chi.URLParam(r, "name")
 	if n, err := url.PathUnescape(name); err == nil {
 		name = n
@@ -147,27 +147,27 @@ func uiSchedName(r *http.Request) string {
 	return name
 }
 
-func (u *UI) schedulePage(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, stored broker.Schedule, f uiSchedForm, fl *uiFlash) {
-	row := uiSchedRowOf(stored)
+func (u *UI) schedulePage(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, stored broker.Schedule, f schedForm, fl *flash) {
+	row := schedRowOf(stored)
 	row.Waiting = svc.ScheduleWaiting(stored)
-	d := uiSchedules{Form: f, Tasks: svc.TaskNames(), Topics: svc.Served(), Policies: []string{broker.MissedSkip, broker.MissedFireOnce},
+	d := schedulesView{Form: f, Tasks: svc.TaskNames(), Topics: svc.Served(), Policies: []string{broker.MissedSkip, broker.MissedFireOnce},
 		Edit: true, Stored: &row}
 	var err error
 	if d.Reports, err = svc.Reports(r.Context(), broker.ReportFilter{Schedule: stored.Name, Limit: 20}); err != nil {
-		d.ReportsErr = uiBrokerProblem("read the schedule's reports", err)
+		d.ReportsErr = brokerProblem("read the schedule's reports", err)
 	}
-	u.render(w, r, svc, status, "schedule", &uiPage{Title: "Schedule " + stored.Name, Nav: "schedules", Flash: fl, D: d})
+	u.render(w, r, svc, status, "schedule", &page{Title: "Schedule " + stored.Name, Nav: "schedules", Flash: fl, D: d})
 }
 
 func (u *UI) loadSchedule(w http.ResponseWriter, r *http.Request, svc *service.Service) (broker.Schedule, bool) {
-	name := uiSchedName(r)
+	name := schedName(r)
 	s, err := svc.Schedule(r.Context(), name)
 	if errors.Is(err, broker.ErrNotFound) {
 		u.problem(w, r, http.StatusNotFound, "No such schedule", fmt.Sprintf("There is no schedule named %q (deleted?).", name))
 		return s, false
 	}
 	if err != nil {
-		u.problem(w, r, http.StatusServiceUnavailable, "Schedule unavailable", uiBrokerProblem(fmt.Sprintf("read schedule %q", name), err))
+		u.problem(w, r, http.StatusServiceUnavailable, "Schedule unavailable", brokerProblem(fmt.Sprintf("read schedule %q", name), err))
 		return s, false
 	}
 	return s, true
@@ -178,7 +178,7 @@ func (u *UI) schedule(w http.ResponseWriter, r *http.Request, svc *service.Servi
 	if !ok {
 		return
 	}
-	u.schedulePage(w, r, svc, http.StatusOK, s, uiSchedFormOf(s), nil)
+	u.schedulePage(w, r, svc, http.StatusOK, s, schedFormOf(s), nil)
 }
 
 func (u *UI) updateSchedule(w http.ResponseWriter, r *http.Request, svc *service.Service) {
@@ -186,10 +186,10 @@ func (u *UI) updateSchedule(w http.ResponseWriter, r *http.Request, svc *service
 	if !ok {
 		return
 	}
-	f := uiSchedFormFrom(r)
+	f := schedFormFrom(r)
 	f.Name, f.Source = stored.Name, stored.Source // a schedule cannot be renamed
 	fail := func(status int, msg string) {
-		u.schedulePage(w, r, svc, status, stored, f, &uiFlash{Kind: "error", Message: msg})
+		u.schedulePage(w, r, svc, status, stored, f, &flash{Kind: "error", Message: msg})
 	}
 	b, err := f.body()
 	if err != nil {
@@ -203,14 +203,14 @@ func (u *UI) updateSchedule(w http.ResponseWriter, r *http.Request, svc *service
 	}
 	u.audit(r, "update schedule", "schedule", b.Name, "error", err)
 	if err != nil {
-		fail(http.StatusServiceUnavailable, uiBrokerProblem("store the schedule", err))
+		fail(http.StatusServiceUnavailable, brokerProblem("store the schedule", err))
 		return
 	}
-	u.redirect(w, r, "/schedules", "ok", fmt.Sprintf("Schedule %s saved: %s.", saved.Name, uiSchedRowOf(saved).Timing), "")
+	u.redirect(w, r, "/schedules", "ok", fmt.Sprintf("Schedule %s saved: %s.", saved.Name, schedRowOf(saved).Timing), "")
 }
 
 func (u *UI) toggleSchedule(w http.ResponseWriter, r *http.Request, svc *service.Service) {
-	name := uiSchedName(r)
+	name := schedName(r)
 	// Disabling always works, even for a task that is gone; enabling
 	// checks the schedule as the API would.
 	s, err := svc.ToggleSchedule(r.Context(), name)
@@ -220,7 +220,7 @@ func (u *UI) toggleSchedule(w http.ResponseWriter, r *http.Request, svc *service
 	}
 	u.audit(r, "toggle schedule", "schedule", name, "enabled", s.Enabled, "error", err)
 	if err != nil {
-		u.redirect(w, r, "/schedules", "error", uiBrokerProblem(fmt.Sprintf("toggle schedule %q", name), err), "")
+		u.redirect(w, r, "/schedules", "error", brokerProblem(fmt.Sprintf("toggle schedule %q", name), err), "")
 		return
 	}
 	state := "disabled"
@@ -231,11 +231,11 @@ func (u *UI) toggleSchedule(w http.ResponseWriter, r *http.Request, svc *service
 }
 
 func (u *UI) deleteSchedule(w http.ResponseWriter, r *http.Request, svc *service.Service) {
-	name := uiSchedName(r)
+	name := schedName(r)
 	err := svc.DeleteSchedule(r.Context(), name)
 	u.audit(r, "delete schedule", "schedule", name, "error", err)
 	if err != nil {
-		u.redirect(w, r, "/schedules", "error", uiBrokerProblem(fmt.Sprintf("delete schedule %q", name), err), "")
+		u.redirect(w, r, "/schedules", "error", brokerProblem(fmt.Sprintf("delete schedule %q", name), err), "")
 		return
 	}
 	u.redirect(w, r, "/schedules", "ok", fmt.Sprintf("Schedule %s deleted.", name), "")

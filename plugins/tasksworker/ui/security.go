@@ -21,8 +21,8 @@ import (
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 )
 
-// uiSecret signs CSRF tokens and flash messages; drawn once per process.
-var uiSecret = func() []byte {
+// secret signs CSRF tokens and flash messages; drawn once per process.
+var secret = func() []byte {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b) // never fails (crypto/rand panics instead)
 	return b
@@ -62,12 +62,12 @@ func (u *UI) guard(next http.Handler) http.Handler {
 			u.problem(w, r, http.StatusBadRequest, "Unreadable form", "The form could not be read: "+err.Error()+".")
 			return
 		}
-		if err := uiCheckOrigin(r); err != nil {
+		if err := checkOrigin(r); err != nil {
 			u.log.Warn("UI form refused", "path", r.URL.Path, "reason", err.Error(), "remote", r.Header.Get("X-Forwarded-For"))
 			u.problem(w, r, http.StatusForbidden, "Form refused", "This form was refused: "+err.Error()+". Open the page from this host and submit it again.")
 			return
 		}
-		if err := uiCheckCSRF(r.PostForm.Get(uiCSRFField), time.Now()); err != nil {
+		if err := checkCSRF(r.PostForm.Get(csrfField), time.Now()); err != nil {
 			u.log.Warn("UI form refused", "path", r.URL.Path, "reason", err.Error(), "remote", r.Header.Get("X-Forwarded-For"))
 			u.problem(w, r, http.StatusForbidden, "Form refused", "This form was refused: "+err.Error()+". Reload the page and submit it again.")
 			return
@@ -76,9 +76,9 @@ func (u *UI) guard(next http.Handler) http.Handler {
 	})
 }
 
-// uiMAC signs parts under the process's secret.
-func uiMAC(parts ...string) []byte {
-	m := hmac.New(sha256.New, uiSecret)
+// sign is the HMAC-SHA256 of parts under the process's secret.
+func sign(parts ...string) []byte {
+	m := hmac.New(sha256.New, secret)
 	for _, p := range parts {
 		m.Write([]byte(p))
 		m.Write([]byte{0})
@@ -86,25 +86,25 @@ func uiMAC(parts ...string) []byte {
 	return m.Sum(nil)
 }
 
-// uiCSRFToken returns a fresh form token: time.nonce.mac.
-func uiCSRFToken(now time.Time) string {
+// csrfToken returns a fresh form token: time.nonce.mac.
+func csrfToken(now time.Time) string {
 	nonce := make([]byte, 12)
 	_, _ = rand.Read(nonce)
 	ts := strconv.FormatInt(now.Unix(), 10)
 	n := base64.RawURLEncoding.EncodeToString(nonce)
-	return ts + "." + n + "." + base64.RawURLEncoding.EncodeToString(uiMAC("csrf", ts, n))
+	return ts + "." + n + "." + base64.RawURLEncoding.EncodeToString(sign("csrf", ts, n))
 }
 
 // CSRFToken is a form token as the pages carry, signed at now with this
 // process's secret: for tests that drive the forms through the plugin.
-func CSRFToken(now time.Time) string { return uiCSRFToken(now) }
+func CSRFToken(now time.Time) string { return csrfToken(now) }
 
 // SignFlash is the signature of a flash message, as the redirect after a
 // form carries it: for tests that drive the pages through the plugin.
-func SignFlash(kind, msg, detail string) string { return uiFlashSig(kind, msg, detail) }
+func SignFlash(kind, msg, detail string) string { return flashSig(kind, msg, detail) }
 
-// uiCheckCSRF says what is wrong with a form token, or nil.
-func uiCheckCSRF(tok string, now time.Time) error {
+// checkCSRF says what is wrong with a form token, or nil.
+func checkCSRF(tok string, now time.Time) error {
 	if tok == "" {
 		return errors.New("it carries no security token")
 	}
@@ -113,7 +113,7 @@ func uiCheckCSRF(tok string, now time.Time) error {
 		return errors.New("its security token is malformed")
 	}
 	mac, err := base64.RawURLEncoding.DecodeString(parts[2])
-	if err != nil || !hmac.Equal(mac, uiMAC("csrf", parts[0], parts[1])) {
+	if err != nil || !hmac.Equal(mac, sign("csrf", parts[0], parts[1])) {
 		return errors.New("its security token is not valid (the plugin restarted since the page was loaded, or the form did not come from this UI)")
 	}
 	ts, err := strconv.ParseInt(parts[0], 10, 64)
@@ -121,15 +121,15 @@ func uiCheckCSRF(tok string, now time.Time) error {
 		return errors.New("its security token is malformed")
 	}
 	age := now.Sub(time.Unix(ts, 0))
-	if age > uiCSRFMaxAge || age < -5*time.Minute {
-		return fmt.Errorf("the page is older than %s", uiDuration(uiCSRFMaxAge))
+	if age > csrfMaxAge || age < -5*time.Minute {
+		return fmt.Errorf("the page is older than %s", duration(csrfMaxAge))
 	}
 	return nil
 }
 
-// uiCheckOrigin refuses a POST whose Origin (or Referer) is not the host
+// checkOrigin refuses a POST whose Origin (or Referer) is not the host
 // the browser addressed.
-func uiCheckOrigin(r *http.Request) error {
+func checkOrigin(r *http.Request) error {
 	host := r.Header.Get("X-Forwarded-Host")
 	if host == "" {
 		host = r.Host
@@ -159,19 +159,19 @@ func uiCheckOrigin(r *http.Request) error {
 	return errors.New("the browser sent neither Origin nor Referer, so where it came from cannot be checked")
 }
 
-func uiFlashSig(kind, msg, detail string) string {
-	return base64.RawURLEncoding.EncodeToString(uiMAC("flash", kind, msg, detail)[:18])
+func flashSig(kind, msg, detail string) string {
+	return base64.RawURLEncoding.EncodeToString(sign("flash", kind, msg, detail)[:18])
 }
 
-// uiFlashFrom reads a signed flash message from the query string.
-func uiFlashFrom(r *http.Request) *uiFlash {
+// flashFrom reads a signed flash message from the query string.
+func flashFrom(r *http.Request) *flash {
 	q := r.URL.Query()
-	f := &uiFlash{Kind: q.Get("fk"), Message: q.Get("flash"), Detail: q.Get("fd")}
+	f := &flash{Kind: q.Get("fk"), Message: q.Get("flash"), Detail: q.Get("fd")}
 	if f.Message == "" || (f.Kind != "ok" && f.Kind != "error") {
 		return nil
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(q.Get("fs"))
-	if err != nil || !hmac.Equal(sig, uiMAC("flash", f.Kind, f.Message, f.Detail)[:18]) {
+	if err != nil || !hmac.Equal(sig, sign("flash", f.Kind, f.Message, f.Detail)[:18]) {
 		return nil
 	}
 	return f

@@ -19,37 +19,37 @@ import (
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 )
 
-type uiList struct {
+type list struct {
 	Err             string
 	Down            bool // the broker failed (not just a bad filter)
-	Rows            []uiTaskRow
+	Rows            []taskRow
 	State           string
 	Topic, Task     string
 	States          []string
 	Topics, Tasks   []string
 	NextURL, NewURL string
 	Back            string
-	Workers         map[string]uiWorkerRow
+	Workers         map[string]workerRow
 	ListedAt        time.Time
 }
 
-type uiTaskRow struct {
+type taskRow struct {
 	broker.Message
 	ClaimAge    time.Duration
 	MaxAttempts int
-	Worker      *uiWorkerRow
+	Worker      *workerRow
 }
 
 // listPage reads a page of messages filtered by the query (state, topic,
 // task, before), for the tasks, running and dead pages.
-func (u *UI) listPage(r *http.Request, svc *service.Service, path, forceState string) uiList {
+func (u *UI) listPage(r *http.Request, svc *service.Service, path, forceState string) list {
 	ctx := r.Context()
 	q := r.URL.Query()
-	l := uiList{State: q.Get("state"), Topic: q.Get("topic"), Task: q.Get("task"), States: service.MessageStates, Back: uiSelf(r), ListedAt: time.Now()}
+	l := list{State: q.Get("state"), Topic: q.Get("topic"), Task: q.Get("task"), States: service.MessageStates, Back: self(r), ListedAt: time.Now()}
 	if forceState != "" {
 		l.State = forceState
 	}
-	f := broker.MessageFilter{State: l.State, Topic: l.Topic, Task: l.Task, Limit: uiListLimit}
+	f := broker.MessageFilter{State: l.State, Topic: l.Topic, Task: l.Task, Limit: listLimit}
 	var problems []string
 	if f.State != "" && !slices.Contains(service.MessageStates, f.State) {
 		problems = append(problems, fmt.Sprintf("There is no state %q; the states are %s.", f.State, strings.Join(service.MessageStates, ", ")))
@@ -61,7 +61,7 @@ func (u *UI) listPage(r *http.Request, svc *service.Service, path, forceState st
 			problems = append(problems, fmt.Sprintf("The page marker before=%q is not a task id; showing the newest tasks.", s))
 		} else {
 			f.Before = n
-			l.NewURL = uiBase(r) + path + uiQuery(map[string]string{"state": l.State, "topic": l.Topic, "task": l.Task}, forceState)
+			l.NewURL = base(r) + path + query(map[string]string{"state": l.State, "topic": l.Topic, "task": l.Task}, forceState)
 		}
 	}
 	if topics, err := svc.Topics(ctx); err == nil {
@@ -72,18 +72,18 @@ func (u *UI) listPage(r *http.Request, svc *service.Service, path, forceState st
 	l.Tasks = svc.TaskNames()
 	msgs, err := svc.Messages(ctx, f)
 	if err != nil {
-		problems = append(problems, uiBrokerProblem("list the tasks", err))
+		problems = append(problems, brokerProblem("list the tasks", err))
 		l.Down = true
 	}
 	if ws, err := u.workers(ctx, svc); err == nil {
-		l.Workers = map[string]uiWorkerRow{}
+		l.Workers = map[string]workerRow{}
 		for _, w := range ws {
 			l.Workers[w.ID] = w
 		}
 	}
 	now := time.Now()
 	for _, m := range msgs {
-		row := uiTaskRow{Message: m, MaxAttempts: m.MaxAttempts}
+		row := taskRow{Message: m, MaxAttempts: m.MaxAttempts}
 		if row.MaxAttempts == 0 {
 			if t, ok := svc.Task(m.Task); ok {
 				row.MaxAttempts = t.MaxAttempts
@@ -98,7 +98,7 @@ func (u *UI) listPage(r *http.Request, svc *service.Service, path, forceState st
 		l.Rows = append(l.Rows, row)
 	}
 	if len(msgs) == f.Limit && len(msgs) > 0 {
-		l.NextURL = uiBase(r) + path + uiQuery(map[string]string{"state": l.State, "topic": l.Topic, "task": l.Task,
+		l.NextURL = base(r) + path + query(map[string]string{"state": l.State, "topic": l.Topic, "task": l.Task,
 			"before": strconv.FormatInt(msgs[len(msgs)-1].ID, 10)}, forceState)
 	}
 	l.Err = strings.Join(problems, " ")
@@ -107,22 +107,22 @@ func (u *UI) listPage(r *http.Request, svc *service.Service, path, forceState st
 
 func (u *UI) tasks(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	l := u.listPage(r, svc, "/tasks", "")
-	u.render(w, r, svc, uiStatus(l.Down), "tasks", &uiPage{Title: "Tasks", D: l})
+	u.render(w, r, svc, pageStatus(l.Down), "tasks", &page{Title: "Tasks", D: l})
 }
 
 func (u *UI) running(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	l := u.listPage(r, svc, "/running", broker.StateRunning)
 	// Oldest claims first: those are the ones to look at.
 	sort.SliceStable(l.Rows, func(i, j int) bool { return l.Rows[i].ClaimAge > l.Rows[j].ClaimAge })
-	u.render(w, r, svc, uiStatus(l.Down), "running", &uiPage{Title: "Running", D: l, Refresh: 10})
+	u.render(w, r, svc, pageStatus(l.Down), "running", &page{Title: "Running", D: l, Refresh: 10})
 }
 
 func (u *UI) dead(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	l := u.listPage(r, svc, "/dead", broker.StateDead)
-	u.render(w, r, svc, uiStatus(l.Down), "dead", &uiPage{Title: "Dead letters", D: l})
+	u.render(w, r, svc, pageStatus(l.Down), "dead", &page{Title: "Dead letters", D: l})
 }
 
-type uiTask struct {
+type taskView struct {
 	M           broker.Message
 	MaxAttempts int
 	Description string
@@ -156,10 +156,10 @@ func (u *UI) task(w http.ResponseWriter, r *http.Request, svc *service.Service) 
 		return
 	}
 	if err != nil {
-		u.problem(w, r, http.StatusServiceUnavailable, "Task unavailable", uiBrokerProblem(fmt.Sprintf("read task %d", id), err))
+		u.problem(w, r, http.StatusServiceUnavailable, "Task unavailable", brokerProblem(fmt.Sprintf("read task %d", id), err))
 		return
 	}
-	d := uiTask{M: m, MaxAttempts: m.MaxAttempts, Back: uiSelf(r), Lock: service.PayloadLock(m.Payload)}
+	d := taskView{M: m, MaxAttempts: m.MaxAttempts, Back: self(r), Lock: service.PayloadLock(m.Payload)}
 	if t, ok := svc.Task(m.Task); ok {
 		d.Description = t.Description
 		if d.MaxAttempts == 0 {
@@ -171,9 +171,9 @@ func (u *UI) task(w http.ResponseWriter, r *http.Request, svc *service.Service) 
 	d.CanCancel = m.State == broker.StateQueued || m.State == broker.StateRunning && m.CancelRequestedAt == nil
 	d.Reports, err = svc.Reports(r.Context(), broker.ReportFilter{MessageID: id, Limit: 100})
 	if err != nil {
-		d.ReportsErr = uiBrokerProblem("read the task's reports", err)
+		d.ReportsErr = brokerProblem("read the task's reports", err)
 	}
-	pg := &uiPage{Title: fmt.Sprintf("Task %d", id), Nav: "tasks", D: d}
+	pg := &page{Title: fmt.Sprintf("Task %d", id), Nav: "tasks", D: d}
 	switch {
 	case d.Final:
 	case m.State == broker.StateQueued && time.Until(m.AvailableAt) > 30*time.Second:
@@ -189,11 +189,11 @@ func (u *UI) requeue(w http.ResponseWriter, r *http.Request, svc *service.Servic
 	if !ok {
 		return
 	}
-	back := uiBack(r, fmt.Sprintf("/tasks/%d", id))
+	back := backTo(r, fmt.Sprintf("/tasks/%d", id))
 	err := svc.Requeue(r.Context(), id)
 	u.audit(r, "requeue", "message_id", id, "error", err)
 	if err != nil {
-		u.redirect(w, r, back, "error", uiBrokerProblem(fmt.Sprintf("requeue task %d", id), err), "")
+		u.redirect(w, r, back, "error", brokerProblem(fmt.Sprintf("requeue task %d", id), err), "")
 		return
 	}
 	u.redirect(w, r, back, "ok", fmt.Sprintf("Task %d is queued again.", id), "")
@@ -204,14 +204,14 @@ func (u *UI) cancel(w http.ResponseWriter, r *http.Request, svc *service.Service
 	if !ok {
 		return
 	}
-	back := uiBack(r, fmt.Sprintf("/tasks/%d", id))
+	back := backTo(r, fmt.Sprintf("/tasks/%d", id))
 	m, err := svc.Cancel(r.Context(), id)
 	u.audit(r, "cancel", "message_id", id, "state", m.State, "error", err)
 	switch {
 	case errors.Is(err, broker.ErrFinished):
 		u.redirect(w, r, back, "error", fmt.Sprintf("Task %d has already finished (%s): there is nothing to cancel.", id, m.State), "")
 	case err != nil:
-		u.redirect(w, r, back, "error", uiBrokerProblem(fmt.Sprintf("cancel task %d", id), err), "")
+		u.redirect(w, r, back, "error", brokerProblem(fmt.Sprintf("cancel task %d", id), err), "")
 	case m.State == broker.StateRunning:
 		u.redirect(w, r, back, "ok", fmt.Sprintf("Task %d is asked to stop: it ends cancelled when its worker stops it, unless it finishes first.", id), "")
 	default:

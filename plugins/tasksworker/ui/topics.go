@@ -15,27 +15,27 @@ import (
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
 )
 
-type uiTopics struct {
+type topicsView struct {
 	Err    string
 	Topics []broker.TopicStats
 	Served []string
 }
 
 func (u *UI) topics(w http.ResponseWriter, r *http.Request, svc *service.Service) {
-	d := uiTopics{Served: svc.Served()}
+	d := topicsView{Served: svc.Served()}
 	st, err := svc.Stats(r.Context())
 	if err != nil {
-		d.Err = uiBrokerProblem("read the topics", err)
+		d.Err = brokerProblem("read the topics", err)
 	}
 	d.Topics = st.Topics
-	u.render(w, r, svc, uiStatus(d.Err != ""), "topics", &uiPage{Title: "Topics", D: d})
+	u.render(w, r, svc, pageStatus(d.Err != ""), "topics", &page{Title: "Topics", D: d})
 }
 
 func (u *UI) topicAction(w http.ResponseWriter, r *http.Request, svc *service.Service) {
 	op := chi.URLParam(r, "op")
 	topic := r.PostForm.Get("topic")
 	if err := broker.ValidateTopicName(topic); err != nil {
-		u.redirect(w, r, "/topics", "error", uiBrokerProblem("change the topic", err), "")
+		u.redirect(w, r, "/topics", "error", brokerProblem("change the topic", err), "")
 		return
 	}
 	ctx := r.Context()
@@ -58,7 +58,7 @@ func (u *UI) topicAction(w http.ResponseWriter, r *http.Request, svc *service.Se
 			return
 		}
 		_, err = svc.SetTopic(ctx, topic, broker.TopicPatch{ConcurrencyLimit: &n})
-		msg = fmt.Sprintf("Topic %s: at most %s running at once.", topic, uiFuncs["limit"].(func(int) string)(n))
+		msg = fmt.Sprintf("Topic %s: at most %s running at once.", topic, funcs["limit"].(func(int) string)(n))
 	case "pause":
 		v, ok := setBool("paused")
 		if !ok {
@@ -97,7 +97,7 @@ func (u *UI) topicAction(w http.ResponseWriter, r *http.Request, svc *service.Se
 	}
 	u.audit(r, "topic "+op, "topic", topic, "error", err)
 	if err != nil {
-		u.redirect(w, r, "/topics", "error", uiBrokerProblem(fmt.Sprintf("%s topic %s", op, topic), err), "")
+		u.redirect(w, r, "/topics", "error", brokerProblem(fmt.Sprintf("%s topic %s", op, topic), err), "")
 		return
 	}
 	u.redirect(w, r, "/topics", "ok", msg, "")

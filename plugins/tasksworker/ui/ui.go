@@ -17,9 +17,9 @@
 // So every form here carries a token instead:
 //
 //   - the token is a timestamp and a random nonce, signed with HMAC-SHA256
-//     under a secret drawn at random when the process starts (uiSecret). A
+//     under a secret drawn at random when the process starts (var secret). A
 //     POST is refused unless its token verifies and is younger than
-//     uiCSRFMaxAge. Another site cannot read a token out of a page (the
+//     csrfMaxAge. Another site cannot read a token out of a page (the
 //     same-origin policy; the pages send no CORS headers and refuse to be
 //     framed), so it cannot build a form this plugin accepts. No server
 //     state is kept; a restart draws a new secret, and a form left open
@@ -59,26 +59,26 @@ import (
 )
 
 const (
-	uiCSRFField  = "csrf_token"
-	uiCSRFMaxAge = 12 * time.Hour
-	uiListLimit  = broker.DefaultListLimit
-	// uiActionTimeout bounds a reaper pass started from the UI.
-	uiActionTimeout = 30 * time.Second
+	csrfField  = "csrf_token"
+	csrfMaxAge = 12 * time.Hour
+	listLimit  = broker.DefaultListLimit
+	// actionTimeout bounds a reaper pass started from the UI.
+	actionTimeout = 30 * time.Second
 )
 
 //go:embed templates/*.html
-var uiTemplateFS embed.FS
+var templateFS embed.FS
 
-var uiFuncs = template.FuncMap{
-	"when":   uiWhen,
-	"rel":    uiRel,
-	"dur":    uiDuration,
-	"secs":   func(f float64) string { return uiDuration(time.Duration(f * float64(time.Second))) },
+var funcs = template.FuncMap{
+	"when":   when,
+	"rel":    rel,
+	"dur":    duration,
+	"secs":   func(f float64) string { return duration(time.Duration(f * float64(time.Second))) },
 	"pct":    func(f float64) int { return int(math.Round(math.Max(0, math.Min(1, f)) * 100)) },
-	"pretty": uiPrettyJSON,
-	"json":   uiJSONView,
-	"clip":   uiClip,
-	"api":    uiAPIBase,
+	"pretty": prettyJSON,
+	"json":   jsonView,
+	"clip":   clip,
+	"api":    apiBase,
 	"limit": func(n int) string {
 		if n == 0 {
 			return "unlimited"
@@ -87,22 +87,22 @@ var uiFuncs = template.FuncMap{
 	},
 }
 
-// uiAPIBase is the API's root as the browser sees it, from the UI's
-// (uiPage.Base): /plugin-pkg/tasks_worker/api.
-func uiAPIBase(base string) string { return strings.TrimSuffix(base, "/ui") + "/api" }
+// apiBase is the API's root as the browser sees it, from the UI's
+// (page.Base): /plugin-pkg/tasks_worker/api.
+func apiBase(base string) string { return strings.TrimSuffix(base, "/ui") + "/api" }
 
-var uiPageNames = []string{"dashboard", "tasks", "task", "running", "dead", "schedules", "schedule", "locks", "topics", "run", "error"}
+var pageNames = []string{"dashboard", "tasks", "task", "running", "dead", "schedules", "schedule", "locks", "topics", "run", "error"}
 
-var uiPages = func() map[string]*template.Template {
+var pages = func() map[string]*template.Template {
 	m := map[string]*template.Template{}
-	for _, name := range uiPageNames {
-		m[name] = template.Must(template.New(name).Funcs(uiFuncs).ParseFS(uiTemplateFS, "templates/layout.html", "templates/"+name+".html"))
+	for _, name := range pageNames {
+		m[name] = template.Must(template.New(name).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html"))
 	}
 	return m
 }()
 
-// uiNav is the tab bar.
-var uiNav = []struct{ Key, Path, Label string }{
+// nav is the tab bar.
+var nav = []struct{ Key, Path, Label string }{
 	{"dashboard", "/", "Dashboard"},
 	{"tasks", "/tasks", "Tasks"},
 	{"running", "/running", "Running"},
@@ -143,22 +143,22 @@ func New(opts Options) *UI {
 	return u
 }
 
-// uiPage is what every template gets; D is the page's own data.
-type uiPage struct {
+// page is what every template gets; D is the page's own data.
+type page struct {
 	Title    string
 	Nav      string
 	Navs     any
 	Base     string // the UI's root path as the browser sees it, e.g. /plugin-pkg/tasks_worker/ui
 	HostUI   bool   // served through the host: link its pages
 	CSRF     string
-	Flash    *uiFlash
+	Flash    *flash
 	Broker   string
 	WorkerID string
 	Refresh  int // seconds; the page reloads itself when > 0
 	D        any
 }
 
-type uiFlash struct {
+type flash struct {
 	Kind    string // ok or error
 	Message string
 	Detail  string
@@ -198,21 +198,21 @@ func (u *UI) Routes(r chi.Router) {
 	r.Post("/run", u.with(u.run))
 }
 
-var uiPrefix = regexp.MustCompile(`^(/[A-Za-z0-9_.~-]+)+$`)
+var prefix = regexp.MustCompile(`^(/[A-Za-z0-9_.~-]+)+$`)
 
-// uiBase is the UI's root as the browser sees it: the host sets
+// base is the UI's root as the browser sees it: the host sets
 // X-Forwarded-Prefix (/plugin-pkg/tasks_worker) and drops any a client sent.
-func uiBase(r *http.Request) string {
+func base(r *http.Request) string {
 	p := r.Header.Get("X-Forwarded-Prefix")
-	if !uiPrefix.MatchString(p) {
+	if !prefix.MatchString(p) {
 		p = ""
 	}
 	return p + "/ui"
 }
 
-// uiSelf is the request's own page relative to the UI root, without flash
+// self is the request's own page relative to the UI root, without flash
 // parameters: where a form on it sends the person back.
-func uiSelf(r *http.Request) string {
+func self(r *http.Request) string {
 	q := r.URL.Query()
 	for _, k := range []string{"flash", "fk", "fd", "fs"} {
 		q.Del(k)
@@ -227,8 +227,8 @@ func uiSelf(r *http.Request) string {
 	return s
 }
 
-// uiBack is the form's "back" field if it is a page of this UI, else def.
-func uiBack(r *http.Request, def string) string {
+// backTo is the form's "back" field if it is a page of this UI, else def.
+func backTo(r *http.Request, def string) string {
 	b := r.PostForm.Get("back")
 	if b == "" || !strings.HasPrefix(b, "/") || strings.HasPrefix(b, "//") || strings.ContainsAny(b, "\\\r\n") {
 		return def
@@ -252,23 +252,23 @@ func (u *UI) with(h func(http.ResponseWriter, *http.Request, *service.Service)) 
 	}
 }
 
-func (u *UI) render(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, name string, pg *uiPage) {
-	pg.Base = uiBase(r)
+func (u *UI) render(w http.ResponseWriter, r *http.Request, svc *service.Service, status int, name string, pg *page) {
+	pg.Base = base(r)
 	pg.HostUI = pg.Base != "/ui"
-	pg.Navs = uiNav
-	pg.CSRF = uiCSRFToken(time.Now())
+	pg.Navs = nav
+	pg.CSRF = csrfToken(time.Now())
 	if pg.Nav == "" {
 		pg.Nav = name
 	}
 	if pg.Flash == nil {
-		pg.Flash = uiFlashFrom(r)
+		pg.Flash = flashFrom(r)
 	}
 	if svc != nil {
 		pg.Broker = svc.Kind()
 		pg.WorkerID = svc.WorkerID()
 	}
 	var buf bytes.Buffer
-	if err := uiPages[name].ExecuteTemplate(&buf, "layout", pg); err != nil {
+	if err := pages[name].ExecuteTemplate(&buf, "layout", pg); err != nil {
 		u.log.Error("render UI page", "page", name, "error", err)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.WriteHeader(http.StatusInternalServerError)
@@ -280,19 +280,19 @@ func (u *UI) render(w http.ResponseWriter, r *http.Request, svc *service.Service
 	_, _ = w.Write(buf.Bytes())
 }
 
-type uiProblem struct{ Title, Message string }
+type problemView struct{ Title, Message string }
 
 // problem renders a page that says what went wrong, in plain words.
 func (u *UI) problem(w http.ResponseWriter, r *http.Request, status int, title, msg string) {
-	u.render(w, r, u.current(), status, "error", &uiPage{Title: title, Nav: "-", D: uiProblem{Title: title, Message: msg}})
+	u.render(w, r, u.current(), status, "error", &page{Title: title, Nav: "-", D: problemView{Title: title, Message: msg}})
 }
 
 // redirect answers a POST: 303 to path (relative to the UI root) with a
 // signed flash message.
 func (u *UI) redirect(w http.ResponseWriter, r *http.Request, path, kind, msg, detail string) {
-	target, err := url.Parse(uiBase(r) + path)
+	target, err := url.Parse(base(r) + path)
 	if err != nil {
-		target, _ = url.Parse(uiBase(r) + "/")
+		target, _ = url.Parse(base(r) + "/")
 	}
 	q := target.Query()
 	q.Set("flash", msg)
@@ -301,7 +301,7 @@ func (u *UI) redirect(w http.ResponseWriter, r *http.Request, path, kind, msg, d
 	if detail != "" {
 		q.Set("fd", detail)
 	}
-	q.Set("fs", uiFlashSig(kind, msg, detail))
+	q.Set("fs", flashSig(kind, msg, detail))
 	target.RawQuery = q.Encode()
 	http.Redirect(w, r, target.String(), http.StatusSeeOther)
 }
@@ -312,8 +312,8 @@ func (u *UI) audit(r *http.Request, action string, args ...any) {
 	u.log.Info("audit: UI action", args...)
 }
 
-// uiQuery encodes the non-empty values; a state fixed by the page is left out.
-func uiQuery(v map[string]string, forceState string) string {
+// query encodes the non-empty values; a state fixed by the page is left out.
+func query(v map[string]string, forceState string) string {
 	q := url.Values{}
 	for k, s := range v {
 		if s != "" && !(k == "state" && forceState != "") {
@@ -326,8 +326,8 @@ func uiQuery(v map[string]string, forceState string) string {
 	return "?" + q.Encode()
 }
 
-// uiStatus is 503 when the broker failed: the page shows what it could.
-func uiStatus(brokerDown bool) int {
+// pageStatus is 503 when the broker failed: the page shows what it could.
+func pageStatus(brokerDown bool) int {
 	if brokerDown {
 		return http.StatusServiceUnavailable
 	}

@@ -17,13 +17,13 @@ import (
 
 func TestUICheckOriginDirect(t *testing.T) {
 	// Without X-Forwarded-Host (called directly) the Host header counts.
-	if err := uiCheckOrigin(&http.Request{Host: "direct:1", Header: http.Header{"Origin": {"http://direct:1"}}}); err != nil {
+	if err := checkOrigin(&http.Request{Host: "direct:1", Header: http.Header{"Origin": {"http://direct:1"}}}); err != nil {
 		t.Errorf("direct request: %v", err)
 	}
 }
 
 func TestUISamplerRing(t *testing.T) {
-	s := &uiSampler{}
+	s := &sampleRing{}
 	t0 := time.Date(2030, 1, 1, 12, 0, 10, 0, time.UTC)
 	st := func(q, r, d int) broker.Stats {
 		return broker.Stats{Topics: []broker.TopicStats{{Queued: q, Running: r, DeadLetter: d}, {Queued: 1}}}
@@ -33,7 +33,7 @@ func TestUISamplerRing(t *testing.T) {
 	s.record(t0.Add(65*time.Second), st(0, 0, 1), 18, 3) // next minute
 	s.record(t0.Add(5*time.Minute), st(0, 0, 0), 18, 3)  // a gap of three minutes
 	mins := s.minutes(t0.Add(5 * time.Minute))
-	if len(mins) != uiChartMinutes {
+	if len(mins) != chartMinutes {
 		t.Fatalf("%d minutes", len(mins))
 	}
 	last := mins[len(mins)-1]
@@ -69,8 +69,8 @@ func TestUISamplerRing(t *testing.T) {
 		t.Errorf("queued series %+v, ticks %+v", q, charts[0].Ticks)
 	}
 	for _, c := range []struct{ in, want float64 }{{0, 1}, {1, 1}, {3, 5}, {7, 10}, {12, 20}, {230, 500}} {
-		if got := uiNiceCeil(c.in); got != c.want {
-			t.Errorf("uiNiceCeil(%v) = %v, want %v", c.in, got, c.want)
+		if got := niceCeil(c.in); got != c.want {
+			t.Errorf("niceCeil(%v) = %v, want %v", c.in, got, c.want)
 		}
 	}
 }
@@ -78,14 +78,14 @@ func TestUISamplerRing(t *testing.T) {
 func TestUIDurationsAndJSONProblems(t *testing.T) {
 	for d, want := range map[time.Duration]string{0: "0s", 1500 * time.Millisecond: "1s", 5 * time.Minute: "5m", 185 * time.Second: "3m 05s",
 		2*time.Hour + 3*time.Minute: "2h 03m", 80 * time.Hour: "3d 08h"} {
-		if got := uiDuration(d); got != want {
-			t.Errorf("uiDuration(%s) = %q, want %q", d, got, want)
+		if got := duration(d); got != want {
+			t.Errorf("duration(%s) = %q, want %q", d, got, want)
 		}
 	}
-	if got := uiJSONProblem("payload", "{\n\"a\": 1,\n}"); !strings.Contains(got, "near line 3, column 1") {
+	if got := jsonProblem("payload", "{\n\"a\": 1,\n}"); !strings.Contains(got, "near line 3, column 1") {
 		t.Errorf("problem %q", got)
 	}
-	if got := uiJSONProblem("payload", `{"a": 1}`); got != "" {
+	if got := jsonProblem("payload", `{"a": 1}`); got != "" {
 		t.Errorf("valid JSON: %q", got)
 	}
 }
@@ -101,7 +101,7 @@ func TestUIBrokerProblemsArePlainWords(t *testing.T) {
 		{context.DeadlineExceeded, "Could not requeue task 5: the broker did not answer in time."},
 		{errors.New("connection refused"), "Could not requeue task 5: the broker failed (connection refused)."},
 	} {
-		if got := uiBrokerProblem("requeue task 5", c.err); !strings.HasPrefix(got, c.want) {
+		if got := brokerProblem("requeue task 5", c.err); !strings.HasPrefix(got, c.want) {
 			t.Errorf("%v: %q, want %q", c.err, got, c.want)
 		}
 	}
