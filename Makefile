@@ -62,7 +62,7 @@ test: test/setup ## run the whole test suite, the bench's too (starts PostgreSQL
 
 .PHONY: test/race
 test/race: test/setup ## run the tests of the concurrent packages with the race detector
-	$(GO) test -count=1 -race -timeout 30m ./capability/... ./client/... ./host/... ./broker/... ./worker/... ./plugins/... ./reaper/... ./scheduler/...
+	$(GO) test -count=1 -race -timeout 30m ./capability/... ./client/... ./host/... ./e2e/... ./broker/... ./worker/... ./plugins/... ./reaper/... ./scheduler/...
 
 .PHONY: chaos
 chaos: build ## network chaos suite (root: network namespaces, its own PostgreSQL, a faulty proxy); see README "Chaos"

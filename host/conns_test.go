@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/internal/testhost"
 )
 
 // stalledRequests announce a body and send none (or a part) of it: a
@@ -290,7 +292,7 @@ func TestStalledBodiesAreClosedForRoomBeforeIdleConnections(t *testing.T) {
 	login := []string{stalledRequests[1]}
 	first := startFlood(t, addr, []string{"127.0.1.1", "127.0.1.2", "127.0.1.3", "127.0.1.4"}, login, maxConns-1, stop)
 	<-first.done
-	waitUntil(t, 30*time.Second, "the host holds the stalled bodies", func() bool { return inBody(s.conns) == maxConns-1 })
+	testhost.WaitFor(t, 30*time.Second, "the host holds the stalled bodies", func() bool { return inBody(s.conns) == maxConns-1 })
 	time.Sleep(stallAfter + 500*time.Millisecond) // now they are stalled
 	// More of them, from 2 more addresses, and a probe from another.
 	second := startFlood(t, addr, []string{"127.0.2.1", "127.0.2.2"}, login, 2*perClient, stop)

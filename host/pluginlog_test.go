@@ -6,30 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/internal/testhost"
 )
-
-// lockedBuffer is a bytes.Buffer safe for the host's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // badLogLines are stderr lines in hclog's JSON format with fields of the
 // wrong type: go-plugin's own parser panics on each of them.
@@ -43,7 +26,7 @@ var badLogLines = []string{
 // level with their fields; a line of the wrong shape is logged, never a
 // panic; a line split across writes is read whole.
 func TestStderrLogReadsEveryLine(t *testing.T) {
-	var out lockedBuffer
+	var out testhost.SyncBuffer
 	w := newStderrLog(hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Trace, DisableTime: true}))
 	in := strings.Join(append([]string{
 		`{"@message":"hello","@level":"warn","@timestamp":"2026-01-02T03:04:05.000000Z","k":"v"}`,
@@ -82,7 +65,7 @@ func TestStderrLogReadsEveryLine(t *testing.T) {
 // TestStderrLogBoundsALine: a line longer than maxLogLine is logged in
 // pieces rather than kept whole.
 func TestStderrLogBoundsALine(t *testing.T) {
-	var out lockedBuffer
+	var out testhost.SyncBuffer
 	w := newStderrLog(hclog.New(&hclog.LoggerOptions{Output: &out, Level: hclog.Trace, DisableTime: true}))
 	if _, err := w.Write(bytes.Repeat([]byte("x"), 3*maxLogLine)); err != nil {
 		t.Fatal(err)
@@ -112,11 +95,11 @@ func TestABadLogLineDoesNotEndTheHost(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, BinaryPrefix+"noisy"), []byte(script.String()), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	var logs lockedBuffer
+	var logs testhost.SyncBuffer
 	h := startTestHostLogging(t, fmt.Sprintf("plugins_dir: %s\nplugins:\n  noisy:\n    enabled: true\n", dir),
 		hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug}))
 	s, _ := h.Plugin("noisy")
-	eventually(t, 60*time.Second, "noisy is running or failed", func() bool {
+	testhost.WaitFor(t, 60*time.Second, "noisy is running or failed", func() bool {
 		st := s.Status().State
 		return st == StateRunning || st == StateFailed
 	})

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/internal/testhost"
 )
 
 const testToken = "test-token-0123456789"
@@ -40,17 +42,6 @@ func serve(t *testing.T, config string) (*Server, string) {
 	go func() { _ = srv.Serve(s.Listener(ln)); close(done) }()
 	t.Cleanup(func() { _ = srv.Close(); <-done })
 	return s, "http://" + ln.Addr().String()
-}
-
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting until %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 type answer struct {
@@ -184,7 +175,7 @@ func TestConnectionCapClosesIdleConnections(t *testing.T) {
 			t.Fatalf("%d connections open; the cap is %d", n, limit)
 		}
 	}
-	waitUntil(t, 30*time.Second, fmt.Sprintf("the host closed at least %d idle connections", opened-limit), func() bool {
+	testhost.WaitFor(t, 30*time.Second, fmt.Sprintf("the host closed at least %d idle connections", opened-limit), func() bool {
 		closedMu.Lock()
 		defer closedMu.Unlock()
 		return closed >= opened-limit

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/taskhost/taskhost/internal/testhost"
 )
 
 var (
@@ -62,17 +64,6 @@ func installFixture(t *testing.T, dir, name string) (string, string) {
 	}
 	sum := sha256.Sum256(b)
 	return path, hex.EncodeToString(sum[:])
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting until %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // startTestHost runs a host in this process on the given config (YAML) and
@@ -156,7 +147,7 @@ func TestPinCoversTheBytesThatRun(t *testing.T) {
 	})
 	h := startTestHost(t, fmt.Sprintf("plugins_dir: %s\nplugins:\n  pinned:\n    enabled: true\n    sha256: %s\n", dir, sum))
 	s, _ := h.Plugin("pinned")
-	eventually(t, 60*time.Second, "pinned is running or failed", func() bool {
+	testhost.WaitFor(t, 60*time.Second, "pinned is running or failed", func() bool {
 		st := s.Status().State
 		return st == StateRunning || st == StateFailed
 	})
@@ -197,7 +188,7 @@ func TestPinCatchesAWriteIntoTheBinary(t *testing.T) {
 	})
 	h := startTestHost(t, fmt.Sprintf("plugins_dir: %s\nplugins:\n  pinned:\n    enabled: true\n    sha256: %s\n", dir, sum))
 	s, _ := h.Plugin("pinned")
-	eventually(t, 60*time.Second, "pinned is running or failed", func() bool {
+	testhost.WaitFor(t, 60*time.Second, "pinned is running or failed", func() bool {
 		st := s.Status().State
 		return st == StateRunning || st == StateFailed
 	})
@@ -267,20 +258,20 @@ func TestHealthFrozenPluginInProcess(t *testing.T) {
 	installFixture(t, dir, "echo")
 	h := startTestHost(t, fmt.Sprintf("plugins_dir: %s\nhealth_interval_seconds: 1\nhung_restart_seconds: 0\nplugins:\n  echo:\n    enabled: true\n", dir))
 	s, _ := h.Plugin("echo")
-	eventually(t, 60*time.Second, "echo is running", func() bool { return s.Status().State == StateRunning })
+	testhost.WaitFor(t, 60*time.Second, "echo is running", func() bool { return s.Status().State == StateRunning })
 	pid := s.Status().PID
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
-	eventually(t, 60*time.Second, "the frozen echo is degraded", func() bool {
+	testhost.WaitFor(t, 60*time.Second, "the frozen echo is degraded", func() bool {
 		st := s.Status()
 		return st.State == StateDegraded && strings.Contains(st.Health, "not answering its health check for")
 	})
 	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 60*time.Second, "echo is running again", func() bool {
+	testhost.WaitFor(t, 60*time.Second, "echo is running again", func() bool {
 		st := s.Status()
 		return st.State == StateRunning && st.Health == "ok"
 	})

@@ -1,6 +1,7 @@
 // Package testhost gives tests a real host: bin/host and the tasks_worker
 // plugin built from this tree, started on a free loopback port with the
-// configuration a test gives, and a log sink safe for concurrent writers.
+// configuration a test gives, a log sink safe for concurrent writers, and
+// a poll that waits for a condition.
 package testhost
 
 import (
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/taskhost/taskhost/internal/hostproc"
 )
@@ -36,6 +38,19 @@ func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// WaitFor calls cond every 50 ms until it returns true, and fails the test
+// (t.Fatalf, naming what) when it has not after timeout.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting until %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // Build builds bin/host into dir/host and the tasks_worker plugin into

@@ -1,4 +1,4 @@
-package host_test
+package e2e
 
 // Task reports across SIGKILL: each attempt's report is written in the
 // transaction of its outcome, so a worker killed at any point loses no

@@ -1,4 +1,4 @@
-package host_test
+package e2e
 
 // Batches of tasks through the real host to tasks_worker on PostgreSQL,
 // each verdict read from the database: NDJSON uploads whose lines are

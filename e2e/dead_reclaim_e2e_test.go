@@ -1,4 +1,4 @@
-package host_test
+package e2e
 
 // A plugin process the host saw exit is certainly dead: its running tasks
 // come back at once, under the default reaper settings, instead of after

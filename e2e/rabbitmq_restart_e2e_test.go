@@ -1,4 +1,4 @@
-package host_test
+package e2e
 
 // RabbitMQ restarted under the rabbitmq broker, on a private node of its
 // own (the machine's shared RabbitMQ is never restarted: other tests use

@@ -1,4 +1,4 @@
-package host_test
+package e2e
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-var updateGolden = flag.Bool("update", false, "rewrite host/testdata/metrics.golden from the scrape")
+var updateGolden = flag.Bool("update", false, "rewrite e2e/testdata/metrics.golden from the scrape")
 
 // TestMetricSurfaceIsGolden scrapes the aggregated endpoint through a real
 // host and compares every tasks_worker, aggregator and host series name and type
@@ -43,7 +43,7 @@ func TestMetricSurfaceIsGolden(t *testing.T) {
 	}
 	want, err := os.ReadFile(golden)
 	if err != nil {
-		t.Fatalf("read %s (create it with go test ./host -run TestMetricSurfaceIsGolden -update): %v", golden, err)
+		t.Fatalf("read %s (create it with go test ./e2e -run TestMetricSurfaceIsGolden -update): %v", golden, err)
 	}
 	wantSet := map[string]bool{}
 	for _, l := range strings.Split(strings.TrimSpace(string(want)), "\n") {

@@ -1,4 +1,4 @@
-package host_test
+package e2e
 
 // Process-level tests of orphan recovery (spec 000) and of the beat's
 // leadership: real host and tasks_worker processes on a real PostgreSQL

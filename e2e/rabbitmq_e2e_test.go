@@ -1,4 +1,4 @@
-package host_test
+package e2e
 
 // Process-level tests of the rabbitmq broker: real host and tasks_worker
 // processes sharing one RabbitMQ (a fresh name prefix per test) and one

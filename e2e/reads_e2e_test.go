@@ -1,4 +1,4 @@
-package host_test
+package e2e
 
 import (
 	"encoding/json"

@@ -1,13 +1,12 @@
-package host_test
+package e2e
 
-// End-to-end tests: they build the real host and plugin binaries, run the
-// host as a process on a free loopback port, and kill plugins with real
-// signals.
+// TestMain builds the binaries once for the package. The helpers the tests
+// share are here (a host run as a process on a config, its plugins'
+// states, the checks of its scrape), with the tests of the host as a whole.
 
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -45,25 +44,13 @@ func TestMain(m *testing.M) {
 	binDir = dir
 	pluginsDir = filepath.Join(dir, "plugins")
 	code := 1
-	if fuzzWorker() {
-		// A worker of `go test -fuzz` runs the fuzz target alone, which
-		// needs no binaries; building them in each worker would take the
-		// fuzzing time.
-		code = m.Run()
-	} else if err := buildBinaries(); err != nil {
+	if err := buildBinaries(); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)
 	} else {
 		code = m.Run()
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// fuzzWorker says whether this process is a worker of `go test -fuzz`.
-func fuzzWorker() bool {
-	flag.Parse()
-	f := flag.Lookup("test.fuzzworker")
-	return f != nil && f.Value.String() == "true"
 }
 
 func goBuild(out, pkg string) error {
@@ -174,16 +161,8 @@ func startHost(t testing.TB, config string) *hostProc {
 // stopping a stopped host does nothing.
 func (p *hostProc) stop() { hostproc.Terminate(p.cmd, p.exited, syscall.SIGTERM, 30*time.Second) }
 
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting until %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+// waitFor polls cond until it holds, failing the test after timeout.
+var waitFor = testhost.WaitFor
 
 type pluginStatus struct {
 	Name         string   `json:"name"`

@@ -1,4 +1,4 @@
-package host_test
+package e2e
 
 // Tasks of provider plugins on their stream of attempts, through the real
 // host: limits that hold while a task ignores its timeout, a provider

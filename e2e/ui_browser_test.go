@@ -1,4 +1,4 @@
-package host_test
+package e2e
 
 // The tasks UI in a real browser: headless Chromium, driven with chromedp,
 // against a real host running the real tasks_worker binary.
