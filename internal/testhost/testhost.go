@@ -40,8 +40,13 @@ func (b *SyncBuffer) String() string {
 	return b.buf.String()
 }
 
-// WaitFor calls cond every 50 ms until it returns true, and fails the test
-// (t.Fatalf, naming what) when it has not after timeout.
+// waitPoll is how often WaitFor calls its condition: often enough that a
+// wait ends soon after the condition holds, seldom enough that polling
+// the host does not load it.
+const waitPoll = 50 * time.Millisecond
+
+// WaitFor calls cond every waitPoll until it returns true, and fails the
+// test (t.Fatalf, naming what) when it has not after timeout.
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -49,7 +54,7 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting until %s", timeout, what)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(waitPoll)
 	}
 }
 
