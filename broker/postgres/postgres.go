@@ -47,6 +47,10 @@
 //     transaction; AcquireLock holds what holds the message (its claim row,
 //     or its own row) FOR SHARE while it inserts, so a lock can never
 //     outlive its claim.
+//   - Statements run on generic plans made from the planner's statistics,
+//     so the broker keeps those of tw_messages current when autovacuum
+//     does not: it analyzes the table when they are missing or stale
+//     (analyze.go).
 //   - The broker implements broker.OrphanReclaimer for the reaper, and
 //     broker.Leaser (tw_leases) for the beat's leader election; a fenced
 //     reclaim pass locks the lease row, so no takeover commits under it.
@@ -143,9 +147,10 @@ type Broker struct {
 	maxPayload int
 	log        hclog.Logger
 
-	ins      *Inserter  // the insert statements (enqueue.go)
-	listen   *listener  // LISTEN for submits and cancels, started by the first Subscribe or CancelNotices (listen.go)
-	announce *announcer // NOTIFY after submits (announce.go)
+	ins      *Inserter    // the insert statements (enqueue.go)
+	listen   *listener    // LISTEN for submits and cancels, started by the first Subscribe or CancelNotices (listen.go)
+	announce *announcer   // NOTIFY after submits (announce.go)
+	stats    *statsKeeper // ANALYZE when the statistics are stale (analyze.go)
 	pool     *pool
 	closed   atomic.Bool
 	rr       atomic.Uint64 // rotates the topic Claim serves first
@@ -211,6 +216,7 @@ func New(ctx context.Context, opts Options) (*Broker, error) {
 		b.pool.close()
 		return nil, err
 	}
+	b.stats = newStatsKeeper(b)
 	return b, nil
 }
 
@@ -227,6 +233,7 @@ func (b *Broker) Close() error {
 		return nil
 	}
 	b.announce.close()
+	b.stats.close()
 	b.listen.close()
 	b.pool.close()
 	return nil

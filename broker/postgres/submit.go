@@ -38,6 +38,7 @@ func (b *Broker) Submit(ctx context.Context, req broker.SubmitRequest) (int64, e
 		return 0, outcomeOf(err)
 	}
 	b.announce.add([]broker.SubmitRequest{req})
+	b.stats.wrote(1)
 	return id, nil
 }
 
@@ -92,6 +93,7 @@ func (b *Broker) SubmitBatch(ctx context.Context, reqs []broker.SubmitRequest) (
 	}
 	if s := stored(reqs, out); len(s) > 0 {
 		b.announce.add(s)
+		b.stats.wrote(len(s))
 	}
 	return out, nil
 }
