@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
-	"github.com/taskhost/taskhost/scheduler"
+	"github.com/taskhost/taskhost/scheduler/timing"
 	"github.com/taskhost/taskhost/worker"
 )
 
@@ -66,7 +66,7 @@ func (s *Service) ScheduleWaiting(sc broker.Schedule) *Waiting {
 		return nil
 	}
 	w := &Waiting{Why: why}
-	if next, ok := scheduler.NextRun(sc); ok && !next.After(time.Now()) {
+	if next, ok := timing.NextRun(sc); ok && !next.After(time.Now()) {
 		w.Since = &next
 	}
 	return w
