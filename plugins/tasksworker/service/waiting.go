@@ -22,7 +22,6 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/scheduler/timing"
-	"github.com/taskhost/taskhost/worker"
 )
 
 // Waiting says that an enabled schedule waits for a live worker that runs
@@ -161,7 +160,7 @@ func (s *Service) placePending(ctx context.Context, task, topic string, pending 
 // lookupSoon looks task up; when it is not registered and task providers
 // are pending, it asks them first (which may register it) and returns
 // them.
-func (s *Service) lookupSoon(ctx context.Context, task string) (worker.Task, bool, []string) {
+func (s *Service) lookupSoon(ctx context.Context, task string) (TaskInfo, bool, []string) {
 	if t, ok := s.reg.Lookup(task); ok || s.pending == nil {
 		return t, ok, nil
 	}

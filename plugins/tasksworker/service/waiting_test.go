@@ -12,7 +12,7 @@ import (
 
 func registerTask(t *testing.T, s *Service, name, topic string) {
 	t.Helper()
-	if err := s.reg.Register(worker.Task{Name: name, Topic: topic,
+	if err := s.reg.(registry).Register(worker.Task{Name: name, Topic: topic,
 		Handler: func(_ context.Context, tc *worker.TaskContext) (any, error) { return tc.Payload, nil }}); err != nil {
 		t.Fatal(err)
 	}
