@@ -1,6 +1,9 @@
 package broker
 
 import (
+	"errors"
+	"fmt"
+	"regexp"
 	"strings"
 	"time"
 	"unicode"
@@ -14,6 +17,29 @@ func CheckDelay(d time.Duration) error {
 	}
 	if d > MaxDelay {
 		return Invalid("delay is %s, the limit is %s (%s)", d, MaxDelay, maxDelayText)
+	}
+	return nil
+}
+
+// DefaultTopic is the topic of a task that names none.
+const DefaultTopic = "default"
+
+// taskNamePattern keeps task names printable and URL-safe.
+var taskNamePattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$`)
+
+// CheckTaskName says why no task can ever be registered under name (nil
+// when one can): the rules package worker's registry applies to a name,
+// here so that what submits and schedules tasks checks them without
+// linking a worker. A message is stored under any name within MaxTaskLen
+// (ValidateSubmit).
+func CheckTaskName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("the task name is empty")
+	case len(name) > MaxTaskLen:
+		return fmt.Errorf("the task name is %d bytes long, the limit is %d", len(name), MaxTaskLen)
+	case !taskNamePattern.MatchString(name):
+		return errors.New("a task name may hold only letters, digits and _ . : / - (and not start with a punctuation mark)")
 	}
 	return nil
 }

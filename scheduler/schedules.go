@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/scheduler/timing"
 )
 
 // TaskLookup tells the ticker whether a worker runs task, on topic when
@@ -111,31 +112,6 @@ var defaultGap = gapFor(time.Second)
 // beat running, for passes started every tick.
 func gapFor(tick time.Duration) time.Duration { return 2*tick + 5*time.Second }
 
-// NextRun is when the beat fires s next: its expected next run once it has
-// fired, else its first slot (its first cron time after it was stored, or
-// at once for an interval). false for a timing that does not parse.
-func NextRun(s broker.Schedule) (time.Time, bool) {
-	tm, err := ParseTiming(s.IntervalSeconds, s.Cron)
-	if err != nil {
-		return time.Time{}, false
-	}
-	return slotOf(s, tm), true
-}
-
-// slotOf returns the schedule's due slot: the stored next run, or for a
-// schedule that never fired, a slot derived from its stored update time,
-// so that every leader computes the same slot.
-func slotOf(s broker.Schedule, tm Timing) time.Time {
-	if s.ExpectedNextRun != nil {
-		return s.ExpectedNextRun.UTC()
-	}
-	base := s.UpdatedAt.UTC().Truncate(time.Second)
-	if tm.cron != nil {
-		return tm.Next(base.Add(-time.Second))
-	}
-	return base
-}
-
 // Tick runs one pass: it fires every due, enabled schedule once. It
 // returns ErrNotLeader when the lease moved on.
 func (t *Ticker) Tick(ctx context.Context, fence broker.Fence) error {
@@ -204,12 +180,12 @@ const fireChunk = 100
 // fired is deferred to its first slot) or its timing is invalid. It
 // returns only the errors that end the pass.
 func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule, at time.Time) (broker.FireRequest, bool, error) {
-	tm, err := ParseTiming(s.IntervalSeconds, s.Cron)
+	tm, err := timing.Parse(s.IntervalSeconds, s.Cron)
 	if err != nil {
 		t.add("invalid", s.Name, "", 0, err)
 		return broker.FireRequest{}, false, nil
 	}
-	slot := slotOf(s, tm)
+	slot := timing.DueSlot(s, tm)
 	if slot.After(at) {
 		// A cron schedule that never fired: the store's index holds a
 		// lower bound of its first slot; move it to the slot.
@@ -229,7 +205,7 @@ func (t *Ticker) plan(ctx context.Context, fence broker.Fence, s broker.Schedule
 		t.add("waiting", s.Name, "task "+s.Task, 0, nil)
 		return broker.FireRequest{}, false, nil
 	}
-	latest, missed := tm.latestDue(slot, at)
+	latest, missed := tm.LatestDue(slot, at)
 	next := tm.Next(latest)
 	req := broker.FireRequest{Name: s.Name, Slot: latest, Next: next, Fence: &fence}
 	// Slots that came due while this run of passes went on, after the
@@ -463,13 +439,13 @@ func (c *HealthCollector) Collect(ch chan<- prometheus.Metric) {
 		if !s.Enabled {
 			continue
 		}
-		tm, err := ParseTiming(s.IntervalSeconds, s.Cron)
+		tm, err := timing.Parse(s.IntervalSeconds, s.Cron)
 		if err != nil {
 			continue
 		}
 		if c.Waiting != nil && c.Waiting(s) {
 			waiting++
-		} else if slot := slotOf(s, tm); !slot.IsZero() {
+		} else if slot := timing.DueSlot(s, tm); !slot.IsZero() {
 			overdue = max(overdue, at.Sub(slot).Seconds())
 		}
 		if s.LastSuccess == nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/broker/memory"
+	"github.com/taskhost/taskhost/scheduler/timing"
 )
 
 // clockTicker returns a ticker over b, on a clock the test sets, that
@@ -119,7 +120,7 @@ func TestCronFirstSlotIsDeferred(t *testing.T) {
 	if due, _ := b.DueSchedules(ctx, broker.DueFilter{At: *clock}); len(due) != 0 {
 		t.Fatalf("due after the pass: %d, want none until its first slot", len(due))
 	}
-	first, _ := NextRun(s)
+	first, _ := timing.NextRun(s)
 	got, _ := b.GetSchedule(ctx, "yearly")
 	if got.NextFireAt == nil || !got.NextFireAt.Equal(first) || store.submitted["yearly"] != 0 {
 		t.Fatalf("next fire %v, want %s; submitted %d", got.NextFireAt, first, store.submitted["yearly"])

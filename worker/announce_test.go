@@ -44,23 +44,23 @@ func TestAnnouncementsWakeTheDispatcher(t *testing.T) {
 	startPool(t, ab, reg, Options{ClaimIdleInterval: time.Hour, ClaimIdleFallback: time.Hour})
 	ctx := context.Background()
 
-	id, err := ab.Submit(ctx, broker.SubmitRequest{Topic: DefaultTopic, Task: "x", Payload: json.RawMessage(`{}`)})
+	id, err := ab.Submit(ctx, broker.SubmitRequest{Topic: broker.DefaultTopic, Task: "x", Payload: json.RawMessage(`{}`)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ab.sub.c <- broker.Notice{Topic: "some other topic"}
-	ab.sub.c <- broker.Notice{Topic: DefaultTopic}
+	ab.sub.c <- broker.Notice{Topic: broker.DefaultTopic}
 	waitState(t, ab, id, broker.StateDone)
 
 	// Delayed messages: the pool claims each when it is due.
 	var ids []int64
 	for _, d := range []time.Duration{300 * time.Millisecond, 100 * time.Millisecond} {
-		id, err := ab.Submit(ctx, broker.SubmitRequest{Topic: DefaultTopic, Task: "x", Payload: json.RawMessage(`{}`), Delay: d})
+		id, err := ab.Submit(ctx, broker.SubmitRequest{Topic: broker.DefaultTopic, Task: "x", Payload: json.RawMessage(`{}`), Delay: d})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, id)
-		ab.sub.c <- broker.Notice{Topic: DefaultTopic, Delay: d}
+		ab.sub.c <- broker.Notice{Topic: broker.DefaultTopic, Delay: d}
 	}
 	for _, id := range ids {
 		waitState(t, ab, id, broker.StateDone)
@@ -114,7 +114,7 @@ func TestAnnouncementDuringAClaimIsNotLost(t *testing.T) {
 		t.Fatal("the pool did not claim")
 	}
 	id := submit(t, hb, "x", `{}`)
-	hb.sub.c <- broker.Notice{Topic: DefaultTopic}
+	hb.sub.c <- broker.Notice{Topic: broker.DefaultTopic}
 	// Only the dispatcher reads the notices: once the channel is empty,
 	// it has read them while its claim was out.
 	hb.sub.c <- broker.Notice{Topic: "some other topic"}

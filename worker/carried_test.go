@@ -147,7 +147,7 @@ func TestOutcomesSayWhichMessagesAreKeyed(t *testing.T) {
 	reg := NewRegistry()
 	reg.MustRegister(Task{Name: "ok", Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
 	startPool(t, b, reg, Options{})
-	keyed, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: DefaultTopic, Task: "ok", UniqueKey: "one"})
+	keyed, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: broker.DefaultTopic, Task: "ok", UniqueKey: "one"})
 	if err != nil {
 		t.Fatal(err)
 	}

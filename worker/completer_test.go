@@ -18,7 +18,7 @@ func TestCompleterWritesEverythingAndStopsTwice(t *testing.T) {
 	ctx := context.Background()
 	b := memory.New()
 	ackID, nackID := submit(t, b, "x", `{}`), submit(t, b, "x", `{}`)
-	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{DefaultTopic}, Max: 2})
+	msgs, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "w", Topics: []string{broker.DefaultTopic}, Max: 2})
 	if err != nil || len(msgs) != 2 {
 		t.Fatalf("claim: %d messages, %v", len(msgs), err)
 	}

@@ -183,7 +183,7 @@ func TestTheWaitForAWorkerOutlivesTheProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := submit(t, b, "gone", `{}`)
-	ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "before", Topics: []string{DefaultTopic}, Max: 1})
+	ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "before", Topics: []string{broker.DefaultTopic}, Max: 1})
 	if err != nil || len(ms) != 1 {
 		t.Fatalf("claim: %v, %v", ms, err)
 	}

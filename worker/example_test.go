@@ -44,7 +44,7 @@ func ExampleRegistry_Register() {
 	}
 	defer pool.Stop(ctx)
 
-	id, _ := b.Submit(ctx, broker.SubmitRequest{Topic: worker.DefaultTopic, Task: "greet", Payload: json.RawMessage(`{"name": "Ada"}`)})
+	id, _ := b.Submit(ctx, broker.SubmitRequest{Topic: broker.DefaultTopic, Task: "greet", Payload: json.RawMessage(`{"name": "Ada"}`)})
 	pool.Wake()
 	var m broker.Message
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {

@@ -26,8 +26,8 @@ func TestFleetSeesTheOtherWorkersAlone(t *testing.T) {
 		want        bool
 	}{
 		{"their.task", "theirs", true},
-		{"their.task", DefaultTopic, false},
-		{"mine", DefaultTopic, false},
+		{"their.task", broker.DefaultTopic, false},
+		{"mine", broker.DefaultTopic, false},
 	} {
 		got, err := p.Fleet().RunsElsewhere(c.task, c.topic)
 		if err != nil || got != c.want {

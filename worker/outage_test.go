@@ -42,7 +42,7 @@ func TestDatabaseConnectionsKilled(t *testing.T) {
 	}})
 	reqs := make([]broker.SubmitRequest, n)
 	for i := range reqs {
-		reqs[i] = broker.SubmitRequest{Topic: DefaultTopic, Task: "x", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
+		reqs[i] = broker.SubmitRequest{Topic: broker.DefaultTopic, Task: "x", Payload: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i))}
 	}
 	if _, err := b.SubmitMany(ctx, reqs); err != nil {
 		t.Fatal(err)
@@ -103,7 +103,7 @@ func TestDatabaseConnectionsKilled(t *testing.T) {
 	}
 	t.Logf("%d connections killed; %d handler runs beyond one per message; %d strays requeued", killed, again, strays.Load())
 
-	id, err := b.Submit(ctx, broker.SubmitRequest{Topic: DefaultTopic, Task: "x", Payload: json.RawMessage(`{"n":0}`)})
+	id, err := b.Submit(ctx, broker.SubmitRequest{Topic: broker.DefaultTopic, Task: "x", Payload: json.RawMessage(`{"n":0}`)})
 	if err != nil {
 		t.Fatalf("submit after the kills: %v", err)
 	}

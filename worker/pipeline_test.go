@@ -234,7 +234,7 @@ func TestLimitHoldsWithTwoExchangesInFlight(t *testing.T) {
 			inner := newBroker(t)
 			const limit = 3
 			l := limit
-			if _, err := inner.SetTopic(context.Background(), DefaultTopic, broker.TopicPatch{ConcurrencyLimit: &l}); err != nil {
+			if _, err := inner.SetTopic(context.Background(), broker.DefaultTopic, broker.TopicPatch{ConcurrencyLimit: &l}); err != nil {
 				t.Fatal(err)
 			}
 			w := newOverlapWatch(inner, false, 2*time.Millisecond)

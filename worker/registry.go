@@ -5,16 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
 )
-
-// DefaultTopic is the topic of a task that names none.
-const DefaultTopic = "default"
 
 // What a task does when its lock is held by another message.
 const (
@@ -42,7 +38,7 @@ type Task struct {
 	// Description is for people.
 	Description string
 	// Topic is where messages of this task go when the submitter names
-	// none; "" means DefaultTopic.
+	// none; "" means broker.DefaultTopic.
 	Topic string
 	// MaxAttempts bounds error retries: 1 (the default) means no retry.
 	// A message submitted with its own max_attempts overrides it.
@@ -146,23 +142,6 @@ func (t Task) lockName(payload json.RawMessage) string {
 	return ""
 }
 
-// taskNamePattern keeps task names printable and URL-safe.
-var taskNamePattern = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$`)
-
-// CheckTaskName says why no task can ever be registered under name (nil
-// when one can): the rules Register applies to a name.
-func CheckTaskName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("the task name is empty")
-	case len(name) > broker.MaxTaskLen:
-		return fmt.Errorf("the task name is %d bytes long, the limit is %d", len(name), broker.MaxTaskLen)
-	case !taskNamePattern.MatchString(name):
-		return errors.New("a task name may hold only letters, digits and _ . : / - (and not start with a punctuation mark)")
-	}
-	return nil
-}
-
 // ErrDuplicateTask is returned by Register for a name already taken.
 var ErrDuplicateTask = errors.New("task already registered")
 
@@ -184,7 +163,7 @@ func (r *Registry) Register(t Task) error {
 		return errors.New("register task: the name is empty")
 	case len(t.Name) > broker.MaxTaskLen:
 		return fmt.Errorf("register task %.40q...: the name is %d bytes long, the limit is %d", t.Name, len(t.Name), broker.MaxTaskLen)
-	case !taskNamePattern.MatchString(t.Name):
+	case broker.CheckTaskName(t.Name) != nil: // its characters: the cases above check the rest
 		return fmt.Errorf("register task %q: a name may hold only letters, digits and _ . : / - (and not start with a punctuation mark)", t.Name)
 	case t.Handler == nil:
 		return fmt.Errorf("register task %q: no handler", t.Name)
@@ -196,7 +175,7 @@ func (r *Registry) Register(t Task) error {
 		return fmt.Errorf("register task %q: lock retry delay is negative", t.Name)
 	}
 	if t.Topic == "" {
-		t.Topic = DefaultTopic
+		t.Topic = broker.DefaultTopic
 	}
 	if err := broker.ValidateTopicName(t.Topic); err != nil {
 		return fmt.Errorf("register task %q: %w", t.Name, err)

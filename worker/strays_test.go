@@ -99,7 +99,7 @@ func wedgeSetup(t *testing.T, inner broker.Broker) (broker.Broker, *atomic.Int32
 	t.Helper()
 	ctx := context.Background()
 	limit := 2
-	if _, err := inner.SetTopic(ctx, DefaultTopic, broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
+	if _, err := inner.SetTopic(ctx, broker.DefaultTopic, broker.TopicPatch{ConcurrencyLimit: &limit}); err != nil {
 		t.Fatal(err)
 	}
 	la := &lostAnswers{Broker: inner}

@@ -198,7 +198,7 @@ func orphans(t *testing.T, n int) (*local.Broker, []int64) {
 	for range n {
 		ids = append(ids, submit(t, b, "s", `{}`))
 	}
-	if ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "dead", Topics: []string{DefaultTopic}, Max: n}); err != nil || len(ms) != n {
+	if ms, err := b.Claim(ctx, broker.ClaimRequest{WorkerID: "dead", Topics: []string{broker.DefaultTopic}, Max: n}); err != nil || len(ms) != n {
 		t.Fatalf("claim for the worker that dies: %v, %v", ms, err)
 	}
 	if err := b.ExpireWorker(ctx, "dead"); err != nil {

@@ -79,7 +79,7 @@ func startPool(t *testing.T, b broker.Broker, reg *Registry, opts Options) *Pool
 
 func submit(t *testing.T, b broker.Broker, task, payload string) int64 {
 	t.Helper()
-	id, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: DefaultTopic, Task: task, Payload: json.RawMessage(payload)})
+	id, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: broker.DefaultTopic, Task: task, Payload: json.RawMessage(payload)})
 	if err != nil {
 		t.Fatalf("submit %s: %v", task, err)
 	}
@@ -172,7 +172,7 @@ func TestMessageMaxAttemptsOverridesTheTasks(t *testing.T) {
 		return nil, errors.New("no")
 	}})
 	startPool(t, b, reg, Options{})
-	id, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: DefaultTopic, Task: "fail", MaxAttempts: 2})
+	id, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: broker.DefaultTopic, Task: "fail", MaxAttempts: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -641,7 +641,7 @@ func TestRegistry(t *testing.T) {
 		}
 	}
 	got, found := reg.Lookup("a.b")
-	if !found || got.Topic != DefaultTopic || got.MaxAttempts != 1 || got.OnLockConflict != LockSkip || got.LockRetryDelay != DefaultLockRetryDelay {
+	if !found || got.Topic != broker.DefaultTopic || got.MaxAttempts != 1 || got.OnLockConflict != LockSkip || got.LockRetryDelay != DefaultLockRetryDelay {
 		t.Errorf("defaults not filled in: %+v", got)
 	}
 	if names := reg.Names(); len(names) != 1 || names[0] != "a.b" {

@@ -15,14 +15,14 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/plugins/tasksworker/service"
-	"github.com/taskhost/taskhost/scheduler"
+	"github.com/taskhost/taskhost/scheduler/timing"
 )
 
 // scheduleView adds what a person wants to see next to the stored row,
 // which carries its waiting status (service.ScheduleStatus).
 func scheduleView(svc *service.Service, s broker.Schedule) map[string]any {
 	v := map[string]any{"schedule": svc.StatusOf(s)}
-	if tm, err := scheduler.ParseTiming(s.IntervalSeconds, s.Cron); err == nil {
+	if tm, err := timing.Parse(s.IntervalSeconds, s.Cron); err == nil {
 		v["timing"] = tm.String()
 		v["period_seconds"] = tm.Period(time.Now()).Seconds()
 	}
@@ -35,7 +35,7 @@ func scheduleView(svc *service.Service, s broker.Schedule) map[string]any {
 // nextRun is the next slot the beat fires s, also before its first; nil
 // when it is disabled (or its timing does not parse).
 func nextRun(s broker.Schedule) *time.Time {
-	if next, ok := scheduler.NextRun(s); ok && s.Enabled {
+	if next, ok := timing.NextRun(s); ok && s.Enabled {
 		return &next
 	}
 	return nil

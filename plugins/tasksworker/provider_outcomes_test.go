@@ -78,7 +78,7 @@ func TestProvidedTaskOutcomes(t *testing.T) {
 	t.Cleanup(func() { _ = pool.Stop(context.Background()) })
 
 	submit := func(task, payload string, maxAttempts int) int64 {
-		id, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: worker.DefaultTopic, Task: task,
+		id, err := b.Submit(context.Background(), broker.SubmitRequest{Topic: broker.DefaultTopic, Task: task,
 			Payload: json.RawMessage(payload), MaxAttempts: maxAttempts})
 		if err != nil {
 			t.Fatal(err)

@@ -180,7 +180,7 @@ func (p *Plugin) start(ctx context.Context, cfg Config, b leasingBroker, host ca
 // newService is the task system's operations over one runtime's parts.
 func (p *Plugin) newService(cfg Config, b broker.Broker, reg *worker.Registry, pool *worker.Pool, rp *reaper.Reaper) *service.Service {
 	deps := service.Deps{
-		Broker: b, Tasks: reg, Pool: pool, Fleet: pool.Fleet(), Reaper: rp, Submitted: p.metrics.Submitted, Cancelled: p.metrics.Cancelled,
+		Broker: b, Tasks: serviceTasks{reg}, Pool: pool, Fleet: pool.Fleet(), Reaper: rp, Submitted: p.metrics.Submitted, Cancelled: p.metrics.Cancelled,
 		Settings: service.Settings{
 			MaxPayloadBytes: cfg.MaxPayloadBytes, Beat: cfg.Beat, HeartbeatInterval: cfg.HeartbeatInterval, Reaper: cfg.Reaper,
 		},
@@ -189,6 +189,17 @@ func (p *Plugin) newService(cfg Config, b broker.Broker, reg *worker.Registry, p
 		OnCancelRequested: func(id int64) { pool.CancelRunning(id) },
 	}
 	return service.New(deps)
+}
+
+// serviceTasks is the registry as the service reads it (service.Tasks):
+// each task as the service's TaskInfo, which holds what the service and
+// the UI show of a task, so that neither links package worker.
+type serviceTasks struct{ *worker.Registry }
+
+// Lookup is the task registered under name.
+func (r serviceTasks) Lookup(name string) (service.TaskInfo, bool) {
+	t, ok := r.Registry.Lookup(name)
+	return service.TaskInfo{Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: t.MaxAttempts}, ok
 }
 
 // applyConfigSchedules upserts the schedules the config declares.

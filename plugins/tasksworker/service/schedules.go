@@ -12,7 +12,7 @@ import (
 	"strings"
 
 	"github.com/taskhost/taskhost/broker"
-	"github.com/taskhost/taskhost/scheduler"
+	"github.com/taskhost/taskhost/scheduler/timing"
 )
 
 // ScheduleSpec is a schedule as the API and the config declare it.
@@ -57,7 +57,7 @@ func (b ScheduleSpec) Check(maxPayload int) (json.RawMessage, error) {
 	if err := checkTaskName(b.Task); err != nil {
 		return nil, err
 	}
-	if _, err := scheduler.ParseTiming(b.IntervalSeconds, b.Cron); err != nil {
+	if _, err := timing.Parse(b.IntervalSeconds, b.Cron); err != nil {
 		return nil, invalid("%v", err)
 	}
 	switch b.MissedPolicy {
@@ -79,7 +79,7 @@ func (b ScheduleSpec) Check(maxPayload int) (json.RawMessage, error) {
 // ("every 1m0s", "cron 0 3 * * *"); the error says why the two make no
 // timing, as Check refuses them.
 func Timing(intervalSeconds int, cron string) (string, error) {
-	tm, err := scheduler.ParseTiming(intervalSeconds, cron)
+	tm, err := timing.Parse(intervalSeconds, cron)
 	if err != nil {
 		return "", err
 	}

@@ -11,6 +11,11 @@
 // broker gave it (errors.Is it against broker.ErrInvalid, ErrNotFound,
 // ErrClosed). The API maps them to HTTP statuses, the UI to messages.
 //
+// The service reads the running worker through small interfaces (Tasks,
+// Pool, Fleet, Leader) that the plugin fills with package worker's and
+// package scheduler's types, so that neither the service nor the UI over
+// it links the worker or the beat.
+//
 // This file holds the Service type and its read-only views of the
 // running worker.
 package service
@@ -22,8 +27,6 @@ import (
 
 	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/reaper"
-	"github.com/taskhost/taskhost/scheduler"
-	"github.com/taskhost/taskhost/worker"
 )
 
 // BodySlack is what a request body (a JSON body or a form) may hold
@@ -48,12 +51,55 @@ type Settings struct {
 	Reaper reaper.Settings
 }
 
-// Deps is what one running tasks_worker is made of.
+// Tasks are the tasks registered in this process (package worker's
+// Registry).
+type Tasks interface {
+	// Lookup is the task registered under name.
+	Lookup(name string) (TaskInfo, bool)
+	// Names are the names of the registered tasks, sorted.
+	Names() []string
+}
+
+// Pool is this process's worker pool (package worker's Pool).
+type Pool interface {
+	// WorkerID is the id the pool registers under.
+	WorkerID() string
+	// Topics are the topics it claims from.
+	Topics() []string
+	// Running is how many tasks it runs now.
+	Running() int
+	// Concurrency is how many tasks it may run at once.
+	Concurrency() int
+	// LastHeartbeat is when its worker last stamped its heartbeat, and
+	// the error of the last stamp, if it failed.
+	LastHeartbeat() (time.Time, error)
+	// Wake makes it claim at once: a topic may have work.
+	Wake()
+}
+
+// Fleet is this worker's view of the other live workers that share its
+// broker (package worker's Fleet, the pool's).
+type Fleet interface {
+	// RunsElsewhere says whether a live worker other than this one runs
+	// task and claims from topic, or the error reading the broker's
+	// worker list.
+	RunsElsewhere(task, topic string) (bool, error)
+}
+
+// Leader is the beat's leader election of this process (package
+// scheduler's Leader).
+type Leader interface {
+	// Fence is the fence of the current term while this process leads.
+	Fence() (broker.Fence, bool)
+}
+
+// Deps is what one running tasks_worker is made of. Each is required,
+// but for the hooks that say they may be nil.
 type Deps struct {
 	Broker   broker.Broker
-	Tasks    *worker.Registry
-	Pool     *worker.Pool
-	Fleet    *worker.Fleet // which tasks other live workers run; nil: the pool's
+	Tasks    Tasks
+	Pool     Pool
+	Fleet    Fleet // which tasks other live workers run: the pool's
 	Reaper   *reaper.Reaper
 	Settings Settings
 	// Submitted counts a message submitted to topic; may be nil.
@@ -72,11 +118,11 @@ type Deps struct {
 // a new configuration makes a new Service.
 type Service struct {
 	b         broker.Broker
-	reg       *worker.Registry
-	pool      *worker.Pool
-	fleet     *worker.Fleet // who else runs a task
+	reg       Tasks
+	pool      Pool
+	fleet     Fleet // who else runs a task
 	reaper    *reaper.Reaper
-	leader    *scheduler.Leader
+	leader    Leader           // nil: none (SetLeader)
 	pending   PendingProviders // nil: none (SetPendingProviders)
 	settings  Settings
 	submitted func(topic string)
@@ -89,9 +135,6 @@ type Service struct {
 func New(d Deps) *Service {
 	s := &Service{b: d.Broker, reg: d.Tasks, pool: d.Pool, fleet: d.Fleet, reaper: d.Reaper, settings: d.Settings, submitted: d.Submitted,
 		cancelledHook: d.Cancelled, onCancelRequested: d.OnCancelRequested}
-	if s.fleet == nil && d.Pool != nil {
-		s.fleet = d.Pool.Fleet()
-	}
 	if s.submitted == nil {
 		s.submitted = func(string) {}
 	}
@@ -100,7 +143,7 @@ func New(d Deps) *Service {
 
 // SetLeader names the beat's leader election of this process (none by
 // default). Call it before the service is used.
-func (s *Service) SetLeader(l *scheduler.Leader) { s.leader = l }
+func (s *Service) SetLeader(l Leader) { s.leader = l }
 
 // Settings are the config's settings the service runs with.
 func (s *Service) Settings() Settings { return s.settings }
@@ -135,16 +178,14 @@ type TaskInfo struct {
 	MaxAttempts int    // the attempt limit of its messages that name none
 }
 
-func taskInfoOf(t worker.Task) TaskInfo {
-	return TaskInfo{Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: t.MaxAttempts}
-}
-
 // Tasks are the tasks registered here, sorted by name.
 func (s *Service) Tasks() []TaskInfo {
-	tasks := s.reg.Tasks()
-	out := make([]TaskInfo, len(tasks))
-	for i, t := range tasks {
-		out[i] = taskInfoOf(t)
+	names := s.reg.Names()
+	out := make([]TaskInfo, 0, len(names))
+	for _, name := range names {
+		if t, ok := s.reg.Lookup(name); ok {
+			out = append(out, t)
+		}
 	}
 	return out
 }
@@ -155,7 +196,7 @@ func (s *Service) Task(name string) (TaskInfo, bool) {
 	if !ok {
 		return TaskInfo{}, false
 	}
-	return taskInfoOf(t), true
+	return t, true
 }
 
 // MaxAttempts is m's attempt limit: its own, or its task's default when

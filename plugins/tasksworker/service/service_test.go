@@ -30,7 +30,16 @@ func newTestService(t *testing.T, b broker.Broker) *Service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pool.Stop(context.Background()) })
-	return New(Deps{Broker: b, Tasks: reg, Pool: pool, Settings: Settings{MaxPayloadBytes: 100}})
+	return New(Deps{Broker: b, Tasks: registry{reg}, Pool: pool, Fleet: pool.Fleet(), Settings: Settings{MaxPayloadBytes: 100}})
+}
+
+// registry is a worker registry as the service reads it (Tasks), as the
+// plugin hands it over.
+type registry struct{ *worker.Registry }
+
+func (r registry) Lookup(name string) (TaskInfo, bool) {
+	t, ok := r.Registry.Lookup(name)
+	return TaskInfo{Name: t.Name, Description: t.Description, Topic: t.Topic, MaxAttempts: t.MaxAttempts}, ok
 }
 
 func TestSubmitChecksAndStores(t *testing.T) {

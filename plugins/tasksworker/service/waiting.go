@@ -21,8 +21,7 @@ import (
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
-	"github.com/taskhost/taskhost/scheduler"
-	"github.com/taskhost/taskhost/worker"
+	"github.com/taskhost/taskhost/scheduler/timing"
 )
 
 // Waiting says that an enabled schedule waits for a live worker that runs
@@ -66,7 +65,7 @@ func (s *Service) ScheduleWaiting(sc broker.Schedule) *Waiting {
 		return nil
 	}
 	w := &Waiting{Why: why}
-	if next, ok := scheduler.NextRun(sc); ok && !next.After(time.Now()) {
+	if next, ok := timing.NextRun(sc); ok && !next.After(time.Now()) {
 		w.Since = &next
 	}
 	return w
@@ -105,7 +104,7 @@ func (s *Service) waitingFor(task, topic string) (string, bool) {
 // scheduleTopic is the topic a schedule of b goes to: the one it names;
 // else the task's own when it is registered here; else the topic a
 // stored schedule of the same name and task has (placed when its task was
-// known); else worker.DefaultTopic, the topic of every task that names
+// known); else broker.DefaultTopic, the topic of every task that names
 // none. A topic a client names is checked as CheckTopic does.
 func (s *Service) scheduleTopic(ctx context.Context, b ScheduleSpec, client bool) (string, error) {
 	topic := b.Topic
@@ -116,7 +115,7 @@ func (s *Service) scheduleTopic(ctx context.Context, b ScheduleSpec, client bool
 		if stored, err := s.b.GetSchedule(ctx, b.Name); err == nil && stored.Task == b.Task && stored.Topic != "" {
 			return stored.Topic, nil
 		}
-		return worker.DefaultTopic, nil
+		return broker.DefaultTopic, nil
 	}
 	check := broker.ValidateTopicName
 	if client {
@@ -130,7 +129,7 @@ func (s *Service) scheduleTopic(ctx context.Context, b ScheduleSpec, client bool
 
 // checkTaskName refuses a task name no task can ever have.
 func checkTaskName(task string) error {
-	if err := worker.CheckTaskName(task); err != nil {
+	if err := broker.CheckTaskName(task); err != nil {
 		return invalid("task %.200q can never run: %v", task, err)
 	}
 	return nil
@@ -138,7 +137,7 @@ func checkTaskName(task string) error {
 
 // placePending places a submit of task, which no live worker runs, while
 // task providers may still register it (PendingProviders): on topic, or
-// on worker.DefaultTopic when it names none and this worker claims from
+// on broker.DefaultTopic when it names none and this worker claims from
 // it. The message then waits as messages of a task not registered yet do
 // (package worker). false when no provider is pending.
 func (s *Service) placePending(ctx context.Context, task, topic string, pending []string) (string, bool, error) {
@@ -151,17 +150,17 @@ func (s *Service) placePending(ctx context.Context, task, topic string, pending 
 	if topic != "" {
 		return topic, true, nil // checked by Place
 	}
-	if !slices.Contains(s.pool.Topics(), worker.DefaultTopic) {
+	if !slices.Contains(s.pool.Topics(), broker.DefaultTopic) {
 		return "", true, invalid("task %q is not registered yet (plugins %s are still starting) and this worker does not claim from topic %q: name the task's topic in the request",
-			task, strings.Join(pending, ", "), worker.DefaultTopic)
+			task, strings.Join(pending, ", "), broker.DefaultTopic)
 	}
-	return worker.DefaultTopic, true, nil
+	return broker.DefaultTopic, true, nil
 }
 
 // lookupSoon looks task up; when it is not registered and task providers
 // are pending, it asks them first (which may register it) and returns
 // them.
-func (s *Service) lookupSoon(ctx context.Context, task string) (worker.Task, bool, []string) {
+func (s *Service) lookupSoon(ctx context.Context, task string) (TaskInfo, bool, []string) {
 	if t, ok := s.reg.Lookup(task); ok || s.pending == nil {
 		return t, ok, nil
 	}

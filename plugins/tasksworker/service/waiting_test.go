@@ -6,12 +6,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/taskhost/taskhost/broker"
 	"github.com/taskhost/taskhost/worker"
 )
 
 func registerTask(t *testing.T, s *Service, name, topic string) {
 	t.Helper()
-	if err := s.reg.Register(worker.Task{Name: name, Topic: topic,
+	if err := s.reg.(registry).Register(worker.Task{Name: name, Topic: topic,
 		Handler: func(_ context.Context, tc *worker.TaskContext) (any, error) { return tc.Payload, nil }}); err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func TestScheduleOfATaskNotRegisteredYetWaits(t *testing.T) {
 		t.Fatalf("CreateSchedule of a task not registered yet = %v", err)
 	}
 	resize, err := s.Schedule(ctx, "resize")
-	if err != nil || resize.Topic != worker.DefaultTopic || api.Topic != worker.DefaultTopic || resize.Source != SourceConfig {
+	if err != nil || resize.Topic != broker.DefaultTopic || api.Topic != broker.DefaultTopic || resize.Source != SourceConfig {
 		t.Fatalf("stored %+v, %v and %+v; want the default topic without one named", resize, err, api)
 	}
 	w := s.ScheduleWaiting(resize)
@@ -49,7 +50,7 @@ func TestScheduleOfATaskNotRegisteredYetWaits(t *testing.T) {
 	if w := s.ScheduleWaiting(report); w == nil || w.Since != nil || !strings.Contains(w.Why, `on topic "reports"`) {
 		t.Errorf("a cron schedule not due yet: waiting %+v, want waiting without since", w)
 	}
-	if _, ok := s.ScheduleLookup("images.resize", worker.DefaultTopic); ok {
+	if _, ok := s.ScheduleLookup("images.resize", broker.DefaultTopic); ok {
 		t.Error("ScheduleLookup says a worker runs a task none runs")
 	}
 	if st := s.StatusOf(resize); st.Waiting == nil || st.Name != "resize" {
@@ -61,7 +62,7 @@ func TestScheduleOfATaskNotRegisteredYetWaits(t *testing.T) {
 	if w := s.ScheduleWaiting(resize); w != nil {
 		t.Errorf("still waiting after the task was registered: %+v", w)
 	}
-	if topic, ok := s.ScheduleLookup("images.resize", worker.DefaultTopic); !ok || topic != worker.DefaultTopic {
+	if topic, ok := s.ScheduleLookup("images.resize", broker.DefaultTopic); !ok || topic != broker.DefaultTopic {
 		t.Errorf("ScheduleLookup = %q, %v; want default, true", topic, ok)
 	}
 
@@ -127,7 +128,7 @@ func TestSubmitWhileProvidersArePending(t *testing.T) {
 	asked := 0
 	s.SetPendingProviders(func(context.Context) []string { asked++; return []string{"images"} })
 	id, topic, err := s.Submit(ctx, SubmitRequest{Task: "images.resize"})
-	if err != nil || topic != worker.DefaultTopic {
+	if err != nil || topic != broker.DefaultTopic {
 		t.Fatalf("Submit while a provider is pending = %d, %q, %v; want accepted on the default topic", id, topic, err)
 	}
 	if m, err := s.Message(ctx, id); err != nil || m.Task != "images.resize" || m.State != "queued" {

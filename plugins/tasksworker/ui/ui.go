@@ -2,8 +2,8 @@
 // /ui/ (through the host: /plugin-pkg/tasks_worker/ui/). Server-rendered
 // html/template pages; the only script is the confirm() of dangerous
 // forms. It reads and changes the task system only through package service,
-// which the plugin hands it (Options.Current); the pages' templates are
-// embedded from templates/.
+// which the plugin hands it (Options.Current), and so links neither the
+// worker nor the beat; the pages' templates are embedded from templates/.
 //
 // This file holds the UI type, its routes and the page plumbing
 // (rendering, redirects with a flash message, paths); the pages are in

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,22 @@ import (
 
 // The pages and forms are tested through the plugin, in package
 // tasksworker (ui_test.go there); these are the UI's own parts.
+
+// TestUILinksNeitherWorkerNorBeat: the UI reaches the task system through
+// package service alone, which reads the worker and the beat through
+// interfaces, so the UI links neither package worker nor scheduler.
+func TestUILinksNeitherWorkerNorBeat(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").Output()
+	if err != nil {
+		t.Skipf("go list: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	for _, pkg := range []string{"github.com/taskhost/taskhost/worker", "github.com/taskhost/taskhost/scheduler"} {
+		if slices.Contains(deps, pkg) {
+			t.Errorf("the UI links %s", pkg)
+		}
+	}
+}
 
 func TestUICheckOriginDirect(t *testing.T) {
 	// Without X-Forwarded-Host (called directly) the Host header counts.

@@ -1,4 +1,4 @@
-package scheduler
+package timing
 
 import (
 	"strings"
@@ -7,7 +7,7 @@ import (
 )
 
 func TestCronPeriod(t *testing.T) {
-	every5, err := ParseTiming(0, "*/5 * * * *")
+	every5, err := Parse(0, "*/5 * * * *")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -15,7 +15,7 @@ func TestCronPeriod(t *testing.T) {
 	if p := every5.Period(at); p != 300*time.Second {
 		t.Fatalf("*/5 period = %s, want 300s", p)
 	}
-	weekdays, err := ParseTiming(0, "0 9 * * 1-5")
+	weekdays, err := Parse(0, "0 9 * * 1-5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestCronPeriod(t *testing.T) {
 	}
 }
 
-func TestParseTimingErrorsSayWhichAndWhy(t *testing.T) {
+func TestParseErrorsSayWhichAndWhy(t *testing.T) {
 	cases := []struct {
 		interval int
 		cron     string
@@ -45,33 +45,33 @@ func TestParseTimingErrorsSayWhichAndWhy(t *testing.T) {
 		{0, "0 0 30 2 *", "never fires"},
 	}
 	for _, c := range cases {
-		_, err := ParseTiming(c.interval, c.cron)
+		_, err := Parse(c.interval, c.cron)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("ParseTiming(%d, %q) = %v, want an error containing %q", c.interval, c.cron, err, c.want)
+			t.Errorf("Parse(%d, %q) = %v, want an error containing %q", c.interval, c.cron, err, c.want)
 		}
 	}
 }
 
 func TestLatestDue(t *testing.T) {
-	tm, _ := ParseTiming(60, "")
+	tm, _ := Parse(60, "")
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	slot, missed := tm.latestDue(start, start.Add(30*time.Second))
+	slot, missed := tm.LatestDue(start, start.Add(30*time.Second))
 	if !slot.Equal(start) || missed != 0 {
 		t.Fatalf("on time: %s %d", slot, missed)
 	}
-	slot, missed = tm.latestDue(start, start.Add(185*time.Second))
+	slot, missed = tm.LatestDue(start, start.Add(185*time.Second))
 	if !slot.Equal(start.Add(180*time.Second)) || missed != 3 {
 		t.Fatalf("after downtime: %s %d", slot, missed)
 	}
-	cr, _ := ParseTiming(0, "0 * * * *")
-	slot, missed = cr.latestDue(start, start.Add(150*time.Minute))
+	cr, _ := Parse(0, "0 * * * *")
+	slot, missed = cr.LatestDue(start, start.Add(150*time.Minute))
 	if !slot.Equal(start.Add(2*time.Hour)) || missed != 2 {
 		t.Fatalf("cron after downtime: %s %d", slot, missed)
 	}
 }
 
 // After an outage longer than a walk over every slot would take (a
-// minutely cron 100 days behind, 144,000 slots), latestDue still finds the
+// minutely cron 100 days behind, 144,000 slots), LatestDue still finds the
 // latest due slot, so a schedule fires once and not again at the next tick.
 func TestLatestDueFarBehind(t *testing.T) {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -83,11 +83,11 @@ func TestLatestDueFarBehind(t *testing.T) {
 		{"*/5 * * * *", start.Add(400*24*time.Hour + 7*time.Minute), start.Add(400*24*time.Hour + 5*time.Minute)},
 		{"0 9 * * 1-5", time.Date(2031, 3, 2, 12, 0, 0, 0, time.UTC), time.Date(2031, 2, 28, 9, 0, 0, 0, time.UTC)}, // a Sunday: the Friday before
 	} {
-		tm, err := ParseTiming(0, c.cron)
+		tm, err := Parse(0, c.cron)
 		if err != nil {
 			t.Fatal(err)
 		}
-		slot, missed := tm.latestDue(start, c.now)
+		slot, missed := tm.LatestDue(start, c.now)
 		if !slot.Equal(c.want) || missed < 1000 {
 			t.Errorf("%s from %s to %s: latest due %s (missed %d), want %s (and over 1000 missed)", c.cron, start, c.now, slot, missed, c.want)
 		}

@@ -1,4 +1,8 @@
-package scheduler
+// Package timing is when a schedule fires: its interval or cron timing,
+// its slots, and the next run of a stored schedule. The beat (package
+// scheduler) fires schedules by it; the task service checks and shows
+// them by it, without linking the beat.
+package timing
 
 import (
 	"fmt"
@@ -6,6 +10,8 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
+
+	"github.com/taskhost/taskhost/broker"
 )
 
 // Bounds on an interval schedule.
@@ -24,9 +30,9 @@ type Timing struct {
 	expr     string
 }
 
-// ParseTiming checks and parses a schedule's timing. Exactly one of
+// Parse checks and parses a schedule's timing. Exactly one of
 // intervalSeconds and expr must be given. The error says which and why.
-func ParseTiming(intervalSeconds int, expr string) (Timing, error) {
+func Parse(intervalSeconds int, expr string) (Timing, error) {
 	expr = strings.TrimSpace(expr)
 	switch {
 	case intervalSeconds != 0 && expr != "":
@@ -55,6 +61,31 @@ func ParseTiming(intervalSeconds int, expr string) (Timing, error) {
 	return t, nil
 }
 
+// NextRun is when the beat fires s next: its expected next run once it has
+// fired, else its first slot (its first cron time after it was stored, or
+// at once for an interval). false for a timing that does not parse.
+func NextRun(s broker.Schedule) (time.Time, bool) {
+	tm, err := Parse(s.IntervalSeconds, s.Cron)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return DueSlot(s, tm), true
+}
+
+// DueSlot is the due slot of s, whose timing is tm: the stored next run,
+// or for a schedule that never fired, a slot derived from its stored
+// update time, so that every leader computes the same slot.
+func DueSlot(s broker.Schedule, tm Timing) time.Time {
+	if s.ExpectedNextRun != nil {
+		return s.ExpectedNextRun.UTC()
+	}
+	base := s.UpdatedAt.UTC().Truncate(time.Second)
+	if tm.cron != nil {
+		return tm.Next(base.Add(-time.Second))
+	}
+	return base
+}
+
 // Next is the first slot strictly after t.
 func (tm Timing) Next(t time.Time) time.Time {
 	if tm.cron != nil {
@@ -81,9 +112,9 @@ func (tm Timing) String() string {
 	return "every " + tm.interval.String()
 }
 
-// latestDue walks from the due slot to the latest slot not after now. It
+// LatestDue walks from the due slot to the latest slot not after now. It
 // returns that slot and how many slots before it were passed over.
-func (tm Timing) latestDue(slot, now time.Time) (time.Time, int) {
+func (tm Timing) LatestDue(slot, now time.Time) (time.Time, int) {
 	if tm.cron == nil {
 		n := int(now.Sub(slot) / tm.interval)
 		return slot.Add(time.Duration(n) * tm.interval), n

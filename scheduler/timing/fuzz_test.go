@@ -1,4 +1,4 @@
-package scheduler
+package timing
 
 import (
 	"strings"
@@ -6,11 +6,11 @@ import (
 	"time"
 )
 
-// FuzzParseTiming: any interval and cron text either parses, into a timing
+// FuzzParse: any interval and cron text either parses, into a timing
 // whose next slots move forward in time, or is refused with an error that
 // says why; nothing panics, and nothing hangs on an expression that
 // never matches (such as February 30th).
-func FuzzParseTiming(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	for _, seed := range []struct {
 		interval int
 		expr     string
@@ -22,10 +22,10 @@ func FuzzParseTiming(f *testing.F) {
 	}
 	from := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	f.Fuzz(func(t *testing.T, interval int, expr string) {
-		tm, err := ParseTiming(interval, expr)
+		tm, err := Parse(interval, expr)
 		if err != nil {
 			if strings.TrimSpace(err.Error()) == "" {
-				t.Fatalf("ParseTiming(%d, %q) refused with an empty error", interval, expr)
+				t.Fatalf("Parse(%d, %q) refused with an empty error", interval, expr)
 			}
 			return
 		}
@@ -34,14 +34,14 @@ func FuzzParseTiming(f *testing.F) {
 			return // a cron that never matches: no slot, and no hang
 		}
 		if !next.After(from) {
-			t.Fatalf("ParseTiming(%d, %q): next slot %v is not after %v", interval, expr, next, from)
+			t.Fatalf("Parse(%d, %q): next slot %v is not after %v", interval, expr, next, from)
 		}
 		if again := tm.Next(next); !again.IsZero() && !again.After(next) {
-			t.Fatalf("ParseTiming(%d, %q): slot %v is followed by %v", interval, expr, next, again)
+			t.Fatalf("Parse(%d, %q): slot %v is followed by %v", interval, expr, next, again)
 		}
 		_ = tm.Period(from)
 		if tm.String() == "" {
-			t.Fatalf("ParseTiming(%d, %q): an empty description", interval, expr)
+			t.Fatalf("Parse(%d, %q): an empty description", interval, expr)
 		}
 	})
 }
