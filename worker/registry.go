@@ -12,6 +12,16 @@ import (
 	"github.com/taskhost/taskhost/broker"
 )
 
+// DefaultTopic is the topic of a task that names none.
+//
+// Deprecated: use broker.DefaultTopic, which this names.
+const DefaultTopic = broker.DefaultTopic
+
+// CheckTaskName reports whether name can name a task.
+//
+// Deprecated: use broker.CheckTaskName, which this calls.
+func CheckTaskName(name string) error { return broker.CheckTaskName(name) }
+
 // What a task does when its lock is held by another message.
 const (
 	// LockSkip ends the message as done with the result
