@@ -22,16 +22,6 @@ var releaseLocksSQL = `
 	WHERE l.message_id = u.id AND l.token::text = u.tok
 		AND NOT ` + lockHeld
 
-// lockHeld is the condition that the lock l is held under a claim that
-// still holds its message.
-var lockHeld = `(EXISTS (
-			SELECT 1 FROM tw_messages m
-			WHERE m.id = l.message_id AND m.token = l.token)
-		OR EXISTS (
-			SELECT 1 FROM tw_claims c
-			WHERE c.id = ` + claimOf("l.token::text") + ` AND l.message_id = ANY (c.ids)
-				AND (c.key # l.message_id) = ` + keyOf("l.token::text") + `))`
-
 // ackTakeCTEs is takeCTEs for an ack statement, which counts what it
 // ends in tw_topic_counts itself (ackCounts): a claim row it takes from
 // also sets taskhost.topic_counts_kept to the schema until the

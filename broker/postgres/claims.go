@@ -208,3 +208,60 @@ const (
 	heldRow   = `(id = ANY (ARRAY (SELECT unnest(h.ids) FROM tw_claims h)) AND state = 'queued' AND token IS NULL)`
 	queuedRow = `(state = 'queued' AND id NOT IN (SELECT unnest(h.ids) FROM tw_claims h))`
 )
+
+// The statements that read what a worker, a topic or a claim holds read
+// both forms of running through these: the claim rows, and the rows made
+// running by a claim of an earlier version or by the rabbitmq broker's
+// state store.
+
+// claimHolding is a query of cols of the claim row c that holds message
+// id under the token tok (expressions; tok a text).
+func claimHolding(cols, id, tok string) string {
+	return `SELECT ` + cols + ` FROM tw_claims c
+		WHERE c.id = ` + claimOf(tok) + ` AND ` + id + ` = ANY (c.ids) AND (c.key # ` + id + `) = ` + keyOf(tok)
+}
+
+// lockHeld is the condition that the lock l is held under a claim that
+// still holds its message.
+var lockHeld = `(EXISTS (
+			SELECT 1 FROM tw_messages m
+			WHERE m.id = l.message_id AND m.token = l.token)
+		OR EXISTS (` + claimHolding("1", "l.message_id", "l.token::text") + `))`
+
+// workerHolds is a query of the messages worker (an expression) holds, as
+// (id, token), in id order; cond, when not empty, is a condition on each
+// message's row m.
+func workerHolds(worker, cond string) string {
+	rows, claims, id, where := `m.state = 'running' AND m.claimed_by = `+worker, `tw_claims c, unnest(c.ids) x`, `x`, `c.worker = `+worker
+	if cond != "" {
+		rows, claims, id, where = rows+` AND `+cond, `tw_claims c JOIN tw_messages m ON m.id = ANY (c.ids)`, `m.id`, where+` AND `+cond
+	}
+	return `SELECT m.id, m.token::text FROM tw_messages m WHERE ` + rows + `
+			UNION ALL
+			SELECT ` + id + `, ` + claimToken("c", id) + ` FROM ` + claims + ` WHERE ` + where + `
+			ORDER BY 1`
+}
+
+// workerRunning is an expression counting the messages worker (an
+// expression) holds.
+func workerRunning(worker string) string {
+	return `((SELECT count(*) FROM tw_messages m WHERE m.claimed_by = ` + worker + ` AND m.state = 'running')
+		+ (SELECT coalesce(sum(cardinality(c.ids)), 0) FROM tw_claims c WHERE c.worker = ` + worker + `))`
+}
+
+// topicRunning is a LATERAL item of the messages of topic (an expression)
+// that run: n counts them, held counts those claim rows hold (their rows
+// are queued, and tw_topic_counts counts them so), and age_us is the age
+// of the oldest claim, in microseconds (0 when none).
+func topicRunning(topic string) string {
+	age := func(at string) string {
+		return `coalesce(greatest(0, (extract(epoch FROM now() - min(` + at + `)) * 1000000)::bigint), 0)`
+	}
+	return `LATERAL (
+				SELECT r.n + h.n AS n, h.n AS held, greatest(r.age_us, h.age_us) AS age_us
+				FROM (SELECT count(*) AS n, ` + age("m.claimed_at") + ` AS age_us
+					FROM tw_messages m WHERE m.topic = ` + topic + ` AND m.state = 'running') r,
+				(SELECT coalesce(sum(cardinality(c.ids)), 0) AS n, ` + age("c.claimed_at") + ` AS age_us
+					FROM tw_claims c WHERE c.topic = ` + topic + ` AND c.ids <> '{}') h
+			)`
+}

@@ -119,11 +119,7 @@ var queries = sqlstore.Queries{
 	Heartbeat:        `UPDATE tw_workers SET heartbeat_at = now() WHERE id = $1`,
 	ExpireWorker:     `UPDATE tw_workers SET heartbeat_at = now() - interval '100 years' WHERE id = $1`,
 	UnregisterWorker: `DELETE FROM tw_workers WHERE id = $1`,
-	RunningClaims: `SELECT id, token::text FROM tw_messages
-			WHERE state = 'running' AND claimed_by = $1
-			UNION ALL
-			SELECT x, ` + claimToken("c", "x") + ` FROM tw_claims c, unnest(c.ids) x WHERE c.worker = $1
-			ORDER BY 1`,
+	RunningClaims:    workerHolds("$1", ""),
 	LiveWorkers: `
 			SELECT id FROM tw_workers
 			WHERE heartbeat_at > now() - $1::bigint * interval '1 microsecond'
@@ -183,12 +179,7 @@ var queries = sqlstore.Queries{
 			WHERE name IN (SELECT DISTINCT topic FROM tw_messages WHERE state = 'queued' AND ` + where + `)
 			ORDER BY name FOR UPDATE`
 	},
-	CancelRequests: `SELECT id, token::text FROM tw_messages
-			WHERE state = 'running' AND claimed_by = $1 AND cancel_requested_at IS NOT NULL
-			UNION ALL
-			SELECT m.id, ` + claimToken("c", "m.id") + ` FROM tw_claims c JOIN tw_messages m ON m.id = ANY (c.ids)
-			WHERE c.worker = $1 AND m.cancel_requested_at IS NOT NULL
-			ORDER BY 1`,
+	CancelRequests: workerHolds("$1", "m.cancel_requested_at IS NOT NULL"),
 
 	ScheduleCols:   schedCols,
 	PutSchedule:    putScheduleSQL,

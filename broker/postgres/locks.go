@@ -19,9 +19,7 @@ var acquireLockSQL = `
 		WHERE id = $3 AND token::text = $4
 		FOR SHARE
 	), h AS (
-		SELECT $3::bigint AS id, $4::uuid AS token FROM tw_claims c
-		WHERE c.id = ` + claimOf("$4::text") + ` AND $3 = ANY (c.ids)
-			AND (c.key # $3::bigint) = ` + keyOf("$4::text") + `
+		` + claimHolding("$3::bigint AS id, $4::uuid AS token", "$3::bigint", "$4::text") + `
 		FOR SHARE
 	), m AS (
 		SELECT id, token FROM r UNION ALL SELECT id, token FROM h

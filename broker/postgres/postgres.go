@@ -14,7 +14,7 @@
 //     up to limit-running of the oldest available queued ones. The count
 //     is the concurrency gate, as the specification says, and the lock
 //     makes count-then-claim race-free across processes. A claim writes
-//     one row of tw_claims holding the ids it took (one the topic's
+//     one claim row holding the ids it took (one the topic's
 //     outcomes left empty, when there is one, else a new one), not the
 //     messages' rows,
 //     which stay queued: a message is running while a claim row holds it

@@ -35,9 +35,9 @@ func (d dialect) Stats(ctx context.Context) (broker.Stats, error) {
 				SELECT topics FROM tw_workers WHERE heartbeat_at > now() - $1::bigint * interval '1 microsecond'
 			)
 			SELECT t.name, t.concurrency_limit, t.dead_letter_enabled, t.paused,
-				k.queued - h.n,
-				r.n + h.n,
-				greatest(r.age_us, h.age_us),
+				k.queued - r.held,
+				r.n,
+				r.age_us,
 				k.dead,
 				(SELECT count(*) FROM live w WHERE t.name = ANY (w.topics) OR '*' = ANY (w.topics))
 			FROM tw_topics t
@@ -45,16 +45,7 @@ func (d dialect) Stats(ctx context.Context) (broker.Stats, error) {
 				SELECT coalesce(sum(k.queued), 0)::bigint AS queued, coalesce(sum(k.dead), 0)::bigint AS dead
 				FROM tw_topic_counts k WHERE k.topic = t.name
 			) k
-			CROSS JOIN LATERAL (
-				SELECT count(*) AS n,
-					coalesce(greatest(0, (extract(epoch FROM now() - min(m.claimed_at)) * 1000000)::bigint), 0) AS age_us
-				FROM tw_messages m WHERE m.topic = t.name AND m.state = 'running'
-			) r
-			CROSS JOIN LATERAL (
-				SELECT coalesce(sum(cardinality(c.ids)), 0) AS n,
-					coalesce(greatest(0, (extract(epoch FROM now() - min(c.claimed_at)) * 1000000)::bigint), 0) AS age_us
-				FROM tw_claims c WHERE c.topic = t.name AND c.ids <> '{}'
-			) h
+			CROSS JOIN `+topicRunning("t.name")+` r
 			ORDER BY t.name`, live)
 		br := c.SendBatch(ctx, batch)
 		if err := br.QueryRow().Scan(&st.Workers, &st.Beats, &st.Locks); err != nil {

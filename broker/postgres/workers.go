@@ -48,8 +48,7 @@ func (d dialect) Workers(ctx context.Context) ([]broker.WorkerInfo, error) {
 	err := d.Read(ctx, "workers", func(c sqlstore.Conn) error {
 		rows, err := c.Query(`
 			SELECT w.id, w.host, w.pid, w.roles, w.topics, w.capacity, w.tasks, w.started_at, w.heartbeat_at,
-				(SELECT count(*) FROM tw_messages m WHERE m.claimed_by = w.id AND m.state = 'running')
-					+ (SELECT coalesce(sum(cardinality(c.ids)), 0) FROM tw_claims c WHERE c.worker = w.id)
+				` + workerRunning("w.id") + `
 			FROM tw_workers w
 			ORDER BY w.id`)
 		out, err = sqlstore.Collect(rows, err, func(r sqlstore.Row) (broker.WorkerInfo, error) {
