@@ -3,10 +3,12 @@ package postgres
 import (
 	"regexp"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/taskhost/taskhost/broker"
+	"github.com/taskhost/taskhost/internal/testdb"
 )
 
 func TestStatisticsAreStaleByAutovacuumsRule(t *testing.T) {
@@ -66,5 +68,40 @@ func TestAQueueNobodyAnalyzedIsAnalyzed(t *testing.T) {
 	}
 	if rows, _ := strconv.Atoi(m[1]); rows < n/2 {
 		t.Errorf("the planner estimates %d of the %d queued messages without a unique key:\n%s", rows, n, plan)
+	}
+}
+
+// TestBrokersSharingASchemaAnalyzeItOnce: two brokers (as two processes
+// would) find the same stale statistics at once, and the table is
+// analyzed once: the one that does not get the lock goes on without
+// waiting for it; and a check right after, with as many submits again,
+// finds the statistics fresh.
+func TestBrokersSharingASchemaAnalyzeItOnce(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	other, err := New(t.Context(), Options{DSN: testdb.DSN(), Schema: b.schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = other.Close() })
+	c := schemaConn(t, b)
+	execAll(t, c, `INSERT INTO tw_messages (topic, task) SELECT 'q', 't' FROM generate_series(1, 2000)`)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, k := range []*statsKeeper{b.stats, other.stats} {
+		wg.Go(func() { errs[i] = k.check(2000) })
+	}
+	wg.Wait()
+	errs = append(errs, other.stats.check(2000), b.stats.check(2000))
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n int64
+	if err := c.QueryRow(t.Context(), `SELECT pg_stat_get_analyze_count('tw_messages'::regclass)`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("tw_messages was analyzed %d times by two brokers that found it stale at once, then checked it again; want 1", n)
 	}
 }
