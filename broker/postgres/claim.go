@@ -18,7 +18,27 @@ import (
 // in the same statement as the claim would read a snapshot taken before
 // the lock was granted.) The other writers of queued rows that could race
 // a claim take it too: Purge, and a cancel of queued messages.
-const serialLockSQL = `SELECT 1 FROM tw_topics WHERE name = $1 FOR UPDATE`
+//
+// A topic's row is inserted with its first message, so the lock finds no
+// row while that submit has not committed; if it commits before the
+// statement that follows, that statement would see the topic and its
+// message and run unserialised beside a cancel or another claim. The lock
+// therefore records, for the rest of its transaction, the topic it locked
+// (in the setting topicLocked names, empty when it found no row), and the
+// statements it serialises read the topic only when the setting names it
+// (lockedTopic).
+const serialLockSQL = `SELECT set_config('` + topicLocked + `', coalesce(max(l.name), ''), true)
+	FROM (SELECT name FROM tw_topics WHERE name = $1 FOR UPDATE) l`
+
+// topicLocked is the setting in which serialLockSQL records the topic it
+// locked.
+const topicLocked = `taskhost.topic_locked`
+
+// lockedTopic is the condition that serialLockSQL locked the topic
+// (an expression) earlier in the transaction.
+func lockedTopic(topic string) string {
+	return `current_setting('` + topicLocked + `', true) = ` + topic
+}
 
 // The claim statements claim up to $2 of topic $1's oldest available
 // queued messages for worker $3: none when the topic is paused or unknown,
@@ -70,7 +90,7 @@ func claimStatement(from string) string {
 			FROM (SELECT t.paused, CASE WHEN t.concurrency_limit > 0 THEN t.concurrency_limit - ((
 					SELECT count(*) FROM tw_messages r WHERE r.topic = $1 AND r.state = 'running') + ` + heldCount("$1") + `)::int END AS room
 				FROM tw_topics t
-				WHERE t.name = $1
+				WHERE t.name = $1 AND ` + lockedTopic("$1") + `
 				OFFSET 0) t) t ON true
 	), picked AS MATERIALIZED (
 		SELECT q.* FROM tw_messages q

@@ -139,6 +139,7 @@ func (d dialect) Purge(ctx context.Context, topic string, deadLetters bool) (bro
 			WITH q AS (
 				DELETE FROM tw_messages WHERE id = ANY (ARRAY (
 					SELECT id FROM tw_messages WHERE topic = $1 AND state = 'queued' AND id NOT IN `+heldIDs("$1")+`
+						AND `+lockedTopic("$1")+`
 					FOR UPDATE SKIP LOCKED))
 				RETURNING 1
 			), d AS (

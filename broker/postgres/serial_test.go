@@ -194,3 +194,67 @@ func TestPurgeDuringSerialClaims(t *testing.T) {
 		t.Fatalf("%d claimed + %d purged = %d, want the %d submitted", len(claims), purged, got, rounds*perRound)
 	}
 }
+
+// TestAClaimWhoseTopicAppearedAfterItsLockClaimsNothing: a claim's lock
+// statement found no row of its topic (the topic's first submit had not
+// committed), and the submit commits before the claim statement reads
+// the queue. The claim must take nothing: it holds no lock, so a cancel
+// running beside it would end a message it takes as queued, and its
+// worker would run a task whose cancel was answered "it never runs".
+func TestAClaimWhoseTopicAppearedAfterItsLockClaimsNothing(t *testing.T) {
+	b := newTestBroker(t, Options{})
+	ctx := t.Context()
+	// The submit starts first (its message is available from its start)
+	// and commits between the claim's two statements.
+	sub, err := schemaConn(t, b).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Rollback(ctx)
+	var id int64
+	if err := sub.QueryRow(ctx, `WITH t AS (INSERT INTO tw_topics (name) VALUES ('fresh') ON CONFLICT DO NOTHING)
+		INSERT INTO tw_messages (topic, task) VALUES ('fresh', 't') RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := schemaConn(t, b).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, serialLockSQL, "fresh"); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, claimSQL, "fresh", 10, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var took []int64
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if vals[0] != nil {
+			took = append(took, vals[0].(int64))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	m, err := b.Cancel(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(took) > 0 {
+		t.Errorf("a claim without its topic's lock took %v; the cancel beside it ended message %d %s", took, id, m.State)
+	}
+	if m.State != broker.StateCancelled {
+		t.Errorf("message %d, queued and not claimed, is %s after its cancel; want cancelled", id, m.State)
+	}
+}
