@@ -23,7 +23,11 @@ import (
 func TestUILinksNeitherWorkerNorBeat(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", ".").Output()
 	if err != nil {
-		t.Skipf("go list: %v", err)
+		var stderr []byte
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list -deps (this test needs the go command on PATH, as go test has it): %v %s", err, stderr)
 	}
 	deps := strings.Fields(string(out))
 	for _, pkg := range []string{"github.com/taskhost/taskhost/worker", "github.com/taskhost/taskhost/scheduler"} {
