@@ -36,6 +36,13 @@ const (
 	// with providers that list it, so an older plugin binary keeps getting
 	// one call per attempt.
 	TasksStream Capability = "tasks_stream"
+	// TasksDirect says the plugin's TaskProvider serves RunTasks on a
+	// listener of its own too, opened for the task system when the host
+	// asks (OpenTaskListener), so that attempts go without the host
+	// relaying each frame. Every TaskProvider built with this package
+	// since the call exists serves it; the stream of a provider that does
+	// not list it is relayed by the host.
+	TasksDirect Capability = "tasks_direct"
 	// TaskSubmit says the plugin runs the task system and takes the other
 	// plugins' submits (TaskSubmitter), which the host hands it through
 	// HostServices.SubmitTasks.
@@ -43,7 +50,7 @@ const (
 )
 
 // AllCapabilities lists every capability in a stable order.
-var AllCapabilities = []Capability{Lifecycles, Metrics, HTTP, HTTPBodyStream, Actions, Tasks, TasksStream, TaskSubmit}
+var AllCapabilities = []Capability{Lifecycles, Metrics, HTTP, HTTPBodyStream, Actions, Tasks, TasksStream, TasksDirect, TaskSubmit}
 
 // namePattern is the rule for plugin names: the same string is the config
 // key, the URL segment and the metric prefix.
@@ -381,7 +388,7 @@ func CapabilitiesOf(v any) []Capability {
 		out = append(out, Actions)
 	}
 	if _, ok := v.(TaskProvider); ok {
-		out = append(out, Tasks, TasksStream)
+		out = append(out, Tasks, TasksStream, TasksDirect)
 	}
 	if _, ok := v.(TaskSubmitter); ok {
 		out = append(out, TaskSubmit)

@@ -2,6 +2,7 @@ package capability
 
 import (
 	"context"
+	"crypto/tls"
 	"slices"
 
 	"github.com/hashicorp/go-plugin"
@@ -12,6 +13,10 @@ import (
 
 	"github.com/taskhost/taskhost/capability/internal/pb"
 )
+
+// StopDirectListeners stops the process's listeners of attempts, as the
+// death of the provider process they stand for does.
+var StopDirectListeners = stopDirectListeners
 
 // LegacyPluginSet serves impl (an HTTPHandler) as a plugin binary built
 // before ServeHTTPStream existed does: its Describe lists no
@@ -60,3 +65,23 @@ func TaskErrorOfWire(b []byte) (*TaskError, error) {
 	}
 	return taskErrorOf(&ev), nil
 }
+
+// DirectCapacity dials a provider's listener of attempts l presenting cert,
+// opens RunTasks and returns the capacity of the provider's first frame.
+func DirectCapacity(ctx context.Context, l TaskListener, cert tls.Certificate) (uint32, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := dialDirect(ctx, l, cert)
+	if err != nil {
+		return 0, err
+	}
+	f, err := s.Recv()
+	if err != nil {
+		return 0, err
+	}
+	return f.Capacity, nil
+}
+
+// SelfSignedCert is the key pair and certificate one side of a direct
+// connection makes.
+var SelfSignedCert = selfSignedCert

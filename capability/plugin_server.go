@@ -195,6 +195,9 @@ type taskServer struct {
 	pb.UnimplementedTaskProviderServer
 	impl TaskProvider
 	host *hostRef
+
+	directMu sync.Mutex
+	direct   *directListener // opened at the first OpenTaskListener
 }
 
 func (s *taskServer) ListTasks(ctx context.Context, _ *pb.ListTasksRequest) (*pb.ListTasksResponse, error) {

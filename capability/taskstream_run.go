@@ -2,6 +2,7 @@ package capability
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -83,6 +84,8 @@ type TaskRunner struct {
 	mu      sync.Mutex
 	streams map[string]*attemptStream
 	legacy  map[string]time.Time // plugin -> until when it runs one call each
+	relayed map[string]time.Time // plugin -> until when its stream goes through the host
+	cert    *tls.Certificate     // the client certificate of direct streams, made at the first
 	refuse  map[string]*refusals // plugin -> refusals not logged yet
 }
 
@@ -102,7 +105,8 @@ func NewTaskRunner(host HostServices, opts TaskRunnerOptions) *TaskRunner {
 	ctx, stop := context.WithCancel(context.Background())
 	return &TaskRunner{
 		host: host, opts: opts, log: log, ctx: ctx, stop: stop,
-		streams: map[string]*attemptStream{}, legacy: map[string]time.Time{}, refuse: map[string]*refusals{},
+		streams: map[string]*attemptStream{}, legacy: map[string]time.Time{}, relayed: map[string]time.Time{},
+		refuse: map[string]*refusals{},
 	}
 }
 
@@ -149,7 +153,9 @@ func (r *TaskRunner) RunTask(ctx context.Context, plugin string, run TaskRun, ev
 func (r *TaskRunner) Capacity() int { return int(r.capacity.Load()) }
 
 // stream returns plugin's stream, opening one if needed; nil when the
-// plugin's attempts run one call each for now.
+// plugin's attempts run one call each for now. A new stream opens in the
+// background: its attempts wait for the provider's capacity, or get the
+// reason it could not open.
 func (r *TaskRunner) stream(plugin string) *attemptStream {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -167,19 +173,52 @@ func (r *TaskRunner) stream(plugin string) *attemptStream {
 		return nil
 	}
 	st := newAttemptStream(r, plugin)
-	if err := st.open(opener); err != nil {
-		if errors.Is(err, ErrUnimplemented) {
-			r.legacy[plugin] = time.Now().Add(legacyFor)
-			return nil
-		}
-		// A stream that cannot even be opened fails its attempt with the
-		// reason; the next attempt tries again.
-		st.err = err
-		close(st.broken)
-		return st
-	}
 	r.streams[plugin] = st
+	go st.open(opener)
 	return st
+}
+
+// connectDirect opens a stream of attempts straight to plugin, brokered
+// by the host: ErrUnimplemented when the host or the plugin cannot (the
+// stream then goes through the host, and does for legacyFor), or when the
+// listener the plugin gave cannot be reached from here.
+func (r *TaskRunner) connectDirect(ctx context.Context, plugin string) (dispatchStream, error) {
+	c, ok := r.host.(taskConnector)
+	if !ok {
+		return nil, ErrUnimplemented
+	}
+	r.mu.Lock()
+	if until, ok := r.relayed[plugin]; ok && time.Now().Before(until) {
+		r.mu.Unlock()
+		return nil, ErrUnimplemented
+	}
+	if r.cert == nil {
+		cert, err := selfSignedCert()
+		if err != nil {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("make the certificate of direct streams: %w", err)
+		}
+		r.cert = &cert
+	}
+	cert := *r.cert
+	r.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, capacityWait)
+	l, err := c.connectTasks(cctx, plugin, cert.Certificate[0])
+	cancel()
+	if err == nil {
+		var s dispatchStream
+		if s, err = dialDirect(ctx, l, cert); err == nil {
+			return s, nil
+		}
+		r.log.Warn("cannot reach a task plugin's listener of attempts; its attempts go through the host", "plugin", plugin, "address", l.Address, "error", err)
+		err = fmt.Errorf("%w: %v", ErrUnimplemented, err)
+	}
+	if errors.Is(err, ErrUnimplemented) {
+		r.mu.Lock()
+		r.relayed[plugin] = time.Now().Add(legacyFor)
+		r.mu.Unlock()
+	}
+	return nil, err
 }
 
 func (r *TaskRunner) runLegacy(plugin string) {
@@ -282,24 +321,41 @@ func newAttemptStream(r *TaskRunner, plugin string) *attemptStream {
 	}
 }
 
-// open opens the stream and starts its goroutines. The first frame names
-// the plugin, so that the host opens the plugin's side, whose first frame
-// gives its capacity.
-func (st *attemptStream) open(o taskStreamOpener) error {
-	s, err := o.openTaskStream(st.ctx)
+// open opens the stream and starts its goroutines, or fails it. It
+// connects to the provider directly when the host and the provider can,
+// else through the host, whose first frame names the plugin; either way
+// the provider's first frame gives its capacity.
+func (st *attemptStream) open(o taskStreamOpener) {
+	go st.awaitCapacity()
+	s, how, err := st.connect(o)
 	if err != nil {
-		st.cancel()
-		return err
+		st.fail(err)
+		return
 	}
-	if err := s.Send(&pb.HostTaskDispatch{Plugin: st.plugin}); err != nil {
-		st.cancel()
-		return fromStatus("open the stream of attempts", err)
-	}
+	st.mu.Lock()
 	st.s = s
+	st.mu.Unlock()
+	st.r.log.Info("opened a stream of attempts to a task plugin", "plugin", st.plugin, "path", how)
 	go st.sendLoop()
 	go st.recvLoop()
-	go st.awaitCapacity()
-	return nil
+}
+
+// connect opens the caller's end of the stream; how says which path it
+// takes ("direct" or "host").
+func (st *attemptStream) connect(o taskStreamOpener) (s dispatchStream, how string, err error) {
+	if s, err := st.r.connectDirect(st.ctx, st.plugin); err == nil {
+		return s, "direct", nil
+	} else if !errors.Is(err, ErrUnimplemented) {
+		return nil, "", err
+	}
+	s, err = o.openTaskStream(st.ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := s.Send(&pb.HostTaskDispatch{Plugin: st.plugin}); err != nil {
+		return nil, "", fromStatus("open the stream of attempts", err)
+	}
+	return s, "host", nil
 }
 
 // run runs one attempt; sent says whether it reached the stream (when not,

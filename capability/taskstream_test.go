@@ -77,8 +77,9 @@ func (p *streamProvider) RunTask(ctx context.Context, run capability.TaskRun, ev
 	return nil, fmt.Errorf("no task %q", run.Task)
 }
 
-// streamSetup is a provider plugin, a host that relays streams to it, and
-// a runner in a caller plugin, all over the real gRPC adapters.
+// streamSetup is a provider plugin, a host that connects the caller to it
+// directly (or, after relayOnly, relays its streams), and a runner in a
+// caller plugin, all over the real gRPC adapters.
 type streamSetup struct {
 	provider *streamProvider
 	client   *capability.Client
@@ -88,6 +89,8 @@ type streamSetup struct {
 	refused  atomic.Int32
 	dropped  atomic.Int32
 	legacy   atomic.Int32 // attempts run one call each
+	direct   atomic.Int32 // direct connections the host brokered
+	relayed  atomic.Int32 // streams the host relayed
 }
 
 func newStreamSetup(t *testing.T, p *streamProvider) *streamSetup {
@@ -95,7 +98,14 @@ func newStreamSetup(t *testing.T, p *streamProvider) *streamSetup {
 	s := &streamSetup{provider: p}
 	s.client, s.kill = capabilitytest.Dial(t, p)
 	s.host = &capabilitytest.Host{
-		StreamProviderFunc: func(context.Context, string) (*capability.Client, error) { return s.client, nil },
+		StreamProviderFunc: func(context.Context, string) (*capability.Client, error) {
+			s.relayed.Add(1)
+			return s.client, nil
+		},
+		ConnectTasksFunc: func(ctx context.Context, _ string, cert []byte) (capability.TaskListener, error) {
+			s.direct.Add(1)
+			return s.client.OpenTaskListener(ctx, cert)
+		},
 		RunTaskFunc: func(ctx context.Context, _ string, run capability.TaskRun, ev capability.TaskEvents) (json.RawMessage, error) {
 			s.legacy.Add(1)
 			return s.client.RunTask(ctx, run, ev)
@@ -107,6 +117,21 @@ func newStreamSetup(t *testing.T, p *streamProvider) *streamSetup {
 	})
 	t.Cleanup(s.runner.Close)
 	return s
+}
+
+// relayOnly makes the host relay every stream, as for a provider that
+// lists no direct capability.
+func (s *streamSetup) relayOnly() { s.host.ConnectTasksFunc = nil }
+
+// paths runs test on a direct stream, then on a relayed one.
+func paths(t *testing.T, test func(t *testing.T, relayed bool)) {
+	for _, relayed := range []bool{false, true} {
+		name := "direct"
+		if relayed {
+			name = "relayed"
+		}
+		t.Run(name, func(t *testing.T) { test(t, relayed) })
+	}
 }
 
 type logLines struct {
@@ -139,7 +164,14 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // TestManyAttemptsShareOneStream: attempts run at once on the stream, each
 // gets its own result, and none goes the old way.
 func TestManyAttemptsShareOneStream(t *testing.T) {
+	paths(t, testManyAttemptsShareOneStream)
+}
+
+func testManyAttemptsShareOneStream(t *testing.T, relayed bool) {
 	s := newStreamSetup(t, &streamProvider{capacity: 64})
+	if relayed {
+		s.relayOnly()
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, 500)
 	for i := range 500 {
@@ -163,6 +195,13 @@ func TestManyAttemptsShareOneStream(t *testing.T) {
 	}
 	if n := s.refused.Load(); n != 0 {
 		t.Fatalf("%d events refused from a provider that keeps the protocol", n)
+	}
+	wantDirect, wantRelayed := int32(1), int32(0)
+	if relayed {
+		wantDirect, wantRelayed = 0, 1
+	}
+	if d, r := s.direct.Load(), s.relayed.Load(); d != wantDirect || r != wantRelayed {
+		t.Fatalf("%d direct connections and %d relayed streams; want %d and %d", d, r, wantDirect, wantRelayed)
 	}
 }
 
@@ -251,8 +290,15 @@ func TestACancelReachesTheHandler(t *testing.T) {
 // when the provider's side ends fail as unavailable, and the next attempt
 // opens a new stream.
 func TestAProviderThatGoesAwayFailsItsAttemptsInFlight(t *testing.T) {
+	paths(t, testAProviderThatGoesAwayFailsItsAttemptsInFlight)
+}
+
+func testAProviderThatGoesAwayFailsItsAttemptsInFlight(t *testing.T, relayed bool) {
 	p := &streamProvider{capacity: 8, release: make(chan struct{}), started: make(chan string, 4)}
 	s := newStreamSetup(t, p)
+	if relayed {
+		s.relayOnly()
+	}
 	other := capabilitytest.Connect(t, &streamProvider{capacity: 8})
 	done := make(chan error, 4)
 	for i := range 4 {
@@ -268,6 +314,7 @@ func TestAProviderThatGoesAwayFailsItsAttemptsInFlight(t *testing.T) {
 	// serves the next stream.
 	s.client = other
 	s.kill()
+	capability.StopDirectListeners()
 	for range 4 {
 		select {
 		case err := <-done:
@@ -290,6 +337,7 @@ func TestAProviderThatGoesAwayFailsItsAttemptsInFlight(t *testing.T) {
 func TestAPluginWithoutTheStreamRunsOneCallEach(t *testing.T) {
 	s := newStreamSetup(t, &streamProvider{capacity: 8})
 	s.host.StreamProviderFunc = nil
+	s.relayOnly()
 	res, err := s.runner.RunTask(context.Background(), "prov", capability.TaskRun{Task: "echo", Payload: json.RawMessage(`"old"`)}, nil)
 	if err != nil || string(res) != `"old"` {
 		t.Fatalf("RunTask = %s, %v", res, err)

@@ -182,6 +182,11 @@ func TestAProviderKilledOrFrozenMidBurnDownLosesNothing(t *testing.T) {
 	}
 
 	waitFor(t, 5*time.Minute, "a tenth of the tasks done", func() bool { return count("state = 'done'") >= tasks/10 })
+	// The Go SDK's provider takes its stream straight from tasks_worker,
+	// the host having brokered the connection.
+	waitFor(t, time.Minute, "the host log says the stream of attempts to example is direct", func() bool {
+		return directStreams(h.log.String()) == 1
+	})
 	if count("state IN ('queued', 'running')") == 0 {
 		t.Fatal("every task was done before the kill")
 	}
@@ -194,6 +199,9 @@ func TestAProviderKilledOrFrozenMidBurnDownLosesNothing(t *testing.T) {
 	})
 
 	waitFor(t, 5*time.Minute, "half the tasks done", func() bool { return count("state = 'done'") >= tasks/2 })
+	if n := directStreams(h.log.String()); n < 2 {
+		t.Fatalf("%d direct streams of attempts opened in all; want a new one to the restarted plugin", n)
+	}
 	if count("state IN ('queued', 'running')") == 0 {
 		t.Fatal("every task was done before the freeze")
 	}
@@ -241,6 +249,18 @@ func TestAProviderKilledOrFrozenMidBurnDownLosesNothing(t *testing.T) {
 		}
 		t.Fatalf("%d of %d tasks do not have one report per attempt and one success, the last:\n%s", len(wrong), tasks, strings.Join(lines, "\n"))
 	}
+}
+
+// directStreams counts the streams of attempts to the example plugin the
+// host log says tasks_worker opened directly.
+func directStreams(log string) int {
+	n := 0
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "opened a stream of attempts to a task plugin") && strings.Contains(line, "plugin=example") && strings.Contains(line, "path=direct") {
+			n++
+		}
+	}
+	return n
 }
 
 // TestAPluginBuiltBeforeTheStreamStillRunsItsTasks: a plugin that lists no

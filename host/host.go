@@ -250,6 +250,25 @@ func (hs *hostServices) StreamProvider(_ context.Context, name string) (*capabil
 	return client, nil
 }
 
+// connectTimeout bounds a provider's OpenTaskListener.
+const connectTimeout = 5 * time.Second
+
+// ConnectTasks implements capability.TaskConnector: it has a running
+// provider that lists the direct capability allow the caller's client
+// certificate on its own listener of attempts.
+func (hs *hostServices) ConnectTasks(ctx context.Context, name string, clientCert []byte) (capability.TaskListener, error) {
+	client, err := hs.StreamProvider(ctx, name)
+	if err != nil {
+		return capability.TaskListener{}, err
+	}
+	if s, _ := hs.h.Plugin(name); !s.Status().Has(capability.TasksDirect) {
+		return capability.TaskListener{}, fmt.Errorf("plugin %q takes its stream of attempts through the host (it lists no %s capability): %w", name, capability.TasksDirect, capability.ErrUnimplemented)
+	}
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	return client.OpenTaskListener(ctx, clientCert)
+}
+
 // SubmitTasks hands the caller's submits to the plugin that takes them
 // (the task system, tasks_worker), naming the caller.
 func (hs *hostServices) SubmitTasks(ctx context.Context, tasks []capability.TaskSubmission) ([]capability.SubmittedTask, error) {

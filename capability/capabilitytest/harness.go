@@ -82,9 +82,25 @@ type Host struct {
 	// relayed to (capability.TaskStreamRelay); nil: no plugin serves the
 	// stream, and attempts run one call each (RunTaskFunc).
 	StreamProviderFunc func(ctx context.Context, plugin string) (*capability.Client, error)
+	// ConnectTasksFunc connects the caller to a provider's own listener of
+	// attempts (capability.TaskConnector), as with
+	// Client.OpenTaskListener; nil: streams of attempts are relayed
+	// (StreamProviderFunc).
+	ConnectTasksFunc func(ctx context.Context, plugin string, clientCert []byte) (capability.TaskListener, error)
 }
 
-var _ capability.TaskStreamRelay = (*Host)(nil)
+var (
+	_ capability.TaskStreamRelay = (*Host)(nil)
+	_ capability.TaskConnector   = (*Host)(nil)
+)
+
+// ConnectTasks implements capability.TaskConnector.
+func (h *Host) ConnectTasks(ctx context.Context, plugin string, clientCert []byte) (capability.TaskListener, error) {
+	if h.ConnectTasksFunc == nil {
+		return capability.TaskListener{}, fmt.Errorf("plugin %q is not connected directly: %w", plugin, capability.ErrUnimplemented)
+	}
+	return h.ConnectTasksFunc(ctx, plugin, clientCert)
+}
 
 // StreamProvider implements capability.TaskStreamRelay.
 func (h *Host) StreamProvider(ctx context.Context, plugin string) (*capability.Client, error) {

@@ -1153,6 +1153,118 @@ func (x *InvokeActionResponse) GetResultJson() []byte {
 	return nil
 }
 
+type OpenTaskListenerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's client certificate, DER: the listener accepts a TLS
+	// client presenting exactly this certificate (besides those of earlier
+	// requests still allowed).
+	ClientCertDer []byte `protobuf:"bytes,1,opt,name=client_cert_der,json=clientCertDer,proto3" json:"client_cert_der,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenTaskListenerRequest) Reset() {
+	*x = OpenTaskListenerRequest{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenTaskListenerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenTaskListenerRequest) ProtoMessage() {}
+
+func (x *OpenTaskListenerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenTaskListenerRequest.ProtoReflect.Descriptor instead.
+func (*OpenTaskListenerRequest) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *OpenTaskListenerRequest) GetClientCertDer() []byte {
+	if x != nil {
+		return x.ClientCertDer
+	}
+	return nil
+}
+
+// TaskListener is where a provider serves RunTasks directly.
+type TaskListener struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "unix": address is a socket's path, or the name of a Linux abstract
+	// socket, starting with "@".
+	Network string `protobuf:"bytes,1,opt,name=network,proto3" json:"network,omitempty"`
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// The certificate the listener's server presents, DER: the client
+	// trusts exactly this one.
+	ServerCertDer []byte `protobuf:"bytes,3,opt,name=server_cert_der,json=serverCertDer,proto3" json:"server_cert_der,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskListener) Reset() {
+	*x = TaskListener{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskListener) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskListener) ProtoMessage() {}
+
+func (x *TaskListener) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskListener.ProtoReflect.Descriptor instead.
+func (*TaskListener) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *TaskListener) GetNetwork() string {
+	if x != nil {
+		return x.Network
+	}
+	return ""
+}
+
+func (x *TaskListener) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *TaskListener) GetServerCertDer() []byte {
+	if x != nil {
+		return x.ServerCertDer
+	}
+	return nil
+}
+
 type ListTasksRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1161,7 +1273,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1285,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1298,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 type TaskSpec struct {
@@ -1204,7 +1316,7 @@ type TaskSpec struct {
 
 func (x *TaskSpec) Reset() {
 	*x = TaskSpec{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1328,7 @@ func (x *TaskSpec) String() string {
 func (*TaskSpec) ProtoMessage() {}
 
 func (x *TaskSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1341,7 @@ func (x *TaskSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskSpec.ProtoReflect.Descriptor instead.
 func (*TaskSpec) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TaskSpec) GetName() string {
@@ -1276,7 +1388,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[21]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1288,7 +1400,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[21]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1301,7 +1413,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListTasksResponse) GetTasks() []*TaskSpec {
@@ -1323,7 +1435,7 @@ type RunTaskRequest struct {
 
 func (x *RunTaskRequest) Reset() {
 	*x = RunTaskRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[22]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1447,7 @@ func (x *RunTaskRequest) String() string {
 func (*RunTaskRequest) ProtoMessage() {}
 
 func (x *RunTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[22]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1460,7 @@ func (x *RunTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunTaskRequest.ProtoReflect.Descriptor instead.
 func (*RunTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RunTaskRequest) GetTask() string {
@@ -1405,7 +1517,7 @@ type RunTaskEvent struct {
 
 func (x *RunTaskEvent) Reset() {
 	*x = RunTaskEvent{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[23]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1529,7 @@ func (x *RunTaskEvent) String() string {
 func (*RunTaskEvent) ProtoMessage() {}
 
 func (x *RunTaskEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[23]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1542,7 @@ func (x *RunTaskEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunTaskEvent.ProtoReflect.Descriptor instead.
 func (*RunTaskEvent) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{23}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RunTaskEvent) GetLogLine() string {
@@ -1508,7 +1620,7 @@ type TaskDispatch struct {
 
 func (x *TaskDispatch) Reset() {
 	*x = TaskDispatch{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1632,7 @@ func (x *TaskDispatch) String() string {
 func (*TaskDispatch) ProtoMessage() {}
 
 func (x *TaskDispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[24]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1645,7 @@ func (x *TaskDispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskDispatch.ProtoReflect.Descriptor instead.
 func (*TaskDispatch) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *TaskDispatch) GetAttempts() []*TaskAttempt {
@@ -1571,7 +1683,7 @@ type TaskAttempt struct {
 
 func (x *TaskAttempt) Reset() {
 	*x = TaskAttempt{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1695,7 @@ func (x *TaskAttempt) String() string {
 func (*TaskAttempt) ProtoMessage() {}
 
 func (x *TaskAttempt) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[25]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1708,7 @@ func (x *TaskAttempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskAttempt.ProtoReflect.Descriptor instead.
 func (*TaskAttempt) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *TaskAttempt) GetId() uint64 {
@@ -1660,7 +1772,7 @@ type TaskCancel struct {
 
 func (x *TaskCancel) Reset() {
 	*x = TaskCancel{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +1784,7 @@ func (x *TaskCancel) String() string {
 func (*TaskCancel) ProtoMessage() {}
 
 func (x *TaskCancel) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[26]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +1797,7 @@ func (x *TaskCancel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskCancel.ProtoReflect.Descriptor instead.
 func (*TaskCancel) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{26}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TaskCancel) GetId() uint64 {
@@ -1717,7 +1829,7 @@ type TaskReturn struct {
 
 func (x *TaskReturn) Reset() {
 	*x = TaskReturn{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +1841,7 @@ func (x *TaskReturn) String() string {
 func (*TaskReturn) ProtoMessage() {}
 
 func (x *TaskReturn) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[27]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +1854,7 @@ func (x *TaskReturn) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskReturn.ProtoReflect.Descriptor instead.
 func (*TaskReturn) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{27}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *TaskReturn) GetCapacity() uint32 {
@@ -1772,7 +1884,7 @@ type TaskAttemptEvent struct {
 
 func (x *TaskAttemptEvent) Reset() {
 	*x = TaskAttemptEvent{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1784,7 +1896,7 @@ func (x *TaskAttemptEvent) String() string {
 func (*TaskAttemptEvent) ProtoMessage() {}
 
 func (x *TaskAttemptEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[28]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1797,7 +1909,7 @@ func (x *TaskAttemptEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskAttemptEvent.ProtoReflect.Descriptor instead.
 func (*TaskAttemptEvent) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{28}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *TaskAttemptEvent) GetId() uint64 {
@@ -1814,6 +1926,58 @@ func (x *TaskAttemptEvent) GetEvent() *RunTaskEvent {
 	return nil
 }
 
+type ConnectTasksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Plugin        string                 `protobuf:"bytes,1,opt,name=plugin,proto3" json:"plugin,omitempty"`
+	ClientCertDer []byte                 `protobuf:"bytes,2,opt,name=client_cert_der,json=clientCertDer,proto3" json:"client_cert_der,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConnectTasksRequest) Reset() {
+	*x = ConnectTasksRequest{}
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConnectTasksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConnectTasksRequest) ProtoMessage() {}
+
+func (x *ConnectTasksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConnectTasksRequest.ProtoReflect.Descriptor instead.
+func (*ConnectTasksRequest) Descriptor() ([]byte, []int) {
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ConnectTasksRequest) GetPlugin() string {
+	if x != nil {
+		return x.Plugin
+	}
+	return ""
+}
+
+func (x *ConnectTasksRequest) GetClientCertDer() []byte {
+	if x != nil {
+		return x.ClientCertDer
+	}
+	return nil
+}
+
 type ListPluginsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty means every plugin.
@@ -1824,7 +1988,7 @@ type ListPluginsRequest struct {
 
 func (x *ListPluginsRequest) Reset() {
 	*x = ListPluginsRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[29]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1836,7 +2000,7 @@ func (x *ListPluginsRequest) String() string {
 func (*ListPluginsRequest) ProtoMessage() {}
 
 func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[29]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1849,7 +2013,7 @@ func (x *ListPluginsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsRequest.ProtoReflect.Descriptor instead.
 func (*ListPluginsRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{29}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListPluginsRequest) GetCapability() string {
@@ -1871,7 +2035,7 @@ type PluginInfo struct {
 
 func (x *PluginInfo) Reset() {
 	*x = PluginInfo{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[30]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1883,7 +2047,7 @@ func (x *PluginInfo) String() string {
 func (*PluginInfo) ProtoMessage() {}
 
 func (x *PluginInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[30]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1896,7 +2060,7 @@ func (x *PluginInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginInfo.ProtoReflect.Descriptor instead.
 func (*PluginInfo) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{30}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *PluginInfo) GetName() string {
@@ -1936,7 +2100,7 @@ type ListPluginsResponse struct {
 
 func (x *ListPluginsResponse) Reset() {
 	*x = ListPluginsResponse{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[31]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1948,7 +2112,7 @@ func (x *ListPluginsResponse) String() string {
 func (*ListPluginsResponse) ProtoMessage() {}
 
 func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[31]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1961,7 +2125,7 @@ func (x *ListPluginsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPluginsResponse.ProtoReflect.Descriptor instead.
 func (*ListPluginsResponse) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{31}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ListPluginsResponse) GetPlugins() []*PluginInfo {
@@ -1980,7 +2144,7 @@ type HostCollectMetricsRequest struct {
 
 func (x *HostCollectMetricsRequest) Reset() {
 	*x = HostCollectMetricsRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[32]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1992,7 +2156,7 @@ func (x *HostCollectMetricsRequest) String() string {
 func (*HostCollectMetricsRequest) ProtoMessage() {}
 
 func (x *HostCollectMetricsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[32]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2005,7 +2169,7 @@ func (x *HostCollectMetricsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostCollectMetricsRequest.ProtoReflect.Descriptor instead.
 func (*HostCollectMetricsRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{32}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HostCollectMetricsRequest) GetPlugin() string {
@@ -2025,7 +2189,7 @@ type HostRunTaskRequest struct {
 
 func (x *HostRunTaskRequest) Reset() {
 	*x = HostRunTaskRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[33]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2037,7 +2201,7 @@ func (x *HostRunTaskRequest) String() string {
 func (*HostRunTaskRequest) ProtoMessage() {}
 
 func (x *HostRunTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[33]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2050,7 +2214,7 @@ func (x *HostRunTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostRunTaskRequest.ProtoReflect.Descriptor instead.
 func (*HostRunTaskRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{33}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *HostRunTaskRequest) GetPlugin() string {
@@ -2076,7 +2240,7 @@ type HostListTasksRequest struct {
 
 func (x *HostListTasksRequest) Reset() {
 	*x = HostListTasksRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[34]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2088,7 +2252,7 @@ func (x *HostListTasksRequest) String() string {
 func (*HostListTasksRequest) ProtoMessage() {}
 
 func (x *HostListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[34]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2101,7 +2265,7 @@ func (x *HostListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostListTasksRequest.ProtoReflect.Descriptor instead.
 func (*HostListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{34}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *HostListTasksRequest) GetPlugin() string {
@@ -2122,7 +2286,7 @@ type HostTaskDispatch struct {
 
 func (x *HostTaskDispatch) Reset() {
 	*x = HostTaskDispatch{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[35]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2134,7 +2298,7 @@ func (x *HostTaskDispatch) String() string {
 func (*HostTaskDispatch) ProtoMessage() {}
 
 func (x *HostTaskDispatch) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[35]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2147,7 +2311,7 @@ func (x *HostTaskDispatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostTaskDispatch.ProtoReflect.Descriptor instead.
 func (*HostTaskDispatch) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{35}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *HostTaskDispatch) GetPlugin() string {
@@ -2188,7 +2352,7 @@ type TaskSubmission struct {
 
 func (x *TaskSubmission) Reset() {
 	*x = TaskSubmission{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[36]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2364,7 @@ func (x *TaskSubmission) String() string {
 func (*TaskSubmission) ProtoMessage() {}
 
 func (x *TaskSubmission) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[36]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2377,7 @@ func (x *TaskSubmission) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskSubmission.ProtoReflect.Descriptor instead.
 func (*TaskSubmission) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{36}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *TaskSubmission) GetTask() string {
@@ -2312,7 +2476,7 @@ type SubmitTasksRequest struct {
 
 func (x *SubmitTasksRequest) Reset() {
 	*x = SubmitTasksRequest{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[37]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2324,7 +2488,7 @@ func (x *SubmitTasksRequest) String() string {
 func (*SubmitTasksRequest) ProtoMessage() {}
 
 func (x *SubmitTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[37]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2337,7 +2501,7 @@ func (x *SubmitTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitTasksRequest.ProtoReflect.Descriptor instead.
 func (*SubmitTasksRequest) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{37}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SubmitTasksRequest) GetTasks() []*TaskSubmission {
@@ -2366,7 +2530,7 @@ type SubmittedTask struct {
 
 func (x *SubmittedTask) Reset() {
 	*x = SubmittedTask{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[38]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2542,7 @@ func (x *SubmittedTask) String() string {
 func (*SubmittedTask) ProtoMessage() {}
 
 func (x *SubmittedTask) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[38]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2555,7 @@ func (x *SubmittedTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmittedTask.ProtoReflect.Descriptor instead.
 func (*SubmittedTask) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{38}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SubmittedTask) GetId() string {
@@ -2417,7 +2581,7 @@ type SubmitTasksResponse struct {
 
 func (x *SubmitTasksResponse) Reset() {
 	*x = SubmitTasksResponse{}
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[39]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2593,7 @@ func (x *SubmitTasksResponse) String() string {
 func (*SubmitTasksResponse) ProtoMessage() {}
 
 func (x *SubmitTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[39]
+	mi := &file_taskhost_plugin_v1_plugin_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2606,7 @@ func (x *SubmitTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitTasksResponse.ProtoReflect.Descriptor instead.
 func (*SubmitTasksResponse) Descriptor() ([]byte, []int) {
-	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{39}
+	return file_taskhost_plugin_v1_plugin_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SubmitTasksResponse) GetTasks() []*SubmittedTask {
@@ -2527,7 +2691,13 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x14InvokeActionResponse\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x1f\n" +
 	"\vresult_json\x18\x02 \x01(\fR\n" +
-	"resultJson\"\x12\n" +
+	"resultJson\"A\n" +
+	"\x17OpenTaskListenerRequest\x12&\n" +
+	"\x0fclient_cert_der\x18\x01 \x01(\fR\rclientCertDer\"j\n" +
+	"\fTaskListener\x12\x18\n" +
+	"\anetwork\x18\x01 \x01(\tR\anetwork\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12&\n" +
+	"\x0fserver_cert_der\x18\x03 \x01(\fR\rserverCertDer\"\x12\n" +
 	"\x10ListTasksRequest\"\xa2\x01\n" +
 	"\bTaskSpec\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
@@ -2579,7 +2749,10 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x06events\x18\x02 \x03(\v2$.taskhost.plugin.v1.TaskAttemptEventR\x06events\"Z\n" +
 	"\x10TaskAttemptEvent\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x126\n" +
-	"\x05event\x18\x02 \x01(\v2 .taskhost.plugin.v1.RunTaskEventR\x05event\"4\n" +
+	"\x05event\x18\x02 \x01(\v2 .taskhost.plugin.v1.RunTaskEventR\x05event\"U\n" +
+	"\x13ConnectTasksRequest\x12\x16\n" +
+	"\x06plugin\x18\x01 \x01(\tR\x06plugin\x12&\n" +
+	"\x0fclient_cert_der\x18\x02 \x01(\fR\rclientCertDer\"4\n" +
 	"\x12ListPluginsRequest\x12\x1e\n" +
 	"\n" +
 	"capability\x18\x01 \x01(\tR\n" +
@@ -2642,18 +2815,20 @@ const file_taskhost_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x0fServeHTTPStream\x12#.taskhost.plugin.v1.HTTPRequestPart\x1a%.taskhost.plugin.v1.HTTPResponseChunk(\x010\x012\xd3\x01\n" +
 	"\x0eActionProvider\x12^\n" +
 	"\vListActions\x12&.taskhost.plugin.v1.ListActionsRequest\x1a'.taskhost.plugin.v1.ListActionsResponse\x12a\n" +
-	"\fInvokeAction\x12'.taskhost.plugin.v1.InvokeActionRequest\x1a(.taskhost.plugin.v1.InvokeActionResponse2\x8d\x02\n" +
+	"\fInvokeAction\x12'.taskhost.plugin.v1.InvokeActionRequest\x1a(.taskhost.plugin.v1.InvokeActionResponse2\xf0\x02\n" +
 	"\fTaskProvider\x12X\n" +
 	"\tListTasks\x12$.taskhost.plugin.v1.ListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponse\x12Q\n" +
 	"\aRunTask\x12\".taskhost.plugin.v1.RunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x01\x12P\n" +
-	"\bRunTasks\x12 .taskhost.plugin.v1.TaskDispatch\x1a\x1e.taskhost.plugin.v1.TaskReturn(\x010\x012\xc6\x04\n" +
+	"\bRunTasks\x12 .taskhost.plugin.v1.TaskDispatch\x1a\x1e.taskhost.plugin.v1.TaskReturn(\x010\x01\x12a\n" +
+	"\x10OpenTaskListener\x12+.taskhost.plugin.v1.OpenTaskListenerRequest\x1a .taskhost.plugin.v1.TaskListener2\xa1\x05\n" +
 	"\fHostServices\x12^\n" +
 	"\vListPlugins\x12&.taskhost.plugin.v1.ListPluginsRequest\x1a'.taskhost.plugin.v1.ListPluginsResponse\x12k\n" +
 	"\x0eCollectMetrics\x12-.taskhost.plugin.v1.HostCollectMetricsRequest\x1a*.taskhost.plugin.v1.CollectMetricsResponse\x12U\n" +
 	"\aRunTask\x12&.taskhost.plugin.v1.HostRunTaskRequest\x1a .taskhost.plugin.v1.RunTaskEvent0\x01\x12\\\n" +
 	"\tListTasks\x12(.taskhost.plugin.v1.HostListTasksRequest\x1a%.taskhost.plugin.v1.ListTasksResponse\x12T\n" +
 	"\bRunTasks\x12$.taskhost.plugin.v1.HostTaskDispatch\x1a\x1e.taskhost.plugin.v1.TaskReturn(\x010\x01\x12^\n" +
-	"\vSubmitTasks\x12&.taskhost.plugin.v1.SubmitTasksRequest\x1a'.taskhost.plugin.v1.SubmitTasksResponse2o\n" +
+	"\vSubmitTasks\x12&.taskhost.plugin.v1.SubmitTasksRequest\x1a'.taskhost.plugin.v1.SubmitTasksResponse\x12Y\n" +
+	"\fConnectTasks\x12'.taskhost.plugin.v1.ConnectTasksRequest\x1a .taskhost.plugin.v1.TaskListener2o\n" +
 	"\rTaskSubmitter\x12^\n" +
 	"\vSubmitTasks\x12&.taskhost.plugin.v1.SubmitTasksRequest\x1a'.taskhost.plugin.v1.SubmitTasksResponseB5Z3github.com/taskhost/taskhost/capability/internal/pbb\x06proto3"
 
@@ -2670,7 +2845,7 @@ func file_taskhost_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_taskhost_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_taskhost_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
+var file_taskhost_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_taskhost_plugin_v1_plugin_proto_goTypes = []any{
 	(TaskOutcome)(0),                  // 0: taskhost.plugin.v1.TaskOutcome
 	(CheckHealthResponse_Status)(0),   // 1: taskhost.plugin.v1.CheckHealthResponse.Status
@@ -2693,28 +2868,31 @@ var file_taskhost_plugin_v1_plugin_proto_goTypes = []any{
 	(*ListActionsResponse)(nil),       // 18: taskhost.plugin.v1.ListActionsResponse
 	(*InvokeActionRequest)(nil),       // 19: taskhost.plugin.v1.InvokeActionRequest
 	(*InvokeActionResponse)(nil),      // 20: taskhost.plugin.v1.InvokeActionResponse
-	(*ListTasksRequest)(nil),          // 21: taskhost.plugin.v1.ListTasksRequest
-	(*TaskSpec)(nil),                  // 22: taskhost.plugin.v1.TaskSpec
-	(*ListTasksResponse)(nil),         // 23: taskhost.plugin.v1.ListTasksResponse
-	(*RunTaskRequest)(nil),            // 24: taskhost.plugin.v1.RunTaskRequest
-	(*RunTaskEvent)(nil),              // 25: taskhost.plugin.v1.RunTaskEvent
-	(*TaskDispatch)(nil),              // 26: taskhost.plugin.v1.TaskDispatch
-	(*TaskAttempt)(nil),               // 27: taskhost.plugin.v1.TaskAttempt
-	(*TaskCancel)(nil),                // 28: taskhost.plugin.v1.TaskCancel
-	(*TaskReturn)(nil),                // 29: taskhost.plugin.v1.TaskReturn
-	(*TaskAttemptEvent)(nil),          // 30: taskhost.plugin.v1.TaskAttemptEvent
-	(*ListPluginsRequest)(nil),        // 31: taskhost.plugin.v1.ListPluginsRequest
-	(*PluginInfo)(nil),                // 32: taskhost.plugin.v1.PluginInfo
-	(*ListPluginsResponse)(nil),       // 33: taskhost.plugin.v1.ListPluginsResponse
-	(*HostCollectMetricsRequest)(nil), // 34: taskhost.plugin.v1.HostCollectMetricsRequest
-	(*HostRunTaskRequest)(nil),        // 35: taskhost.plugin.v1.HostRunTaskRequest
-	(*HostListTasksRequest)(nil),      // 36: taskhost.plugin.v1.HostListTasksRequest
-	(*HostTaskDispatch)(nil),          // 37: taskhost.plugin.v1.HostTaskDispatch
-	(*TaskSubmission)(nil),            // 38: taskhost.plugin.v1.TaskSubmission
-	(*SubmitTasksRequest)(nil),        // 39: taskhost.plugin.v1.SubmitTasksRequest
-	(*SubmittedTask)(nil),             // 40: taskhost.plugin.v1.SubmittedTask
-	(*SubmitTasksResponse)(nil),       // 41: taskhost.plugin.v1.SubmitTasksResponse
-	nil,                               // 42: taskhost.plugin.v1.TaskAttempt.HeadersEntry
+	(*OpenTaskListenerRequest)(nil),   // 21: taskhost.plugin.v1.OpenTaskListenerRequest
+	(*TaskListener)(nil),              // 22: taskhost.plugin.v1.TaskListener
+	(*ListTasksRequest)(nil),          // 23: taskhost.plugin.v1.ListTasksRequest
+	(*TaskSpec)(nil),                  // 24: taskhost.plugin.v1.TaskSpec
+	(*ListTasksResponse)(nil),         // 25: taskhost.plugin.v1.ListTasksResponse
+	(*RunTaskRequest)(nil),            // 26: taskhost.plugin.v1.RunTaskRequest
+	(*RunTaskEvent)(nil),              // 27: taskhost.plugin.v1.RunTaskEvent
+	(*TaskDispatch)(nil),              // 28: taskhost.plugin.v1.TaskDispatch
+	(*TaskAttempt)(nil),               // 29: taskhost.plugin.v1.TaskAttempt
+	(*TaskCancel)(nil),                // 30: taskhost.plugin.v1.TaskCancel
+	(*TaskReturn)(nil),                // 31: taskhost.plugin.v1.TaskReturn
+	(*TaskAttemptEvent)(nil),          // 32: taskhost.plugin.v1.TaskAttemptEvent
+	(*ConnectTasksRequest)(nil),       // 33: taskhost.plugin.v1.ConnectTasksRequest
+	(*ListPluginsRequest)(nil),        // 34: taskhost.plugin.v1.ListPluginsRequest
+	(*PluginInfo)(nil),                // 35: taskhost.plugin.v1.PluginInfo
+	(*ListPluginsResponse)(nil),       // 36: taskhost.plugin.v1.ListPluginsResponse
+	(*HostCollectMetricsRequest)(nil), // 37: taskhost.plugin.v1.HostCollectMetricsRequest
+	(*HostRunTaskRequest)(nil),        // 38: taskhost.plugin.v1.HostRunTaskRequest
+	(*HostListTasksRequest)(nil),      // 39: taskhost.plugin.v1.HostListTasksRequest
+	(*HostTaskDispatch)(nil),          // 40: taskhost.plugin.v1.HostTaskDispatch
+	(*TaskSubmission)(nil),            // 41: taskhost.plugin.v1.TaskSubmission
+	(*SubmitTasksRequest)(nil),        // 42: taskhost.plugin.v1.SubmitTasksRequest
+	(*SubmittedTask)(nil),             // 43: taskhost.plugin.v1.SubmittedTask
+	(*SubmitTasksResponse)(nil),       // 44: taskhost.plugin.v1.SubmitTasksResponse
+	nil,                               // 45: taskhost.plugin.v1.TaskAttempt.HeadersEntry
 }
 var file_taskhost_plugin_v1_plugin_proto_depIdxs = []int32{
 	1,  // 0: taskhost.plugin.v1.CheckHealthResponse.status:type_name -> taskhost.plugin.v1.CheckHealthResponse.Status
@@ -2722,18 +2900,18 @@ var file_taskhost_plugin_v1_plugin_proto_depIdxs = []int32{
 	13, // 2: taskhost.plugin.v1.HTTPRequestPart.head:type_name -> taskhost.plugin.v1.HTTPRequest
 	12, // 3: taskhost.plugin.v1.HTTPResponseChunk.headers:type_name -> taskhost.plugin.v1.Header
 	17, // 4: taskhost.plugin.v1.ListActionsResponse.actions:type_name -> taskhost.plugin.v1.ActionSpec
-	22, // 5: taskhost.plugin.v1.ListTasksResponse.tasks:type_name -> taskhost.plugin.v1.TaskSpec
+	24, // 5: taskhost.plugin.v1.ListTasksResponse.tasks:type_name -> taskhost.plugin.v1.TaskSpec
 	0,  // 6: taskhost.plugin.v1.RunTaskEvent.outcome:type_name -> taskhost.plugin.v1.TaskOutcome
-	27, // 7: taskhost.plugin.v1.TaskDispatch.attempts:type_name -> taskhost.plugin.v1.TaskAttempt
-	28, // 8: taskhost.plugin.v1.TaskDispatch.cancels:type_name -> taskhost.plugin.v1.TaskCancel
-	42, // 9: taskhost.plugin.v1.TaskAttempt.headers:type_name -> taskhost.plugin.v1.TaskAttempt.HeadersEntry
-	30, // 10: taskhost.plugin.v1.TaskReturn.events:type_name -> taskhost.plugin.v1.TaskAttemptEvent
-	25, // 11: taskhost.plugin.v1.TaskAttemptEvent.event:type_name -> taskhost.plugin.v1.RunTaskEvent
-	32, // 12: taskhost.plugin.v1.ListPluginsResponse.plugins:type_name -> taskhost.plugin.v1.PluginInfo
-	24, // 13: taskhost.plugin.v1.HostRunTaskRequest.request:type_name -> taskhost.plugin.v1.RunTaskRequest
-	26, // 14: taskhost.plugin.v1.HostTaskDispatch.dispatch:type_name -> taskhost.plugin.v1.TaskDispatch
-	38, // 15: taskhost.plugin.v1.SubmitTasksRequest.tasks:type_name -> taskhost.plugin.v1.TaskSubmission
-	40, // 16: taskhost.plugin.v1.SubmitTasksResponse.tasks:type_name -> taskhost.plugin.v1.SubmittedTask
+	29, // 7: taskhost.plugin.v1.TaskDispatch.attempts:type_name -> taskhost.plugin.v1.TaskAttempt
+	30, // 8: taskhost.plugin.v1.TaskDispatch.cancels:type_name -> taskhost.plugin.v1.TaskCancel
+	45, // 9: taskhost.plugin.v1.TaskAttempt.headers:type_name -> taskhost.plugin.v1.TaskAttempt.HeadersEntry
+	32, // 10: taskhost.plugin.v1.TaskReturn.events:type_name -> taskhost.plugin.v1.TaskAttemptEvent
+	27, // 11: taskhost.plugin.v1.TaskAttemptEvent.event:type_name -> taskhost.plugin.v1.RunTaskEvent
+	35, // 12: taskhost.plugin.v1.ListPluginsResponse.plugins:type_name -> taskhost.plugin.v1.PluginInfo
+	26, // 13: taskhost.plugin.v1.HostRunTaskRequest.request:type_name -> taskhost.plugin.v1.RunTaskRequest
+	28, // 14: taskhost.plugin.v1.HostTaskDispatch.dispatch:type_name -> taskhost.plugin.v1.TaskDispatch
+	41, // 15: taskhost.plugin.v1.SubmitTasksRequest.tasks:type_name -> taskhost.plugin.v1.TaskSubmission
+	43, // 16: taskhost.plugin.v1.SubmitTasksResponse.tasks:type_name -> taskhost.plugin.v1.SubmittedTask
 	2,  // 17: taskhost.plugin.v1.Lifecycle.Describe:input_type -> taskhost.plugin.v1.DescribeRequest
 	4,  // 18: taskhost.plugin.v1.Lifecycle.Configure:input_type -> taskhost.plugin.v1.ConfigureRequest
 	6,  // 19: taskhost.plugin.v1.Lifecycle.CheckHealth:input_type -> taskhost.plugin.v1.CheckHealthRequest
@@ -2743,37 +2921,41 @@ var file_taskhost_plugin_v1_plugin_proto_depIdxs = []int32{
 	14, // 23: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:input_type -> taskhost.plugin.v1.HTTPRequestPart
 	16, // 24: taskhost.plugin.v1.ActionProvider.ListActions:input_type -> taskhost.plugin.v1.ListActionsRequest
 	19, // 25: taskhost.plugin.v1.ActionProvider.InvokeAction:input_type -> taskhost.plugin.v1.InvokeActionRequest
-	21, // 26: taskhost.plugin.v1.TaskProvider.ListTasks:input_type -> taskhost.plugin.v1.ListTasksRequest
-	24, // 27: taskhost.plugin.v1.TaskProvider.RunTask:input_type -> taskhost.plugin.v1.RunTaskRequest
-	26, // 28: taskhost.plugin.v1.TaskProvider.RunTasks:input_type -> taskhost.plugin.v1.TaskDispatch
-	31, // 29: taskhost.plugin.v1.HostServices.ListPlugins:input_type -> taskhost.plugin.v1.ListPluginsRequest
-	34, // 30: taskhost.plugin.v1.HostServices.CollectMetrics:input_type -> taskhost.plugin.v1.HostCollectMetricsRequest
-	35, // 31: taskhost.plugin.v1.HostServices.RunTask:input_type -> taskhost.plugin.v1.HostRunTaskRequest
-	36, // 32: taskhost.plugin.v1.HostServices.ListTasks:input_type -> taskhost.plugin.v1.HostListTasksRequest
-	37, // 33: taskhost.plugin.v1.HostServices.RunTasks:input_type -> taskhost.plugin.v1.HostTaskDispatch
-	39, // 34: taskhost.plugin.v1.HostServices.SubmitTasks:input_type -> taskhost.plugin.v1.SubmitTasksRequest
-	39, // 35: taskhost.plugin.v1.TaskSubmitter.SubmitTasks:input_type -> taskhost.plugin.v1.SubmitTasksRequest
-	3,  // 36: taskhost.plugin.v1.Lifecycle.Describe:output_type -> taskhost.plugin.v1.DescribeResponse
-	5,  // 37: taskhost.plugin.v1.Lifecycle.Configure:output_type -> taskhost.plugin.v1.ConfigureResponse
-	7,  // 38: taskhost.plugin.v1.Lifecycle.CheckHealth:output_type -> taskhost.plugin.v1.CheckHealthResponse
-	9,  // 39: taskhost.plugin.v1.Lifecycle.Stop:output_type -> taskhost.plugin.v1.StopResponse
-	11, // 40: taskhost.plugin.v1.MetricsProvider.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
-	15, // 41: taskhost.plugin.v1.HTTPHandler.ServeHTTP:output_type -> taskhost.plugin.v1.HTTPResponseChunk
-	15, // 42: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:output_type -> taskhost.plugin.v1.HTTPResponseChunk
-	18, // 43: taskhost.plugin.v1.ActionProvider.ListActions:output_type -> taskhost.plugin.v1.ListActionsResponse
-	20, // 44: taskhost.plugin.v1.ActionProvider.InvokeAction:output_type -> taskhost.plugin.v1.InvokeActionResponse
-	23, // 45: taskhost.plugin.v1.TaskProvider.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
-	25, // 46: taskhost.plugin.v1.TaskProvider.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
-	29, // 47: taskhost.plugin.v1.TaskProvider.RunTasks:output_type -> taskhost.plugin.v1.TaskReturn
-	33, // 48: taskhost.plugin.v1.HostServices.ListPlugins:output_type -> taskhost.plugin.v1.ListPluginsResponse
-	11, // 49: taskhost.plugin.v1.HostServices.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
-	25, // 50: taskhost.plugin.v1.HostServices.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
-	23, // 51: taskhost.plugin.v1.HostServices.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
-	29, // 52: taskhost.plugin.v1.HostServices.RunTasks:output_type -> taskhost.plugin.v1.TaskReturn
-	41, // 53: taskhost.plugin.v1.HostServices.SubmitTasks:output_type -> taskhost.plugin.v1.SubmitTasksResponse
-	41, // 54: taskhost.plugin.v1.TaskSubmitter.SubmitTasks:output_type -> taskhost.plugin.v1.SubmitTasksResponse
-	36, // [36:55] is the sub-list for method output_type
-	17, // [17:36] is the sub-list for method input_type
+	23, // 26: taskhost.plugin.v1.TaskProvider.ListTasks:input_type -> taskhost.plugin.v1.ListTasksRequest
+	26, // 27: taskhost.plugin.v1.TaskProvider.RunTask:input_type -> taskhost.plugin.v1.RunTaskRequest
+	28, // 28: taskhost.plugin.v1.TaskProvider.RunTasks:input_type -> taskhost.plugin.v1.TaskDispatch
+	21, // 29: taskhost.plugin.v1.TaskProvider.OpenTaskListener:input_type -> taskhost.plugin.v1.OpenTaskListenerRequest
+	34, // 30: taskhost.plugin.v1.HostServices.ListPlugins:input_type -> taskhost.plugin.v1.ListPluginsRequest
+	37, // 31: taskhost.plugin.v1.HostServices.CollectMetrics:input_type -> taskhost.plugin.v1.HostCollectMetricsRequest
+	38, // 32: taskhost.plugin.v1.HostServices.RunTask:input_type -> taskhost.plugin.v1.HostRunTaskRequest
+	39, // 33: taskhost.plugin.v1.HostServices.ListTasks:input_type -> taskhost.plugin.v1.HostListTasksRequest
+	40, // 34: taskhost.plugin.v1.HostServices.RunTasks:input_type -> taskhost.plugin.v1.HostTaskDispatch
+	42, // 35: taskhost.plugin.v1.HostServices.SubmitTasks:input_type -> taskhost.plugin.v1.SubmitTasksRequest
+	33, // 36: taskhost.plugin.v1.HostServices.ConnectTasks:input_type -> taskhost.plugin.v1.ConnectTasksRequest
+	42, // 37: taskhost.plugin.v1.TaskSubmitter.SubmitTasks:input_type -> taskhost.plugin.v1.SubmitTasksRequest
+	3,  // 38: taskhost.plugin.v1.Lifecycle.Describe:output_type -> taskhost.plugin.v1.DescribeResponse
+	5,  // 39: taskhost.plugin.v1.Lifecycle.Configure:output_type -> taskhost.plugin.v1.ConfigureResponse
+	7,  // 40: taskhost.plugin.v1.Lifecycle.CheckHealth:output_type -> taskhost.plugin.v1.CheckHealthResponse
+	9,  // 41: taskhost.plugin.v1.Lifecycle.Stop:output_type -> taskhost.plugin.v1.StopResponse
+	11, // 42: taskhost.plugin.v1.MetricsProvider.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
+	15, // 43: taskhost.plugin.v1.HTTPHandler.ServeHTTP:output_type -> taskhost.plugin.v1.HTTPResponseChunk
+	15, // 44: taskhost.plugin.v1.HTTPHandler.ServeHTTPStream:output_type -> taskhost.plugin.v1.HTTPResponseChunk
+	18, // 45: taskhost.plugin.v1.ActionProvider.ListActions:output_type -> taskhost.plugin.v1.ListActionsResponse
+	20, // 46: taskhost.plugin.v1.ActionProvider.InvokeAction:output_type -> taskhost.plugin.v1.InvokeActionResponse
+	25, // 47: taskhost.plugin.v1.TaskProvider.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
+	27, // 48: taskhost.plugin.v1.TaskProvider.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
+	31, // 49: taskhost.plugin.v1.TaskProvider.RunTasks:output_type -> taskhost.plugin.v1.TaskReturn
+	22, // 50: taskhost.plugin.v1.TaskProvider.OpenTaskListener:output_type -> taskhost.plugin.v1.TaskListener
+	36, // 51: taskhost.plugin.v1.HostServices.ListPlugins:output_type -> taskhost.plugin.v1.ListPluginsResponse
+	11, // 52: taskhost.plugin.v1.HostServices.CollectMetrics:output_type -> taskhost.plugin.v1.CollectMetricsResponse
+	27, // 53: taskhost.plugin.v1.HostServices.RunTask:output_type -> taskhost.plugin.v1.RunTaskEvent
+	25, // 54: taskhost.plugin.v1.HostServices.ListTasks:output_type -> taskhost.plugin.v1.ListTasksResponse
+	31, // 55: taskhost.plugin.v1.HostServices.RunTasks:output_type -> taskhost.plugin.v1.TaskReturn
+	44, // 56: taskhost.plugin.v1.HostServices.SubmitTasks:output_type -> taskhost.plugin.v1.SubmitTasksResponse
+	22, // 57: taskhost.plugin.v1.HostServices.ConnectTasks:output_type -> taskhost.plugin.v1.TaskListener
+	44, // 58: taskhost.plugin.v1.TaskSubmitter.SubmitTasks:output_type -> taskhost.plugin.v1.SubmitTasksResponse
+	38, // [38:59] is the sub-list for method output_type
+	17, // [17:38] is the sub-list for method input_type
 	17, // [17:17] is the sub-list for extension type_name
 	17, // [17:17] is the sub-list for extension extendee
 	0,  // [0:17] is the sub-list for field type_name
@@ -2790,7 +2972,7 @@ func file_taskhost_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_taskhost_plugin_v1_plugin_proto_rawDesc), len(file_taskhost_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   41,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   7,
 		},

@@ -645,9 +645,10 @@ var ActionProvider_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	TaskProvider_ListTasks_FullMethodName = "/taskhost.plugin.v1.TaskProvider/ListTasks"
-	TaskProvider_RunTask_FullMethodName   = "/taskhost.plugin.v1.TaskProvider/RunTask"
-	TaskProvider_RunTasks_FullMethodName  = "/taskhost.plugin.v1.TaskProvider/RunTasks"
+	TaskProvider_ListTasks_FullMethodName        = "/taskhost.plugin.v1.TaskProvider/ListTasks"
+	TaskProvider_RunTask_FullMethodName          = "/taskhost.plugin.v1.TaskProvider/RunTask"
+	TaskProvider_RunTasks_FullMethodName         = "/taskhost.plugin.v1.TaskProvider/RunTasks"
+	TaskProvider_OpenTaskListener_FullMethodName = "/taskhost.plugin.v1.TaskProvider/OpenTaskListener"
 )
 
 // TaskProviderClient is the client API for TaskProvider service.
@@ -665,6 +666,12 @@ type TaskProviderClient interface {
 	// calls it only on a plugin that lists the "tasks_stream" capability;
 	// see docs/plugin-protocol.md for its rules.
 	RunTasks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TaskDispatch, TaskReturn], error)
+	// OpenTaskListener makes the provider serve RunTasks on a listener of its
+	// own to the one client whose certificate the host gives, so that the
+	// task system runs attempts without the host relaying each frame. The
+	// host calls it only on a plugin that lists the "tasks_direct"
+	// capability; see docs/plugin-protocol.md.
+	OpenTaskListener(ctx context.Context, in *OpenTaskListenerRequest, opts ...grpc.CallOption) (*TaskListener, error)
 }
 
 type taskProviderClient struct {
@@ -717,6 +724,16 @@ func (c *taskProviderClient) RunTasks(ctx context.Context, opts ...grpc.CallOpti
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TaskProvider_RunTasksClient = grpc.BidiStreamingClient[TaskDispatch, TaskReturn]
 
+func (c *taskProviderClient) OpenTaskListener(ctx context.Context, in *OpenTaskListenerRequest, opts ...grpc.CallOption) (*TaskListener, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TaskListener)
+	err := c.cc.Invoke(ctx, TaskProvider_OpenTaskListener_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // TaskProviderServer is the server API for TaskProvider service.
 // All implementations must embed UnimplementedTaskProviderServer
 // for forward compatibility.
@@ -732,6 +749,12 @@ type TaskProviderServer interface {
 	// calls it only on a plugin that lists the "tasks_stream" capability;
 	// see docs/plugin-protocol.md for its rules.
 	RunTasks(grpc.BidiStreamingServer[TaskDispatch, TaskReturn]) error
+	// OpenTaskListener makes the provider serve RunTasks on a listener of its
+	// own to the one client whose certificate the host gives, so that the
+	// task system runs attempts without the host relaying each frame. The
+	// host calls it only on a plugin that lists the "tasks_direct"
+	// capability; see docs/plugin-protocol.md.
+	OpenTaskListener(context.Context, *OpenTaskListenerRequest) (*TaskListener, error)
 	mustEmbedUnimplementedTaskProviderServer()
 }
 
@@ -750,6 +773,9 @@ func (UnimplementedTaskProviderServer) RunTask(*RunTaskRequest, grpc.ServerStrea
 }
 func (UnimplementedTaskProviderServer) RunTasks(grpc.BidiStreamingServer[TaskDispatch, TaskReturn]) error {
 	return status.Error(codes.Unimplemented, "method RunTasks not implemented")
+}
+func (UnimplementedTaskProviderServer) OpenTaskListener(context.Context, *OpenTaskListenerRequest) (*TaskListener, error) {
+	return nil, status.Error(codes.Unimplemented, "method OpenTaskListener not implemented")
 }
 func (UnimplementedTaskProviderServer) mustEmbedUnimplementedTaskProviderServer() {}
 func (UnimplementedTaskProviderServer) testEmbeddedByValue()                      {}
@@ -808,6 +834,24 @@ func _TaskProvider_RunTasks_Handler(srv interface{}, stream grpc.ServerStream) e
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TaskProvider_RunTasksServer = grpc.BidiStreamingServer[TaskDispatch, TaskReturn]
 
+func _TaskProvider_OpenTaskListener_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenTaskListenerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TaskProviderServer).OpenTaskListener(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TaskProvider_OpenTaskListener_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TaskProviderServer).OpenTaskListener(ctx, req.(*OpenTaskListenerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // TaskProvider_ServiceDesc is the grpc.ServiceDesc for TaskProvider service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -818,6 +862,10 @@ var TaskProvider_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListTasks",
 			Handler:    _TaskProvider_ListTasks_Handler,
+		},
+		{
+			MethodName: "OpenTaskListener",
+			Handler:    _TaskProvider_OpenTaskListener_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
@@ -843,6 +891,7 @@ const (
 	HostServices_ListTasks_FullMethodName      = "/taskhost.plugin.v1.HostServices/ListTasks"
 	HostServices_RunTasks_FullMethodName       = "/taskhost.plugin.v1.HostServices/RunTasks"
 	HostServices_SubmitTasks_FullMethodName    = "/taskhost.plugin.v1.HostServices/SubmitTasks"
+	HostServices_ConnectTasks_FullMethodName   = "/taskhost.plugin.v1.HostServices/ConnectTasks"
 )
 
 // HostServicesClient is the client API for HostServices service.
@@ -862,6 +911,11 @@ type HostServicesClient interface {
 	// SubmitTasks queues tasks in the task system, on behalf of the calling
 	// plugin: all of them, or none and an error.
 	SubmitTasks(ctx context.Context, in *SubmitTasksRequest, opts ...grpc.CallOption) (*SubmitTasksResponse, error)
+	// ConnectTasks asks the named provider to open a listener for the
+	// calling plugin's client certificate (TaskProvider.OpenTaskListener)
+	// and answers where it is: UNIMPLEMENTED when the provider does not
+	// list "tasks_direct" (run RunTasks through the host then).
+	ConnectTasks(ctx context.Context, in *ConnectTasksRequest, opts ...grpc.CallOption) (*TaskListener, error)
 }
 
 type hostServicesClient struct {
@@ -944,6 +998,16 @@ func (c *hostServicesClient) SubmitTasks(ctx context.Context, in *SubmitTasksReq
 	return out, nil
 }
 
+func (c *hostServicesClient) ConnectTasks(ctx context.Context, in *ConnectTasksRequest, opts ...grpc.CallOption) (*TaskListener, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TaskListener)
+	err := c.cc.Invoke(ctx, HostServices_ConnectTasks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HostServicesServer is the server API for HostServices service.
 // All implementations must embed UnimplementedHostServicesServer
 // for forward compatibility.
@@ -961,6 +1025,11 @@ type HostServicesServer interface {
 	// SubmitTasks queues tasks in the task system, on behalf of the calling
 	// plugin: all of them, or none and an error.
 	SubmitTasks(context.Context, *SubmitTasksRequest) (*SubmitTasksResponse, error)
+	// ConnectTasks asks the named provider to open a listener for the
+	// calling plugin's client certificate (TaskProvider.OpenTaskListener)
+	// and answers where it is: UNIMPLEMENTED when the provider does not
+	// list "tasks_direct" (run RunTasks through the host then).
+	ConnectTasks(context.Context, *ConnectTasksRequest) (*TaskListener, error)
 	mustEmbedUnimplementedHostServicesServer()
 }
 
@@ -988,6 +1057,9 @@ func (UnimplementedHostServicesServer) RunTasks(grpc.BidiStreamingServer[HostTas
 }
 func (UnimplementedHostServicesServer) SubmitTasks(context.Context, *SubmitTasksRequest) (*SubmitTasksResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SubmitTasks not implemented")
+}
+func (UnimplementedHostServicesServer) ConnectTasks(context.Context, *ConnectTasksRequest) (*TaskListener, error) {
+	return nil, status.Error(codes.Unimplemented, "method ConnectTasks not implemented")
 }
 func (UnimplementedHostServicesServer) mustEmbedUnimplementedHostServicesServer() {}
 func (UnimplementedHostServicesServer) testEmbeddedByValue()                      {}
@@ -1100,6 +1172,24 @@ func _HostServices_SubmitTasks_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _HostServices_ConnectTasks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ConnectTasksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HostServicesServer).ConnectTasks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: HostServices_ConnectTasks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HostServicesServer).ConnectTasks(ctx, req.(*ConnectTasksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // HostServices_ServiceDesc is the grpc.ServiceDesc for HostServices service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1122,6 +1212,10 @@ var HostServices_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SubmitTasks",
 			Handler:    _HostServices_SubmitTasks_Handler,
+		},
+		{
+			MethodName: "ConnectTasks",
+			Handler:    _HostServices_ConnectTasks_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -286,6 +286,11 @@ class TaskProviderStub(object):
         request_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskDispatch.SerializeToString,
         response_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskReturn.FromString,
         )
+    self.OpenTaskListener = channel.unary_unary(
+        '/taskhost.plugin.v1.TaskProvider/OpenTaskListener',
+        request_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.OpenTaskListenerRequest.SerializeToString,
+        response_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskListener.FromString,
+        )
 
 
 class TaskProviderServicer(object):
@@ -317,6 +322,17 @@ class TaskProviderServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def OpenTaskListener(self, request, context):
+    """OpenTaskListener makes the provider serve RunTasks on a listener of its
+    own to the one client whose certificate the host gives, so that the
+    task system runs attempts without the host relaying each frame. The
+    host calls it only on a plugin that lists the "tasks_direct"
+    capability; see docs/plugin-protocol.md.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskProviderServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -334,6 +350,11 @@ def add_TaskProviderServicer_to_server(servicer, server):
           servicer.RunTasks,
           request_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskDispatch.FromString,
           response_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskReturn.SerializeToString,
+      ),
+      'OpenTaskListener': grpc.unary_unary_rpc_method_handler(
+          servicer.OpenTaskListener,
+          request_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.OpenTaskListenerRequest.FromString,
+          response_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskListener.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(
@@ -381,6 +402,11 @@ class HostServicesStub(object):
         '/taskhost.plugin.v1.HostServices/SubmitTasks',
         request_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksRequest.SerializeToString,
         response_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksResponse.FromString,
+        )
+    self.ConnectTasks = channel.unary_unary(
+        '/taskhost.plugin.v1.HostServices/ConnectTasks',
+        request_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.ConnectTasksRequest.SerializeToString,
+        response_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskListener.FromString,
         )
 
 
@@ -433,6 +459,16 @@ class HostServicesServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def ConnectTasks(self, request, context):
+    """ConnectTasks asks the named provider to open a listener for the
+    calling plugin's client certificate (TaskProvider.OpenTaskListener)
+    and answers where it is: UNIMPLEMENTED when the provider does not
+    list "tasks_direct" (run RunTasks through the host then).
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_HostServicesServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -465,6 +501,11 @@ def add_HostServicesServicer_to_server(servicer, server):
           servicer.SubmitTasks,
           request_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksRequest.FromString,
           response_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.SubmitTasksResponse.SerializeToString,
+      ),
+      'ConnectTasks': grpc.unary_unary_rpc_method_handler(
+          servicer.ConnectTasks,
+          request_deserializer=taskhost__plugin_dot_pb_dot_plugin__pb2.ConnectTasksRequest.FromString,
+          response_serializer=taskhost__plugin_dot_pb_dot_plugin__pb2.TaskListener.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(

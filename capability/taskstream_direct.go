@@ -1,0 +1,319 @@
+package capability
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"runtime"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/taskhost/taskhost/capability/internal/pb"
+)
+
+// The direct connection of a stream of attempts: the host brokers it once,
+// then frames go between the task system and the provider without the
+// host. The caller (tasks_worker) makes a key pair and asks the host,
+// over its own connection, to connect it to a provider
+// (HostServices.ConnectTasks); the host asks the provider to allow that
+// client certificate (TaskProvider.OpenTaskListener), and the provider
+// answers where it listens and which certificate it presents. Each side
+// accepts exactly the other's certificate, and only the host, which both
+// trust, has handed them over: the trust anchors stay the host's.
+
+// TaskListener is where a provider serves RunTasks directly.
+type TaskListener struct {
+	Network, Address string
+	// ServerCert is the certificate the listener presents, DER.
+	ServerCert []byte
+}
+
+// TaskConnector is implemented by a HostServices that connects the
+// calling plugin to a provider directly (the host's).
+type TaskConnector interface {
+	// ConnectTasks has the named provider allow clientCert (DER) on its
+	// own listener of attempts, and returns it: an error wrapping
+	// ErrNotFound, ErrUnavailable or ErrUnimplemented (the provider does
+	// not list TasksDirect) when it cannot.
+	ConnectTasks(ctx context.Context, plugin string, clientCert []byte) (TaskListener, error)
+}
+
+// OpenTaskListener asks the plugin to serve RunTasks on a listener of its
+// own to the client presenting clientCert (DER).
+func (c *Client) OpenTaskListener(ctx context.Context, clientCert []byte) (TaskListener, error) {
+	r, err := c.tasks.OpenTaskListener(ctx, &pb.OpenTaskListenerRequest{ClientCertDer: clientCert})
+	if err != nil {
+		return TaskListener{}, fromStatus("open a listener of attempts", err)
+	}
+	return TaskListener{Network: r.Network, Address: r.Address, ServerCert: r.ServerCertDer}, nil
+}
+
+func (s *hostServicesServer) ConnectTasks(ctx context.Context, req *pb.ConnectTasksRequest) (*pb.TaskListener, error) {
+	c, ok := s.impl.(TaskConnector)
+	if !ok {
+		return nil, status.Error(codes.Unimplemented, "this host does not connect plugins directly")
+	}
+	l, err := c.ConnectTasks(ctx, req.Plugin, req.ClientCertDer)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &pb.TaskListener{Network: l.Network, Address: l.Address, ServerCertDer: l.ServerCert}, nil
+}
+
+func (h *hostServicesClient) connectTasks(ctx context.Context, plugin string, clientCert []byte) (TaskListener, error) {
+	r, err := h.c.ConnectTasks(ctx, &pb.ConnectTasksRequest{Plugin: plugin, ClientCertDer: clientCert})
+	if err != nil {
+		return TaskListener{}, fromStatus("connect to plugin "+plugin, err)
+	}
+	return TaskListener{Network: r.Network, Address: r.Address, ServerCert: r.ServerCertDer}, nil
+}
+
+// taskConnector is a HostServices client that can ask the host for a
+// direct connection: the gRPC client a plugin gets in Configure.
+type taskConnector interface {
+	connectTasks(ctx context.Context, plugin string, clientCert []byte) (TaskListener, error)
+}
+
+// maxAllowedClients bounds the client certificates a provider's listener
+// accepts: each start of the task system makes a new one, and the newest
+// are kept.
+const maxAllowedClients = 8
+
+// directListener is a provider's listener of attempts, opened at the
+// first OpenTaskListener and kept for the life of the process. It is a
+// Linux abstract socket: nothing in the file system to clean up, gone
+// with the process however it ends; TLS, not the socket's permissions,
+// decides who may connect.
+type directListener struct {
+	srv     *grpc.Server
+	stopped bool // by stopDirectListeners
+	addr    string
+	cert    tls.Certificate
+	mu      sync.Mutex
+	allowed [][]byte // newest first
+}
+
+// directListeners are the listeners of attempts this process opened.
+var directListeners struct {
+	sync.Mutex
+	open []*directListener
+}
+
+// stopDirectListeners stops every listener of attempts of the process,
+// breaking their streams, as the provider's end does. Tests that stand
+// for a provider process in-process use it for that process's death.
+func stopDirectListeners() {
+	directListeners.Lock()
+	open := directListeners.open
+	directListeners.open = nil
+	directListeners.Unlock()
+	for _, l := range open {
+		l.mu.Lock()
+		l.stopped = true
+		l.mu.Unlock()
+		l.srv.Stop()
+	}
+}
+
+func (s *taskServer) OpenTaskListener(_ context.Context, req *pb.OpenTaskListenerRequest) (*pb.TaskListener, error) {
+	if len(req.ClientCertDer) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "no client certificate")
+	}
+	if _, err := x509.ParseCertificate(req.ClientCertDer); err != nil {
+		return nil, status.Error(codes.InvalidArgument, "the client certificate does not parse: "+err.Error())
+	}
+	if runtime.GOOS != "linux" {
+		return nil, status.Error(codes.Unimplemented, "listeners of attempts are abstract sockets, which only Linux has")
+	}
+	l, err := s.listener()
+	if err != nil {
+		return nil, status.Error(codes.Unavailable, "open a listener of attempts: "+err.Error())
+	}
+	l.allow(req.ClientCertDer)
+	return &pb.TaskListener{Network: "unix", Address: l.addr, ServerCertDer: l.cert.Certificate[0]}, nil
+}
+
+// listener returns the provider's listener of attempts, opening it at the
+// first call.
+func (s *taskServer) listener() (*directListener, error) {
+	s.directMu.Lock()
+	defer s.directMu.Unlock()
+	if s.direct != nil && !s.direct.isStopped() {
+		return s.direct, nil
+	}
+	cert, err := selfSignedCert()
+	if err != nil {
+		return nil, err
+	}
+	var name [12]byte
+	if _, err := rand.Read(name[:]); err != nil {
+		return nil, err
+	}
+	addr := "@taskhost-tasks-" + hex.EncodeToString(name[:])
+	ln, err := net.Listen("unix", addr)
+	if err != nil {
+		return nil, err
+	}
+	l := &directListener{addr: addr, cert: cert}
+	tc := &tls.Config{
+		Certificates:          []tls.Certificate{cert},
+		ClientAuth:            tls.RequireAnyClientCert,
+		MinVersion:            tls.VersionTLS12,
+		NextProtos:            []string{"h2"},
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error { return l.check(raw) },
+	}
+	l.srv = grpc.NewServer(append(GRPCServerOptions(), grpc.Creds(credentials.NewTLS(tc)))...)
+	pb.RegisterTaskProviderServer(l.srv, &directTaskServer{t: s})
+	go func() { _ = l.srv.Serve(ln) }()
+	directListeners.Lock()
+	directListeners.open = append(directListeners.open, l)
+	directListeners.Unlock()
+	s.direct = l
+	return l, nil
+}
+
+func (l *directListener) isStopped() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.stopped
+}
+
+func (l *directListener) allow(der []byte) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range l.allowed {
+		if bytes.Equal(a, der) {
+			return
+		}
+	}
+	l.allowed = append([][]byte{der}, l.allowed...)
+	if len(l.allowed) > maxAllowedClients {
+		l.allowed = l.allowed[:maxAllowedClients]
+	}
+}
+
+// check accepts a client presenting one of the allowed certificates.
+func (l *directListener) check(raw [][]byte) error {
+	if len(raw) == 0 {
+		return errors.New("no client certificate")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range l.allowed {
+		if bytes.Equal(a, raw[0]) {
+			return nil
+		}
+	}
+	return errors.New("a client certificate the host did not hand over")
+}
+
+// directTaskServer serves RunTasks alone, on a provider's listener of
+// attempts.
+type directTaskServer struct {
+	pb.UnimplementedTaskProviderServer
+	t *taskServer
+}
+
+func (d *directTaskServer) RunTasks(stream pb.TaskProvider_RunTasksServer) error {
+	return d.t.RunTasks(stream)
+}
+
+// selfSignedCert makes a key pair and a certificate for one side of a
+// direct connection. The other side compares it byte for byte, so its
+// names and validity only need to satisfy TLS libraries.
+func selfSignedCert() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "localhost", Organization: []string{"taskhost"}},
+		DNSNames:     []string{"localhost"},
+		NotBefore:    now.Add(-30 * time.Second),
+		NotAfter:     now.Add(30 * 365 * 24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
+// dialDirect dials a provider's listener of attempts, presenting cert and
+// accepting exactly l's certificate, and opens RunTasks on it. The
+// connection closes when ctx ends.
+func dialDirect(ctx context.Context, l TaskListener, cert tls.Certificate) (dispatchStream, error) {
+	if l.Network != "unix" {
+		return nil, fmt.Errorf("a listener of attempts on network %q (want unix)", l.Network)
+	}
+	want := l.ServerCert
+	tc := &tls.Config{
+		Certificates:       []tls.Certificate{cert},
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         "localhost",
+		InsecureSkipVerify: true, // replaced by the exact comparison below
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if len(raw) == 0 || !bytes.Equal(raw[0], want) {
+				return errors.New("the listener of attempts presents a certificate the host did not hand over")
+			}
+			return nil
+		},
+	}
+	addr := l.Address
+	conn, err := grpc.NewClient("passthrough:///tasks",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", addr)
+		}),
+		grpc.WithTransportCredentials(credentials.NewTLS(tc)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)))
+	if err != nil {
+		return nil, err
+	}
+	s, err := pb.NewTaskProviderClient(conn).RunTasks(ctx)
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	go func() {
+		<-ctx.Done()
+		_ = conn.Close()
+	}()
+	return directStream{s}, nil
+}
+
+// directStream is the caller's end of a direct stream of attempts: the
+// frame that names the plugin, for a relay, has nothing to carry here.
+type directStream struct {
+	pb.TaskProvider_RunTasksClient
+}
+
+func (d directStream) Send(f *pb.HostTaskDispatch) error {
+	if f.Dispatch == nil {
+		return nil
+	}
+	return d.TaskProvider_RunTasksClient.Send(f.Dispatch)
+}
