@@ -36,8 +36,9 @@ const (
 	// with providers that list it, so an older plugin binary keeps getting
 	// one call per attempt.
 	TasksStream Capability = "tasks_stream"
-	// TasksDirect says the plugin's TaskProvider serves RunTasks on a
-	// listener of its own too, opened for the task system when the host
+	// TasksDirect says the plugin's TaskProvider serves its stream of
+	// attempts on a listener of its own too (the frames of
+	// docs/plugin-protocol.md), opened for the task system when the host
 	// asks (OpenTaskListener), so that attempts go without the host
 	// relaying each frame. Every TaskProvider built with this package
 	// since the call exists serves it; the stream of a provider that does

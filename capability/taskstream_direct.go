@@ -18,9 +18,7 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	"github.com/taskhost/taskhost/capability/internal/pb"
@@ -36,7 +34,8 @@ import (
 // accepts exactly the other's certificate, and only the host, which both
 // trust, has handed them over: the trust anchors stay the host's.
 
-// TaskListener is where a provider serves RunTasks directly.
+// TaskListener is where a provider serves its stream of attempts
+// directly (as frames: taskstream_frames.go).
 type TaskListener struct {
 	Network, Address string
 	// ServerCert is the certificate the listener presents, DER.
@@ -53,7 +52,7 @@ type TaskConnector interface {
 	ConnectTasks(ctx context.Context, plugin string, clientCert []byte) (TaskListener, error)
 }
 
-// OpenTaskListener asks the plugin to serve RunTasks on a listener of its
+// OpenTaskListener asks the plugin to serve its stream of attempts on a listener of its
 // own to the client presenting clientCert (DER).
 func (c *Client) OpenTaskListener(ctx context.Context, clientCert []byte) (TaskListener, error) {
 	r, err := c.tasks.OpenTaskListener(ctx, &pb.OpenTaskListenerRequest{ClientCertDer: clientCert})
@@ -100,12 +99,13 @@ const maxAllowedClients = 8
 // with the process however it ends; TLS, not the socket's permissions,
 // decides who may connect.
 type directListener struct {
-	srv     *grpc.Server
+	ln      net.Listener
 	stopped bool // by stopDirectListeners
 	addr    string
 	cert    tls.Certificate
 	mu      sync.Mutex
 	allowed [][]byte // newest first
+	conns   map[net.Conn]struct{}
 }
 
 // directListeners are the listeners of attempts this process opened.
@@ -126,7 +126,8 @@ func stopDirectListeners() {
 		l.mu.Lock()
 		l.stopped = true
 		l.mu.Unlock()
-		l.srv.Stop()
+		_ = l.ln.Close()
+		l.closeConns()
 	}
 }
 
@@ -169,17 +170,14 @@ func (s *taskServer) listener() (*directListener, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &directListener{addr: addr, cert: cert}
+	l := &directListener{ln: ln, addr: addr, cert: cert}
 	tc := &tls.Config{
 		Certificates:          []tls.Certificate{cert},
 		ClientAuth:            tls.RequireAnyClientCert,
 		MinVersion:            tls.VersionTLS12,
-		NextProtos:            []string{"h2"},
 		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error { return l.check(raw) },
 	}
-	l.srv = grpc.NewServer(append(GRPCServerOptions(), grpc.Creds(credentials.NewTLS(tc)))...)
-	pb.RegisterTaskProviderServer(l.srv, &directTaskServer{t: s})
-	go func() { _ = l.srv.Serve(ln) }()
+	go l.serve(tc, s)
 	directListeners.Lock()
 	directListeners.open = append(directListeners.open, l)
 	directListeners.Unlock()
@@ -222,15 +220,63 @@ func (l *directListener) check(raw [][]byte) error {
 	return errors.New("a client certificate the host did not hand over")
 }
 
-// directTaskServer serves RunTasks alone, on a provider's listener of
-// attempts.
-type directTaskServer struct {
-	pb.UnimplementedTaskProviderServer
-	t *taskServer
+// serve accepts the connections of the listener, each a stream of
+// attempts once its TLS handshake has checked the client's certificate.
+func (l *directListener) serve(tc *tls.Config, s *taskServer) {
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !l.track(c) {
+			_ = c.Close()
+			return
+		}
+		go func() {
+			defer l.untrack(c)
+			tlc := tls.Server(c, tc)
+			ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+			err := tlc.HandshakeContext(ctx)
+			cancel()
+			if err != nil {
+				_ = c.Close()
+				return
+			}
+			s.serveFrames(tlc)
+		}()
+	}
 }
 
-func (d *directTaskServer) RunTasks(stream pb.TaskProvider_RunTasksServer) error {
-	return d.t.RunTasks(stream)
+// handshakeTimeout bounds a direct connection's TLS handshake.
+const handshakeTimeout = 10 * time.Second
+
+// track records an open connection, for stopDirectListeners; false once
+// the listener is stopped.
+func (l *directListener) track(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return false
+	}
+	if l.conns == nil {
+		l.conns = map[net.Conn]struct{}{}
+	}
+	l.conns[c] = struct{}{}
+	return true
+}
+
+func (l *directListener) untrack(c net.Conn) {
+	l.mu.Lock()
+	delete(l.conns, c)
+	l.mu.Unlock()
+}
+
+func (l *directListener) closeConns() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for c := range l.conns {
+		_ = c.Close()
+	}
 }
 
 // selfSignedCert makes a key pair and a certificate for one side of a
@@ -263,8 +309,7 @@ func selfSignedCert() (tls.Certificate, error) {
 }
 
 // dialDirect dials a provider's listener of attempts, presenting cert and
-// accepting exactly l's certificate, and opens RunTasks on it. The
-// connection closes when ctx ends.
+// accepting exactly l's certificate. The connection closes when ctx ends.
 func dialDirect(ctx context.Context, l TaskListener, cert tls.Certificate) (dispatchStream, error) {
 	if l.Network != "unix" {
 		return nil, fmt.Errorf("a listener of attempts on network %q (want unix)", l.Network)
@@ -282,38 +327,16 @@ func dialDirect(ctx context.Context, l TaskListener, cert tls.Certificate) (disp
 			return nil
 		},
 	}
-	addr := l.Address
-	conn, err := grpc.NewClient("passthrough:///tasks",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", addr)
-		}),
-		grpc.WithTransportCredentials(credentials.NewTLS(tc)),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageBytes), grpc.MaxCallSendMsgSize(maxMessageBytes)))
+	hctx, cancel := context.WithTimeout(ctx, handshakeTimeout)
+	defer cancel()
+	d := tls.Dialer{Config: tc}
+	c, err := d.DialContext(hctx, "unix", l.Address)
 	if err != nil {
-		return nil, err
-	}
-	s, err := pb.NewTaskProviderClient(conn).RunTasks(ctx)
-	if err != nil {
-		_ = conn.Close()
 		return nil, err
 	}
 	go func() {
 		<-ctx.Done()
-		_ = conn.Close()
+		_ = c.Close()
 	}()
-	return directStream{s}, nil
-}
-
-// directStream is the caller's end of a direct stream of attempts: the
-// frame that names the plugin, for a relay, has nothing to carry here.
-type directStream struct {
-	pb.TaskProvider_RunTasksClient
-}
-
-func (d directStream) Send(f *pb.HostTaskDispatch) error {
-	if f.Dispatch == nil {
-		return nil
-	}
-	return d.TaskProvider_RunTasksClient.Send(f.Dispatch)
+	return directStream{f: newFrameConn(c)}, nil
 }

@@ -51,6 +51,19 @@ type serveTaskStream struct {
 }
 
 func (s *taskServer) RunTasks(stream pb.TaskProvider_RunTasksServer) error {
+	return s.runTasks(stream)
+}
+
+// attemptsServer is the provider's end of a stream of attempts: a gRPC
+// RunTasks call (relayed by the host), or a direct connection's frames.
+type attemptsServer interface {
+	Context() context.Context
+	Recv() (*pb.TaskDispatch, error)
+	Send(*pb.TaskReturn) error
+}
+
+// runTasks runs the attempts of one stream until it ends.
+func (s *taskServer) runTasks(stream attemptsServer) error {
 	capacity := DefaultTaskCapacity
 	if c, ok := s.impl.(TaskCapacity); ok {
 		capacity = c.TaskCapacity()
@@ -85,7 +98,7 @@ func (s *taskServer) RunTasks(stream pb.TaskProvider_RunTasksServer) error {
 
 // recvLoop starts and cancels attempts as the caller's frames say, until
 // the caller closes its side (nil) or the stream fails.
-func (st *serveTaskStream) recvLoop(stream pb.TaskProvider_RunTasksServer) error {
+func (st *serveTaskStream) recvLoop(stream attemptsServer) error {
 	for {
 		d, err := stream.Recv()
 		if err != nil {
@@ -216,7 +229,7 @@ func (st *serveTaskStream) kick() {
 // sendLoop sends what is queued, all of it in one frame, whenever there is
 // something; gRPC's flow control holds it back while the caller does not
 // read, and the attempts' events wait in the queue meanwhile.
-func (st *serveTaskStream) sendLoop(stream pb.TaskProvider_RunTasksServer) error {
+func (st *serveTaskStream) sendLoop(stream attemptsServer) error {
 	for {
 		select {
 		case <-st.ctx.Done():

@@ -1200,7 +1200,7 @@ func (x *OpenTaskListenerRequest) GetClientCertDer() []byte {
 	return nil
 }
 
-// TaskListener is where a provider serves RunTasks directly.
+// TaskListener is where a provider serves its stream of attempts directly.
 type TaskListener struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "unix": address is a socket's path, or the name of a Linux abstract

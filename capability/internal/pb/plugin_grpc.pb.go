@@ -666,7 +666,8 @@ type TaskProviderClient interface {
 	// calls it only on a plugin that lists the "tasks_stream" capability;
 	// see docs/plugin-protocol.md for its rules.
 	RunTasks(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[TaskDispatch, TaskReturn], error)
-	// OpenTaskListener makes the provider serve RunTasks on a listener of its
+	// OpenTaskListener makes the provider serve the stream of attempts (as
+	// length-prefixed frames, not a gRPC call) on a listener of its
 	// own to the one client whose certificate the host gives, so that the
 	// task system runs attempts without the host relaying each frame. The
 	// host calls it only on a plugin that lists the "tasks_direct"
@@ -749,7 +750,8 @@ type TaskProviderServer interface {
 	// calls it only on a plugin that lists the "tasks_stream" capability;
 	// see docs/plugin-protocol.md for its rules.
 	RunTasks(grpc.BidiStreamingServer[TaskDispatch, TaskReturn]) error
-	// OpenTaskListener makes the provider serve RunTasks on a listener of its
+	// OpenTaskListener makes the provider serve the stream of attempts (as
+	// length-prefixed frames, not a gRPC call) on a listener of its
 	// own to the one client whose certificate the host gives, so that the
 	// task system runs attempts without the host relaying each frame. The
 	// host calls it only on a plugin that lists the "tasks_direct"

@@ -323,7 +323,8 @@ class TaskProviderServicer(object):
     raise NotImplementedError('Method not implemented!')
 
   def OpenTaskListener(self, request, context):
-    """OpenTaskListener makes the provider serve RunTasks on a listener of its
+    """OpenTaskListener makes the provider serve the stream of attempts (as
+    length-prefixed frames, not a gRPC call) on a listener of its
     own to the one client whose certificate the host gives, so that the
     task system runs attempts without the host relaying each frame. The
     host calls it only on a plugin that lists the "tasks_direct"
