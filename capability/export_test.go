@@ -3,7 +3,9 @@ package capability
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"slices"
+	"time"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
@@ -85,3 +87,36 @@ func DirectCapacity(ctx context.Context, l TaskListener, cert tls.Certificate) (
 // SelfSignedCert is the key pair and certificate one side of a direct
 // connection makes.
 var SelfSignedCert = selfSignedCert
+
+// DirectSendRaw dials l presenting cert, writes raw on the connection
+// as it is (then, with closeWrite, ends its side), and reads until the
+// provider closes it: nil when it did, after its first frame (its
+// capacity).
+func DirectSendRaw(ctx context.Context, l TaskListener, cert tls.Certificate, raw []byte, closeWrite bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	s, err := dialDirect(ctx, l, cert)
+	if err != nil {
+		return err
+	}
+	d := s.(directStream)
+	if _, err := d.Recv(); err != nil {
+		return fmt.Errorf("no first frame: %w", err)
+	}
+	if _, err := d.f.c.Write(raw); err != nil {
+		return err
+	}
+	if closeWrite {
+		if err := d.f.c.(*tls.Conn).CloseWrite(); err != nil {
+			return err
+		}
+	}
+	for {
+		if _, err := d.Recv(); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("the provider kept the connection open: %w", ctx.Err())
+			}
+			return nil
+		}
+	}
+}

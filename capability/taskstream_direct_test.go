@@ -70,3 +70,35 @@ func TestAListenerThatCannotBeReachedMakesTheStreamGoThroughTheHost(t *testing.T
 		t.Fatalf("%d direct connections tried and %d streams relayed; want 1 and 1", d, r)
 	}
 }
+
+// TestAFrameThatDoesNotParseEndsOnlyItsConnection: a client that sends a
+// frame longer than the limit, bytes that are no TaskDispatch, or a frame
+// cut short by its end of the connection loses its connection; the
+// listener serves the next one.
+func TestAFrameThatDoesNotParseEndsOnlyItsConnection(t *testing.T) {
+	client := capabilitytest.Connect(t, &streamProvider{capacity: 5})
+	cert, err := capability.SelfSignedCert()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := client.OpenTaskListener(ctx, cert.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []struct {
+		frame []byte
+		end   bool // the client ends its side after it
+	}{
+		{[]byte{0xff, 0xff, 0xff, 0xff}, false},       // a length past the limit
+		{[]byte{0, 0, 0, 3, 0xff, 0xff, 0xff}, false}, // no protobuf message
+		{[]byte{0, 0, 0, 10, 1, 2}, true},             // cut short by the connection's end
+	} {
+		if err := capability.DirectSendRaw(ctx, l, cert, bad.frame, bad.end); err != nil {
+			t.Fatalf("frame %x: %v; want the provider to close the connection after its capacity", bad.frame, err)
+		}
+	}
+	if c, err := capability.DirectCapacity(ctx, l, cert); err != nil || c != 5 {
+		t.Fatalf("after the bad frames: capacity %d, %v; want 5", c, err)
+	}
+}

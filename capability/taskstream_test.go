@@ -421,3 +421,33 @@ func TestSubmitOutsideATaskSaysSo(t *testing.T) {
 		t.Fatalf("err = %v, want ErrNotInTask", err)
 	}
 }
+
+// TestACallerThatGoesAwayCancelsItsAttemptsInTheProvider: when the
+// caller's end of the stream goes (tasks_worker stops or dies), the
+// provider cancels the handlers of its attempts.
+func TestACallerThatGoesAwayCancelsItsAttemptsInTheProvider(t *testing.T) {
+	paths(t, func(t *testing.T, relayed bool) {
+		p := &streamProvider{capacity: 8, started: make(chan string, 3)}
+		s := newStreamSetup(t, p)
+		if relayed {
+			s.relayOnly()
+		}
+		done := make(chan error, 3)
+		for i := range 3 {
+			go func() {
+				_, err := s.runner.RunTask(context.Background(), "prov", capability.TaskRun{Task: "wait", MessageID: fmt.Sprint(i)}, nil)
+				done <- err
+			}()
+		}
+		for range 3 {
+			<-p.started
+		}
+		s.runner.Close()
+		for range 3 {
+			if err := <-done; !errors.Is(err, capability.ErrUnavailable) {
+				t.Fatalf("an attempt of a closed runner: %v; want ErrUnavailable", err)
+			}
+		}
+		waitFor(t, "the provider's handlers to see their cancel", func() bool { return p.running.Load() == 0 })
+	})
+}
