@@ -144,8 +144,19 @@ func (p cancelProvider) RunTask(ctx context.Context, _ TaskRun, _ TaskEvents) (j
 
 // BenchmarkCancelReachesTheProvider times a cancel from the caller's
 // context ending to the provider's handler seeing its own end, through
-// the host's relay (reported as cancel-µs, the mean).
+// the host's relay and on a direct stream (reported as cancel-µs, the
+// mean).
 func BenchmarkCancelReachesTheProvider(b *testing.B) {
+	for _, direct := range []bool{false, true} {
+		name := "relayed"
+		if direct {
+			name = "direct"
+		}
+		b.Run(name, func(b *testing.B) { benchCancel(b, direct) })
+	}
+}
+
+func benchCancel(b *testing.B, direct bool) {
 	p := cancelProvider{started: make(chan struct{}), cancelled: make(chan struct{})}
 	client, server := plugin.TestPluginGRPCConn(b, false, PluginSet(p))
 	b.Cleanup(func() { server.Stop(); _ = client.Close() })
@@ -153,7 +164,7 @@ func BenchmarkCancelReachesTheProvider(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	runner := NewTaskRunner(benchHostServices(b, raw.(*Client), false), TaskRunnerOptions{})
+	runner := NewTaskRunner(benchHostServices(b, raw.(*Client), direct), TaskRunnerOptions{})
 	defer runner.Close()
 	var total time.Duration
 	for b.Loop() {
