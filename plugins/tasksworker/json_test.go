@@ -34,7 +34,10 @@ func TestUIShowsDeepStoredJSONInBoundedMemory(t *testing.T) {
 	if _, err := db.ExecContext(ctx, `UPDATE tw_messages SET payload = ?, result = ? WHERE id = ?`, payload, result, id); err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now().UnixMilli()
+	// The local store keeps times in nanoseconds: a report dated in
+	// another unit reads as one from 1970, which the retention pass may
+	// purge before the page is read.
+	now := time.Now().UnixNano()
 	if _, err := db.ExecContext(ctx, `INSERT INTO tw_reports (message_id, task, topic, attempt, status, started_at, ended_at, result)
 		VALUES (?, 'demo.echo', 'default', 1, 'success', ?, ?, ?)`, id, now, now, report); err != nil {
 		t.Fatal(err)
