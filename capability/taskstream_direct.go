@@ -88,6 +88,49 @@ type taskConnector interface {
 	connectTasks(ctx context.Context, plugin string, clientCert []byte) (TaskListener, error)
 }
 
+// connectDirect opens a stream of attempts straight to plugin, brokered
+// by the host: ErrUnimplemented when the host or the plugin cannot (the
+// stream then goes through the host, and does for legacyFor), or when the
+// listener the plugin gave cannot be reached from here.
+func (r *TaskRunner) connectDirect(ctx context.Context, plugin string) (dispatchStream, error) {
+	c, ok := r.host.(taskConnector)
+	if !ok {
+		return nil, ErrUnimplemented
+	}
+	r.mu.Lock()
+	if until, ok := r.relayed[plugin]; ok && time.Now().Before(until) {
+		r.mu.Unlock()
+		return nil, ErrUnimplemented
+	}
+	if r.cert == nil {
+		cert, err := selfSignedCert()
+		if err != nil {
+			r.mu.Unlock()
+			return nil, fmt.Errorf("make the certificate of direct streams: %w", err)
+		}
+		r.cert = &cert
+	}
+	cert := *r.cert
+	r.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, capacityWait)
+	l, err := c.connectTasks(cctx, plugin, cert.Certificate[0])
+	cancel()
+	if err == nil {
+		var s dispatchStream
+		if s, err = dialDirect(ctx, l, cert); err == nil {
+			return s, nil
+		}
+		r.log.Warn("cannot reach a task plugin's listener of attempts; its attempts go through the host", "plugin", plugin, "address", l.Address, "error", err)
+		err = fmt.Errorf("%w: %v", ErrUnimplemented, err)
+	}
+	if errors.Is(err, ErrUnimplemented) {
+		r.mu.Lock()
+		r.relayed[plugin] = time.Now().Add(legacyFor)
+		r.mu.Unlock()
+	}
+	return nil, err
+}
+
 // maxAllowedClients bounds the client certificates a provider's listener
 // accepts: each start of the task system makes a new one, and the newest
 // are kept.

@@ -85,7 +85,7 @@ type TaskRunner struct {
 	streams map[string]*attemptStream
 	legacy  map[string]time.Time // plugin -> until when it runs one call each
 	relayed map[string]time.Time // plugin -> until when its stream goes through the host
-	cert    *tls.Certificate     // the client certificate of direct streams, made at the first
+	cert    *tls.Certificate     // the client certificate of direct streams, made at the first one
 	refuse  map[string]*refusals // plugin -> refusals not logged yet
 }
 
@@ -176,49 +176,6 @@ func (r *TaskRunner) stream(plugin string) *attemptStream {
 	r.streams[plugin] = st
 	go st.open(opener)
 	return st
-}
-
-// connectDirect opens a stream of attempts straight to plugin, brokered
-// by the host: ErrUnimplemented when the host or the plugin cannot (the
-// stream then goes through the host, and does for legacyFor), or when the
-// listener the plugin gave cannot be reached from here.
-func (r *TaskRunner) connectDirect(ctx context.Context, plugin string) (dispatchStream, error) {
-	c, ok := r.host.(taskConnector)
-	if !ok {
-		return nil, ErrUnimplemented
-	}
-	r.mu.Lock()
-	if until, ok := r.relayed[plugin]; ok && time.Now().Before(until) {
-		r.mu.Unlock()
-		return nil, ErrUnimplemented
-	}
-	if r.cert == nil {
-		cert, err := selfSignedCert()
-		if err != nil {
-			r.mu.Unlock()
-			return nil, fmt.Errorf("make the certificate of direct streams: %w", err)
-		}
-		r.cert = &cert
-	}
-	cert := *r.cert
-	r.mu.Unlock()
-	cctx, cancel := context.WithTimeout(ctx, capacityWait)
-	l, err := c.connectTasks(cctx, plugin, cert.Certificate[0])
-	cancel()
-	if err == nil {
-		var s dispatchStream
-		if s, err = dialDirect(ctx, l, cert); err == nil {
-			return s, nil
-		}
-		r.log.Warn("cannot reach a task plugin's listener of attempts; its attempts go through the host", "plugin", plugin, "address", l.Address, "error", err)
-		err = fmt.Errorf("%w: %v", ErrUnimplemented, err)
-	}
-	if errors.Is(err, ErrUnimplemented) {
-		r.mu.Lock()
-		r.relayed[plugin] = time.Now().Add(legacyFor)
-		r.mu.Unlock()
-	}
-	return nil, err
 }
 
 func (r *TaskRunner) runLegacy(plugin string) {
