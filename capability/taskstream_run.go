@@ -419,6 +419,9 @@ func (st *attemptStream) kick() {
 // fail breaks the stream for err: every attempt in flight, and every
 // caller waiting for room, gets err. The first error wins.
 func (st *attemptStream) fail(err error) {
+	// Forget it before anyone learns it broke: an attempt that comes
+	// after then opens a new stream instead of finding this one.
+	st.r.forget(st)
 	st.mu.Lock()
 	if st.err != nil {
 		st.mu.Unlock()
@@ -431,7 +434,6 @@ func (st *attemptStream) fail(err error) {
 	n := len(st.pending)
 	st.mu.Unlock()
 	st.cancel()
-	st.r.forget(st)
 	if n > 0 && !errors.Is(err, ErrUnimplemented) && st.r.ctx.Err() == nil {
 		st.r.log.Warn("the stream of attempts to a task plugin broke; its attempts in flight fail and are retried", "plugin", st.plugin, "in_flight", n, "error", err)
 	}
