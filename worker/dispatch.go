@@ -28,6 +28,15 @@ const maxExchanges = 2
 // 2*Concurrency messages claimed and not yet written back (running in the
 // broker), so slow outcome writes slow claiming down (slots).
 //
+// Offloaded attempts (Task.Offload) hold no worker, so a claim also asks
+// for the offload slots that are free (slots.extra), as far as the last
+// claim's mix of tasks says they would go to offloaded attempts: a claim
+// whose messages were all of offloaded tasks sizes the next for every
+// free offload slot, one of in-process tasks alone for the idle workers.
+// What a claim brings past the idle workers waits in the executor's
+// backlog (executor.give), counted as held by a worker, so the next claims
+// shrink until it has run.
+//
 // A topic's concurrency limit counts a message as running until its
 // outcome is written. The acks therefore go with the next claim, written
 // before it (in one transaction when the broker is a broker.AckClaimer),
@@ -80,6 +89,7 @@ type dispatcher struct {
 	ann *announcements
 	x   *exchanges
 	bo  *backoff
+	mix claimMix // what the last claim that brought messages held
 	// idling: after a short claim, claim with no acks only once the idle
 	// wait ends (deadline, the idle timer).
 	idling   bool
@@ -146,6 +156,7 @@ func (d *dispatcher) run() {
 	defer close(d.done)
 	defer d.exec.closeJobs()
 	defer d.out.closeAcks()
+	defer d.exec.requeueBacklog()
 	defer d.iso.stop()
 	d.ann = newAnnouncements(d)
 	d.x = &exchanges{results: make(chan exchanged, maxExchanges), busy: map[int64]int{}}
@@ -177,6 +188,7 @@ func (d *dispatcher) run() {
 // it may carry and a claim of the free slots. False when none is.
 func (d *dispatcher) launch() bool {
 	x := d.x
+	d.exec.feed()
 	inflight := d.iso.settle(int(d.exec.inflight.Load()), x.reserved)
 	if x.flying >= maxExchanges || d.failed {
 		return false
@@ -185,11 +197,14 @@ func (d *dispatcher) launch() bool {
 	s := slots{
 		n: d.n, inflight: inflight, offloaded: int(d.exec.offloaded.Load()), reserved: x.reserved,
 		pending: int(d.out.pending.Load()), acks: nAcks, carried: x.acks, blocked: d.iso.blocks(),
+		offSlots: d.exec.offloadSlots(), offReserved: x.reservedOff, mix: d.mix,
 	}
 	if !s.launches(x.flying, d.idling) {
 		return false
 	}
-	free := s.free()
+	local := s.free()
+	extra := s.extra(local)
+	free := local + extra
 	acks := d.out.acks.takeExcept(x.busy)
 	if free > 0 {
 		// A write that returns from here on may free a slot this
@@ -205,7 +220,7 @@ func (d *dispatcher) launch() bool {
 		d.woken = false
 	}
 	d.ann.claiming()
-	x.launch(d, acks, broker.ClaimRequest{WorkerID: d.workerID, Topics: d.topics.claim(), Max: free})
+	x.launch(d, acks, broker.ClaimRequest{WorkerID: d.workerID, Topics: d.topics.claim(), Max: free}, extra)
 	return true
 }
 
@@ -229,7 +244,7 @@ func (d *dispatcher) wait() bool {
 	// reads the slots afresh. Not waking for each finished message
 	// then saves a wake-up of the dispatcher per message.
 	var slotFreed <-chan struct{}
-	if d.x.flying < maxExchanges && !d.failed {
+	if d.x.flying < maxExchanges && !d.failed || d.exec.backlogged() {
 		slotFreed = d.exec.slotFreed
 	}
 	select {
@@ -328,7 +343,15 @@ type slots struct {
 	acks      int  // acks the next exchange may carry (none held back for a busy claim)
 	carried   int  // acks the exchanges in flight carry
 	blocked   bool // a suspect is held or runs alone (isolation.blocks)
+
+	offSlots    int      // Options.OffloadSlots now
+	offReserved int      // what the exchanges in flight may claim past the idle workers
+	mix         claimMix // what the last claim that brought messages held
 }
+
+// claimMix is what a claim brought: how many messages, and how many of
+// them were of offloaded tasks.
+type claimMix struct{ claimed, offloadable int }
 
 // local is how many messages hold a worker: offloaded attempts hold none,
 // so the slots are the workers' (see offload).
@@ -352,6 +375,29 @@ func (s slots) free() int {
 	return max(min(s.idle(), s.room()), 0)
 }
 
+// offRoom is how many offloaded attempts the pool may claim for now: the
+// offload slots not out nor asked for, and, as for the workers (room), at
+// most twice the slots claimed and not yet written back.
+func (s slots) offRoom() int {
+	return min(s.offSlots-s.offloaded-s.offReserved, 2*s.offSlots-s.offloaded-s.offReserved-max(s.pending-s.acks, 0))
+}
+
+// extra is how many messages a claim of local for the idle workers asks
+// for besides, for the free offload slots (offRoom): all of them when the
+// last claim's messages were all of offloaded tasks, none when none were,
+// and otherwise as many as keep the in-process part expected of the
+// claim, by the last one's mix, within the idle workers.
+func (s slots) extra(local int) int {
+	room := s.offRoom()
+	if s.blocked || room <= 0 || s.mix.offloadable == 0 {
+		return 0
+	}
+	if s.mix.offloadable >= s.mix.claimed {
+		return room
+	}
+	return min(local*s.mix.offloadable/(s.mix.claimed-s.mix.offloadable), room)
+}
+
 // whole reports whether the acks are a whole batch: no handler busy, and
 // every outcome handed over is in flight or may go in the next exchange.
 // Acks held back for a busy claim count as not yet here, so while some
@@ -363,7 +409,7 @@ func (s slots) whole() bool { return s.inflight == 0 && s.pending-s.carried-s.ac
 // flight already and the dispatcher idling or not (see dispatcher).
 func (s slots) launches(flying int, idling bool) bool {
 	if flying == 0 {
-		return s.acks > 0 || (s.free() > 0 && !idling)
+		return s.acks > 0 || (s.free()+s.extra(s.free()) > 0 && !idling)
 	}
 	return s.secondLaunches()
 }
@@ -377,10 +423,11 @@ func (s slots) secondLaunches() bool {
 
 // exchanges is the dispatcher's view of its exchanges in flight.
 type exchanges struct {
-	results  chan exchanged
-	flying   int // exchanges in flight
-	reserved int // messages they may claim
-	acks     int // acks they carry
+	results     chan exchanged
+	flying      int // exchanges in flight
+	reserved    int // messages they may claim for the idle workers
+	reservedOff int // messages they may claim past those, for offloaded attempts (slots.extra)
+	acks        int // acks they carry
 	// busy counts, per claim (claimGroup), the exchanges in flight that
 	// carry acks of its messages.
 	busy map[int64]int
@@ -391,14 +438,17 @@ type exchanged struct {
 	msgs   []broker.Message
 	err    error
 	max    int     // messages it asked for
+	extra  int     // of max, those past the idle workers (slots.extra)
 	acks   int     // acks it carried
 	groups []int64 // the claims they were of (exchanges.busy)
 }
 
-// launch sends acks and req out in an exchange of their own.
-func (x *exchanges) launch(d *dispatcher, acks []*completion, req broker.ClaimRequest) {
+// launch sends acks and req out in an exchange of their own; extra of
+// req.Max are asked for past the idle workers.
+func (x *exchanges) launch(d *dispatcher, acks []*completion, req broker.ClaimRequest, extra int) {
 	x.flying++
-	x.reserved += req.Max
+	x.reserved += req.Max - extra
+	x.reservedOff += extra
 	x.acks += len(acks)
 	var groups []int64
 	for _, c := range acks {
@@ -409,7 +459,7 @@ func (x *exchanges) launch(d *dispatcher, acks []*completion, req broker.ClaimRe
 	}
 	go func() {
 		msgs, err := d.out.exchange(d.ctx, acks, req)
-		x.results <- exchanged{msgs: msgs, err: err, max: req.Max, acks: len(acks), groups: groups}
+		x.results <- exchanged{msgs: msgs, err: err, max: req.Max, extra: extra, acks: len(acks), groups: groups}
 	}()
 }
 
@@ -417,7 +467,8 @@ func (x *exchanges) launch(d *dispatcher, acks []*completion, req broker.ClaimRe
 // even if we are stopping (the workers requeue it).
 func (x *exchanges) land(d *dispatcher, r exchanged) {
 	x.flying--
-	x.reserved -= r.max
+	x.reserved -= r.max - r.extra
+	x.reservedOff -= r.extra
 	x.acks -= r.acks
 	for _, g := range r.groups {
 		if x.busy[g]--; x.busy[g] <= 0 {
@@ -425,10 +476,17 @@ func (x *exchanges) land(d *dispatcher, r exchanged) {
 		}
 	}
 	d.claims.hold(r.msgs)
+	if len(r.msgs) > 0 {
+		d.mix = claimMix{claimed: len(r.msgs)}
+	}
 	// The messages go to the workers by pointer: each is then one of the
 	// claim's slice, which lives until its last attempt is done.
 	for i := range r.msgs {
-		if m := &r.msgs[i]; d.iso.admit(m) {
+		m := &r.msgs[i]
+		if d.exec.offloadable(m) {
+			d.mix.offloadable++
+		}
+		if d.iso.admit(m) {
 			d.exec.give(m)
 		}
 	}

@@ -48,6 +48,7 @@ type executor struct {
 	unknown  *unknownTasks // the messages of tasks not registered here
 
 	jobs      chan *broker.Message
+	backlog   []*broker.Message    // given past what jobs holds, in order: the dispatcher's goroutine's alone (give, feed)
 	offJobs   chan *broker.Message // offloaded attempts, to an idle offloader
 	jobsDone  chan struct{}        // closed with jobs: the dispatcher has stopped
 	slotFreed chan struct{}        // a worker finished a message
@@ -84,10 +85,71 @@ func (e *executor) start() {
 	}
 }
 
-// give hands a claimed message to the workers.
+// give hands a claimed message to the workers: an attempt of an offloaded
+// task goes out at once while the offload slots have room (offload), any
+// other waits in jobs for a worker, or, past what jobs holds, in the
+// backlog, which feed moves into jobs as workers free up. A claim sized
+// for offloaded attempts (slots.extra) may bring more in-process messages
+// than there are idle workers: they wait there, never blocking the
+// dispatcher. Called by the dispatcher's goroutine alone.
 func (e *executor) give(m *broker.Message) {
 	e.inflight.Add(1)
-	e.jobs <- m
+	if e.offload(m) {
+		return
+	}
+	if len(e.backlog) == 0 {
+		select {
+		case e.jobs <- m:
+			return
+		default:
+		}
+	}
+	e.backlog = append(e.backlog, m)
+}
+
+// feed moves what the backlog holds into jobs, in order, while jobs has
+// room. Called by the dispatcher's goroutine alone.
+func (e *executor) feed() {
+	for len(e.backlog) > 0 {
+		select {
+		case e.jobs <- e.backlog[0]:
+			e.backlog[0] = nil
+			e.backlog = e.backlog[1:]
+		default:
+			return
+		}
+	}
+	e.backlog = nil
+}
+
+// backlogged reports whether messages wait in the backlog.
+func (e *executor) backlogged() bool { return len(e.backlog) > 0 }
+
+// requeueBacklog gives back, as a stopping worker does, the messages that
+// still wait in the backlog when the dispatcher stops: only Stop stops it,
+// once draining is set, so handle requeues each without running it.
+func (e *executor) requeueBacklog() {
+	for _, m := range e.backlog {
+		if c := e.handle(m); c != nil {
+			e.handed(c)
+		}
+	}
+	e.backlog = nil
+}
+
+// offloadable reports whether m is of an offloaded task (Task.Offload).
+func (e *executor) offloadable(m *broker.Message) bool {
+	t, ok := e.reg.Lookup(m.Task)
+	return ok && t.Offload
+}
+
+// offloadSlots is how many offloaded attempts may be out at once now
+// (Options.OffloadSlots).
+func (e *executor) offloadSlots() int {
+	if e.slots == nil {
+		return 0
+	}
+	return e.slots()
 }
 
 // closeJobs tells the workers that nothing more comes, as the dispatcher
@@ -197,8 +259,7 @@ func (e *executor) offload(m *broker.Message) bool {
 	if e.slots == nil {
 		return false
 	}
-	t, ok := e.reg.Lookup(m.Task)
-	if !ok || !t.Offload || e.offloaded.Load() >= int64(e.slots()) {
+	if !e.offloadable(m) || e.offloaded.Load() >= int64(e.slots()) {
 		return false
 	}
 	e.offloaded.Add(1)

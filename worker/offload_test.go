@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -101,5 +102,167 @@ func TestOffloadedAttemptsRunBesidesTheWorkers(t *testing.T) {
 	}
 	if m := most.Load(); m != 12 {
 		t.Fatalf("at most %d offloaded attempts out at once; want 12 (10 slots and 2 workers)", m)
+	}
+}
+
+// gatedBroker records the size of each claim and, while held, claims
+// nothing, so that a test can queue several messages before the pool
+// sees any of them.
+type gatedBroker struct {
+	broker.Broker
+	held atomic.Bool
+	mu   sync.Mutex
+	asks []int // ClaimRequest.Max of each claim made while not held
+}
+
+func (g *gatedBroker) Claim(ctx context.Context, req broker.ClaimRequest) ([]broker.Message, error) {
+	if g.held.Load() {
+		return nil, nil
+	}
+	g.mu.Lock()
+	g.asks = append(g.asks, req.Max)
+	g.mu.Unlock()
+	return g.Broker.Claim(ctx, req)
+}
+
+// largestAsk is the largest claim made so far.
+func (g *gatedBroker) largestAsk() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Max(append([]int{0}, g.asks...))
+}
+
+// submitHeld queues n messages of task while the pool claims nothing,
+// then lets it claim them.
+func submitHeld(t *testing.T, g *gatedBroker, p *Pool, task string, n int) []int64 {
+	t.Helper()
+	g.held.Store(true)
+	var ids []int64
+	for range n {
+		ids = append(ids, submit(t, g, task, `{}`))
+	}
+	g.held.Store(false)
+	p.Wake()
+	return ids
+}
+
+// TestClaimsAreSizedForOffloadedAttempts: once a claim brought attempts of
+// offloaded tasks, the next ones ask for the free offload slots besides
+// the idle workers; in-process messages such a claim brings past the idle
+// workers wait for one (never more handlers run than Concurrency) and all
+// run, and while they wait the pool claims no more.
+func TestClaimsAreSizedForOffloadedAttempts(t *testing.T) {
+	g := &gatedBroker{Broker: memory.New()}
+	releaseLocal := make(chan struct{})
+	var local, mostLocal atomic.Int32
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "remote", Offload: true, Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
+	reg.MustRegister(Task{Name: "local", Handler: func(context.Context, *TaskContext) (any, error) {
+		n := local.Add(1)
+		defer local.Add(-1)
+		for m := mostLocal.Load(); n > m && !mostLocal.CompareAndSwap(m, n); m = mostLocal.Load() {
+		}
+		<-releaseLocal
+		return "ok", nil
+	}})
+	p := startPool(t, g, reg, Options{Concurrency: 2, OffloadSlots: func() int { return 40 }})
+	var once sync.Once
+	release := func() { once.Do(func() { close(releaseLocal) }) }
+	defer release()
+
+	for _, id := range submitHeld(t, g, p, "remote", 3) {
+		waitState(t, g, id, broker.StateDone)
+	}
+	for _, id := range submitHeld(t, g, p, "remote", 30) {
+		waitState(t, g, id, broker.StateDone)
+	}
+	if got := g.largestAsk(); got <= 2 {
+		t.Fatalf("the largest claim asked for %d messages, no more than the 2 workers: offloaded attempts were not claimed for", got)
+	}
+
+	// The last claim was of offloaded tasks: the next asks past the
+	// workers, and brings in-process messages that wait for them.
+	ids := submitHeld(t, g, p, "local", 20)
+	eventually(t, "the 20 in-process messages claimed", func() bool {
+		for _, id := range ids {
+			if m, err := g.GetMessage(context.Background(), id); err != nil || m.State != broker.StateRunning {
+				return false
+			}
+		}
+		return true
+	})
+	eventually(t, "2 in-process handlers running", func() bool { return local.Load() == 2 })
+	g.mu.Lock()
+	asks := len(g.asks)
+	g.mu.Unlock()
+	release()
+	for _, id := range ids {
+		waitState(t, g, id, broker.StateDone)
+	}
+	if m := mostLocal.Load(); m != 2 {
+		t.Fatalf("at most %d in-process handlers ran at once; want 2, the pool's Concurrency", m)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, n := range g.asks[asks:] {
+		if n > 2 {
+			t.Fatalf("after a claim of in-process messages, a claim asked for %d: more than the 2 workers (asks %v)", n, g.asks)
+		}
+	}
+}
+
+// TestStopRequeuesTheMessagesWaitingForAWorker: in-process messages that a
+// claim sized for offloaded attempts brought past the idle workers, and
+// that still wait for a worker at Stop, are requeued without running, as
+// the message a stopping worker had not started; none is lost.
+func TestStopRequeuesTheMessagesWaitingForAWorker(t *testing.T) {
+	g := &gatedBroker{Broker: memory.New()}
+	var ran atomic.Int32
+	started := make(chan struct{}, 1)
+	reg := NewRegistry()
+	reg.MustRegister(Task{Name: "remote", Offload: true, Handler: func(context.Context, *TaskContext) (any, error) { return nil, nil }})
+	reg.MustRegister(Task{Name: "local", Handler: func(ctx context.Context, _ *TaskContext) (any, error) {
+		ran.Add(1)
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}})
+	p := NewPool(g, reg, Options{
+		Concurrency: 1, OffloadSlots: func() int { return 10 }, DrainTimeout: 50 * time.Millisecond,
+		ClaimIdleInterval: 5 * time.Millisecond, Logger: testLogger(t),
+	})
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range submitHeld(t, g, p, "remote", 3) {
+		waitState(t, g, id, broker.StateDone)
+	}
+	ids := submitHeld(t, g, p, "local", 8)
+	eventually(t, "the 8 in-process messages claimed", func() bool {
+		for _, id := range ids {
+			if m, err := g.GetMessage(context.Background(), id); err != nil || m.State != broker.StateRunning {
+				return false
+			}
+		}
+		return true
+	})
+	<-started
+	if err := p.Stop(context.Background()); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if n := ran.Load(); n != 1 {
+		t.Fatalf("%d handlers ran; want 1, the pool's one worker", n)
+	}
+	for _, id := range ids {
+		m, err := g.GetMessage(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.State != broker.StateQueued {
+			t.Fatalf("after Stop, message %d is %s; want queued", id, m.State)
+		}
 	}
 }

@@ -37,3 +37,27 @@ func TestSlots(t *testing.T) {
 		})
 	}
 }
+
+func TestSlotsExtraForOffloadedAttempts(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		s     slots
+		extra int
+	}{
+		{"no offload slots, nothing past the workers", slots{n: 8, mix: claimMix{8, 8}}, 0},
+		{"before any claim, nothing past the workers", slots{n: 8, offSlots: 256}, 0},
+		{"a claim of offloaded tasks alone asks for every free slot", slots{n: 8, offSlots: 256, mix: claimMix{8, 8}}, 256},
+		{"a claim of in-process tasks alone asks for none", slots{n: 8, offSlots: 256, mix: claimMix{8, 0}}, 0},
+		{"a mixed claim keeps the in-process part within the idle workers", slots{n: 8, offSlots: 256, mix: claimMix{8, 6}}, 24},
+		{"the slots out are not free", slots{n: 8, inflight: 200, offloaded: 200, offSlots: 256, mix: claimMix{8, 8}}, 56},
+		{"what an exchange in flight may claim past the workers is reserved", slots{n: 8, offSlots: 256, offReserved: 250, mix: claimMix{8, 8}}, 6},
+		{"outcomes not yet written bound it at twice the slots", slots{n: 8, offSlots: 256, offloaded: 100, inflight: 100, pending: 400, mix: claimMix{8, 8}}, 12},
+		{"a suspect blocks it", slots{n: 8, offSlots: 256, blocked: true, mix: claimMix{8, 8}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.s.extra(tc.s.free()); got != tc.extra {
+				t.Errorf("extra = %d, want %d", got, tc.extra)
+			}
+		})
+	}
+}
