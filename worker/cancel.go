@@ -40,6 +40,9 @@ type attempts struct {
 	// abandoning: Stop gave up on the running handlers (abandon); no
 	// handler starts any more.
 	abandoning bool
+	// stopped: Stop cancelled every handler's context (stopAll); one
+	// that starts from then on starts cancelled.
+	stopped bool
 }
 
 // attempt is one running handler's cancellation, and its fate at Stop.
@@ -84,12 +87,29 @@ func (as *attempts) start(c *completion, ctx context.Context, cancel context.Can
 		as.running = map[int64]*attempt{}
 	}
 	a = &attempt{cancel: cancel, ctx: ctx, c: c}
+	if as.stopped {
+		cancel(context.Canceled)
+	}
 	if at, ok := as.early[id]; ok {
 		delete(as.early, id)
 		a.requested, a.requestedAt = true, at
 	}
 	as.running[id] = a
 	return a, a.requested, false
+}
+
+// stopAll cancels the context of every running handler, and of every
+// one that starts from now on, for Stop's hard stop. A handler's context
+// is not a child of a context of the pool's: the thousands of attempts a
+// pool may have out at once would all register with, and contend on, that
+// one parent.
+func (as *attempts) stopAll() {
+	as.mu.Lock()
+	defer as.mu.Unlock()
+	as.stopped = true
+	for _, a := range as.running {
+		a.cancel(context.Canceled)
+	}
 }
 
 // abandon gives up on every running handler, for Stop: it returns the

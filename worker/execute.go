@@ -52,7 +52,7 @@ type executor struct {
 	offJobs   chan *broker.Message // offloaded attempts, to an idle offloader
 	jobsDone  chan struct{}        // closed with jobs: the dispatcher has stopped
 	slotFreed chan struct{}        // a worker finished a message
-	runCtx    context.Context      // parent of handler contexts; cancelled: hard stop
+	runCtx    context.Context      // cancelled: hard stop (hardStop), which cancels every handler's context too
 	cancelRun context.CancelFunc
 	workers   sync.WaitGroup
 	attempts  attempts // the handlers running, for cancels
@@ -187,7 +187,7 @@ func (e *executor) drain(ctx context.Context) (release func()) {
 	}
 	e.log.Warn("drain time is up: cancelling running tasks and requeueing their messages",
 		"running", e.running.Load(), "drained_for", drain.String())
-	e.cancelRun()
+	e.hardStop()
 	if waitFor(context.Background(), workersDone, grace) {
 		return func() {}
 	}
@@ -200,6 +200,13 @@ func (e *executor) drain(ctx context.Context) (release func()) {
 	e.abandon()
 	<-workersDone
 	return func() { t.Stop() }
+}
+
+// hardStop cancels runCtx and the context of every handler, running or
+// about to start.
+func (e *executor) hardStop() {
+	e.cancelRun()
+	e.attempts.stopAll()
 }
 
 // abandon gives up on the handlers still running at Stop, which ignored
@@ -528,7 +535,7 @@ type runResult struct {
 // the handler returns, and drops its result.
 func (e *executor) run(t Task, c *completion) (r runResult) {
 	tc := &c.taskCtx
-	base, cancelBase := context.WithCancelCause(e.runCtx)
+	base, cancelBase := context.WithCancelCause(context.Background())
 	defer cancelBase(nil)
 	ctx := base
 	if t.Timeout > 0 {

@@ -229,7 +229,7 @@ func (p *Pool) Stop(ctx context.Context) error {
 	p.hb.stop()
 	p.strays.stop()
 	p.cancels.stop()
-	p.exec.cancelRun()
+	p.exec.hardStop()
 
 	if err := p.hb.unregister(ctx); err != nil {
 		p.log.Error("could not unregister worker", "error", err)
