@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -146,6 +147,19 @@ func submitHeld(t *testing.T, g *gatedBroker, p *Pool, task string, n int) []int
 	return ids
 }
 
+// waitAllClaimed waits until every message of ids is running.
+func waitAllClaimed(t *testing.T, b broker.Broker, ids []int64) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("the %d messages claimed", len(ids)), func() bool {
+		for _, id := range ids {
+			if m, err := b.GetMessage(context.Background(), id); err != nil || m.State != broker.StateRunning {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // TestClaimsAreSizedForOffloadedAttempts: once a claim brought attempts of
 // offloaded tasks, the next ones ask for the free offload slots besides
 // the idle workers; in-process messages such a claim brings past the idle
@@ -183,14 +197,7 @@ func TestClaimsAreSizedForOffloadedAttempts(t *testing.T) {
 	// The last claim was of offloaded tasks: the next asks past the
 	// workers, and brings in-process messages that wait for them.
 	ids := submitHeld(t, g, p, "local", 20)
-	eventually(t, "the 20 in-process messages claimed", func() bool {
-		for _, id := range ids {
-			if m, err := g.GetMessage(context.Background(), id); err != nil || m.State != broker.StateRunning {
-				return false
-			}
-		}
-		return true
-	})
+	waitAllClaimed(t, g, ids)
 	eventually(t, "2 in-process handlers running", func() bool { return local.Load() == 2 })
 	g.mu.Lock()
 	asks := len(g.asks)
@@ -241,14 +248,7 @@ func TestStopRequeuesTheMessagesWaitingForAWorker(t *testing.T) {
 		waitState(t, g, id, broker.StateDone)
 	}
 	ids := submitHeld(t, g, p, "local", 8)
-	eventually(t, "the 8 in-process messages claimed", func() bool {
-		for _, id := range ids {
-			if m, err := g.GetMessage(context.Background(), id); err != nil || m.State != broker.StateRunning {
-				return false
-			}
-		}
-		return true
-	})
+	waitAllClaimed(t, g, ids)
 	<-started
 	if err := p.Stop(context.Background()); err != nil {
 		t.Fatalf("stop: %v", err)
